@@ -1,0 +1,33 @@
+# Two entry points, both doing their own set-up on a fresh machine:
+#   make demo   - create .venv if missing, install, run the default benchmark and print the comparison
+#   make test   - same set-up, then the test suite
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test figures lint setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m odc_bench
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+figures: $(STAMP)
+	$(PY) -m paper_figures
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

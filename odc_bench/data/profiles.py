@@ -1,0 +1,94 @@
+"""Sequence-length profiles of the paper's datasets.
+
+The paper publishes summary numbers and plots (Fig. 7), not the per-sample lengths, so each
+profile is a log-normal fitted to those numbers and bounded to the dataset's range. The
+shape parameter (sigma) is our assumption, chosen to match the published plots' skew; load
+the real data (odc_bench.data.real) when exact lengths matter.
+
+| profile   | source numbers                                   | fitted here                          |
+|-----------|--------------------------------------------------|--------------------------------------|
+| longalign | LongAlign-10k: mean ~16.5K tokens, max 64K       | sigma 0.60, truncated to [1K, 64K]   |
+| swe_smith | SWE-smith trajectories: mean ~34.7K, mode ~18K,  | sigma 0.66, truncated to [2K, 128K]  |
+|           | long tail past 100K                              |                                      |
+| aime      | AIME RL rollouts: mean ~9K, less long-tailed;    | sigma 0.45, clipped to [512, 16K]:   |
+|           | responses stop at the generation limit           | overlong responses pile up at 16K    |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    name: str
+    mean: float
+    sigma: float
+    min_len: int
+    max_len: int
+    num_samples: int
+    # "truncate": draws outside the range are redrawn (SFT corpora filtered by length);
+    # "clip": draws above the range are cut to max_len (RL responses hitting the limit).
+    bound: str = "truncate"
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        mu = self._fit_mu()
+        if self.bound == "clip":
+            x = rng.lognormal(mu, self.sigma, n)
+            return np.clip(np.rint(x), self.min_len, self.max_len).astype(np.int64)
+        out = np.empty(0)
+        while out.size < n:
+            x = rng.lognormal(mu, self.sigma, 2 * n)
+            out = np.concatenate([out, x[(x >= self.min_len) & (x <= self.max_len)]])
+        return np.rint(out[:n]).astype(np.int64)
+
+    def _fit_mu(self) -> float:
+        """The log-mean whose bounded distribution has the published mean (bisection)."""
+        lo, hi = math.log(self.min_len), math.log(self.max_len)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if self._bounded_mean(mid) < self.mean:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    def _bounded_mean(self, mu: float) -> float:
+        grid = np.exp(np.linspace(mu - 8 * self.sigma, mu + 8 * self.sigma, 20001))
+        pdf = np.exp(-((np.log(grid) - mu) ** 2) / (2 * self.sigma**2)) / grid
+        w = pdf * np.gradient(grid)
+        if self.bound == "clip":
+            return float((np.clip(grid, self.min_len, self.max_len) * w).sum() / w.sum())
+        inside = (grid >= self.min_len) & (grid <= self.max_len)
+        return float((grid[inside] * w[inside]).sum() / w[inside].sum())
+
+
+PROFILES: dict[str, LengthProfile] = {
+    "longalign": LengthProfile("longalign", mean=16_500, sigma=0.60, min_len=1_024, max_len=65_536,
+                               num_samples=10_000),
+    "swe_smith": LengthProfile("swe_smith", mean=34_700, sigma=0.66, min_len=2_048, max_len=131_072,
+                               num_samples=5_000),
+    "aime": LengthProfile("aime", mean=9_000, sigma=0.45, min_len=512, max_len=16_384,
+                          num_samples=8_192, bound="clip"),
+}
+
+
+def profile_lengths(name: str, length_scale: float, seed: int, num_samples: int | None = None) -> np.ndarray:
+    """The dataset's lengths, scaled; the scale keeps the shape and shrinks every sample.
+
+    Lengths are drawn once per (profile, seed), then scaled, so a smaller scale gives the
+    same samples in proportion. Scaled lengths are at least 2 tokens (one labelled token).
+    """
+    if name not in PROFILES:
+        raise KeyError(name)
+    prof = PROFILES[name]
+    raw = prof.sample(num_samples or prof.num_samples, np.random.default_rng(seed))
+    return np.maximum(2, np.rint(raw * length_scale)).astype(np.int64)
+
+
+def profile_max_len(name: str, length_scale: float) -> int:
+    """The dataset's longest possible sample after scaling: the default microbatch limit."""
+    return max(2, round(PROFILES[name].max_len * length_scale))

@@ -1,0 +1,211 @@
+"""A Qwen2-architecture decoder that trains on packed variable-length microbatches.
+
+Packed microbatches are one flat token stream holding several documents; positions restart
+per document and attention never crosses a document boundary. Attention runs per document
+(one causal SDPA call each), so its cost grows with the sum of squared document lengths,
+like flash-attention's varlen kernel, instead of the square of the packed length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from odc_bench.trace import forward_done, unit_end, unit_start
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    tie_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model: hidden_size {self.hidden_size} must divide by num_heads {self.num_heads}, "
+                f"and num_heads by num_kv_heads {self.num_kv_heads}"
+            )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                             device=position_ids.device) / head_dim))
+    angles = position_ids.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, H, D]; cos/sin: [T, D]
+    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d, h, kv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=True)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=True)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=True)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, doc_lens: list[int]) -> torch.Tensor:
+        t, d = x.shape[0], self.cfg.head_dim
+        q = apply_rope(self.q_proj(x).view(t, self.cfg.num_heads, d), cos, sin)
+        k = apply_rope(self.k_proj(x).view(t, self.cfg.num_kv_heads, d), cos, sin)
+        v = self.v_proj(x).view(t, self.cfg.num_kv_heads, d)
+        outs = []
+        for qd, kd, vd in zip(q.split(doc_lens), k.split(doc_lens), v.split(doc_lens), strict=True):
+            o = F.scaled_dot_product_attention(
+                qd.transpose(0, 1), kd.transpose(0, 1), vd.transpose(0, 1), is_causal=True, enable_gqa=True
+            )
+            outs.append(o.transpose(0, 1))
+        return self.o_proj(torch.cat(outs).reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen2Config, index: int) -> None:
+        super().__init__()
+        self.name = f"layer{index}"
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, doc_lens: list[int]) -> torch.Tensor:
+        x = unit_start(x, self.name)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, doc_lens)
+        return unit_end(x, self.mlp(self.post_attention_layernorm(x)), self.name)
+
+
+class Embedding(nn.Module):
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Integer ids carry no gradient, so only the forward of this unit is timed; its
+        # backward (an index-add into the table) is small and runs after the last marker.
+        unit_start(input_ids, "embed")
+        out = self.embed_tokens(input_ids)
+        forward_done("embed")
+        return out
+
+
+class Head(nn.Module):
+    """Final norm, LM head and the summed token loss, so the loss's compute is timed too."""
+
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = unit_start(x, "head")
+        logits = self.lm_head(self.norm(x)).float()
+        loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+        return unit_end(loss, torch.zeros((), device=loss.device), "head")
+
+
+class Qwen2Model(nn.Module):
+    def __init__(self, cfg: Qwen2Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.head = Head(cfg)
+        if cfg.tie_embeddings:
+            self.head.lm_head.weight = self.embed.embed_tokens.weight
+
+    def units(self) -> list[nn.Module]:
+        """The sharding units, in execution order: embeddings, each decoder layer, the head."""
+        return [self.embed, *self.layers, self.head]
+
+    def forward(self, input_ids, position_ids, labels, doc_lens: list[int]) -> torch.Tensor:
+        """Summed cross-entropy over the labelled tokens of a packed microbatch."""
+        x = self.embed(input_ids)
+        cos, sin = rope_tables(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, doc_lens)
+        return self.head(x, labels)
+
+
+def init_weights(model: Qwen2Model, seed: int) -> None:
+    """Deterministic initialisation, independent of construction order and device layout."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+def count_parameters(cfg: Qwen2Config) -> int:
+    """Parameter count without allocating memory (the model is built on the meta device)."""
+    with torch.device("meta"):
+        model = Qwen2Model(cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def packed_batch(docs: list[torch.Tensor]) -> dict[str, object]:
+    """Pack token sequences into one microbatch: ids, restarting positions, labels, doc lengths.
+
+    Labels are the next token inside the same document; the last token of each document has
+    no label (-100), so no document learns from its neighbour.
+    """
+    lens = [int(d.numel()) for d in docs]
+    input_ids = torch.cat(docs)
+    position_ids = torch.cat([torch.arange(n) for n in lens])
+    labels = torch.cat([torch.cat([d[1:], torch.tensor([-100], dtype=d.dtype)]) for d in docs])
+    return dict(input_ids=input_ids, position_ids=position_ids, labels=labels, doc_lens=lens)
+
+
+def labelled_tokens(lengths: list[int]) -> int:
+    """Tokens that carry a loss term: every token but the last of each document."""
+    return sum(n - 1 for n in lengths)

@@ -1,0 +1,128 @@
+"""The per-rank training loop, written once for every engine.
+
+A rank receives its microbatches from the plan, runs forward and backward through the
+engine-wrapped model, and calls no collective itself between begin_minibatch() and
+finish_minibatch(). The loss of each microbatch is divided by the whole minibatch's labelled
+token count, so the summed gradient does not depend on how samples are spread over ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from odc_bench import trace
+from odc_bench.config import RunSpec, threads_per_rank
+from odc_bench.data.tokens import sample_tokens
+from odc_bench.models.qwen2 import Qwen2Config, Qwen2Model, init_weights, packed_batch
+from odc_bench.results import atomic_write_text
+from odc_core.engine import make_engine
+
+
+@dataclass
+class RankJob:
+    spec: RunSpec
+    store_host: str
+    store_port: int
+    out_dir: str
+    # Rank 0 also saves the final unsharded parameters (params.pt), for engine comparisons.
+    collect_params: bool = False
+
+
+def pick_device(config: dict, local_rank: int) -> torch.device:
+    want = config.get("device", "auto")
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def build_model(config: dict, device: torch.device) -> Qwen2Model:
+    m = config["model"]
+    cfg = Qwen2Config(**{k: m[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                            "num_heads", "num_kv_heads", "rope_theta", "rms_eps",
+                                            "tie_embeddings")})
+    model = Qwen2Model(cfg)
+    init_weights(model, int(config["seed"]))
+    return model.to(device)
+
+
+def engine_options(config: dict) -> dict:
+    opts = {k: v for k, v in config["engine"].items() if k != "name"}
+    opts["precision"] = config["precision"]
+    return opts
+
+
+def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
+    spec, config = job.spec, job.spec.config
+    world = spec.world_size
+    device = pick_device(config, rank if local_rank is None else local_rank)
+    if device.type == "cpu":
+        torch.set_num_threads(threads_per_rank(config, world))
+    else:
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=float(config["timeout_s"]))
+    store = dist.TCPStore(job.store_host, job.store_port, world, is_master=False, timeout=timeout)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                            world_size=world, timeout=timeout)
+    recorder = trace.Recorder(rank)
+    try:
+        recorder.start(cuda=device.type == "cuda")
+        engine = make_engine(config["engine"]["name"], device, **engine_options(config))
+        engine.trace = recorder.add
+        model = build_model(config, device)
+        model = engine.wrap(model, model.units())
+        o = config["optim"]
+        opt = engine.optimizer(lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
+        trace.activate(recorder)
+        vocab = config["model"]["vocab_size"]
+        for k, mb in enumerate(spec.minibatches):
+            recorder.minibatch, recorder.microbatch = k, -1
+            t_mb = trace.now()
+            engine.begin_minibatch()
+            loss_sum = torch.zeros((), device=device)
+            for j, micro in enumerate(mb.plan[rank]):
+                recorder.microbatch = j
+                docs = [sample_tokens(int(config["seed"]), mb.sample_ids[i], mb.lengths[i], vocab) for i in micro]
+                batch = {k2: v.to(device) if torch.is_tensor(v) else v for k2, v in packed_batch(docs).items()}
+                t0 = trace.now()
+                loss = model(**batch)
+                t1 = trace.now()
+                (loss * (engine.loss_scale / mb.labelled_tokens)).backward()
+                recorder.add("microbatch", t0, trace.now(), fwd_s=t1 - t0,
+                             tokens=sum(mb.lengths[i] for i in micro), samples=len(micro))
+                loss_sum += loss.detach()
+            recorder.microbatch = -1
+            t0 = trace.now()
+            engine.finish_minibatch()
+            t1 = trace.now()
+            recorder.add("sync", t0, t1)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t2 = trace.now()
+            recorder.add("optimizer", t1, t2)
+            recorder.sample_memory()
+            recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum), microbatches=len(mb.plan[rank]))
+        trace.activate(None)
+        if job.collect_params:
+            params = engine.full_parameters()
+            if rank == 0:
+                torch.save(params, Path(job.out_dir) / "params.pt")
+        result = dict(rank=rank, events=recorder.events, peak_bytes=recorder.peak_bytes,
+                      heap_bytes=getattr(engine, "heap_bytes", 0))
+        atomic_write_text(Path(job.out_dir) / f"rank{rank}.json", json.dumps(result))
+        engine.close()
+    finally:
+        trace.activate(None)
+        dist.destroy_process_group()
+
+
+def rank_entry(rank: int, job: RankJob) -> None:
+    """Entry point of a locally spawned rank (torch.multiprocessing passes the rank first)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    run_rank(rank, job)

@@ -1,0 +1,41 @@
+"""The interface both data-parallel engines implement.
+
+The worker loop is written once against this protocol. Between begin_minibatch() and
+finish_minibatch() it only runs forward and backward through the wrapped model: whatever
+communication an engine needs happens inside its hooks, so the collective engine may
+synchronise per layer while the on-demand engine synchronises once, in finish_minibatch().
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from torch import nn
+
+# (kind, t0, t1, info) -> None: engines report their communication and waits through it.
+TraceHook = Callable[..., None]
+
+
+class DataParallelEngine(Protocol):
+    name: str
+    # Factor the worker applies to its globally normalised loss so that the engine's
+    # reduction yields the plain sum of per-rank gradients (FSDP2 averages over ranks).
+    loss_scale: float
+    trace: TraceHook | None
+
+    def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module: ...
+
+    def optimizer(self, lr: float, betas: tuple[float, float], eps: float,
+                  weight_decay: float) -> torch.optim.Optimizer: ...
+
+    def begin_minibatch(self) -> None: ...
+
+    def finish_minibatch(self) -> None: ...
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Unsharded fp32 copies of every parameter; may communicate, so call between minibatches."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,65 @@
+"""The collective baseline: torch's FSDP2 (fully_shard) per unit plus the root, unmodified."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from odc_core.engine.base import TraceHook
+
+
+class CollectiveEngine:
+    """Per-unit all-gather before forward and backward, reduce-scatter after backward.
+
+    Every one of those collectives is a barrier across ranks, so all ranks must run the same
+    number of microbatches; the worker checks the plan before starting.
+    """
+
+    name = "collective"
+
+    def __init__(self, device: torch.device, precision: str = "fp32",
+                 reshard_after_forward: bool = True) -> None:
+        self.device = device
+        self.world_size = dist.get_world_size()
+        # FSDP2 divides reduced gradients by the world size, and gloo cannot run the
+        # pre-multiplied sum that set_gradient_divide_factor(1) needs, so the worker scales
+        # its loss instead; the result is the plain sum of gradients, as with ODC.
+        self.loss_scale = float(self.world_size)
+        self.precision = precision
+        self.reshard_after_forward = reshard_after_forward
+        self.trace: TraceHook | None = None
+        self.model: nn.Module | None = None
+
+    def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if self.precision == "bf16" else MixedPrecisionPolicy()
+        for unit in units:
+            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+        self.model = model
+        return model
+
+    def optimizer(self, lr: float, betas: tuple[float, float], eps: float,
+                  weight_decay: float) -> torch.optim.Optimizer:
+        assert self.model is not None, "wrap() the model first"
+        return torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
+                                 weight_decay=weight_decay)
+
+    def begin_minibatch(self) -> None:
+        """Nothing to do: FSDP2 synchronises inside every unit's forward and backward."""
+
+    def finish_minibatch(self) -> None:
+        """Nothing to do: FSDP2's post-backward callback already waited for the last reduce-scatter."""
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        assert self.model is not None
+        return {n: p.full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
+
+    def close(self) -> None:
+        self.model = None

@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+
+from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
+from odc_bench.data.tokens import sample_tokens
+
+# Published means (shared PAPER.md): LongAlign ~16.5K, SWE-smith ~34.7K, AIME RL ~9K.
+PUBLISHED_MEAN = {"longalign": 16_500, "swe_smith": 34_700, "aime": 9_000}
+PUBLISHED_MAX = {"longalign": 65_536, "swe_smith": 131_072, "aime": 16_384}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_profile_matches_published_mean_and_range(name):
+    lengths = profile_lengths(name, 1.0, seed=0)
+    assert abs(lengths.mean() / PUBLISHED_MEAN[name] - 1) < 0.03
+    assert lengths.max() <= PUBLISHED_MAX[name]
+    assert lengths.std() / lengths.mean() > 0.3, "the point of the profiles is their spread"
+
+
+def test_length_scale_keeps_the_shape():
+    full = profile_lengths("longalign", 1.0, seed=0)
+    small = profile_lengths("longalign", 1 / 64, seed=0)
+    np.testing.assert_allclose(small, np.maximum(2, np.rint(full / 64)), atol=1)
+    assert profile_max_len("longalign", 1 / 64) == 1024
+
+
+def test_profiles_are_seeded():
+    assert np.array_equal(profile_lengths("aime", 0.1, 5), profile_lengths("aime", 0.1, 5))
+    assert not np.array_equal(profile_lengths("aime", 0.1, 5), profile_lengths("aime", 0.1, 6))
+
+
+def test_tokens_depend_only_on_seed_sample_and_length():
+    a = sample_tokens(1, 42, 100, 1000)
+    assert a.tolist() == sample_tokens(1, 42, 100, 1000).tolist()
+    assert a.tolist() != sample_tokens(1, 43, 100, 1000).tolist()
+    assert int(a.min()) >= 0 and int(a.max()) < 1000
