@@ -1,0 +1,38 @@
+"""Floating-point operations of the Qwen2 model on packed microbatches.
+
+Shared by the `flops` cost model and the simulator so both count the same work. Counts are
+multiply-adds x 2. Attention is causal and per document: a document of length s costs
+2 * s^2 * (heads * head_dim) for QK^T and the same for AV, halved by the causal mask.
+Backward is counted as twice forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from odc_bench.models.qwen2 import Qwen2Config
+
+
+def layer_linear_params(cfg: Qwen2Config) -> int:
+    """Weights of one decoder layer's matrix multiplies (biases and norms are negligible)."""
+    d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+    attn = d * d + 2 * d * kv + d * d
+    mlp = 3 * d * cfg.intermediate_size
+    return attn + mlp
+
+
+def layer_forward_flops(cfg: Qwen2Config, doc_lens: Sequence[int]) -> float:
+    tokens = sum(doc_lens)
+    linear = 2.0 * layer_linear_params(cfg) * tokens
+    attention = sum(2.0 * s * s * cfg.hidden_size for s in doc_lens)  # (QK + AV) x causal half
+    return linear + attention
+
+
+def head_forward_flops(cfg: Qwen2Config, doc_lens: Sequence[int]) -> float:
+    return 2.0 * cfg.hidden_size * cfg.vocab_size * sum(doc_lens)
+
+
+def train_flops(cfg: Qwen2Config, doc_lens: Sequence[int]) -> float:
+    """Forward plus backward of the whole model on one packed microbatch."""
+    forward = cfg.num_layers * layer_forward_flops(cfg, doc_lens) + head_forward_flops(cfg, doc_lens)
+    return 3.0 * forward
