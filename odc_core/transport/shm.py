@@ -144,7 +144,6 @@ class _Buffer:
     segment: str
     numel: int
     dtype: torch.dtype
-    mapping: mmap.mmap
     tensor: torch.Tensor
     words: memoryview | None  # int64 buffers: element access without torch's per-call overhead
 
@@ -189,6 +188,7 @@ class ShmHeap:
         self._buffers: dict[str, list[_Buffer]] = {}
         self._own_segments: list[str] = []
         self._tls = threading.local()
+        self._control_fds: list[int] = []  # one per rank: every thread's lock descriptors reopen these
         self._lock_fds: list[int] = []
         self._fds_guard = threading.Lock()
         self._epoch = 0
@@ -224,19 +224,11 @@ class ShmHeap:
         self.heap_bytes += nbytes
         key = f"odc/{self._job}/{index}"
         spec = dict(name=name, numel=numel, dtype=str(dtype))
-        self._store.set(f"{key}/{self.rank}", json.dumps(dict(spec, segment=segment)))
+        what = f"allocation of {name!r}"
         ranks: list[_Buffer | None] = [None] * self.world_size
         ranks[self.rank] = own
-        deadline = time.monotonic() + self.timeout_s
-        for peer in self._peers():
-            if peer == self.rank:
-                continue
-            remaining = max(deadline - time.monotonic(), 1e-3)
-            try:
-                self._store.wait([f"{key}/{peer}"], timedelta(seconds=remaining))
-            except RuntimeError:  # DistStoreError: the store's own timeout
-                raise PeerTimeout(peer, f"allocation of {name!r}", self.timeout_s) from None
-            theirs = json.loads(self._store.get(f"{key}/{peer}"))
+        for peer, published in self._exchange(f"{key}/segment", json.dumps(dict(spec, segment=segment)), what):
+            theirs = json.loads(published)
             if {k: theirs[k] for k in spec} != spec:
                 raise ValueError(f"asymmetric allocation #{index}: rank {self.rank} allocated {spec}, "
                                  f"rank {peer} allocated {theirs}; every rank must alloc the same buffers in order")
@@ -245,15 +237,34 @@ class ShmHeap:
             except FileNotFoundError:
                 raise RuntimeError(f"rank {peer} removed its segment for {name!r} before rank {self.rank} "
                                    "mapped it (did it exit?)") from None
+        if name == _CONTROL:
+            self._control_fds = [os.open(self._dir / buf.segment, os.O_RDWR) for buf in ranks]
         self._buffers[name] = ranks
+        # Second round: once it returns, every rank has mapped every copy, so a rank may unlink
+        # its segments (close) at any time after without a peer failing to reach them.
+        self._exchange(f"{key}/mapped", "1", what)
         return own.tensor
+
+    def _exchange(self, key: str, value: str, what: str) -> list[tuple[int, str]]:
+        """Publish `value` under key/<rank> and return every peer's, in rotated order."""
+        self._store.set(f"{key}/{self.rank}", value)
+        deadline = time.monotonic() + self.timeout_s
+        values = []
+        for peer in self._peers()[:-1]:
+            remaining = max(deadline - time.monotonic(), 1e-3)
+            try:
+                self._store.wait([f"{key}/{peer}"], timedelta(seconds=remaining))
+            except RuntimeError:  # DistStoreError: the store's own timeout
+                raise PeerTimeout(peer, what, self.timeout_s) from None
+            values.append((peer, self._store.get(f"{key}/{peer}").decode()))
+        return values
 
     def _buffer(self, name: str, index: int, segment: str, numel: int, dtype: torch.dtype,
                 create: bool) -> _Buffer:
         mapping = _map(self._dir / segment, numel * dtype.itemsize, create)
         tensor = torch.frombuffer(mapping, dtype=dtype, count=numel)
         words = memoryview(mapping).cast("q") if dtype == torch.int64 else None
-        return _Buffer(name, index, segment, numel, dtype, mapping, tensor, words)
+        return _Buffer(name, index, segment, numel, dtype, tensor, words)
 
     def _peers(self) -> list[int]:
         """Rotated order starting after this rank, so ranks start on different owners."""
@@ -280,11 +291,8 @@ class ShmHeap:
         if fds is None:
             fds = self._tls.fds = [None] * self.world_size
         if fds[peer] is None:
-            segment = self._buffers[_CONTROL][peer].segment
-            try:
-                fd = os.open(self._dir / segment, os.O_RDWR)
-            except FileNotFoundError:
-                raise RuntimeError(f"rank {peer} has closed its heap (segment {segment} is gone)") from None
+            # A new open file description of the same file, even if its owner has unlinked it since.
+            fd = os.open(f"/proc/self/fd/{self._control_fds[peer]}", os.O_RDWR)
             with self._fds_guard:
                 self._lock_fds.append(fd)
             fds[peer] = fd
@@ -391,7 +399,8 @@ class ShmHeap:
         self._closed = True
         atexit.unregister(self.close)
         with self._fds_guard:
-            fds, self._lock_fds = self._lock_fds, []
+            fds, self._lock_fds = self._lock_fds + self._control_fds, []
+        self._control_fds = []
         for fd in fds:
             os.close(fd)
         self._tls = threading.local()
@@ -399,20 +408,10 @@ class ShmHeap:
             for segment in self._own_segments:
                 with contextlib.suppress(FileNotFoundError):
                     (self._dir / segment).unlink()
-        for ranks in self._buffers.values():
-            for buf in ranks:
-                if buf is not None:
-                    _unmap(buf)
+        # Mappings are not closed here: a tensor from torch.frombuffer keeps its mmap object
+        # alive but not locked, so closing it would leave the caller's tensors dangling. Each
+        # mapping goes away with the last tensor that uses it.
         self._buffers = {}
-
-
-def _unmap(buf: _Buffer) -> None:
-    if buf.words is not None:
-        buf.words.release()
-    buf.tensor = None  # type: ignore[assignment]
-    # If the caller still holds a tensor on the mapping, it is unmapped when that tensor is freed.
-    with contextlib.suppress(BufferError):
-        buf.mapping.close()
 
 
 class _Held:
