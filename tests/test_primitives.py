@@ -16,6 +16,8 @@ from odc_core.transport.shm import ShmHeap
 # Sizes not divisible by 3 (and smaller than the world), and one spanning many 4 KiB chunks.
 SIZES = (1, 2, 1000, 3 * 40_000 + 2)
 DTYPES = (torch.float32, torch.bfloat16)
+# torch 2.13 renamed the tensor collectives (*_single); older releases only have the old names.
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
@@ -59,7 +61,7 @@ def _compare(rank: int, world: int, store: dist.Store, name: str) -> list[tuple]
                     scatter_accumulate(heap, f"grads32/{tag}", grad, layout)  # accumulates on top
 
                     theirs = torch.empty(layout.padded_numel, dtype=dtype)
-                    dist.all_gather_into_tensor(theirs, shard.clone())
+                    all_gather(theirs, shard.clone())
                     reduced = torch.empty(layout.shard_numel, dtype=dtype)
                     reduce_scatter(reduced, padded_grad.clone())
                     reduced32 = torch.empty(layout.shard_numel)
