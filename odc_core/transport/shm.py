@@ -306,6 +306,12 @@ class ShmHeap:
 
     # -- one-sided operations -----------------------------------------------------------
 
+    def view(self, name: str, peer: int) -> torch.Tensor:
+        """Peer's buffer itself, as this process maps it: zero-copy reads for code that knows
+        the heap is shared memory. Not part of the SymmetricHeap protocol (a GPU heap's peer
+        memory is not a CPU tensor), and writes through it bypass accumulate's locks."""
+        return self._get_buffer(name, peer).tensor
+
     def get(self, out: torch.Tensor, name: str, peer: int, offset: int = 0) -> None:
         buf = self._get_buffer(name, peer)
         if out.dtype != buf.dtype:
