@@ -194,7 +194,7 @@ def print_rows(rows: list[dict]) -> None:
     for op in OPS:
         table.add_column(op, justify="right")
     for size in sorted({r["size_bytes"] for r in rows}):
-        cells = {r["op"]: f"{r['bandwidth_gbps']:.2f} ({r['ratio_to_memcpy']:.2f})" for r in rows
+        cells = {r["op"]: f"{r['bandwidth_gbps']:.3g} ({r['ratio_to_memcpy']:.2f})" for r in rows
                  if r["size_bytes"] == size}
         table.add_row(f"{size / 2**10:.0f} KiB" if size < 2**20 else f"{size / 2**20:.0f} MiB",
                       *(cells[op] for op in OPS))

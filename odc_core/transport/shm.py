@@ -318,8 +318,9 @@ class ShmHeap:
             raise TypeError(f"get of {name!r} ({buf.dtype}) into a {out.dtype} tensor; dtypes must match")
         n = out.numel()
         self._check_range(buf, offset, n)
+        src = buf.tensor if offset == 0 and n == buf.numel else buf.tensor[offset:offset + n]
         # One copy per call: a read takes no lock and no handshake, so splitting it would only add overhead.
-        out.copy_(buf.tensor[offset:offset + n].view(out.shape))
+        out.copy_(src if out.dim() == 1 else src.view(out.shape))
 
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
         buf = self._get_buffer(name, peer)
@@ -335,7 +336,7 @@ class ShmHeap:
         first = (self.rank * len(chunks)) // self.world_size
         pending = chunks[first:] + chunks[:first]
         fd = self._lock_fd(peer)
-        backoff = _Backoff(peer, f"lock on {name!r} elements [{offset}, {offset + n})", self.timeout_s)
+        backoff = None
         while pending:
             deferred = []
             for lo, hi in pending:
@@ -344,13 +345,17 @@ class ShmHeap:
                     deferred.append((lo, hi))
                     continue
                 try:
-                    buf.tensor[lo:hi].add_(flat[lo - offset:hi - offset])
+                    dst = buf.tensor if hi - lo == buf.numel else buf.tensor[lo:hi]
+                    dst.add_(flat if hi - lo == n else flat[lo - offset:hi - offset])
                 finally:
                     _lock_op(fd, fcntl.F_UNLCK, start, length)
-            if len(deferred) == len(pending):
-                backoff.wait()
+            if len(deferred) < len(pending):
+                if backoff is not None:
+                    backoff.progressed()
             else:
-                backoff.progressed()
+                backoff = backoff or _Backoff(peer, f"lock on {name!r} elements [{offset}, {offset + n})",
+                                              self.timeout_s)
+                backoff.wait()
             pending = deferred
 
     def _word(self, name: str, peer: int, index: int) -> _Buffer:
