@@ -4,14 +4,19 @@ Bandwidth of gather and scatter_accumulate on the shared-memory heap against the
 collectives they replace, with the memcpy rate as the limit, at every size of a range.
 
 Ranks are not lock-stepped: per size, one barrier starts the one-sided ops (memcpy, gather,
-scatter_accumulate, run round-robin) and one the collectives; then every rank runs its
-iterations back to back and times each call itself. A one-sided op therefore shows what a
-rank gets while its peers do the same at their own pace; a collective synchronises the ranks
-by itself. A row's seconds is the slowest rank's median iteration.
+scatter_accumulate) and one the collectives; after it every rank runs on at its own pace. A
+one-sided op therefore shows what a rank gets while its peers do the same; a collective
+synchronises the ranks by itself.
 
-memcpy is measured the same way (every rank copying at once, one thread each, interleaved
-with the one-sided ops), so on a host with fewer cores than ranks, or under load from other
-work, the limit shares the cores and memory exactly as the ops do.
+Timing: the ops take turns (rounds); in its turn an op runs back to back for about
+phase_bytes, and the turn's time over its calls is one sample. An op's seconds is the median
+over rounds, and the slowest rank's median makes the row. Turns, not single calls, because
+with more ranks than cores (or other work on the host) a call of a few milliseconds is either
+never or entirely preempted, which makes per-call medians bimodal; a turn spans many time
+slices, and alternating turns puts every op under the same background load.
+
+memcpy is measured the same way (every rank copying at once, one thread each, in turn with
+the one-sided ops), so it shares the cores and memory exactly as the ops do.
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ class Plan:
     world_size: int
     sizes: list[int]
     dtype: str
-    iterations: list[int]  # per size
+    calls: list[int]  # per size: calls of an op in one turn
+    rounds: int
     warmup: int
     chunk_bytes: int
     timeout_s: float
@@ -94,39 +100,30 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     while lo <= hi:
         sizes.append(lo - lo % itemsize)
         lo *= step
-    if p.iterations is None:
-        low, high = _positive_int(p, "min_iterations"), _positive_int(p, "max_iterations")
-        if low > high:
-            raise ConfigError(f"primitives.min_iterations ({low}) is above primitives.max_iterations ({high})")
-        target = _positive_int(p, "target_bytes")
-        iterations = [min(high, max(low, target // s)) for s in sizes]
-    else:
-        iterations = [_positive_int(p, "iterations")] * len(sizes)
+    phase, most = _positive_int(p, "phase_bytes"), _positive_int(p, "max_calls")
+    calls = [min(most, max(1, phase // s)) for s in sizes]
     timeout = cfg.get("timeout_s")
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ConfigError(f"timeout_s must be a positive number, got {timeout!r}")
-    return Plan(world, sizes, p.dtype, iterations, _positive_int(p, "warmup_iterations", 0),
+    return Plan(world, sizes, p.dtype, calls, _positive_int(p, "rounds"), _positive_int(p, "warmup_calls", 0),
                 _positive_int(p, "chunk_bytes"), float(timeout))
 
 
-def _timed(ops: dict[str, Callable[[], None]], iterations: int, warmup: int,
+def _timed(ops: dict[str, Callable[[], None]], calls: int, rounds: int, warmup: int,
            barrier: Callable[[], None]) -> dict[str, list[float]]:
-    """Run the ops round-robin, `iterations` rounds, timing each call.
-
-    Interleaving puts every op under the same background load, so noise from other work on
-    the host moves the op and its memcpy limit together instead of biasing their ratio.
-    """
+    """Per op, `rounds` samples of the mean seconds per call over a turn of `calls` calls."""
     for _ in range(warmup):
         for op in ops.values():
             op()
     barrier()  # one start line; nothing couples the ranks after it
-    times: dict[str, list[float]] = {name: [] for name in ops}
-    for _ in range(iterations):
+    samples: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(rounds):
         for name, op in ops.items():
             t0 = time.perf_counter()
-            op()
-            times[name].append(time.perf_counter() - t0)
-    return times
+            for _ in range(calls):
+                op()
+            samples[name].append((time.perf_counter() - t0) / calls)
+    return samples
 
 
 def _rank_ops(heap: ShmHeap, size: int, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
@@ -149,7 +146,7 @@ def _rank_ops(heap: ShmHeap, size: int, dtype: torch.dtype) -> dict[str, Callabl
 
 
 def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -> dict[tuple[str, int], list[float]]:
-    """Per (op, size): this rank's iteration times."""
+    """Per (op, size): this rank's samples of seconds per call."""
     torch.set_num_threads(1)
     timeout = timedelta(seconds=plan.timeout_s)
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world,
@@ -157,7 +154,7 @@ def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -
     dtype = DTYPES[plan.dtype]
     times: dict[tuple[str, int], list[float]] = {}
     try:
-        for size, iterations in zip(plan.sizes, plan.iterations, strict=True):
+        for size, calls in zip(plan.sizes, plan.calls, strict=True):
             # One heap per size, so each size's buffers are freed before the next is allocated.
             with ShmHeap(rank, world, f"{job}.{size}", store, timeout_s=plan.timeout_s,
                          chunk_bytes=plan.chunk_bytes) as heap:
@@ -166,7 +163,7 @@ def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -
                 # The collectives synchronise the ranks at every call: timed in their own rounds,
                 # so they never pace the one-sided ops.
                 for group in (LOCAL_OPS, COLLECTIVES):
-                    phase = _timed({op: ops[op] for op in group}, iterations, plan.warmup, barrier)
+                    phase = _timed({op: ops[op] for op in group}, calls, plan.rounds, plan.warmup, barrier)
                     times.update({(op, size): t for op, t in phase.items()})
                 heap.barrier(plan.timeout_s)  # no rank unmaps a size's buffers while a peer still pushes
     finally:
@@ -175,15 +172,15 @@ def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -
 
 
 def summarize(plan: Plan, per_rank: list[dict[tuple[str, int], list[float]]]) -> list[dict]:
-    """One row per op and size: the slowest rank's median iteration, and its ratio to memcpy."""
+    """One row per op and size: the slowest rank's median seconds per call, and its ratio to memcpy."""
     rows = []
-    for size, iterations in zip(plan.sizes, plan.iterations, strict=True):
+    for size, calls in zip(plan.sizes, plan.calls, strict=True):
         seconds = {op: max(statistics.median(r[op, size]) for r in per_rank) for op in OPS}
         memcpy_gbps = size / seconds["memcpy"] / 1e9
         for op, transport in OPS.items():
             gbps = size / seconds[op] / 1e9
             rows.append(dict(op=op, transport=transport, world_size=plan.world_size, size_bytes=size,
-                             dtype=plan.dtype, iterations=iterations, seconds=seconds[op], bandwidth_gbps=gbps,
+                             dtype=plan.dtype, iterations=calls * plan.rounds, seconds=seconds[op], bandwidth_gbps=gbps,
                              memcpy_gbps=memcpy_gbps, ratio_to_memcpy=gbps / memcpy_gbps))
     return rows
 

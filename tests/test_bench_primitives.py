@@ -11,12 +11,12 @@ SCHEMA = ["run_id", "timestamp", "commit", "host", "op", "transport", "world_siz
           "iterations", "seconds", "bandwidth_gbps", "memcpy_gbps", "ratio_to_memcpy"]
 
 
-def test_sizes_and_iterations_follow_the_config():
+def test_sizes_and_calls_follow_the_config():
     plan = plan_from_config(compose_config("task=primitives", "primitives.min_bytes=4096",
-                                           "primitives.max_bytes=65536", "primitives.target_bytes=65536",
-                                           "primitives.min_iterations=3", "primitives.max_iterations=10"))
-    assert plan.sizes == [4096, 16384, 65536]
-    assert plan.iterations == [10, 4, 3]
+                                           "primitives.max_bytes=262144", "primitives.phase_bytes=65536",
+                                           "primitives.max_calls=10"))
+    assert plan.sizes == [4096, 16384, 65536, 262144]
+    assert plan.calls == [10, 4, 1, 1]
 
 
 @pytest.mark.parametrize("override, message", [
@@ -32,7 +32,7 @@ def test_bad_benchmark_config_is_refused(override, message):
 @pytest.mark.slow
 def test_benchmark_appends_one_row_per_op_and_size(results_dir):
     args = ("task=primitives", "world_size=2", "primitives.min_bytes=4096", "primitives.max_bytes=65536",
-            "primitives.iterations=3", "primitives.dtype=bf16", f"results_dir={results_dir}")
+            "primitives.rounds=3", "primitives.max_calls=2", "primitives.dtype=bf16", f"results_dir={results_dir}")
     done = run_cli(*args)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(results_dir / "primitives.csv")
@@ -42,7 +42,7 @@ def test_benchmark_appends_one_row_per_op_and_size(results_dir):
     assert dict(zip(table["op"], table["transport"], strict=True)) == {
         "gather": "shm", "scatter_accumulate": "shm", "all_gather": "gloo", "reduce_scatter": "gloo",
         "memcpy": "local"}
-    assert (table["dtype"] == "bf16").all() and (table["iterations"] == 3).all() and (table["world_size"] == 2).all()
+    assert (table["dtype"] == "bf16").all() and (table["iterations"] == 6).all() and (table["world_size"] == 2).all()
     assert (table["seconds"] > 0).all()
     pd.testing.assert_series_equal(table["bandwidth_gbps"], table["size_bytes"] / table["seconds"] / 1e9,
                                    check_names=False)
