@@ -8,8 +8,9 @@ scatter_accumulate) and one the collectives; after it every rank runs on at its 
 one-sided op therefore shows what a rank gets while its peers do the same; a collective
 synchronises the ranks by itself.
 
-Timing: the ops take turns (rounds); in its turn an op runs back to back for about
-phase_bytes, and the turn's time over its calls is one sample. An op's seconds is the median
+Timing: the ops take turns (rounds); in its turn an op runs back to back for about turn_s
+(a call count estimated from its warm-up calls), and the turn's time over its calls is one
+sample. An op's seconds is the median
 over rounds, and the slowest rank's median makes the row. Turns, not single calls, because
 with more ranks than cores (or other work on the host) a call of a few milliseconds is either
 never or entirely preempted, which makes per-call medians bimodal; a turn spans many time
@@ -21,6 +22,7 @@ the one-sided ops), so it shares the cores and memory exactly as the ops do.
 
 from __future__ import annotations
 
+import json
 import socket
 import statistics
 import sys
@@ -65,8 +67,8 @@ class Plan:
     world_size: int
     sizes: list[int]
     dtype: str
-    calls: list[int]  # per size: calls of an op in one turn
     rounds: int
+    turn_s: float
     warmup: int
     chunk_bytes: int
     timeout_s: float
@@ -100,29 +102,36 @@ def plan_from_config(cfg: DictConfig) -> Plan:
     while lo <= hi:
         sizes.append(lo - lo % itemsize)
         lo *= step
-    phase, most = _positive_int(p, "phase_bytes"), _positive_int(p, "max_calls")
-    calls = [min(most, max(1, phase // s)) for s in sizes]
-    timeout = cfg.get("timeout_s")
+    turn_s, timeout = p.get("turn_s"), cfg.get("timeout_s")
+    if not isinstance(turn_s, int | float) or turn_s <= 0:
+        raise ConfigError(f"primitives.turn_s must be a positive number of seconds, got {turn_s!r}")
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ConfigError(f"timeout_s must be a positive number, got {timeout!r}")
-    return Plan(world, sizes, p.dtype, calls, _positive_int(p, "rounds"), _positive_int(p, "warmup_calls", 0),
+    return Plan(world, sizes, p.dtype, _positive_int(p, "rounds"), float(turn_s), _positive_int(p, "warmup_calls"),
                 _positive_int(p, "chunk_bytes"), float(timeout))
 
 
-def _timed(ops: dict[str, Callable[[], None]], calls: int, rounds: int, warmup: int,
-           barrier: Callable[[], None]) -> dict[str, list[float]]:
-    """Per op, `rounds` samples of the mean seconds per call over a turn of `calls` calls."""
+def _warm_up(op: Callable[[], None], warmup: int) -> float:
+    """Run `warmup` calls (first touches, allocator); return the median seconds per call."""
+    times = []
     for _ in range(warmup):
-        for op in ops.values():
-            op()
+        t0 = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _timed(ops: dict[str, Callable[[], None]], calls: dict[str, int], rounds: int,
+           barrier: Callable[[], None]) -> dict[str, list[float]]:
+    """Per op, `rounds` samples of the mean seconds per call over a turn of calls[op] calls."""
     barrier()  # one start line; nothing couples the ranks after it
     samples: dict[str, list[float]] = {name: [] for name in ops}
     for _ in range(rounds):
         for name, op in ops.items():
             t0 = time.perf_counter()
-            for _ in range(calls):
+            for _ in range(calls[name]):
                 op()
-            samples[name].append((time.perf_counter() - t0) / calls)
+            samples[name].append((time.perf_counter() - t0) / calls[name])
     return samples
 
 
@@ -145,43 +154,53 @@ def _rank_ops(heap: ShmHeap, size: int, dtype: torch.dtype) -> dict[str, Callabl
     }
 
 
-def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -> dict[tuple[str, int], list[float]]:
-    """Per (op, size): this rank's samples of seconds per call."""
+def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -> dict:
+    """Per (op, size): this rank's samples of seconds per call, and its calls per turn."""
     torch.set_num_threads(1)
     timeout = timedelta(seconds=plan.timeout_s)
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world,
                             timeout=timeout)
     dtype = DTYPES[plan.dtype]
-    times: dict[tuple[str, int], list[float]] = {}
+    samples: dict[tuple[str, int], list[float]] = {}
+    calls: dict[tuple[str, int], int] = {}
     try:
-        for size, calls in zip(plan.sizes, plan.calls, strict=True):
+        for size in plan.sizes:
             # One heap per size, so each size's buffers are freed before the next is allocated.
             with ShmHeap(rank, world, f"{job}.{size}", store, timeout_s=plan.timeout_s,
                          chunk_bytes=plan.chunk_bytes) as heap:
                 ops = _rank_ops(heap, size, dtype)
+                turn = {op: max(1, round(plan.turn_s / _warm_up(fn, plan.warmup))) for op, fn in ops.items()}
+                # Every rank must make the same number of collective calls: rank 0's estimate counts.
+                key = f"{job}/calls/{size}"
+                if rank == 0:
+                    store.set(key, json.dumps({op: turn[op] for op in COLLECTIVES}))
+                turn.update(json.loads(store.get(key)))
                 barrier = partial(heap.barrier, plan.timeout_s)
                 # The collectives synchronise the ranks at every call: timed in their own rounds,
                 # so they never pace the one-sided ops.
                 for group in (LOCAL_OPS, COLLECTIVES):
-                    phase = _timed({op: ops[op] for op in group}, calls, plan.rounds, plan.warmup, barrier)
-                    times.update({(op, size): t for op, t in phase.items()})
+                    timed = _timed({op: ops[op] for op in group}, turn, plan.rounds, barrier)
+                    samples.update({(op, size): t for op, t in timed.items()})
+                calls.update({(op, size): n for op, n in turn.items()})
                 heap.barrier(plan.timeout_s)  # no rank unmaps a size's buffers while a peer still pushes
     finally:
         dist.destroy_process_group()
-    return times
+    return dict(samples=samples, calls=calls)
 
 
-def summarize(plan: Plan, per_rank: list[dict[tuple[str, int], list[float]]]) -> list[dict]:
+def summarize(plan: Plan, per_rank: list[dict]) -> list[dict]:
     """One row per op and size: the slowest rank's median seconds per call, and its ratio to memcpy."""
     rows = []
-    for size, calls in zip(plan.sizes, plan.calls, strict=True):
-        seconds = {op: max(statistics.median(r[op, size]) for r in per_rank) for op in OPS}
+    for size in plan.sizes:
+        slowest = {op: max(per_rank, key=lambda r, op=op: statistics.median(r["samples"][op, size])) for op in OPS}
+        seconds = {op: statistics.median(r["samples"][op, size]) for op, r in slowest.items()}
         memcpy_gbps = size / seconds["memcpy"] / 1e9
         for op, transport in OPS.items():
             gbps = size / seconds[op] / 1e9
             rows.append(dict(op=op, transport=transport, world_size=plan.world_size, size_bytes=size,
-                             dtype=plan.dtype, iterations=calls * plan.rounds, seconds=seconds[op], bandwidth_gbps=gbps,
-                             memcpy_gbps=memcpy_gbps, ratio_to_memcpy=gbps / memcpy_gbps))
+                             dtype=plan.dtype, iterations=slowest[op]["calls"][op, size] * plan.rounds,
+                             seconds=seconds[op], bandwidth_gbps=gbps, memcpy_gbps=memcpy_gbps,
+                             ratio_to_memcpy=gbps / memcpy_gbps))
     return rows
 
 

@@ -11,18 +11,19 @@ SCHEMA = ["run_id", "timestamp", "commit", "host", "op", "transport", "world_siz
           "iterations", "seconds", "bandwidth_gbps", "memcpy_gbps", "ratio_to_memcpy"]
 
 
-def test_sizes_and_calls_follow_the_config():
+def test_sizes_follow_the_config():
     plan = plan_from_config(compose_config("task=primitives", "primitives.min_bytes=4096",
-                                           "primitives.max_bytes=262144", "primitives.phase_bytes=65536",
-                                           "primitives.max_calls=10"))
-    assert plan.sizes == [4096, 16384, 65536, 262144]
-    assert plan.calls == [10, 4, 1, 1]
+                                           "primitives.max_bytes=262144", "world_size=4"))
+    assert plan.sizes == [4096, 16384, 65536, 262144] and plan.world_size == 4
+    assert plan_from_config(compose_config("task=primitives", "primitives.min_bytes=6", "primitives.max_bytes=100",
+                                           "primitives.step=3", "primitives.dtype=bf16")).sizes == [6, 18, 54]
 
 
 @pytest.mark.parametrize("override, message", [
     ("primitives.dtype=fp16", "primitives.dtype must be one of fp32, bf16"),
     ("primitives.min_bytes=4", "must hold at least one fp32 element per rank"),
     ("primitives.step=1", "primitives.step must be an integer >= 2"),
+    ("primitives.turn_s=0", "primitives.turn_s must be a positive number"),
 ])
 def test_bad_benchmark_config_is_refused(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -32,7 +33,7 @@ def test_bad_benchmark_config_is_refused(override, message):
 @pytest.mark.slow
 def test_benchmark_appends_one_row_per_op_and_size(results_dir):
     args = ("task=primitives", "world_size=2", "primitives.min_bytes=4096", "primitives.max_bytes=65536",
-            "primitives.rounds=3", "primitives.max_calls=2", "primitives.dtype=bf16", f"results_dir={results_dir}")
+            "primitives.rounds=3", "primitives.turn_s=0.001", "primitives.dtype=bf16", f"results_dir={results_dir}")
     done = run_cli(*args)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(results_dir / "primitives.csv")
@@ -42,7 +43,8 @@ def test_benchmark_appends_one_row_per_op_and_size(results_dir):
     assert dict(zip(table["op"], table["transport"], strict=True)) == {
         "gather": "shm", "scatter_accumulate": "shm", "all_gather": "gloo", "reduce_scatter": "gloo",
         "memcpy": "local"}
-    assert (table["dtype"] == "bf16").all() and (table["iterations"] == 6).all() and (table["world_size"] == 2).all()
+    assert (table["dtype"] == "bf16").all() and (table["world_size"] == 2).all()
+    assert (table["iterations"] % 3 == 0).all()  # 3 rounds of whole turns
     assert (table["seconds"] > 0).all()
     pd.testing.assert_series_equal(table["bandwidth_gbps"], table["size_bytes"] / table["seconds"] / 1e9,
                                    check_names=False)
