@@ -102,8 +102,8 @@ def print_row(row: dict) -> None:
 
 
 def run_job(cfg: DictConfig) -> dict | list[dict] | None:
-    task = cfg.get("task", "train")
-    if task == "primitives":  # the communication microbenchmark, not a training run
+    # task=primitives is the communication microbenchmark (odc_bench/bench_primitives.py), not a training run.
+    if OmegaConf.select(cfg, "task.name", default="train") == "primitives":
         from odc_bench.bench_primitives import run_primitives
 
         return run_primitives(cfg)
