@@ -8,6 +8,7 @@ rank + 1, so at any moment the ranks work on different owners instead of all on 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,24 +45,27 @@ class ShardLayout:
         return start, min(start + self.shard_numel, self.numel)
 
 
-def _rotated(rank: int, world_size: int) -> list[int]:
-    return [(rank + i) % world_size for i in range(1, world_size + 1)]
+@functools.lru_cache(maxsize=4096)
+def _shard_spans(rank: int, layout: ShardLayout, total: int) -> tuple[tuple[int, int, int], ...]:
+    """(owner, start, end) of each owner's part of a flat tensor of `total` elements, in rotated
+    order from rank + 1. Cached: the engine gathers the same units every microbatch."""
+    spans = []
+    for i in range(1, layout.world_size + 1):
+        owner = (rank + i) % layout.world_size
+        start = owner * layout.shard_numel
+        end = min(start + layout.shard_numel, total)
+        if end > start:
+            spans.append((owner, start, end))
+    return tuple(spans)
 
 
-def _shard_spans(heap: SymmetricHeap, layout: ShardLayout, total: int, what: str) -> list[tuple[int, int, int]]:
-    """(owner, start, end) of each owner's part of a flat tensor of `total` elements, rotated."""
+def _spans(heap: SymmetricHeap, layout: ShardLayout, total: int, what: str) -> tuple[tuple[int, int, int], ...]:
     if layout.world_size != heap.world_size:
         raise ValueError(f"layout is for {layout.world_size} ranks, the heap has {heap.world_size}")
     if total not in (layout.numel, layout.padded_numel):
         raise ValueError(f"{what} has {total} elements; the layout needs {layout.numel} "
                          f"(or {layout.padded_numel} padded)")
-    spans = []
-    for owner in _rotated(heap.rank, heap.world_size):
-        start = owner * layout.shard_numel
-        end = min(start + layout.shard_numel, total)
-        if end > start:
-            spans.append((owner, start, end))
-    return spans
+    return _shard_spans(heap.rank, layout, total)
 
 
 def gather(heap: SymmetricHeap, name: str, out: torch.Tensor, layout: ShardLayout) -> None:
@@ -74,7 +78,7 @@ def gather(heap: SymmetricHeap, name: str, out: torch.Tensor, layout: ShardLayou
     if not out.is_contiguous():
         raise ValueError("gather needs a contiguous output tensor")
     flat = out.view(-1)
-    for owner, start, end in _shard_spans(heap, layout, flat.numel(), "gather output"):
+    for owner, start, end in _spans(heap, layout, flat.numel(), "gather output"):
         heap.get(flat[start:end], name, owner)
 
 
@@ -87,5 +91,5 @@ def scatter_accumulate(heap: SymmetricHeap, name: str, src: torch.Tensor, layout
     (bf16 gradients into fp32). The transport chunks the adds and locks only each chunk.
     """
     flat = src.reshape(-1)
-    for owner, start, end in _shard_spans(heap, layout, flat.numel(), "scatter_accumulate source"):
+    for owner, start, end in _spans(heap, layout, flat.numel(), "scatter_accumulate source"):
         heap.accumulate(name, owner, 0, flat[start:end])
