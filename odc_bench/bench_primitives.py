@@ -11,7 +11,8 @@ synchronises the ranks by itself.
 Timing: the ops take turns (rounds); in its turn an op runs back to back for about turn_s
 (a call count estimated from its warm-up calls), and the turn's time over its calls is one
 sample. An op's seconds is the median
-over rounds, and the slowest rank's median makes the row. Turns, not single calls, because
+of its samples over all ranks and rounds: with one-sided ops every rank's rate is its own,
+and pooling is less noisy than any one rank's few rounds. Turns, not single calls, because
 with more ranks than cores (or other work on the host) a call of a few milliseconds is either
 never or entirely preempted, which makes per-call medians bimodal; a turn spans many time
 slices, and alternating turns puts every op under the same background load.
@@ -189,18 +190,17 @@ def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -
 
 
 def summarize(plan: Plan, per_rank: list[dict]) -> list[dict]:
-    """One row per op and size: the slowest rank's median seconds per call, and its ratio to memcpy."""
+    """One row per op and size: the median seconds per call over ranks and rounds, and its ratio to memcpy."""
     rows = []
     for size in plan.sizes:
-        slowest = {op: max(per_rank, key=lambda r, op=op: statistics.median(r["samples"][op, size])) for op in OPS}
-        seconds = {op: statistics.median(r["samples"][op, size]) for op, r in slowest.items()}
+        seconds = {op: statistics.median(t for r in per_rank for t in r["samples"][op, size]) for op in OPS}
         memcpy_gbps = size / seconds["memcpy"] / 1e9
         for op, transport in OPS.items():
             gbps = size / seconds[op] / 1e9
+            calls = statistics.median_low(r["calls"][op, size] for r in per_rank)
             rows.append(dict(op=op, transport=transport, world_size=plan.world_size, size_bytes=size,
-                             dtype=plan.dtype, iterations=slowest[op]["calls"][op, size] * plan.rounds,
-                             seconds=seconds[op], bandwidth_gbps=gbps, memcpy_gbps=memcpy_gbps,
-                             ratio_to_memcpy=gbps / memcpy_gbps))
+                             dtype=plan.dtype, iterations=calls * plan.rounds, seconds=seconds[op],
+                             bandwidth_gbps=gbps, memcpy_gbps=memcpy_gbps, ratio_to_memcpy=gbps / memcpy_gbps))
     return rows
 
 
