@@ -69,7 +69,7 @@ def process_start_time(pid: int) -> int | None:
     """Start time of `pid` in clock ticks since boot, or None if no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    except OSError:  # no such process (or it exited while we read)
         return None
     # Fields after the command name (which may contain spaces) start at field 3; starttime is 22.
     return int(stat[stat.rindex(")") + 2:].split()[19])
@@ -103,6 +103,8 @@ def sweep_stale_segments(directory: Path = SHM_DIR) -> list[str]:
                 removed.append(name)
             except FileNotFoundError:
                 pass  # another rank swept it first
+            except PermissionError:
+                pass  # another user's segment: theirs to sweep
     return removed
 
 
@@ -118,7 +120,7 @@ def _lock_op(fd: int, kind: int, start: int, length: int) -> bool:
 
 
 class _Backoff:
-    """Sleeps growing from 10 us to 1 ms: waits on a shared 2-core host must not spin."""
+    """Sleeps growing from 10 us to 1 ms: a waiter must not spin on a core the holder needs."""
 
     def __init__(self, peer: int, what: str, timeout_s: float) -> None:
         self.peer, self.what, self.timeout_s = peer, what, timeout_s
