@@ -7,9 +7,11 @@ process, which share nothing but the store and /dev/shm, like processes.
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
 import os
 import signal
+import struct
 import threading
 import time
 import uuid
@@ -23,6 +25,7 @@ from odc_bench.launch.ranks import run_ranks
 from odc_core.primitives import ShardLayout, gather
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.shm import (
+    SHM_DIR,
     ShmHeap,
     list_segments,
     process_start_time,
@@ -93,6 +96,27 @@ def test_wait_until_and_barrier_time_out_naming_the_peer():
         (wait_peer, wait_msg), (barrier_peer, barrier_msg) = out[r]
         assert wait_peer == 2 and "rank 2" in wait_msg and "'flags'[1] >= 1" in wait_msg
         assert barrier_peer == 2 and "rank 2" in barrier_msg and "barrier" in barrier_msg
+
+
+def test_a_lock_held_elsewhere_times_out_naming_the_owner():
+    name = job()
+    with ShmHeap(0, 1, name, dist.HashStore(), timeout_s=0.3) as heap:
+        x = heap.alloc("x", 16, torch.float32)
+        heap.alloc("flags", 1, torch.int64)
+        control = next(s for s in list_segments() if name in s and s.endswith("-b0"))
+        fd = os.open(SHM_DIR / control, os.O_RDWR)  # another open file: a stuck holder elsewhere
+        try:
+            whole_file = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, whole_file)
+            with pytest.raises(PeerTimeout, match=r"rank 0: lock on 'x'") as info:
+                heap.accumulate("x", 0, 0, torch.ones(16))
+            assert info.value.peer == 0
+            with pytest.raises(PeerTimeout, match="rank 0"):
+                heap.fetch_add("flags", 0, 0)
+        finally:
+            os.close(fd)  # drops the lock
+        heap.accumulate("x", 0, 0, torch.ones(16))
+        assert torch.equal(x, torch.ones(16)) and heap.fetch_add("flags", 0, 0) == 0
 
 
 def test_asymmetric_allocation_is_refused():
