@@ -1,5 +1,4 @@
-from odc_bench.app import main, register_sweeps
+from odc_bench.cli import main
 
 if __name__ == "__main__":
-    register_sweeps()
     main()

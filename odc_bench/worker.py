@@ -31,6 +31,8 @@ class RankJob:
     store_host: str
     store_port: int
     out_dir: str
+    # Unique per execution of a run: names the run's shared-memory segments.
+    job_id: str
     # Rank 0 also saves the final unsharded parameters (params.pt), for engine comparisons.
     collect_params: bool = False
 
@@ -73,7 +75,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
     recorder = trace.Recorder(rank)
     try:
         recorder.start(cuda=device.type == "cuda")
-        engine = make_engine(config["engine"]["name"], device, **engine_options(config))
+        engine = make_engine(config["engine"]["name"], device, store=store, job_id=job.job_id,
+                             timeout_s=float(config["timeout_s"]), **engine_options(config))
         engine.trace = recorder.add
         model = build_model(config, device)
         model = engine.wrap(model, model.units())

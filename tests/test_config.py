@@ -44,10 +44,17 @@ def test_bad_input_is_a_config_error(override, message):
 
 
 @pytest.mark.parametrize("override", ["world_size=0", "minibatch_size=0", "max_tokens=64",
-                                      "dataset.profile=nosuch"])
+                                      "dataset.profile=nosuch", "dataset=nosuch", "no_such_key=1",
+                                      "world_size=1,2", "world_size=[1,"])
 def test_bad_input_exits_2_with_one_line_and_no_row(override, results_dir):
     proc = run_cli(override, f"results_dir={results_dir}")
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("odc_bench: error: "), proc.stderr
     assert not (results_dir / "runs.csv").exists()
+
+
+def test_unknown_group_option_lists_the_choices(results_dir):
+    proc = run_cli("engine=nosuch", f"results_dir={results_dir}")
+    assert proc.returncode == 2
+    assert "unknown engine option 'nosuch'; choose one of collective, odc" in proc.stderr

@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,18 +36,20 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
-def run_local(spec: RunSpec, deadline_s: float | None = None, collect_params: bool = False) -> list[dict]:
+def run_local(spec: RunSpec, deadline_s: float | None = None, collect_params: bool = False,
+              entry: Callable[[int, RankJob], None] = rank_entry) -> list[dict]:
     """Start world_size ranks, wait for all of them, and return each rank's result.
 
-    With collect_params, rank 0's result also holds the final unsharded parameters.
+    With collect_params, rank 0's result also holds the final unsharded parameters; `entry`
+    lets instrumentation wrap the rank's entry point (it must be importable by the ranks).
     """
     world = spec.world_size
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=float(spec.config["timeout_s"])))
     with tempfile.TemporaryDirectory(prefix="odc-run-") as out_dir:
         job = RankJob(spec=spec, store_host="127.0.0.1", store_port=store.port, out_dir=out_dir,
-                      collect_params=collect_params)
-        ctx = tmp.start_processes(rank_entry, args=(job,), nprocs=world, join=False, start_method="forkserver")
+                      job_id=f"{spec.run_id[:8]}-{store.port}", collect_params=collect_params)
+        ctx = tmp.start_processes(entry, args=(job,), nprocs=world, join=False, start_method="forkserver")
         started = time.monotonic()
         try:
             while not ctx.join(timeout=0.2):
