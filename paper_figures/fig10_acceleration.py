@@ -25,7 +25,7 @@ NAME = "fig10_acceleration"
 FACTORS = {"minibatch_size": "minibatch size (samples per rank)", "max_length": "max length (tokens)",
            "packing_ratio": "packing ratio", "world_size": "devices"}
 BASELINE_LABEL = f"{ENGINE_NAMES[BASELINE[0]]} + {BALANCER_NAMES[BASELINE[1]]}"
-Y_LABEL = f"acceleration over {BASELINE_LABEL} (%)"
+Y_LABEL = "acceleration (%)"
 # What stays fixed along one sweep: the setting without the seed (repeats are averaged) and with
 # max_tokens expressed as max_length x packing_ratio.
 SWEEP_KEYS = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_length", "packing_ratio",
@@ -46,6 +46,10 @@ def acceleration(runs: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _value(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def sweeps(table: pd.DataFrame, factor: str) -> pd.DataFrame:
     """The rows of `table` in sweeps of `factor`, labelled by what tells the sweeps apart."""
     others = [k for k in SWEEP_KEYS if k in table and k != factor and not (factor == "max_length" and
@@ -57,7 +61,8 @@ def sweeps(table: pd.DataFrame, factor: str) -> pd.DataFrame:
     if not found:
         return pd.DataFrame()
     differ = [k for k in others if len({str(fixed[k]) for fixed, _ in found}) > 1]
-    parts = [part.assign(sweep=", ".join(f"{k}={fixed[k]}" for k in differ) or "all") for fixed, part in found]
+    parts = [part.assign(sweep=", ".join(f"{k}={_value(fixed[k])}" for k in differ) or "all")
+             for fixed, part in found]
     return pd.concat(parts, ignore_index=True)
 
 
@@ -79,8 +84,8 @@ def plot(table: pd.DataFrame) -> Figure:
         several = data["sweep"].nunique() > 1
         repeats = data.groupby(["sweep", "series", factor]).size().max() > 1
         sns.lineplot(data=data, x=factor, y="acceleration", hue="series", hue_order=hue_order, palette=colors,
-                     style="sweep" if several else None, markers=True, dashes=several,
-                     errorbar="sd" if repeats else None, ax=ax)
+                     style="sweep" if several else None, markers=several, dashes=several,
+                     marker=None if several else "o", errorbar="sd" if repeats else None, ax=ax)
         ax.axhline(0, color="black", lw=0.8, gid="zero")
         values = np.sort(data[factor].unique())
         ax.set_xscale("log", base=2)

@@ -61,7 +61,7 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
                                                                                     if s in set(busy["series"])],
                     palette=colors, ax=left)
         left.set_ylim(0, 1)
-        left.legend(fontsize=7, title=None)
+        left.legend(fontsize=7, title=None, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     left.set_xlabel(RANK_LABEL)
     left.set_ylabel(BUSY_LABEL)
     left.set_title("Per-rank busy fraction", loc="left")
