@@ -26,7 +26,7 @@ from paper_figures.inputs import Inputs, Skip, load  # noqa: E402
 MODULES = ["fig1_timeline", "fig7_lengths", "fig8_throughput", "fig10_acceleration", "fig11_bandwidth",
            "utilization", "tables"]
 DOCS_DIR = Path("docs/figures")
-DOCS_DPI = 72
+DOCS_DPI = 90
 
 
 def theme() -> None:

@@ -89,6 +89,9 @@ def load(root: Path, lengths_files: list[Path] = ()) -> Inputs:
         inputs.notes.append(f"results root {root} does not exist: only figures that need no results render")
         inputs.lengths = {p.stem: np.load(p).astype(np.int64).ravel() for p in lengths_files}
         return inputs
+    if any((root / SCRATCH).rglob("*.csv")):
+        inputs.notes.append(f"left out {root / SCRATCH}/ (scratch output of ad-hoc runs); "
+                            f"pass --results {root / SCRATCH} to draw it")
     inputs.runs = read_runs(root, inputs.notes)
     inputs.primitives = read_primitives(root)
     inputs.lengths = read_lengths(root, list(lengths_files))

@@ -72,7 +72,7 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
     right.set_xlabel("")
     right.set_ylabel(BUBBLE_LABEL)
     right.tick_params(axis="x", labelrotation=20)
-    note = "" if (rates["which"] == "predicted").any() else " (no run logged a prediction)"
+    note = "" if (rates["which"] == "predicted").any() else " (none predicted)"
     right.set_title(f"Bubble rate at this setting{note}", loc="left")
     right.legend(fontsize=7, title=None)
     predicted = all_runs.dropna(subset=["bubble_rate", "predicted_bubble_rate"])
