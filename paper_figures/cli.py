@@ -84,7 +84,13 @@ def write(results: dict[str, object], out: Path, docs: bool) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None, only: str | None = None) -> int:
-    args = parser(only).parse_args(argv)
+    p = parser(only)
+    args = p.parse_args(argv)
+    if not args.results.is_dir():
+        p.error(f"results root {args.results} is not a folder; pass --results DIR (the folder holding results tables)")
+    for path in args.lengths:
+        if not path.is_file():
+            p.error(f"--lengths {path}: no such file; pass a .npy file of sequence lengths")
     modules = [only] if only else (args.only or MODULES)
     theme()
     inputs = load(args.results, args.lengths)

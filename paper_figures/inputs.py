@@ -20,6 +20,10 @@ import numpy as np
 import pandas as pd
 
 SCRATCH = "local"
+# Columns the figures cannot do without; a table lacking any is left out with a note.
+RUN_COLUMNS = ["run_id", "status", "backend", "engine", "balancer", "model", "dataset", "world_size",
+               "minibatch_size", "max_tokens", "packing_ratio", "length_scale", "samples_per_s"]
+PRIMITIVE_COLUMNS = ["op", "transport", "world_size", "size_bytes", "bandwidth_gbps"]
 
 
 class Skip(Exception):
@@ -51,29 +55,36 @@ def _tables(root: Path, filename: str) -> list[Path]:
     return found
 
 
-def read_runs(root: Path, notes: list[str] | None = None) -> pd.DataFrame:
+def _read(path: Path, required: list[str], notes: list[str]) -> pd.DataFrame | None:
+    table = pd.read_csv(path)
+    missing = [c for c in required if c not in table]
+    if missing:
+        notes.append(f"{path} left out: it lacks the column(s) {', '.join(missing)}")
+        return None
+    return table if not table.empty else None
+
+
+def read_runs(root: Path, notes: list[str]) -> pd.DataFrame:
     """Every successful run row below `root`, with `source` and `table_dir` (to find traces)."""
     frames = []
     for path in _tables(root, "runs.csv"):
-        table = pd.read_csv(path)
-        if table.empty:
+        table = _read(path, RUN_COLUMNS, notes)
+        if table is None:
             continue
-        if "status" in table:
-            failed = int((table["status"] != "ok").sum())
-            if failed and notes is not None:
-                notes.append(f"{path}: {failed} failed run(s) left out")
-            table = table[table["status"] == "ok"]
-        if "run_id" in table:
-            table = table.drop_duplicates("run_id", keep="last")
+        failed = int((table["status"] != "ok").sum())
+        if failed:
+            notes.append(f"{path}: {failed} failed run(s) left out")
+        table = table[table["status"] == "ok"].drop_duplicates("run_id", keep="last")
         frames.append(table.assign(source=_source_name(root, path.parent), table_dir=str(path.parent)))
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def read_primitives(root: Path) -> pd.DataFrame:
-    frames = [pd.read_csv(p).assign(source=_source_name(root, p.parent)) for p in _tables(root, "primitives.csv")]
-    frames = [f for f in frames if not f.empty]
+def read_primitives(root: Path, notes: list[str]) -> pd.DataFrame:
+    frames = []
+    for path in _tables(root, "primitives.csv"):
+        table = _read(path, PRIMITIVE_COLUMNS, notes)
+        if table is not None:
+            frames.append(table.assign(source=_source_name(root, path.parent)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -93,7 +104,7 @@ def load(root: Path, lengths_files: list[Path] = ()) -> Inputs:
         inputs.notes.append(f"left out {root / SCRATCH}/ (scratch output of ad-hoc runs); "
                             f"pass --results {root / SCRATCH} to draw it")
     inputs.runs = read_runs(root, inputs.notes)
-    inputs.primitives = read_primitives(root)
+    inputs.primitives = read_primitives(root, inputs.notes)
     inputs.lengths = read_lengths(root, list(lengths_files))
     return inputs
 

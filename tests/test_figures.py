@@ -72,6 +72,22 @@ def test_loader_tags_sources_and_leaves_out_failed_rows_and_the_scratch_folder(t
     assert set(loaded.primitives["source"]) == {"primitives"}
 
 
+def test_loader_leaves_out_a_table_without_the_columns_figures_need(tmp_path):
+    root = results_root(tmp_path / "results")
+    (tmp_path / "results" / "old").mkdir()
+    pd.DataFrame({"run_id": ["x"], "status": ["ok"]}).to_csv(root / "old" / "runs.csv", index=False)
+    loaded = load(root)
+    assert set(loaded.runs["source"]) == {"cpu"}
+    assert any("old/runs.csv left out" in note and "engine" in note for note in loaded.notes)
+
+
+def test_cli_refuses_a_missing_results_root(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--results", str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
 def test_fig1_draws_both_engines_and_marks_the_time_saved(inputs):
     fig = _only(fig1_timeline.render(inputs), "fig1_timeline")
     top, bottom = fig.axes[:2]
