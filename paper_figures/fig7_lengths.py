@@ -1,6 +1,6 @@
 """Fig. 7 analog: sequence-length distributions of the datasets.
 
-The dataset profiles are metadata, not training, so they are drawn directly from
+The paper's dataset profiles are metadata, not training, so they are drawn directly from
 odc_bench.data.profiles at paper scale (length_scale 1, seed 0). Real datasets' cached
 lengths (`lengths/*.npy` below the results root, or `--lengths FILE.npy`) get a panel each.
 The long right tails are what makes fixed packing leave devices idle.
@@ -22,10 +22,12 @@ NAME = "fig7_lengths"
 X_LABEL = "sequence length (tokens)"
 Y_LABEL = "samples"
 BINS = 50
+# The paper's datasets (Fig. 7); other profiles (controls such as fixed lengths) are left out.
+PAPER_PROFILES = ("longalign", "swe_smith", "aime")
 
 
 def profiles(seed: int = 0) -> dict[str, np.ndarray]:
-    return {name: profile_lengths(name, 1.0, seed) for name in PROFILES}
+    return {name: profile_lengths(name, 1.0, seed) for name in PAPER_PROFILES if name in PROFILES}
 
 
 def _tokens(n: float) -> str:
