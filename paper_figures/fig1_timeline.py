@@ -33,15 +33,14 @@ X_LABEL = "time since minibatch start (s)"
 Y_LABEL = "rank"
 
 
-def minibatch_spans(trace: pd.DataFrame, minibatch: int) -> tuple[pd.DataFrame, float, float]:
+def minibatch_spans(trace: pd.DataFrame, minibatch: int) -> tuple[pd.DataFrame, float]:
     """The minibatch's events with times relative to its start on the earliest rank, and its span."""
     events = trace[trace["minibatch"] == minibatch]
     whole = events[events["kind"] == "minibatch"]
     if whole.empty:
         raise Skip(f"the trace has no minibatch event for minibatch {minibatch}")
     start, end = float(whole["t0"].min()), float(whole["t1"].max())
-    events = events.assign(t0=events["t0"] - start, t1=events["t1"] - start)
-    return events, 0.0, end - start
+    return events.assign(t0=events["t0"] - start, t1=events["t1"] - start), end - start
 
 
 def plot(traces: list[tuple[str, pd.DataFrame]], minibatch: int, title: str = "") -> Figure:
@@ -50,7 +49,7 @@ def plot(traces: list[tuple[str, pd.DataFrame]], minibatch: int, title: str = ""
     axes = fig.subplots(len(traces), 1, sharex=True, squeeze=False)[:, 0]
     spans = []
     for ax, (label, trace) in zip(axes, traces, strict=True):
-        events, _, span = minibatch_spans(trace, minibatch)
+        events, span = minibatch_spans(trace, minibatch)
         spans.append(span)
         ranks = sorted(events["rank"].unique())
         for rank in ranks:
@@ -67,14 +66,8 @@ def plot(traces: list[tuple[str, pd.DataFrame]], minibatch: int, title: str = ""
         ax.set_ylabel(Y_LABEL)
         ax.set_title(f"{label}: minibatch takes {span:.3g} s", loc="left")
         ax.grid(False, axis="y")
-    if len(traces) == 2 and spans[0] > spans[1]:
-        saved = spans[0] - spans[1]
-        ax = axes[0]
-        ax.axvspan(spans[1], spans[0], color="#f2c14e", alpha=0.35, gid="saved")
-        ax.annotate(f"time saved {saved:.3g} s ({saved / spans[0]:.0%})", xy=(spans[1], 0.5),
-                    xycoords=("data", "axes fraction"), xytext=(4, 0), textcoords="offset points",
-                    ha="left", va="center", fontsize=9, weight="bold")
-        axes[1].axvline(spans[0], color="grey", lw=1, ls=":", gid="other_end")
+    if len(traces) == 2:
+        _mark_difference(axes, spans, [label for label, _ in traces])
     axes[-1].set_xlabel(X_LABEL)
     handles = [Patch(color=color, label=text) for _, color, text in KINDS.values()] + [Patch(color=IDLE[0],
                                                                                              label=IDLE[1])]
@@ -83,6 +76,21 @@ def plot(traces: list[tuple[str, pd.DataFrame]], minibatch: int, title: str = ""
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
+
+
+def _mark_difference(axes, spans: list[float], labels: list[str]) -> None:
+    """Shade the gap between the two minibatch ends on the slower panel, saying what it is:
+    the time the second saves over the first, or how much longer the second takes."""
+    slow = 0 if spans[0] >= spans[1] else 1
+    fast = 1 - slow
+    diff = spans[slow] - spans[fast]
+    text = (f"time saved {diff:.3g} s ({diff / spans[slow]:.0%})" if slow == 0
+            else f"no time saved: {labels[1]} takes {diff:.3g} s ({diff / spans[fast]:.0%}) longer")
+    ax = axes[slow]
+    ax.axvspan(spans[fast], spans[slow], color="#f2c14e", alpha=0.35, gid="difference")
+    ax.annotate(text, xy=(spans[fast], 0.5), xycoords=("data", "axes fraction"), xytext=(4, 0),
+                textcoords="offset points", ha="left", va="center", fontsize=9, weight="bold")
+    axes[fast].axvline(spans[slow], color="grey", lw=1, ls=":", gid="other_end")
 
 
 def _pick(rows: pd.DataFrame, engine: str) -> pd.Series | None:

@@ -89,23 +89,21 @@ def read_primitives(root: Path, notes: list[str]) -> pd.DataFrame:
 
 
 def read_lengths(root: Path, extra: list[Path] = ()) -> dict[str, np.ndarray]:
-    files = [p for p in sorted(root.rglob("lengths/*.npy"))] + list(extra)
+    files = (sorted(root.rglob("lengths/*.npy")) if root.is_dir() else []) + list(extra)
     return {p.stem: np.load(p).astype(np.int64).ravel() for p in files}
 
 
 def load(root: Path, lengths_files: list[Path] = ()) -> Inputs:
     root = Path(root)
-    inputs = Inputs(root=root)
+    inputs = Inputs(root=root, lengths=read_lengths(root, list(lengths_files)))
     if not root.is_dir():
         inputs.notes.append(f"results root {root} does not exist: only figures that need no results render")
-        inputs.lengths = {p.stem: np.load(p).astype(np.int64).ravel() for p in lengths_files}
         return inputs
     if any((root / SCRATCH).rglob("*.csv")):
         inputs.notes.append(f"left out {root / SCRATCH}/ (scratch output of ad-hoc runs); "
                             f"pass --results {root / SCRATCH} to draw it")
     inputs.runs = read_runs(root, inputs.notes)
     inputs.primitives = read_primitives(root, inputs.notes)
-    inputs.lengths = read_lengths(root, list(lengths_files))
     return inputs
 
 

@@ -46,9 +46,12 @@ def label_series(runs: pd.DataFrame) -> pd.Series:
 def ordered(labels: pd.Series | list[str]) -> list[str]:
     """The series present, in the paper's order (collective first), unknown ones last."""
     known = series_order()
-    present = sorted(set(labels), key=lambda s: (known.index(s.split(" (")[0]) if s.split(" (")[0] in known
-                                                 else len(known), s))
-    return present
+
+    def rank(label: str) -> tuple[int, str]:
+        root = label.split(" (")[0]
+        return (known.index(root) if root in known else len(known), label)
+
+    return sorted(set(labels), key=rank)
 
 
 # Blues for collective, oranges to reds for ODC; the paper's headline pair in the strongest shades.

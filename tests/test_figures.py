@@ -108,7 +108,16 @@ def test_fig1_draws_both_engines_and_marks_the_time_saved(inputs):
     odc = max(sum(c) for c in COSTS["odc"]) + SYNC_GAP + 0.01
     (note,) = [t for t in top.texts if t.get_text().startswith("time saved")]
     assert f"{collective - odc:.3g} s" in note.get_text()
-    assert [a.get_gid() for a in top.patches].count("saved") == 1
+    assert [a.get_gid() for a in top.patches].count("difference") == 1
+
+
+def test_fig1_says_so_when_the_second_run_is_slower():
+    fast, slow = pd.DataFrame(trace_events("odc")), pd.DataFrame(trace_events("collective"))
+    fig = fig1_timeline.plot([("A", fast), ("B", slow)], WARMUP)
+    top, bottom = fig.axes[:2]
+    assert not top.texts
+    (note,) = bottom.texts
+    assert note.get_text().startswith("no time saved: B takes")
 
 
 def test_fig1_with_one_engine_draws_it_alone_and_says_so(tmp_path):
@@ -120,7 +129,7 @@ def test_fig1_with_one_engine_draws_it_alone_and_says_so(tmp_path):
 
 def test_fig1_draws_the_first_measured_minibatch():
     trace = pd.DataFrame(trace_events("odc"))
-    events, _, span = fig1_timeline.minibatch_spans(trace, WARMUP)
+    events, span = fig1_timeline.minibatch_spans(trace, WARMUP)
     assert set(events["minibatch"]) == {WARMUP}
     assert events["t0"].min() == pytest.approx(0.0)
     assert span == pytest.approx(events["t1"].max())
