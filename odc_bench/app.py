@@ -101,7 +101,12 @@ def print_row(row: dict) -> None:
         Console(stderr=True).print(f"[red]run failed:[/red] {row['error']}")
 
 
-def run_job(cfg: DictConfig) -> dict | None:
+def run_job(cfg: DictConfig) -> dict | list[dict] | None:
+    task = cfg.get("task", "train")
+    if task == "primitives":  # the communication microbenchmark, not a training run
+        from odc_bench.bench_primitives import run_primitives
+
+        return run_primitives(cfg)
     try:
         spec = resolve(cfg)
     except ConfigError as e:

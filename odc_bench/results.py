@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -78,6 +78,18 @@ def append_row(path: Path, row: Mapping) -> None:
     with _locked(path):
         table = read_table(path)
         new = pd.DataFrame([{c: row.get(c) for c in COLUMNS}], columns=COLUMNS)
+        table = new if table.empty else pd.concat([table, new], ignore_index=True)
+        atomic_write_text(path, table.to_csv(index=False))
+
+
+def append_rows(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
+    """Append rows to a table with its own schema (e.g. primitives.csv), atomically, all or none."""
+    for row in rows:
+        if set(row) != set(columns):
+            raise ValueError(f"row columns {sorted(row)} differ from the table's {sorted(columns)}")
+    with _locked(path):
+        table = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=columns)
+        new = pd.DataFrame([{c: row[c] for c in columns} for row in rows], columns=columns)
         table = new if table.empty else pd.concat([table, new], ignore_index=True)
         atomic_write_text(path, table.to_csv(index=False))
 
