@@ -77,7 +77,7 @@ def execute(spec: RunSpec, results_dir: Path) -> dict:
     losses = minibatch_losses(events, [mb.labelled_tokens for mb in spec.minibatches])
     row.update(summarize(events, spec.world_size, warmup, samples=sum(len(mb.lengths) for mb in measured),
                          tokens=sum(sum(mb.lengths) for mb in measured)))
-    row.update(status="ok", error="", peak_mem_mb=max(r["peak_bytes"] for r in results) / 2**20,
+    row.update(status="ok", error="", peak_mem_mb=max(r["peak_bytes"] + r["heap_bytes"] for r in results) / 2**20,
                heap_mb=max(r["heap_bytes"] for r in results) / 2**20, loss_first=losses[0],
                loss_last=losses[-1], trace=str(trace_path.relative_to(results_dir)))
     append_row(results_dir / "runs.csv", row)

@@ -19,7 +19,7 @@ def test_profile_matches_published_mean_and_range(name):
 
 def test_fixed_profile_is_the_balanced_control():
     lengths = profile_lengths("fixed", 1 / 64, seed=0)
-    assert set(lengths.tolist()) == {256}
+    assert set(lengths.tolist()) == {1024}
 
 
 def test_length_scale_keeps_the_shape():
