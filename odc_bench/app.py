@@ -86,7 +86,7 @@ def execute(spec: RunSpec, results_dir: Path) -> dict:
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
-         "tokens_per_s", "bubble_rate", "peak_mem_mb", "wall_s", "loss_last")
+         "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "wall_s", "loss_last")
 
 
 def _fmt(value: object) -> str:

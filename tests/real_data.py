@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards",
+         "quietly", "hex"]
 
 
 def text_of(n_words: int, seed: int) -> str:

@@ -28,6 +28,7 @@ class BalancerQuality:
     bound: float  # summed lower bounds
     bubble_rate: float
     bound_bubble_rate: float
+    microbatches_per_rank: float  # mean over ranks and minibatches
 
     @property
     def over_bound(self) -> float:
@@ -45,8 +46,10 @@ def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size
     rows = []
     for name in BALANCERS:
         preds: dict[str, list[Prediction]] = {s: [] for s in SEMANTICS}
+        microbatches = 0
         for k, lens in enumerate(batches):
             plan = make_plan(name, lens, world_size, max_tokens, cost, seed=seed + k)
+            microbatches += sum(len(r) for r in plan)
             for s in SEMANTICS:
                 preds[s].append(predict(plan, lens, world_size, max_tokens, cost, s))
         for s in SEMANTICS:
@@ -54,16 +57,17 @@ def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size
                 continue
             p = preds[s]
             rows.append(BalancerQuality(name, s, sum(x.time for x in p), sum(x.bound for x in p),
-                                        run_bubble_rate(p, world_size), run_bubble_rate(p, world_size, of_bound=True)))
+                                        run_bubble_rate(p, world_size), run_bubble_rate(p, world_size, of_bound=True),
+                                        microbatches / (world_size * len(batches))))
     return rows
 
 
 def format_table(rows: list[BalancerQuality]) -> str:
     lines = [f"{'balancer':<11} {'semantics':<11} {'time':>9} {'bound':>9} {'over bound':>10} "
-             f"{'bubble':>7} {'bound bubble':>12}"]
+             f"{'bubble':>7} {'bound bubble':>12} {'mb/rank':>7}"]
     for r in rows:
         lines.append(f"{r.balancer:<11} {r.semantics:<11} {r.time:>9.2f} {r.bound:>9.2f} {r.over_bound:>10.2%} "
-                     f"{r.bubble_rate:>7.1%} {r.bound_bubble_rate:>12.1%}")
+                     f"{r.bubble_rate:>7.1%} {r.bound_bubble_rate:>12.1%} {r.microbatches_per_rank:>7.2f}")
     return "\n".join(lines)
 
 
