@@ -231,3 +231,10 @@ def test_run_spec_carries_predictions_and_the_cost_model():
     work = sum(mb.prediction.work for mb in measured)
     assert rate == pytest.approx(1 - work / (spec.world_size * sum(mb.prediction.time for mb in measured)))
     assert 0 <= rate < 1 and not math.isnan(rate)
+
+
+def test_dynamic_queue_terminates_on_extreme_skew_and_free_samples():
+    skewed = [2_000_000] + [2] * 30
+    queue = dynamic_queue(skewed, 4, 2_000_000, quadratic("1p5b"))
+    assert sorted(i for m in queue for i in m) == list(range(31))
+    assert dynamic_queue([0, 0, 5], 2, 10, linear()) == [[2, 0, 1]]  # free samples ride along

@@ -24,8 +24,8 @@ the predicted bubble rate use it; an engine without claiming can run it as a sta
 Queue granularity trades balance against overhead: small entries at the tail let the
 claims even out cost-model error, while each entry costs a pass of parameter gathers. So
 the queue is chosen by the cost model: candidates pack samples first-fit decreasing under
-max_tokens and a per-entry cost cap (the lower bound, its half, its third, ... down to one
-sample per entry), each is list-scheduled, and the fewest-entry candidate whose predicted
+max_tokens and a per-entry cost cap (the lower bound, then 0.8 times that, and so on down to
+one sample per entry), each is list-scheduled, and the fewest-entry candidate whose predicted
 time is within `slack` of the best one wins. The cost model's per-microbatch constant (c,
 see cost_models.py) is what makes fewer entries pay off; with equal lengths the winner
 reaches the lower bound.
@@ -42,6 +42,10 @@ from collections.abc import Sequence
 
 from odc_bench.balancers.packing import Cost, heaviest_first, microbatch_cost
 from odc_bench.balancers.plan import Microbatch, Plan
+
+# Candidate entry-cost caps: the lower bound, then shrinking by this factor down to the
+# cheapest sample (a geometric ladder: a handful of candidates even for very skewed costs).
+CAP_RATIO = 0.8
 
 
 def _overhead(cost: Cost) -> float:
@@ -80,14 +84,16 @@ def dynamic_queue(lengths: Sequence[int], world_size: int, max_tokens: int, cost
         return []
     costs = [cost(n) for n in lengths]
     bound = max(sum(costs) / world_size, max(costs))
+    smallest = min((c for c in costs if c > 0), default=0.0)
     candidates, seen = [], set()
-    for parts in itertools.count(1):
-        queue = heaviest_first(capped_packing(lengths, max_tokens, cost, bound / parts), lengths, cost)
+    for step in itertools.count():
+        cap = bound * CAP_RATIO**step
+        queue = heaviest_first(capped_packing(lengths, max_tokens, cost, cap), lengths, cost)
         key = tuple(map(tuple, queue))
         if key not in seen:
             seen.add(key)
             candidates.append((schedule_time(list_schedule(queue, lengths, cost, world_size), lengths, cost), queue))
-        if len(queue) == len(lengths):
+        if len(queue) == len(lengths) or cap < smallest:
             break
     best = min(t for t, _ in candidates)
     return min((q for t, q in candidates if t <= best * (1 + slack)), key=len)
