@@ -11,7 +11,7 @@ from odc_bench.balancers.quality import (
     run_bubble_rate,
 )
 from odc_bench.balancers.report import plan_quality
-from odc_bench.cost_models import CostModel, linear
+from odc_bench.cost_models import CostModel, linear, quadratic
 
 LENGTHS = [6, 1, 4, 3, 2, 2]  # linear cost: a sample costs its length; total 18
 
@@ -56,10 +56,20 @@ def test_unknown_semantics_is_refused():
 
 def test_golden_setting_lb_mini_is_within_3_percent_of_the_lower_bound():
     """LongAlign, 8 ranks, minibatch 4, max tokens = longest sample, quadratic 1.5B, 50 minibatches."""
-    rows = {(r.balancer, r.semantics): r for r in plan_quality("longalign", 8, 4, 50, "1p5b")}
+    rows = {(r.balancer, r.semantics): r for r in plan_quality("longalign", 8, 4, 50, quadratic("1p5b"))}
     mini, micro = rows[("lb_mini", "odc")], rows[("lb_micro", "collective")]
     assert mini.time <= 1.03 * mini.bound
     # the ordering the paper reports: LB-Mini under ODC leaves far less bubble than LB-Micro
     # under collectives, and nothing beats the bound's own bubble
     assert mini.bound_bubble_rate <= mini.bubble_rate < micro.bubble_rate
     assert rows[("local_sort", "collective")].bubble_rate > micro.bubble_rate
+
+
+def test_run_time_claims_correct_a_wrong_cost_model_that_static_plans_keep():
+    """Planned with linear costs, scored with the quadratic ones: dynamic's claims recover."""
+    truth = quadratic("1p5b")
+    wrong = {(r.balancer, r.semantics): r for r in plan_quality("longalign", 8, 4, 20, truth, plan_cost=linear())}
+    right = {(r.balancer, r.semantics): r for r in plan_quality("longalign", 8, 4, 20, truth)}
+    assert wrong[("lb_mini", "odc")].time > 1.05 * right[("lb_mini", "odc")].time
+    assert wrong[("dynamic", "odc")].time < wrong[("lb_mini", "odc")].time
+    assert wrong[("local_sort", "odc")].time == right[("local_sort", "odc")].time, "local_sort ignores costs"
