@@ -126,6 +126,7 @@ def run_device_type(cfg: DictConfig) -> str:
 def calibration_file(cfg: DictConfig) -> Path:
     """Where the calibrated cost model of this run's model and hardware lives."""
     dev = run_device_type(cfg)
+    _require(dev == "cpu" or torch.cuda.is_available(), "device=cuda but no CUDA device is visible; use device=auto")
     name = torch.cuda.get_device_name(0) if dev == "cuda" else ""
     return cost_models.calibration_path(cfg.model.name, cost_models.device_tag(dev, name),
                                         cfg.balancer.get("calibration"))

@@ -77,3 +77,9 @@ def test_cost_is_evaluated_on_the_scaled_lengths_the_run_uses():
     cost = quadratic("1p5b")
     assert mb.prediction.work == pytest.approx(sum(cost(n) for n in mb.lengths))
     assert max(mb.lengths) <= spec.max_tokens == 1024
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_calibrated_on_cuda_without_a_gpu_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="device=cuda but no CUDA device is visible"):
+        resolve(compose_config("balancer=lb_micro", "balancer.cost_model=calibrated", "device=cuda"))
