@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from odc_bench.config import ConfigError, model_config, resolve
 from odc_bench.cost_models import CostModel, device_tag, flops, linear, load_calibration, quadratic
@@ -79,7 +80,7 @@ def test_cost_is_evaluated_on_the_scaled_lengths_the_run_uses():
     assert max(mb.lengths) <= spec.max_tokens == 1024
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
-def test_calibrated_on_cuda_without_a_gpu_is_a_config_error(tmp_path):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_calibrated_on_cuda_without_a_gpu_is_a_config_error():
     with pytest.raises(ConfigError, match="device=cuda but no CUDA device is visible"):
         resolve(compose_config("balancer=lb_micro", "balancer.cost_model=calibrated", "device=cuda"))
