@@ -52,11 +52,12 @@ def base_row(spec: RunSpec) -> dict:
     return dict(
         run_id=spec.run_id, schema_version=SCHEMA_VERSION, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"),
         commit=_commit(), host=socket.gethostname(), backend=c["backend"]["name"], engine=c["engine"]["name"],
-        balancer=c["balancer"]["name"], cost_model=c["balancer"].get("cost_model", ""), model=c["model"]["name"],
+        balancer=c["balancer"]["name"], cost_model=spec.cost_model, model=c["model"]["name"],
         dataset=c["dataset"]["name"], world_size=c["world_size"], minibatch_size=c["minibatch_size"],
         num_minibatches=c["num_minibatches"], warmup_minibatches=c["warmup_minibatches"],
         max_tokens=spec.max_tokens, packing_ratio=c["packing_ratio"], length_scale=c["dataset"]["length_scale"],
-        precision=c["precision"], seed=c["seed"], config=OmegaConf.to_yaml(OmegaConf.create(c)).strip(),
+        precision=c["precision"], seed=c["seed"], predicted_bubble_rate=spec.predicted_bubble_rate(),
+        config=OmegaConf.to_yaml(OmegaConf.create(c)).strip(),
     )
 
 
@@ -85,7 +86,7 @@ def execute(spec: RunSpec, results_dir: Path) -> dict:
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
-         "tokens_per_s", "bubble_rate", "peak_mem_mb", "wall_s", "loss_last")
+         "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "wall_s", "loss_last")
 
 
 def _fmt(value: object) -> str:
