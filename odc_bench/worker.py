@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from odc_bench import trace
-from odc_bench.config import RunSpec, threads_per_rank
+from odc_bench.config import Minibatch, RunSpec, threads_per_rank
 from odc_bench.data.tokens import sample_tokens
 from odc_bench.models.qwen2 import Qwen2Config, Qwen2Model, init_weights, packed_batch
 from odc_bench.results import atomic_write_text
@@ -60,6 +61,21 @@ def engine_options(config: dict) -> dict:
     return opts
 
 
+def my_microbatches(engine, mb: Minibatch, rank: int, claim_base: int) -> Iterator[list[int]]:
+    """This rank's microbatches: its part of a static plan, or queue entries claimed at run time.
+
+    Claims go through the engine's shared counter, which no rank resets: every rank's last
+    claim of a minibatch fails (it ran past the queue), so minibatch k starts at the sum of
+    (queue length + world size) over earlier minibatches. No rank claims for k + 1 before
+    every rank has made its failing claim for k: that happens before the minibatch barrier.
+    """
+    if mb.queue is None:
+        yield from mb.plan[rank]
+        return
+    while (index := engine.claim() - claim_base) < len(mb.queue):
+        yield mb.queue[index]
+
+
 def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
     spec, config = job.spec, job.spec.config
     world = spec.world_size
@@ -84,12 +100,13 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         opt = engine.optimizer(lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
         trace.activate(recorder)
         vocab = config["model"]["vocab_size"]
+        claim_base = 0
         for k, mb in enumerate(spec.minibatches):
             recorder.minibatch, recorder.microbatch = k, -1
             t_mb = trace.now()
             engine.begin_minibatch()
             loss_sum = torch.zeros((), device=device)
-            for j, micro in enumerate(mb.plan[rank]):
+            for j, micro in enumerate(my_microbatches(engine, mb, rank, claim_base)):
                 recorder.microbatch = j
                 docs = [sample_tokens(int(config["seed"]), mb.sample_ids[i], mb.lengths[i], vocab) for i in micro]
                 batch = {k2: v.to(device) if torch.is_tensor(v) else v for k2, v in packed_batch(docs).items()}
@@ -100,6 +117,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                 recorder.add("microbatch", t0, trace.now(), fwd_s=t1 - t0,
                              tokens=sum(mb.lengths[i] for i in micro), samples=len(micro))
                 loss_sum += loss.detach()
+            if mb.queue is not None:
+                claim_base += len(mb.queue) + world
             recorder.microbatch = -1
             t0 = trace.now()
             engine.finish_minibatch()
@@ -110,7 +129,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             t2 = trace.now()
             recorder.add("optimizer", t1, t2)
             recorder.sample_memory()
-            recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum), microbatches=len(mb.plan[rank]))
+            recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
         trace.activate(None)
         if job.collect_params:
             params = engine.full_parameters()

@@ -8,11 +8,12 @@ next entry. Only ODC can run it: ranks end with different, unpredictable microba
 How the runtime uses the queue (`dynamic_queue`; the run spec carries it per minibatch):
 
 - every rank holds the same queue for minibatch k, computed before the run;
-- one 64-bit counter on the symmetric heap, owned by one rank, hands out entries: a rank
-  claims by an atomic fetch-and-add of 1 and runs entry `claimed - base_k`, where base_k is
-  the total queue length of the minibatches before k; once that index reaches the queue's
-  length the rank stops claiming and enters finish_minibatch. The counter is never reset, so
-  a slow rank's late claim on minibatch k can never be mistaken for one on k + 1;
+- one 64-bit counter on the symmetric heap, owned by rank 0, hands out entries: a rank
+  claims by an atomic fetch-and-add of 1 and runs entry `claimed - base_k`; once that index
+  reaches the queue's length the rank stops claiming and enters finish_minibatch. That last,
+  failing claim also counts, so base_k is the sum over earlier minibatches of (queue length
+  + world size). The counter is never reset; no rank claims for k + 1 before every rank has
+  made its failing claim for k, since that precedes the minibatch barrier (worker.py);
 - a rank may run zero microbatches; the loss stays normalized by the minibatch's global
   token count, so who ran what does not change the gradient.
 

@@ -34,6 +34,7 @@ from odc_core.transport.base import SymmetricHeap
 
 FLAGS = "odc/flags"
 VERSION, DONE = 0, 1
+CLAIMS = "odc/claims"  # rank 0's work counter for run-time balancing (dynamic)
 
 
 def _alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
@@ -125,6 +126,7 @@ class OdcEngine:
         if missing:
             raise ValueError(f"parameters outside every unit cannot be sharded: {missing[:3]}")
         self.heap.alloc(FLAGS, 2, torch.int64)
+        self.heap.alloc(CLAIMS, 1, torch.int64)
         self.heap.barrier(self.timeout_s)  # every shard is initialised before anyone gathers
         for unit in self.units:
             self._register_hooks(unit)
@@ -193,6 +195,11 @@ class OdcEngine:
         self.heap.store(FLAGS, DONE, self.minibatch + 1)
         for peer in range(self.world_size):
             self.heap.wait_until(FLAGS, peer, DONE, self.minibatch + 1, self.timeout_s)
+
+    def claim(self) -> int:
+        """Take the next ticket of the run's shared work counter: one atomic add on rank 0's
+        heap, which rank 0 takes no part in."""
+        return self.heap.fetch_add(CLAIMS, 0, 0, 1)
 
     # ---- hooks ------------------------------------------------------------------------
     def _pre_forward(self, unit: _Unit, args: tuple):
