@@ -50,13 +50,17 @@ def run_local(spec: RunSpec, deadline_s: float | None = None, collect_params: bo
         ctx = tmp.start_processes(rank_entry, args=(job,), nprocs=world, join=False, start_method="forkserver")
         started = time.monotonic()
         bar = progress.current()
-        bar = bar if bar is not None and bar.enabled else None
+
+        def show_minibatches() -> None:
+            if bar is not None and bar.enabled:
+                bar.run_minibatches(int(store.add(MINIBATCHES_DONE, 0)), len(spec.minibatches))
+
         try:
             while not ctx.join(timeout=0.2):
-                if bar is not None:
-                    bar.run_minibatches(int(store.add(MINIBATCHES_DONE, 0)), len(spec.minibatches))
+                show_minibatches()
                 if deadline_s is not None and time.monotonic() - started > deadline_s:
                     raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f}s")
+            show_minibatches()
         except tmp.ProcessRaisedException as e:
             raise RunFailed(f"rank {e.error_index} failed: {_last_line(str(e))}") from None
         except tmp.ProcessExitedException as e:

@@ -92,7 +92,8 @@ def run_ranks(spec: RunSpec, deadline_s: float | None = None) -> list[dict] | No
         raise RunFailed(f"the SLURM job has {world} tasks but world_size={spec.world_size}; "
                         f"set hydra.launcher.nodes x tasks_per_node = world_size")
     timeout_s = float(spec.config["timeout_s"])
-    shared = Path(env.paths.folder) / "ranks"
+    # One exchange folder per attempt: a requeued job must not find the last attempt's store address.
+    shared = Path(env.paths.folder) / f"ranks.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
     shared.mkdir(parents=True, exist_ok=True)
     if not spec.config.get("threads_per_rank"):
         per_node = world // env.num_nodes
@@ -117,7 +118,7 @@ def run_ranks(spec: RunSpec, deadline_s: float | None = None) -> list[dict] | No
         atomic_write_text(shared / f"rank{rank}.error", f"{type(e).__name__}: {e}".splitlines()[0])
         if rank != 0:
             return None
-        raise RunFailed(_first_error(shared, world)) from None
+        raise RunFailed(_first_error(shared)) from None
     if rank != 0:
         atomic_write_text(shared / f"rank{rank}.done", "")
         return None
@@ -130,14 +131,14 @@ def run_ranks(spec: RunSpec, deadline_s: float | None = None) -> list[dict] | No
     return results
 
 
-def _first_error(shared: Path, world: int) -> str:
-    """The root cause among the ranks' errors: a peer's own failure before rank 0's timeout."""
-    time.sleep(1.0)  # a failing peer writes its error at once; rank 0 often only times out waiting for it
-    for r in [*range(1, world), 0]:
-        path = shared / f"rank{r}.error"
-        if path.exists():
-            return f"rank {r} failed: {path.read_text()}"
-    return "rank 0 failed"
+def _first_error(shared: Path) -> str:
+    """The root cause among the ranks' errors: the earliest one (peers of a failed rank fail later,
+    when their waits on it time out or its connections close)."""
+    time.sleep(1.0)  # ranks failing together all get to write their errors
+    errors = sorted(shared.glob("rank*.error"), key=lambda p: p.stat().st_mtime)
+    if not errors:
+        return "rank 0 failed"
+    return f"rank {errors[0].stem.removeprefix('rank')} failed: {errors[0].read_text()}"
 
 
 # ---------------------------------------------------------------- driver side
