@@ -14,6 +14,7 @@ make the estimate far too short.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
@@ -75,9 +76,9 @@ def _stream_handlers() -> list[logging.StreamHandler]:
 
 
 class SweepProgress:
-    """Runs done of `total_runs`, the current run and its minibatches, elapsed and remaining time."""
+    """Runs done of `total_runs` (None: unknown), the current run and its minibatches, elapsed and remaining time."""
 
-    def __init__(self, total_runs: int, console: Console | None = None) -> None:
+    def __init__(self, total_runs: int | None, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
         self.enabled = self.console.is_terminal
         self.total = total_runs
@@ -88,7 +89,7 @@ class SweepProgress:
                                   TimeElapsedColumn(), _Remaining(self), TextColumn("{task.fields[note]}"),
                                   console=self.console, disable=not self.enabled)
         # A single run shows its minibatches only.
-        self.runs_task: TaskID = self._progress.add_task("runs", total=total_runs, note="", visible=total_runs > 1)
+        self.runs_task: TaskID = self._progress.add_task("runs", total=total_runs, note="", visible=total_runs != 1)
         self._mb_task: TaskID = self._progress.add_task("  minibatches", total=None, visible=False, note="")
         self._moved: list[tuple[logging.StreamHandler, TextIO]] = []
 
@@ -115,7 +116,7 @@ class SweepProgress:
         self._progress.stop()
 
     def remaining_s(self) -> float | None:
-        if not self.durations:
+        if not self.durations or self.total is None:
             return None
         left = self.total - sum(self.finished.values())
         running = time.monotonic() - self._run_t0 if self._run_t0 is not None else 0.0
@@ -147,11 +148,12 @@ class SweepProgress:
         self._progress.update(self.runs_task, note=", ".join(p for p in (self._describe(), text) if p))
 
 
-def start(total_runs: int, console: Console | None = None) -> SweepProgress:
+def start(total_runs: int | None, console: Console | None = None) -> SweepProgress:
     global _current
     stop()
     _current = SweepProgress(total_runs, console)
     _current.start()
+    atexit.register(stop)  # a sweep that ends in an error still gives the terminal its cursor back
     return _current
 
 
@@ -196,7 +198,11 @@ class ProgressCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweeper = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
-        jobs = sweep_jobs(sweeper, list(config.hydra.overrides.task))
+        try:
+            jobs = sweep_jobs(sweeper, list(config.hydra.overrides.task))
+        except Exception:  # another sweeper's params (ranges, intervals): the sweep runs, size unknown
+            start(None)
+            return
         values: dict[str, set[str]] = {}
         for job in jobs:
             for override in job:

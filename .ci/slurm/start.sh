@@ -51,26 +51,29 @@ fi
 install -d -o slurm -g slurm /var/lib/slurm/slurmctld /var/log/slurm
 install -d /var/lib/slurm/slurmd
 
-stop_daemon() {  # by the pid file the daemon wrote, never by name
-    local pidfile=$1
-    if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        kill "$(cat "$pidfile")"
-        for _ in $(seq 50); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.1; done
-    fi
+# A daemon runs when the pid in its pid file is alive and is that daemon (pids get reused).
+running() {  # NAME PIDFILE
+    [ -s "$2" ] && [ "$(cat "/proc/$(cat "$2" 2>/dev/null)/comm" 2>/dev/null)" = "$1" ]
 }
-running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+stop_daemon() {  # NAME PIDFILE: by the pid file the daemon wrote, never by name
+    if running "$1" "$2"; then
+        kill "$(cat "$2" 2>/dev/null)" 2>/dev/null || true
+        for _ in $(seq 50); do running "$1" "$2" || break; sleep 0.1; done
+    fi
+    rm -f "$2"
+}
 
 if [ "$restart" = 1 ]; then
-    stop_daemon /run/slurmd.pid
-    stop_daemon /run/slurmctld.pid
+    stop_daemon slurmd /run/slurmd.pid
+    stop_daemon slurmctld /run/slurmctld.pid
 fi
-if ! running /run/slurmctld.pid; then
+if ! running slurmctld /run/slurmctld.pid; then
     say "starting slurmctld"
     slurmctld
 fi
 for _ in $(seq 100); do scontrol ping >/dev/null 2>&1 && break; sleep 0.1; done
 scontrol ping >/dev/null 2>&1 || die "slurmctld does not answer; see /var/log/slurm/slurmctld.log"
-if ! running /run/slurmd.pid; then
+if ! running slurmd /run/slurmd.pid; then
     say "starting slurmd"
     slurmd -N localhost
 fi
@@ -80,7 +83,8 @@ state=""
 for _ in $(seq 150); do
     state=$(sinfo -h -n localhost -o %T 2>/dev/null || true)
     case "$state" in
-        idle*|mixed*|allocated*|completing*) say "node localhost is $state"; exit 0 ;;
+        *'*') ;;  # registered but not responding yet
+        idle|mixed|allocated|completing) say "node localhost is $state"; exit 0 ;;
         down*|drain*|fail*) scontrol update nodename=localhost state=resume >/dev/null 2>&1 || true ;;
     esac
     sleep 0.2
