@@ -9,7 +9,8 @@ inside a local run, SLURM jobs still queued).
 
 The remaining time is the mean duration of the runs that executed times the runs left, minus
 the current run's elapsed time: runs a resumed sweep skips take no time and would otherwise
-make the estimate far too short.
+make the estimate far too short. Runs that go in parallel (SLURM) are not timed one by one;
+there it is the sweep's pace so far (elapsed time per executed run) times the runs left.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class SweepProgress:
         self.finished = {"ok": 0, "failed": 0, "skipped": 0}
         self.durations: list[float] = []
         self._run_t0: float | None = None
+        self._t_start = time.monotonic()
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TimeElapsedColumn(), _Remaining(self), TextColumn("{task.fields[note]}"),
                                   console=self.console, disable=not self.enabled)
@@ -116,9 +118,12 @@ class SweepProgress:
         self._progress.stop()
 
     def remaining_s(self) -> float | None:
-        if not self.durations or self.total is None:
+        executed = self.finished["ok"] + self.finished["failed"]
+        if not executed or self.total is None:
             return None
         left = self.total - sum(self.finished.values())
+        if not self.durations:  # runs in parallel (SLURM), timed by no one: the sweep's pace so far
+            return left * (time.monotonic() - self._t_start) / executed
         running = time.monotonic() - self._run_t0 if self._run_t0 is not None else 0.0
         return max(0.0, left * sum(self.durations) / len(self.durations) - running)
 

@@ -62,6 +62,17 @@ def test_remaining_time_counts_only_runs_that_executed(monkeypatch):
     assert bar.remaining_s() == pytest.approx(16.0), "minus the running one's elapsed time"
 
 
+def test_remaining_time_of_parallel_runs_follows_the_sweep_pace(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+    bar = progress.SweepProgress(5, Console(file=io.StringIO()))
+    bar.run_finished("skipped")
+    clock.t += 30
+    bar.run_finished("ok")  # SLURM jobs end without run_started: the launcher only sees them finish
+    bar.run_finished("failed")
+    assert bar.remaining_s() == pytest.approx(2 * 30 / 2), "15 s per executed run, two runs left"
+
+
 def test_quiet_when_output_is_not_a_terminal():
     out = io.StringIO()
     bar = progress.start(2, Console(file=out))
