@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -18,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from odc_bench.config import ConfigError, RunSpec, resolve
+from odc_bench.launch import slurm
 from odc_bench.launch.local import RunFailed, run_local
 from odc_bench.metrics import events_frame, minibatch_losses, summarize
 from odc_bench.results import SCHEMA_VERSION, append_row, completed_keys, write_trace
@@ -61,17 +63,22 @@ def base_row(spec: RunSpec) -> dict:
     )
 
 
-def execute(spec: RunSpec, results_dir: Path) -> dict:
-    """Run the ranks, summarise their traces, and record the row (failed runs too)."""
+def execute(spec: RunSpec, results_dir: Path, launch: Callable[..., list[dict] | None] = run_local) -> dict | None:
+    """Run the ranks, summarise their traces, and record the row (failed runs too).
+
+    Returns None in a SLURM task other than rank 0: rank 0 gathers the ranks and records the row.
+    """
     row = base_row(spec)
     warmup = int(spec.config["warmup_minibatches"])
     measured = spec.minibatches[warmup:]
     try:
-        results = run_local(spec, deadline_s=spec.config.get("deadline_s"))
+        results = launch(spec, deadline_s=spec.config.get("deadline_s"))
     except RunFailed as e:
         row.update(status="failed", error=str(e))
         append_row(results_dir / "runs.csv", row)
         return row
+    if results is None:
+        return None
     events = events_frame(results)
     trace_path = results_dir / "traces" / f"{spec.run_id}.csv"
     write_trace(trace_path, events.to_dict("records"))
@@ -116,7 +123,9 @@ def run_job(cfg: DictConfig) -> dict | list[dict] | None:
     if spec.run_id in completed_keys(results_dir / "runs.csv"):
         print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'}; skipped")
         return None
-    row = execute(spec, results_dir)
+    row = execute(spec, results_dir, slurm.run_ranks if slurm.in_task() else run_local)
+    if row is None:
+        return None
     print_row(row)
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if row["status"] != "ok" and not multirun:
@@ -125,6 +134,6 @@ def run_job(cfg: DictConfig) -> dict | list[dict] | None:
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    run_job(cfg)
+def main(cfg: DictConfig) -> dict | None:
+    return run_job(cfg)  # the row (None when skipped): Hydra hands it to callbacks and launchers
 

@@ -25,6 +25,9 @@ from odc_bench.models.qwen2 import Qwen2Config, Qwen2Model, init_weights, packed
 from odc_bench.results import atomic_write_text
 from odc_core.engine import make_engine
 
+# Store counter of minibatches rank 0 has finished: the launcher shows it as the run's progress.
+MINIBATCHES_DONE = "minibatches_done"
+
 
 @dataclass
 class RankJob:
@@ -130,6 +133,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             recorder.add("optimizer", t1, t2)
             recorder.sample_memory()
             recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
+            if rank == 0:
+                store.add(MINIBATCHES_DONE, 1)
         trace.activate(None)
         if job.collect_params:
             params = engine.full_parameters()

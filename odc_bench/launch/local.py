@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from odc_bench import progress
 from odc_bench.config import RunSpec
-from odc_bench.worker import RankJob, rank_entry
+from odc_bench.worker import MINIBATCHES_DONE, RankJob, rank_entry
 
 # Ranks fork from a server that has imported torch and the worker once, so a sweep pays
 # torch's import time once instead of once per rank per run.
@@ -51,10 +52,18 @@ def run_local(spec: RunSpec, deadline_s: float | None = None, collect_params: bo
                       job_id=f"{spec.run_id[:8]}-{store.port}", collect_params=collect_params)
         ctx = tmp.start_processes(entry, args=(job,), nprocs=world, join=False, start_method="forkserver")
         started = time.monotonic()
+        bar = progress.current()
+
+        def show_minibatches() -> None:
+            if bar is not None and bar.enabled:
+                bar.run_minibatches(int(store.add(MINIBATCHES_DONE, 0)), len(spec.minibatches))
+
         try:
             while not ctx.join(timeout=0.2):
+                show_minibatches()
                 if deadline_s is not None and time.monotonic() - started > deadline_s:
                     raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f}s")
+            show_minibatches()
         except tmp.ProcessRaisedException as e:
             raise RunFailed(f"rank {e.error_index} failed: {_last_line(str(e))}") from None
         except tmp.ProcessExitedException as e:
