@@ -111,7 +111,8 @@ def run_ranks(spec: RunSpec, deadline_s: float | None = None) -> list[dict] | No
             raise RunFailed(f"rank {rank} resolved run {spec.run_id} but rank 0 runs {info['run_id']}")
         host, port = info["host"], int(info["port"])
     _export_torch_env(env, port)
-    job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared))
+    job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared),
+                  job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.suffix.lstrip('.')}")
     try:
         run_rank(rank, job, local_rank)
     except Exception as e:  # reported through the shared folder: rank 0 names the failing rank
