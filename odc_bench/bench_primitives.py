@@ -41,9 +41,10 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from odc_bench.app import _commit, fail_config
+from odc_bench.app import fail_config
 from odc_bench.config import ConfigError
 from odc_bench.launch.ranks import RanksFailed, run_ranks
+from odc_bench.provenance import git_commit
 from odc_bench.results import append_rows, run_key
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.shm import ShmHeap
@@ -78,26 +79,26 @@ class Plan:
 def _positive_int(block: DictConfig, key: str, minimum: int = 1) -> int:
     value = block.get(key)
     if not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"task.{key} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigError(f"primitives.{key} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
 def plan_from_config(cfg: DictConfig) -> Plan:
-    """Check the task=primitives settings and expand them into a plan."""
+    """Check the primitives block (task=primitives) and expand it into a plan."""
     world = cfg.get("world_size")
     if not isinstance(world, int) or world < 1:
         raise ConfigError(f"world_size must be an integer >= 1, got {world!r}")
-    p = cfg.get("task")
-    if p is None or p.get("name") != "primitives":
-        raise ConfigError("the benchmark runs with task=primitives")
+    p = cfg.get("primitives")
+    if p is None:
+        raise ConfigError("the primitives block is missing; run with task=primitives")
     if p.dtype not in DTYPES:
-        raise ConfigError(f"task.dtype must be one of {', '.join(DTYPES)}, got {p.dtype!r}")
+        raise ConfigError(f"primitives.dtype must be one of {', '.join(DTYPES)}, got {p.dtype!r}")
     itemsize = DTYPES[p.dtype].itemsize
     lo, hi, step = _positive_int(p, "min_bytes"), _positive_int(p, "max_bytes"), _positive_int(p, "step", 2)
     if lo > hi:
-        raise ConfigError(f"task.min_bytes ({lo}) is above task.max_bytes ({hi})")
+        raise ConfigError(f"primitives.min_bytes ({lo}) is above primitives.max_bytes ({hi})")
     if lo < world * itemsize:
-        raise ConfigError(f"task.min_bytes ({lo}) must hold at least one {p.dtype} element per rank "
+        raise ConfigError(f"primitives.min_bytes ({lo}) must hold at least one {p.dtype} element per rank "
                           f"({world * itemsize} bytes)")
     sizes = []
     while lo <= hi:
@@ -105,7 +106,7 @@ def plan_from_config(cfg: DictConfig) -> Plan:
         lo *= step
     turn_s, timeout = p.get("turn_s"), cfg.get("timeout_s")
     if not isinstance(turn_s, int | float) or turn_s <= 0:
-        raise ConfigError(f"task.turn_s must be a positive number of seconds, got {turn_s!r}")
+        raise ConfigError(f"primitives.turn_s must be a positive number of seconds, got {turn_s!r}")
     if not isinstance(timeout, int | float) or timeout <= 0:
         raise ConfigError(f"timeout_s must be a positive number, got {timeout!r}")
     return Plan(world, sizes, p.dtype, _positive_int(p, "rounds"), float(turn_s), _positive_int(p, "warmup_calls"),
@@ -224,14 +225,14 @@ def run_primitives(cfg: DictConfig) -> list[dict]:
     except ConfigError as e:
         fail_config(e)
     config = OmegaConf.to_container(cfg, resolve=True)
-    run_id = run_key({k: config[k] for k in ("task", "world_size", "timeout_s")})
+    run_id = run_key({k: config[k] for k in ("task", "world_size", "primitives", "timeout_s")})
     job = f"bench{uuid.uuid4().hex[:8]}"
     try:
         per_rank = run_ranks(bench_rank, plan.world_size, plan, job, timeout_s=float(cfg.get("deadline_s") or 3600))
     except RanksFailed as e:
         print(f"odc_bench: primitives benchmark failed: {e}", file=sys.stderr)
         sys.exit(1)
-    stamp = dict(run_id=run_id, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"), commit=_commit(),
+    stamp = dict(run_id=run_id, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"), commit=git_commit(),
                  host=socket.gethostname())
     rows = [dict(stamp, **row) for row in summarize(plan, per_rank)]
     append_rows(Path(cfg.results_dir) / "primitives.csv", rows, COLUMNS)

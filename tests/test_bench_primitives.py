@@ -12,18 +12,18 @@ SCHEMA = ["run_id", "timestamp", "commit", "host", "op", "transport", "world_siz
 
 
 def test_sizes_follow_the_config():
-    plan = plan_from_config(compose_config("task=primitives", "task.min_bytes=4096",
-                                           "task.max_bytes=262144", "world_size=4"))
+    plan = plan_from_config(compose_config("task=primitives", "primitives.min_bytes=4096",
+                                           "primitives.max_bytes=262144", "world_size=4"))
     assert plan.sizes == [4096, 16384, 65536, 262144] and plan.world_size == 4
-    assert plan_from_config(compose_config("task=primitives", "task.min_bytes=6", "task.max_bytes=100",
-                                           "task.step=3", "task.dtype=bf16")).sizes == [6, 18, 54]
+    assert plan_from_config(compose_config("task=primitives", "primitives.min_bytes=6", "primitives.max_bytes=100",
+                                           "primitives.step=3", "primitives.dtype=bf16")).sizes == [6, 18, 54]
 
 
 @pytest.mark.parametrize("override, message", [
-    ("task.dtype=fp16", "task.dtype must be one of fp32, bf16"),
-    ("task.min_bytes=4", "must hold at least one fp32 element per rank"),
-    ("task.step=1", "task.step must be an integer >= 2"),
-    ("task.turn_s=0", "task.turn_s must be a positive number"),
+    ("primitives.dtype=fp16", "primitives.dtype must be one of fp32, bf16"),
+    ("primitives.min_bytes=4", "must hold at least one fp32 element per rank"),
+    ("primitives.step=1", "primitives.step must be an integer >= 2"),
+    ("primitives.turn_s=0", "primitives.turn_s must be a positive number"),
 ])
 def test_bad_benchmark_config_is_refused(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -32,8 +32,8 @@ def test_bad_benchmark_config_is_refused(override, message):
 
 @pytest.mark.slow
 def test_benchmark_appends_one_row_per_op_and_size(results_dir):
-    args = ("task=primitives", "world_size=2", "task.min_bytes=4096", "task.max_bytes=65536",
-            "task.rounds=3", "task.turn_s=0.001", "task.dtype=bf16", f"results_dir={results_dir}")
+    args = ("task=primitives", "world_size=2", "primitives.min_bytes=4096", "primitives.max_bytes=65536",
+            "primitives.rounds=3", "primitives.turn_s=0.001", "primitives.dtype=bf16", f"results_dir={results_dir}")
     done = run_cli(*args)
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(results_dir / "primitives.csv")
@@ -53,7 +53,7 @@ def test_benchmark_appends_one_row_per_op_and_size(results_dir):
     memcpy = table[table["op"] == "memcpy"].set_index("size_bytes")["bandwidth_gbps"]
     pd.testing.assert_series_equal(table["memcpy_gbps"], table["size_bytes"].map(memcpy), check_names=False)
 
-    bad = run_cli("task=primitives", "task.dtype=int8", f"results_dir={results_dir}")
+    bad = run_cli("task=primitives", "primitives.dtype=int8", f"results_dir={results_dir}")
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].startswith("odc_bench: error: task.dtype must be one of")
+    assert bad.stderr.strip().splitlines()[-1].startswith("odc_bench: error: primitives.dtype must be one of")
     assert len(pd.read_csv(results_dir / "primitives.csv")) == 15
