@@ -19,6 +19,11 @@ def test_sizes_follow_the_config():
                                            "primitives.step=3", "primitives.dtype=bf16")).sizes == [6, 18, 54]
 
 
+def test_the_sweep_takes_benchmark_settings_from_the_command_line():
+    cfg = compose_config("sweep=primitives", "primitives.dtype=bf16", "primitives.max_bytes=65536")
+    assert cfg.task == "primitives" and plan_from_config(cfg).sizes == [4096, 16384, 65536]
+
+
 @pytest.mark.parametrize("override, message", [
     ("primitives.dtype=fp16", "primitives.dtype must be one of fp32, bf16"),
     ("primitives.min_bytes=4", "must hold at least one fp32 element per rank"),
