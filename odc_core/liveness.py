@@ -14,6 +14,7 @@ them, still fail with the dead rank's number within their timeout.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -93,10 +94,8 @@ class Liveness:
         self._stop.set()
         self._thread.join()
         if finished:
-            try:
+            with contextlib.suppress(RuntimeError):  # the store went first: nobody is left to judge this rank
                 self.store.set(self._key("done", self.rank), "1")
-            except RuntimeError:
-                pass  # the store went first: nobody is left to judge this rank
 
     def explain(self, error: BaseException) -> BaseException:
         """The error to raise for `error`: a PeerLost naming the dead peers, when some are.

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.core.utils import JobPaths
 
 from odc_bench import progress
-from odc_bench.config import ConfigError, RunSpec, resolve
+from odc_bench.config import ConfigError, RunSpec, check_results_dir, resolve
 from odc_bench.launch.local import RunFailed
 from odc_bench.results import atomic_write_text, completed_keys
 from odc_bench.worker import RankJob, run_rank
@@ -214,6 +214,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 del job_cfg["hydra"]
             try:
                 spec = resolve(job_cfg)
+                check_results_dir(Path(job_cfg.results_dir))
                 params = job_parameters(cfg, spec.world_size)
             except ConfigError as e:
                 fail_config(e)
