@@ -203,6 +203,8 @@ def check_results_dir(results_dir: Path) -> None:
     A table of another schema is refused rather than appended to: pandas would align the
     columns it can and leave the rest empty, and the figures would read garbage.
     """
+    _require(not results_dir.exists() or results_dir.is_dir(), f"results_dir {results_dir} is not a directory; "
+             f"set results_dir to a folder")
     existing = results_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent

@@ -41,6 +41,11 @@ class TableError(ValueError):
     """A runs.csv this code must not append to: the message is one line naming it and the fix."""
 
 
+def _some(names: Sequence[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def check_table(path: Path) -> None:
     """Refuse a runs.csv that is not this schema's: appending would misalign or mix rows."""
     if not path.exists():
@@ -56,8 +61,8 @@ def check_table(path: Path) -> None:
     if list(table.columns) != COLUMNS:
         missing = [c for c in COLUMNS if c not in table.columns]
         extra = [str(c) for c in table.columns if c not in COLUMNS]
-        diff = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
-                                           f"unexpected {', '.join(extra)}" if extra else "") if part)
+        diff = "; ".join(part for part in (f"missing {_some(missing)}" if missing else "",
+                                           f"unexpected {_some(extra)}" if extra else "") if part)
         raise TableError(f"{path} does not have the columns of results schema version {SCHEMA_VERSION} "
                          f"({diff or 'same columns in another order'}); {fix}")
     versions = set(table["schema_version"].dropna())

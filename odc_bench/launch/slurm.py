@@ -160,9 +160,12 @@ def _first_error(shared: Path) -> str:
 def job_parameters(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     """This run's resource request, with the one check SLURM cannot make for us."""
     params = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}") for k in PER_RUN_KEYS}
-    if params["nodes"] * params["tasks_per_node"] != world_size:
-        raise ConfigError(f"hydra.launcher.nodes ({params['nodes']}) x tasks_per_node ({params['tasks_per_node']}) "
-                          f"must equal world_size ({world_size}): one SLURM task per rank")
+    nodes, per_node = params["nodes"], params["tasks_per_node"]
+    if nodes * per_node != world_size:
+        fix = (f"set hydra.launcher.tasks_per_node={world_size // nodes}" if world_size % nodes == 0 else
+               f"world_size must divide evenly over the nodes: choose a multiple of {nodes} or other nodes")
+        raise ConfigError(f"hydra.launcher.nodes ({nodes}) x tasks_per_node ({per_node}) must equal world_size "
+                          f"({world_size}): one SLURM task per rank; {fix}")
     return params
 
 
