@@ -119,7 +119,7 @@ def run_ranks(spec: RunSpec, deadline_s: float | None = None) -> list[dict] | No
     try:
         run_rank(rank, job, local_rank)
     except Exception as e:  # reported through the shared folder: rank 0 names the failing rank
-        atomic_write_text(shared / f"rank{rank}.error", f"{type(e).__name__}: {e}".splitlines()[0])
+        atomic_write_text(shared / f"rank{rank}.error", one_line(e))
         rank0_lost = isinstance(e, PeerLost) and 0 in e.peers
         if (rank != 0 and not rank0_lost) or not _claim_report(shared):
             return None
