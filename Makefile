@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m odc_bench
+	$(PY) -m odc_bench sweep=demo
+	$(PY) -m odc_bench.results compare results/local/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

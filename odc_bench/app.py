@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,9 +21,9 @@ from odc_bench.config import ConfigError, RunSpec, check_results_dir, resolve
 from odc_bench.launch import slurm
 from odc_bench.launch.local import RunFailed, run_local
 from odc_bench.metrics import events_frame, minibatch_losses, summarize
+from odc_bench.provenance import REPO_ROOT, git_commit
 from odc_bench.results import SCHEMA_VERSION, append_row, completed_keys, write_trace
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SWEEPS_DIR = Path(os.environ.get("ODC_SWEEPS_DIR", REPO_ROOT / "sweeps"))
 
 
@@ -33,15 +32,6 @@ def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
     store = ConfigStore.instance()
     for path in sorted(directory.glob("*.yaml")):
         store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
-
-
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def fail_config(error: ConfigError) -> None:
@@ -53,7 +43,7 @@ def base_row(spec: RunSpec) -> dict:
     c = spec.config
     return dict(
         run_id=spec.run_id, schema_version=SCHEMA_VERSION, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        commit=_commit(), host=socket.gethostname(), backend=c["backend"]["name"], engine=c["engine"]["name"],
+        commit=git_commit(), host=socket.gethostname(), backend=c["backend"]["name"], engine=c["engine"]["name"],
         balancer=c["balancer"]["name"], cost_model=spec.cost_model, model=c["model"]["name"],
         dataset=c["dataset"]["name"], world_size=c["world_size"], minibatch_size=c["minibatch_size"],
         num_minibatches=c["num_minibatches"], warmup_minibatches=c["warmup_minibatches"],

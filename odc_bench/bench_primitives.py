@@ -33,9 +33,10 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from odc_bench.app import _commit, fail_config
+from odc_bench.app import fail_config
 from odc_bench.config import ConfigError
 from odc_bench.launch.ranks import RanksFailed, run_ranks
+from odc_bench.provenance import git_commit
 from odc_bench.results import append_rows, run_key
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.shm import ShmHeap
@@ -215,7 +216,7 @@ def run_primitives(cfg: DictConfig) -> list[dict]:
     except RanksFailed as e:
         print(f"odc_bench: primitives benchmark failed: {e}", file=sys.stderr)
         sys.exit(1)
-    stamp = dict(run_id=run_id, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"), commit=_commit(),
+    stamp = dict(run_id=run_id, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"), commit=git_commit(),
                  host=socket.gethostname())
     rows = [dict(stamp, **row) for row in summarize(plan, per_rank)]
     append_rows(Path(cfg.results_dir) / "primitives.csv", rows, COLUMNS)

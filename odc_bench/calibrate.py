@@ -21,7 +21,6 @@ import json
 import platform
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,10 +41,9 @@ from odc_bench.config import (
 from odc_bench.cost_models import CALIBRATION_UNIT, load_calibration
 from odc_bench.data.tokens import sample_tokens
 from odc_bench.models.qwen2 import packed_batch
+from odc_bench.provenance import git_commit
 from odc_bench.results import atomic_write_text
 from odc_bench.worker import build_model
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def microbatch_shapes(max_tokens: int, points: int = 8) -> list[list[int]]:
@@ -102,15 +100,6 @@ def fit_nonnegative(shapes: list[list[int]], seconds: list[float]) -> tuple[floa
     return best
 
 
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def calibrate(cfg: DictConfig, repeats: int = 5) -> Path:
     config = OmegaConf.to_container(cfg, resolve=True)
     lengths = dataset_lengths(cfg)
@@ -136,7 +125,7 @@ def calibrate(cfg: DictConfig, repeats: int = 5) -> Path:
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
         unit=CALIBRATION_UNIT, a=a, b=b, c=c, max_rel_error=max(rel_err),
         formula="seconds = a * sum((len/unit)^2) + b * sum(len/unit) + c, per microbatch",
-        provenance=dict(host=socket.gethostname(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=_commit(),
+        provenance=dict(host=socket.gethostname(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=git_commit(),
                         command=" ".join([Path(sys.executable).name, "-m", "odc_bench.calibrate", *sys.argv[1:]]),
                         torch=torch.__version__, threads=threads if device.type == "cpu" else None,
                         max_tokens=int(max_tokens), repeats=repeats, precision="fp32"),

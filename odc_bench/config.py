@@ -247,6 +247,9 @@ def resolve(cfg: DictConfig) -> RunSpec:
              f"balancer {cfg.balancer.name} gives ranks different microbatch counts, which collective FSDP "
              f"cannot run (every layer is a barrier); use engine=odc")
     threads = cfg.get("threads_per_rank")
+    _require(not (cfg.engine.name == "odc" and cfg.backend.name == "local" and run_device_type(cfg) == "cuda"),
+             "engine=odc has no CUDA transport yet (its symmetric heap is CPU shared memory); "
+             "run it with device=cpu, or use engine=collective on GPUs")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
              f"threads_per_rank must be null or a positive integer, got {threads!r}")
     model_config(cfg)

@@ -207,11 +207,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     col.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     col.add_argument("--out", type=Path, default=Path("results/collected.csv"),
                      help="the merged CSV (default: %(default)s); a .parquet beside it when pyarrow is installed")
+    cmp = commands.add_parser("compare", help="print every series of a table beside the collective baseline")
+    cmp.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.dirs if not d.is_dir()]
     if missing:
         print(f"odc_bench.results: error: not a directory: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.command == "compare":
+        from odc_bench.compare import comparison, print_comparison
+
+        tables = [read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))]
+        print_comparison(comparison(pd.concat(tables, ignore_index=True)) if tables else pd.DataFrame())
+        return 0
     try:
         rows = collect(args.dirs, args.out)
     except FileNotFoundError as e:

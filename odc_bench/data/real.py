@@ -24,12 +24,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from odc_bench.results import atomic_path
 
 LOADERS = ("jsonl", "hf_disk")
 CACHE_VERSION = 1
@@ -136,17 +136,8 @@ def cache_key(source: Path, options: dict, extra: Path | None = None) -> str:
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)
 
 
 def cached(source: Path, key: str, compute: Callable[[], np.ndarray], cache_dir: Path | None) -> np.ndarray:
