@@ -107,7 +107,9 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         torch.cuda.set_device(device)
     timeout_s = float(config["timeout_s"])
     store = connect_store(job, world, timeout_s)
-    liveness = Liveness(store, connect_store(job, world, timeout_s), rank, world, timeout_s, job.store_rank)
+    # Connections of its own: a request the heap or gloo left pending on `store` cannot hold it up.
+    liveness = Liveness(connect_store(job, world, timeout_s), connect_store(job, world, timeout_s), rank, world,
+                        timeout_s, job.store_rank)
     recorder = trace.Recorder(rank)
     engine = None
     finished = False
