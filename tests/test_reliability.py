@@ -7,7 +7,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -25,7 +24,7 @@ from odc_bench.results import read_table
 from odc_bench.worker import RankJob, build_model, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
 from odc_core.engine.odc import OdcEngine
-from odc_core.transport.shm import list_segments, process_start_time
+from odc_core.transport.shm import job_tag, list_segments, process_start_time
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow
@@ -65,47 +64,39 @@ def die_in_minibatch_1(rank: int, victim: int) -> None:
     worker.sample_tokens = sample
 
 
-def _pid_dir(run_id: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"odc-test-pids-{run_id}"
-
-
-def killing_entry(rank: int, job: RankJob) -> None:
-    """rank_entry that records its process and, in runs with seed 0, kills rank 1 in minibatch 1."""
-    folder = _pid_dir(job.spec.run_id)
-    folder.mkdir(exist_ok=True)
-    (folder / str(rank)).write_text(f"{os.getpid()} {process_start_time(os.getpid())}")
+def killing_entry(folder: str, rank: int, job: RankJob) -> None:
+    """rank_entry that records its process and job in `folder` and, in runs with seed 0, kills
+    rank 1 in minibatch 1. Bind `folder` with functools.partial: the ranks unpickle it by name."""
+    (Path(folder) / f"rank{rank}").write_text(f"{os.getpid()} {process_start_time(os.getpid())} {job.job_id}")
     if job.spec.config["seed"] == 0:
         die_in_minibatch_1(rank, victim=1)
     rank_entry(rank, job)
 
 
-def _segments_of(spec) -> list[str]:
-    return [s for s in list_segments() if s.startswith(f"odc-{spec.run_id[:8]}_")]
+def _segments_of(job_id: str) -> list[str]:
+    """This job's segments (job ids are unique on the host: they carry the store's port or the job number)."""
+    return [s for s in list_segments() if s.startswith(f"odc-{job_tag(job_id)}-")]
 
 
 @pytest.mark.parametrize("engine", ["odc", "collective"])
-def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(engine, results_dir):
+def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(engine, results_dir, tmp_path):
     spec = _spec(engine)
     started = time.monotonic()
-    row = execute(spec, results_dir, launch=partial(run_local, entry=killing_entry))
+    row = execute(spec, results_dir, launch=partial(run_local, entry=partial(killing_entry, str(tmp_path))))
     elapsed = time.monotonic() - started
     assert row["status"] == "failed"
     assert row["error"] == "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
     assert elapsed < TIMEOUT_S + MARGIN_S
     table = read_table(results_dir / "runs.csv")
     assert list(table["status"]) == ["failed"] and table["error"][0] == row["error"]
-    assert _segments_of(spec) == [], "the launcher removed the dead and the killed ranks' segments"
-    pids = [tuple(map(int, f.read_text().split())) for f in _pid_dir(spec.run_id).iterdir()]
-    assert len(pids) == 2
-    assert all(process_start_time(pid) != start for pid, start in pids), "no rank process is left"
-    for f in _pid_dir(spec.run_id).iterdir():
-        f.unlink()
-    _pid_dir(spec.run_id).rmdir()
+    ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
+    assert _segments_of(ranks[0][2]) == [], "the launcher removed the dead and the killed ranks' segments"
+    assert all(process_start_time(int(pid)) != int(start) for pid, start, _ in ranks), "no rank process is left"
 
 
 def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    monkeypatch.setattr(app, "run_local", partial(run_local, entry=killing_entry))
+    monkeypatch.setattr(app, "run_local", partial(run_local, entry=partial(killing_entry, str(tmp_path))))
     monkeypatch.setattr(sys, "argv", ["odc_bench", "--multirun", "seed=0,1", *SMALL, f"results_dir={results}",
                                       f"hydra.sweep.dir={tmp_path / 'multirun'}"])
     cli.main()
@@ -115,10 +106,10 @@ def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
     assert table["error"][0] == "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
 
 
-def plain_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str, victim: int) -> None:
+def plain_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str, job_number: str, victim: int) -> None:
     """One task of a SLURM job as submitit runs it, minus sbatch: the app's execute() around
     slurm.run_ranks, with no process watching the ranks."""
-    os.environ.update(SUBMITIT_EXECUTOR="slurm", SUBMITIT_FOLDER=folder, SLURM_JOB_ID="4242",
+    os.environ.update(SUBMITIT_EXECUTOR="slurm", SUBMITIT_FOLDER=folder, SLURM_JOB_ID=job_number,
                       SLURM_NTASKS=str(world), SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0",
                       SLURM_JOB_NODELIST="localhost", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank))
     die_in_minibatch_1(rank, victim)
@@ -132,7 +123,9 @@ def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, vic
     spec = _spec(engine)
     results = tmp_path / "results"
     ctx = multiprocessing.get_context("forkserver")
-    tasks = [ctx.Process(target=plain_slurm_task, args=(r, 2, spec, str(results), str(tmp_path / "job"), victim))
+    job_number = str(os.getpid())  # unique on the host, like a SLURM job id
+    tasks = [ctx.Process(target=plain_slurm_task,
+                         args=(r, 2, spec, str(results), str(tmp_path / "job"), job_number, victim))
              for r in range(2)]
     for task in tasks:
         task.start()
@@ -159,7 +152,8 @@ def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, vic
     assert error.startswith(f"rank {survivor} failed: ") and f"rank {victim} is gone" in error, error
     if engine == "odc":
         assert f"waiting for rank {victim}" in error, error
-    assert _segments_of(spec) == [], "the survivor removed the dead rank's segments"
+    job_id = f"{spec.run_id[:8]}-{job_number}-0"  # as slurm.run_ranks names it (attempt 0)
+    assert _segments_of(job_id) == [], "the survivor removed the dead rank's segments"
 
 
 # ---- determinism ---------------------------------------------------------------------
