@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from odc_bench.config import ConfigError, RunSpec, resolve
+from odc_bench.config import ConfigError, RunSpec, check_results_dir, resolve
 from odc_bench.launch import slurm
 from odc_bench.launch.local import RunFailed, run_local
 from odc_bench.metrics import events_frame, minibatch_losses, summarize
@@ -105,11 +105,12 @@ def run_job(cfg: DictConfig) -> dict | list[dict] | None:
         from odc_bench.bench_primitives import run_primitives
 
         return run_primitives(cfg)
+    results_dir = Path(cfg.results_dir)
     try:
         spec = resolve(cfg)
+        check_results_dir(results_dir)
     except ConfigError as e:
         fail_config(e)
-    results_dir = Path(cfg.results_dir)
     if spec.run_id in completed_keys(results_dir / "runs.csv"):
         print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'}; skipped")
         return None

@@ -1,9 +1,11 @@
 """Command-line checks that run before Hydra, so every bad input ends the same way.
 
 Hydra reports an unknown config option or a malformed override as a multi-line error with
-exit status 1. Composing the command line once ourselves first turns those into the
-project's contract: one line on stderr naming the problem and the fix, exit status 2,
-nothing written.
+exit status 1, and accepts any new key added with `+key=value`. Composing the command line
+once ourselves first, and resolving the run it asks for (its first run, for a sweep),
+turns those and every other bad input into the project's contract: one line on stderr
+naming the problem and the fix, exit status 2, nothing written (not even Hydra's output
+folder). docs/errors.md lists them.
 """
 
 from __future__ import annotations
@@ -11,15 +13,20 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.app import fail_config, register_sweeps
 from odc_bench.app import main as hydra_main
-from odc_bench.config import ConfigError
+from odc_bench.config import ConfigError, check_results_dir, resolve
+from odc_bench.launch import slurm
 
 
 def first_combination(overrides: Sequence[str]) -> list[str]:
@@ -27,8 +34,6 @@ def first_combination(overrides: Sequence[str]) -> list[str]:
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     out = []
     for o in parsed:
-        if o.is_hydra_override():
-            continue
         if o.is_sweep_override():
             out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
         else:
@@ -50,6 +55,9 @@ def _one_line(error: Exception) -> str:
     return text or type(error).__name__
 
 
+# Flags that ask Hydra for information rather than a run: only the command line is checked.
+_INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--shell-completion", "-sc"}
+
 # Hydra's flags that take a value as the next argument (`--cfg job`, `-cn config`, ...).
 _VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                  "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
@@ -67,8 +75,41 @@ def overrides_of(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _refuse_added_keys(parsed: Sequence[Override], combination: list[str]) -> None:
+    """`+key=value` (and `++key=value`) may add any key; a key the config lacks is a typo
+    that would otherwise ride along unused (and change the run's key)."""
+    added = [o for o in parsed if (o.is_add() or o.is_force_add()) and not o.is_hydra_override()
+             and not GlobalHydra.instance().config_loader().repository.group_exists(o.key_or_group)]
+    if not added:
+        return
+    base = compose("config", overrides=[c for c, o in zip(combination, parsed, strict=True) if o not in added])
+    for o in added:
+        if OmegaConf.select(base, o.key_or_group, default=_ABSENT) is _ABSENT:
+            raise ConfigError(f"unknown config key {o.key_or_group!r} (added by {o.input_line!r}); only keys the "
+                              f"config has can be set: check the spelling (`python -m odc_bench --cfg job` "
+                              f"prints every key)")
+
+
+_ABSENT = object()
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Everything about the composed run that would fail before or during it: resolve it
+    (plans and all), its results folder, and the SLURM job it would need."""
+    job = cfg.copy()
+    with open_dict(job):
+        del job["hydra"]
+    if job.get("task", "train") != "train":
+        return
+    spec = resolve(job)
+    check_results_dir(Path(job.results_dir))
+    if str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher"):
+        slurm.job_parameters(cfg, spec.world_size)
+
+
 def precheck(argv: Sequence[str]) -> None:
-    """Compose the command line's config (the first run of a sweep); ConfigError if it fails."""
+    """Compose the command line's config (the first run of a sweep) and check the run;
+    ConfigError if anything is wrong."""
     overrides = overrides_of(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv) or any(
         o.startswith(("sweep=", "hydra.mode=")) for o in overrides)
@@ -80,9 +121,12 @@ def precheck(argv: Sequence[str]) -> None:
                               f"or quote the value to pass it as one string")
         combination = first_combination(overrides)
         with initialize_config_module("odc_bench.conf", version_base="1.3"):
-            compose("config", overrides=combination)
+            cfg = compose("config", overrides=combination, return_hydra_config=True)
+            _refuse_added_keys(parsed, combination)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_one_line(e)) from None
+    if not any(a.split("=", 1)[0] in _INFO_FLAGS for a in argv):
+        check_run(cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -23,10 +23,11 @@ from odc_bench.cost_models import CostModel
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
 from odc_bench.data.real import LOADERS, DataError, load_lengths
 from odc_bench.models.qwen2 import Qwen2Config, labelled_tokens
-from odc_bench.results import run_key
+from odc_bench.results import TableError, check_table, run_key
 from odc_core.engine import ENGINES
 
 PRECISIONS = ("fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 class ConfigError(ValueError):
@@ -79,6 +80,14 @@ def _int(cfg: DictConfig, key: str, minimum: int) -> int:
     return value
 
 
+def _seconds(cfg: DictConfig, key: str, optional: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if optional and value is None:
+        return
+    _require(isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
+             f"{key} must be a positive number of seconds{' or null' if optional else ''}, got {value!r}")
+
+
 def model_config(cfg: DictConfig) -> Qwen2Config:
     m = cfg.model
     try:
@@ -123,10 +132,16 @@ def run_device_type(cfg: DictConfig) -> str:
     return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
 
 
+def check_device(cfg: DictConfig) -> None:
+    _require(cfg.device in DEVICES, f"device must be one of {', '.join(DEVICES)}, got {cfg.device!r}")
+    _require(cfg.device != "cuda" or torch.cuda.is_available(), "device=cuda but no CUDA device is visible; "
+             "use device=auto or device=cpu")
+
+
 def calibration_file(cfg: DictConfig) -> Path:
     """Where the calibrated cost model of this run's model and hardware lives."""
+    check_device(cfg)
     dev = run_device_type(cfg)
-    _require(dev == "cpu" or torch.cuda.is_available(), "device=cuda but no CUDA device is visible; use device=auto")
     name = torch.cuda.get_device_name(0) if dev == "cuda" else ""
     return cost_models.calibration_path(cfg.model.name, cost_models.device_tag(dev, name),
                                         cfg.balancer.get("calibration"))
@@ -175,6 +190,37 @@ def balancer_options_of(cfg: DictConfig) -> dict[str, Any]:
     return options
 
 
+def engine_options_of(cfg: DictConfig) -> None:
+    """Every engine option is a switch; a typo'd value would otherwise fail on every rank."""
+    for key, value in cfg.engine.items():
+        if key != "name":
+            _require(isinstance(value, bool), f"engine.{key} must be true or false, got {value!r}")
+
+
+def check_results_dir(results_dir: Path) -> None:
+    """Refuse a results folder that cannot take this run's row, before any rank starts.
+
+    A table of another schema is refused rather than appended to: pandas would align the
+    columns it can and leave the rest empty, and the figures would read garbage.
+    """
+    _require(not results_dir.exists() or results_dir.is_dir(), f"results_dir {results_dir} is not a directory; "
+             f"set results_dir to a folder")
+    existing = results_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    _require(existing.is_dir(), f"results_dir {results_dir} cannot be created: {existing} is not a directory; "
+             f"set results_dir to a folder")
+    _require(os.access(existing, os.W_OK | os.X_OK), f"results_dir {results_dir} is not writable ({existing}); "
+             f"set results_dir to a folder you can write")
+    traces = results_dir / "traces"
+    _require(not traces.exists() or traces.is_dir(), f"{traces} is not a directory; move it away or set "
+             f"results_dir to another folder")
+    try:
+        check_table(results_dir / "runs.csv")
+    except TableError as e:
+        raise ConfigError(str(e)) from None
+
+
 def minibatch_samples(pool_size: int, global_size: int, num_minibatches: int, seed: int) -> list[list[int]]:
     """Sample ids of each minibatch: a seeded permutation of the pool, read in order, wrapping around."""
     order = np.random.default_rng(seed + 1).permutation(pool_size)
@@ -189,8 +235,12 @@ def resolve(cfg: DictConfig) -> RunSpec:
     warmup = _int(cfg, "warmup_minibatches", 0)
     _int(cfg, "seed", 0)
     _require(warmup < num_mb, f"warmup_minibatches ({warmup}) must be below num_minibatches ({num_mb})")
+    _seconds(cfg, "timeout_s")
+    _seconds(cfg, "deadline_s", optional=True)
     _require(cfg.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
+    check_device(cfg)
     _require(cfg.engine.name in ENGINES, f"unknown engine {cfg.engine.name!r}; choose one of {', '.join(ENGINES)}")
+    engine_options_of(cfg)
     _require(cfg.balancer.name in BALANCERS,
              f"unknown balancer {cfg.balancer.name!r}; choose one of {', '.join(sorted(BALANCERS))}")
     _require(not (cfg.engine.name == "collective" and cfg.balancer.name in UNEQUAL_COUNTS),
@@ -207,6 +257,9 @@ def resolve(cfg: DictConfig) -> RunSpec:
     cost = cost_model(cfg)
 
     lengths = dataset_lengths(cfg)
+    _require(len(lengths) >= world * per_rank,
+             f"the dataset has {len(lengths)} usable samples, fewer than one minibatch of world_size x minibatch_size "
+             f"= {world * per_rank}; lower minibatch_size or world_size, or use more data (dataset.num_samples)")
     packing = cfg.packing_ratio
     _require(isinstance(packing, int | float) and packing >= 1,
              f"packing_ratio must be a number >= 1, got {packing!r}")

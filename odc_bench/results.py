@@ -37,6 +37,40 @@ COLUMNS = [
 ]
 
 
+class TableError(ValueError):
+    """A runs.csv this code must not append to: the message is one line naming it and the fix."""
+
+
+def _some(names: Sequence[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def check_table(path: Path) -> None:
+    """Refuse a runs.csv that is not this schema's: appending would misalign or mix rows."""
+    if not path.exists():
+        return
+    fix = "move it away or set results_dir to another folder"
+    if not path.is_file():
+        raise TableError(f"{path} is not a file; {fix}")
+    try:
+        table = pd.read_csv(path, dtype={"schema_version": str})
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TableError(f"{path} is not a readable results table ({reason}); {fix}") from None
+    if list(table.columns) != COLUMNS:
+        missing = [c for c in COLUMNS if c not in table.columns]
+        extra = [str(c) for c in table.columns if c not in COLUMNS]
+        diff = "; ".join(part for part in (f"missing {_some(missing)}" if missing else "",
+                                           f"unexpected {_some(extra)}" if extra else "") if part)
+        raise TableError(f"{path} does not have the columns of results schema version {SCHEMA_VERSION} "
+                         f"({diff or 'same columns in another order'}); {fix}")
+    versions = set(table["schema_version"].dropna())
+    if versions - {str(SCHEMA_VERSION)}:
+        raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}, this code writes "
+                         f"{SCHEMA_VERSION}; {fix}")
+
+
 def run_key(config: Mapping) -> str:
     """A stable hash of the resolved config, minus where results go."""
     keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra"}}
@@ -104,6 +138,7 @@ def append_row(path: Path, row: Mapping) -> None:
     with _locked(path):
         for stale in _stale_temporaries(path):  # under the lock no append is live: these are leftovers
             stale.unlink(missing_ok=True)
+        check_table(path)
         table = read_table(path)
         new = pd.DataFrame([{c: row.get(c) for c in COLUMNS}], columns=COLUMNS)
         table = new if table.empty else pd.concat([table, new], ignore_index=True)
@@ -132,6 +167,7 @@ def write_trace(path: Path, events: list[dict]) -> None:
 
 def completed_keys(path: Path) -> set[str]:
     """Run keys that already have a successful row: a re-run sweep skips them."""
+    check_table(path)
     table = read_table(path)
     if table.empty:
         return set()

@@ -24,6 +24,8 @@ from odc_bench.data.tokens import sample_tokens
 from odc_bench.models.qwen2 import Qwen2Config, Qwen2Model, init_weights, packed_batch
 from odc_bench.results import atomic_write_text
 from odc_core.engine import make_engine
+from odc_core.liveness import Liveness, one_line
+from odc_core.transport import PeerTimeout
 
 # Store counter of minibatches rank 0 has finished: the launcher shows it as the run's progress.
 MINIBATCHES_DONE = "minibatches_done"
@@ -39,6 +41,8 @@ class RankJob:
     job_id: str
     # Rank 0 also saves the final unsharded parameters (params.pt), for engine comparisons.
     collect_params: bool = False
+    # The rank whose process hosts the store (SLURM: rank 0); None: the launcher hosts it.
+    store_rank: int | None = None
 
 
 def pick_device(config: dict, local_rank: int) -> torch.device:
@@ -79,7 +83,21 @@ def my_microbatches(engine, mb: Minibatch, rank: int, claim_base: int) -> Iterat
         yield mb.queue[index]
 
 
+def connect_store(job: RankJob, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A client of the run's store; when it cannot be reached, the error names who hosts it."""
+    try:
+        return dist.TCPStore(job.store_host, job.store_port, world_size, is_master=False,
+                             timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        where = f"the run's store at {job.store_host}:{job.store_port}"
+        if job.store_rank is not None:
+            raise PeerTimeout(job.store_rank, where, timeout_s) from None
+        raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for the launcher: {where} "
+                           f"({one_line(e)})") from None
+
+
 def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
+    """Train this rank's share of the run. When a peer died, the error names it (see liveness.py)."""
     spec, config = job.spec, job.spec.config
     world = spec.world_size
     device = pick_device(config, rank if local_rank is None else local_rank)
@@ -87,15 +105,21 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         torch.set_num_threads(threads_per_rank(config, world))
     else:
         torch.cuda.set_device(device)
-    timeout = timedelta(seconds=float(config["timeout_s"]))
-    store = dist.TCPStore(job.store_host, job.store_port, world, is_master=False, timeout=timeout)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
-                            world_size=world, timeout=timeout)
+    timeout_s = float(config["timeout_s"])
+    store = connect_store(job, world, timeout_s)
+    # Connections of its own: a request the heap or gloo left pending on `store` cannot hold it up.
+    liveness = Liveness(connect_store(job, world, timeout_s), connect_store(job, world, timeout_s), rank, world,
+                        timeout_s, job.store_rank)
     recorder = trace.Recorder(rank)
+    engine = None
+    finished = False
     try:
+        liveness.rendezvous()
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout_s))
         recorder.start(cuda=device.type == "cuda")
         engine = make_engine(config["engine"]["name"], device, store=store, job_id=job.job_id,
-                             timeout_s=float(config["timeout_s"]), **engine_options(config))
+                             timeout_s=timeout_s, **engine_options(config))
         engine.trace = recorder.add
         model = build_model(config, device)
         model = engine.wrap(model, model.units())
@@ -143,10 +167,19 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         result = dict(rank=rank, events=recorder.events, peak_bytes=recorder.peak_bytes,
                       heap_bytes=getattr(engine, "heap_bytes", 0))
         atomic_write_text(Path(job.out_dir) / f"rank{rank}.json", json.dumps(result))
-        engine.close()
+        finished = True
+    except Exception as e:
+        explained = liveness.explain(e)
+        if explained is e:
+            raise
+        raise explained from e
     finally:
         trace.activate(None)
-        dist.destroy_process_group()
+        if engine is not None:
+            engine.close()  # also on failure: a heap's segments go, a prefetch thread stops
+        liveness.stop(finished)
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def rank_entry(rank: int, job: RankJob) -> None:

@@ -2,13 +2,19 @@
 
 The parent hosts the rendezvous store (on a free port the kernel picks, so parallel jobs
 never collide) and watches its ranks: the first rank to fail brings the others down and the
-run fails with that rank's error instead of hanging.
+run fails with that rank's error instead of hanging. Ranks it had to kill, and ranks that
+died, cannot remove their shared memory, so the parent removes the run's leftover segments
+as soon as every rank is gone.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.connection
+import pickle
+import re
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,6 +28,7 @@ import torch.multiprocessing as tmp
 from odc_bench import progress
 from odc_bench.config import RunSpec
 from odc_bench.worker import MINIBATCHES_DONE, RankJob, rank_entry
+from odc_core.transport.shm import sweep_stale_segments
 
 # Ranks fork from a server that has imported torch and the worker once, so a sweep pays
 # torch's import time once instead of once per rank per run.
@@ -33,8 +40,25 @@ class RunFailed(RuntimeError):
 
 
 def _last_line(text: str) -> str:
+    """The exception line of a traceback, its class without the module path."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else text
+    last = lines[-1].strip() if lines else text
+    return re.sub(r"^(?:\w+\.)+(\w+:)", r"\1", last)
+
+
+def _failure(ctx: tmp.ProcessContext, failed: list[int], done: int, total: int) -> str:
+    """The run's error: a rank that died without a word is the root cause of its peers' errors."""
+    when = f"after {done} of {total} minibatches"
+    for rank in failed:
+        code = ctx.processes[rank].exitcode
+        if code < 0:
+            return f"rank {rank} died (killed by {signal.Signals(-code).name}) {when}"
+    rank = failed[0]
+    try:
+        with open(ctx.error_files[rank], "rb") as f:
+            return f"rank {rank} failed: {_last_line(pickle.load(f))}"
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return f"rank {rank} exited with status {ctx.processes[rank].exitcode} {when}"
 
 
 def run_local(spec: RunSpec, deadline_s: float | None = None, collect_params: bool = False,
@@ -47,32 +71,39 @@ def run_local(spec: RunSpec, deadline_s: float | None = None, collect_params: bo
     world = spec.world_size
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=float(spec.config["timeout_s"])))
+    total = len(spec.minibatches)
+    bar = progress.current()
+
+    def minibatches_done() -> int:
+        return int(store.add(MINIBATCHES_DONE, 0))
+
     with tempfile.TemporaryDirectory(prefix="odc-run-") as out_dir:
         job = RankJob(spec=spec, store_host="127.0.0.1", store_port=store.port, out_dir=out_dir,
                       job_id=f"{spec.run_id[:8]}-{store.port}", collect_params=collect_params)
         ctx = tmp.start_processes(entry, args=(job,), nprocs=world, join=False, start_method="forkserver")
         started = time.monotonic()
-        bar = progress.current()
-
-        def show_minibatches() -> None:
-            if bar is not None and bar.enabled:
-                bar.run_minibatches(int(store.add(MINIBATCHES_DONE, 0)), len(spec.minibatches))
-
         try:
-            while not ctx.join(timeout=0.2):
-                show_minibatches()
+            while True:
+                running = [p.sentinel for p in ctx.processes if p.exitcode is None]
+                multiprocessing.connection.wait(running, timeout=0.2)
+                failed = [r for r, p in enumerate(ctx.processes) if p.exitcode not in (None, 0)]
+                if failed:
+                    raise RunFailed(_failure(ctx, failed, minibatches_done(), total))
+                if bar is not None and bar.enabled:
+                    bar.run_minibatches(minibatches_done(), total)
+                if all(p.exitcode == 0 for p in ctx.processes):
+                    break
                 if deadline_s is not None and time.monotonic() - started > deadline_s:
-                    raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f}s")
-            show_minibatches()
-        except tmp.ProcessRaisedException as e:
-            raise RunFailed(f"rank {e.error_index} failed: {_last_line(str(e))}") from None
-        except tmp.ProcessExitedException as e:
-            raise RunFailed(f"rank {e.error_index} died ({_last_line(str(e))})") from None
+                    raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f}s "
+                                    f"after {minibatches_done()} of {total} minibatches")
         finally:
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
                 p.join()
+            sweep_stale_segments(job_id=job.job_id)
+            for error_file in ctx.error_files:  # a rank that raised left its traceback here
+                Path(error_file).unlink(missing_ok=True)
         results = [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
         if collect_params:
             results[0]["params"] = torch.load(Path(out_dir) / "params.pt")

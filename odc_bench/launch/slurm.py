@@ -13,7 +13,9 @@ first node as master). Device selection is left alone: CUDA_VISIBLE_DEVICES is n
 and a rank picks cuda:local_rank among the devices it sees. Rank 0 hosts the rendezvous
 store on a port the kernel picks and publishes it in the job's folder (which submitit
 requires to be shared between nodes); every rank leaves its result or its error there, and
-rank 0 gathers them and writes the run's row.
+rank 0 gathers them and writes the run's row. Nobody watches the ranks from outside, so each
+notices a dead peer through its own timeouts and heartbeats (odc_core/liveness.py); when
+rank 0 is the one that died, the first surviving rank to claim the report writes the row.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.core.utils import JobPaths
 
 from odc_bench import progress
-from odc_bench.config import ConfigError, RunSpec, resolve
+from odc_bench.config import ConfigError, RunSpec, check_results_dir, resolve
 from odc_bench.launch.local import RunFailed
 from odc_bench.results import atomic_write_text, completed_keys
 from odc_bench.worker import RankJob, run_rank
+from odc_core.liveness import PeerLost, one_line
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +115,15 @@ def run_ranks(spec: RunSpec, deadline_s: float | None = None) -> list[dict] | No
         host, port = info["host"], int(info["port"])
     _export_torch_env(env, port)
     job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared),
-                  job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.suffix.lstrip('.')}")
+                  job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.suffix.lstrip('.')}", store_rank=0)
     try:
         run_rank(rank, job, local_rank)
     except Exception as e:  # reported through the shared folder: rank 0 names the failing rank
-        atomic_write_text(shared / f"rank{rank}.error", f"{type(e).__name__}: {e}".splitlines()[0])
-        if rank != 0:
+        atomic_write_text(shared / f"rank{rank}.error", one_line(e))
+        rank0_lost = isinstance(e, PeerLost) and 0 in e.peers
+        if (rank != 0 and not rank0_lost) or not _claim_report(shared):
             return None
-        raise RunFailed(_first_error(shared)) from None
+        raise RunFailed(_first_error(shared) if rank == 0 else f"rank {rank} failed: {one_line(e)}") from None
     if rank != 0:
         atomic_write_text(shared / f"rank{rank}.done", "")
         return None
@@ -130,6 +134,15 @@ def run_ranks(spec: RunSpec, deadline_s: float | None = None) -> list[dict] | No
     results = [json.loads((shared / f"rank{r}.json").read_text()) for r in range(world)]
     shutil.rmtree(shared, ignore_errors=True)
     return results
+
+
+def _claim_report(shared: Path) -> bool:
+    """Whether this rank writes the failed run's row: the first to create the claim file does."""
+    try:
+        (shared / "report").open("x").close()
+        return True
+    except FileExistsError:
+        return False
 
 
 def _first_error(shared: Path) -> str:
@@ -147,9 +160,12 @@ def _first_error(shared: Path) -> str:
 def job_parameters(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     """This run's resource request, with the one check SLURM cannot make for us."""
     params = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}") for k in PER_RUN_KEYS}
-    if params["nodes"] * params["tasks_per_node"] != world_size:
-        raise ConfigError(f"hydra.launcher.nodes ({params['nodes']}) x tasks_per_node ({params['tasks_per_node']}) "
-                          f"must equal world_size ({world_size}): one SLURM task per rank")
+    nodes, per_node = params["nodes"], params["tasks_per_node"]
+    if nodes * per_node != world_size:
+        fix = (f"set hydra.launcher.tasks_per_node={world_size // nodes}" if world_size % nodes == 0 else
+               f"world_size must divide evenly over the nodes: choose a multiple of {nodes} or other nodes")
+        raise ConfigError(f"hydra.launcher.nodes ({nodes}) x tasks_per_node ({per_node}) must equal world_size "
+                          f"({world_size}): one SLURM task per rank; {fix}")
     return params
 
 
@@ -201,6 +217,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 del job_cfg["hydra"]
             try:
                 spec = resolve(job_cfg)
+                check_results_dir(Path(job_cfg.results_dir))
                 params = job_parameters(cfg, spec.world_size)
             except ConfigError as e:
                 fail_config(e)

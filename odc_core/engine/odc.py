@@ -306,5 +306,6 @@ class OdcEngine:
             handle.remove()
         self._handles.clear()
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            # After a failure a queued gather would only wait out its timeout on a dead peer.
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self.heap.close()

@@ -31,8 +31,9 @@ barriers, so whatever a rank wrote before store() is visible to a peer whose loa
 Lifecycle: segments are named odc-<job>-r<rank>-p<pid>-t<start>-b<index>, where <start> is
 the creator's start time in clock ticks since boot (guards against PID reuse). close()
 (also run by the context manager and at exit) unlinks this rank's segments; a rank killed
-by SIGKILL leaves its segments behind and the next ShmHeap on the host removes every odc-*
-segment whose creator is no longer running.
+by SIGKILL leaves its segments behind: its peers remove them when they close their heaps, the
+local launcher as soon as its ranks are gone, and failing both (every rank of a job killed)
+the next ShmHeap on the host removes every odc-* segment whose creator is no longer running.
 """
 
 from __future__ import annotations
@@ -66,13 +67,17 @@ _FLOCK = "hhqqi4x"  # struct flock on Linux x86-64 and aarch64
 
 
 def process_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot, or None if no such process."""
+    """Start time of `pid` in clock ticks since boot, or None if no such process is running.
+
+    A zombie (dead, not yet reaped by its parent) counts as gone: its segments are garbage.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:  # no such process (or it exited while we read)
         return None
-    # Fields after the command name (which may contain spaces) start at field 3; starttime is 22.
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    # Fields after the command name (which may contain spaces) start at field 3 (state); starttime is 22.
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def segment_creator(name: str) -> tuple[int, int] | None:
@@ -90,14 +95,23 @@ def list_segments(directory: Path = SHM_DIR) -> list[str]:
     return sorted(p.name for p in directory.glob(SEGMENT_PREFIX + "*"))
 
 
-def sweep_stale_segments(directory: Path = SHM_DIR) -> list[str]:
-    """Remove odc segments whose creator is no longer running; return their names.
+def job_tag(job_id: str) -> str:
+    """A job id as it appears in segment names."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", job_id) or "job"
+
+
+def sweep_stale_segments(directory: Path = SHM_DIR, job_id: str | None = None) -> list[str]:
+    """Remove odc segments (of one job, when job_id is given) whose creator is no longer
+    running; return their names.
 
     Peers that still map such a segment keep their mapping: unlinking only drops the name.
     """
     removed = []
     for name in list_segments(directory):
-        if segment_creator(name) is not None and not creator_alive(name):
+        m = _SEGMENT_RE.match(name)
+        if m is None or (job_id is not None and m["job"] != job_tag(job_id)):
+            continue
+        if not creator_alive(name):
             try:
                 (directory / name).unlink()
                 removed.append(name)
@@ -184,7 +198,7 @@ class ShmHeap:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self.rank, self.world_size, self.heap_bytes = rank, world_size, 0
         self.timeout_s, self.chunk_bytes = float(timeout_s), int(chunk_bytes)
-        self._job = re.sub(r"[^A-Za-z0-9_.]", "_", job_id) or "job"
+        self._job = job_tag(job_id)
         self._store, self._dir = store, directory
         self._pid = os.getpid()
         self._tag = f"p{self._pid}-t{process_start_time(self._pid)}"
@@ -422,6 +436,7 @@ class ShmHeap:
             for segment in self._own_segments:
                 with contextlib.suppress(FileNotFoundError):
                     (self._dir / segment).unlink()
+            sweep_stale_segments(self._dir, self._job)  # a dead peer's, which it could not remove
         # Mappings are not closed here: a tensor from torch.frombuffer keeps its mmap object
         # alive but not locked, so closing it would leave the caller's tensors dangling. Each
         # mapping goes away with the last tensor that uses it.
