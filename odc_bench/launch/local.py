@@ -30,10 +30,6 @@ from odc_bench.config import RunSpec
 from odc_bench.worker import MINIBATCHES_DONE, RankJob, rank_entry
 from odc_core.transport.shm import sweep_stale_segments
 
-# Ranks fork from a server that has imported torch and the worker once, so a sweep pays
-# torch's import time once instead of once per rank per run.
-multiprocessing.set_forkserver_preload(["torch", "odc_bench.worker"])
-
 
 class RunFailed(RuntimeError):
     """A rank failed or the run outlived its deadline; the message names the rank."""

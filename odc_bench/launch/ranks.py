@@ -6,7 +6,6 @@ training job's RunSpec (launch/local.py runs those).
 
 from __future__ import annotations
 
-import multiprocessing
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,10 +16,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
-
-# Ranks fork from a server that has imported torch, so a call costs milliseconds, not an import
-# of torch per rank. The list matches launch/local.py's: the last module imported sets it.
-multiprocessing.set_forkserver_preload(["torch", "odc_bench.worker"])
 
 # fn(rank, world_size, store, *args) -> a picklable result
 RankFn = Callable[..., Any]
