@@ -21,6 +21,9 @@ from odc_bench.results import run_key
 from odc_core.engine import ENGINES
 
 PRECISIONS = ("fp32", "bf16")
+BACKENDS = ("local", "sim")
+# Engines the simulator models; it runs them whether or not the real engine is installed.
+SIM_ENGINES = ("collective", "odc")
 
 
 class ConfigError(ValueError):
@@ -91,7 +94,10 @@ def resolve(cfg: DictConfig) -> RunSpec:
     _int(cfg, "seed", 0)
     _require(warmup < num_mb, f"warmup_minibatches ({warmup}) must be below num_minibatches ({num_mb})")
     _require(cfg.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
-    _require(cfg.engine.name in ENGINES, f"unknown engine {cfg.engine.name!r}; choose one of {', '.join(ENGINES)}")
+    _require(cfg.backend.name in BACKENDS,
+             f"unknown backend {cfg.backend.name!r}; choose one of {', '.join(BACKENDS)}")
+    engines = SIM_ENGINES if cfg.backend.name == "sim" else ENGINES
+    _require(cfg.engine.name in engines, f"unknown engine {cfg.engine.name!r}; choose one of {', '.join(engines)}")
     _require(cfg.balancer.name in BALANCERS,
              f"unknown balancer {cfg.balancer.name!r}; choose one of {', '.join(sorted(BALANCERS))}")
     _require(not (cfg.engine.name == "collective" and cfg.balancer.name in UNEQUAL_COUNTS),

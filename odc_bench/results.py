@@ -83,7 +83,11 @@ def append_row(path: Path, row: Mapping) -> None:
 
 
 def write_trace(path: Path, events: list[dict]) -> None:
-    atomic_write_text(path, pd.DataFrame(events).to_csv(index=False))
+    write_trace_frame(path, pd.DataFrame(events))
+
+
+def write_trace_frame(path: Path, events: pd.DataFrame) -> None:
+    atomic_write_text(path, events.to_csv(index=False))
 
 
 def completed_keys(path: Path) -> set[str]:
