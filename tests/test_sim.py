@@ -23,7 +23,7 @@ def costs(P: int, pre=0.0, tail=0.0, prep=0.0, ag=0.0, rs=0.0, gather=None, push
     def arr(x):
         return np.broadcast_to(np.asarray(x, dtype=float), (P,)).copy()
 
-    return EngineCosts(pre=arr(pre), tail=tail, prep=prep, overlap=True, ag=arr(ag), rs=arr(rs),
+    return EngineCosts(pre=arr(pre), tail=tail, prep=prep, ag=arr(ag), rs=arr(rs),
                        gather_load=arr(0.0 if gather is None else gather),
                        push_load=arr(0.0 if push is None else push), sync_s=sync, optimizer_s=opt,
                        barrier_s=barrier, network=network)

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
 from odc_bench.config import SIM_ENGINES, ConfigError, RunSpec, model_config
+from odc_bench.models.qwen2 import Qwen2Config
 from odc_bench.sim.events import trace_frame
 from odc_bench.sim.hardware import EngineCosts, Profile, load_profile
 from odc_bench.sim.layout import Layout
@@ -105,9 +107,7 @@ def simulate(spec: RunSpec) -> Simulation:
     return Simulation(trace_frame(layout, tl, comp, nmb, tokens, samples), tl, comp, nmb)
 
 
-def model_config_from(config: dict):
-    from omegaconf import OmegaConf
-
+def model_config_from(config: dict) -> Qwen2Config:
     return model_config(OmegaConf.create({"model": config["model"]}))
 
 

@@ -27,8 +27,9 @@ import numpy as np
 import pandas as pd
 from hydra import compose, initialize_config_module
 
-from odc_bench.config import RunSpec, model_config, resolve
+from odc_bench.config import RunSpec, resolve
 from odc_bench.results import atomic_write_text
+from odc_bench.sim import model_config_from
 from odc_bench.sim.hardware import GAP_CLASSES, REPO_ROOT
 from odc_bench.sim.layout import KINDS, PHASES, Layout
 
@@ -141,7 +142,7 @@ def fit_gaps(engine: str, spec: RunSpec, events: pd.DataFrame, layout: Layout) -
 def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     """Calibration data from real runs: {engine: [(spec, events), ...]} of one model and world size."""
     first = next(iter(runs.values()))[0][0]
-    layout = Layout(model_config(compose_from(first.config)))
+    layout = Layout(model_config_from(first.config))
     units = pd.concat([unit_frame(spec, ev, layout) for pairs in runs.values() for spec, ev in pairs])
     engines = {}
     for engine, pairs in runs.items():
@@ -152,12 +153,6 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
                 threads_per_rank=c.get("threads_per_rank"), host=socket.gethostname(),
                 date=time.strftime("%Y-%m-%d"), compute=fit_compute(units), engines=engines,
                 runs={e: [spec.run_id for spec, _ in pairs] for e, pairs in runs.items()})
-
-
-def compose_from(config: dict):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.create(config)
 
 
 def calibration_path(model: str) -> Path:

@@ -60,6 +60,8 @@ class Network:
         """Seconds for one rank's transfer with k_loc active ranks in its node (itself included),
         k_tot active in all, and k_min_remote active in the least busy other node."""
         n, g = self.world, self.gpus_per_node
+        if n == 1:
+            return np.zeros(np.shape(k_loc))
         share = np.asarray(nbytes, dtype=float) / n
         own_link = (g - 1) * share / self.link_Bps
         # The busiest other owner in the node: an idle one serves every active rank, a busy
@@ -80,15 +82,15 @@ class EngineCosts:
 
     pre: serial seconds before each position's compute (overheads; on CPU also communication);
     tail/prep: serial seconds after a microbatch's last position / before its first;
-    overlap: communication runs beside compute (ag/rs, or the ODC loads through `network`);
-    ag/rs: collective all-gather before, reduce-scatter after each position (seconds);
-    gather_load/push_load: bytes an ODC gather before / push after each position moves.
+    ag/rs: collective all-gather before, reduce-scatter after each position (seconds), running
+    beside compute; zero on CPU, where they are part of `pre`;
+    gather_load/push_load: bytes an ODC gather before / push after each position moves through
+    `network`, beside compute (none on CPU).
     """
 
     pre: np.ndarray
     tail: float
     prep: float
-    overlap: bool
     ag: np.ndarray
     rs: np.ndarray
     gather_load: np.ndarray
@@ -139,7 +141,7 @@ class GpuProfile:
         mem = self.hbm_gbps * GB * self.memory_efficiency
         c0 = self.unit_overhead_s
         h, v = cfg.hidden_size, cfg.vocab_size
-        layer_tok, layer_sq = 2.0 * _linear_params(layout) / mm, 2.0 * h / attn
+        layer_tok, layer_sq = 2.0 * layer_linear_params(cfg) / mm, 2.0 * h / attn
         bwd_factor = 3.0 if recompute else 2.0
         head_tok = 2.0 * h * v / mm
         table = {
@@ -170,7 +172,7 @@ class GpuProfile:
         param_bytes = 2 if precision == "bf16" else 4
         optimizer_s = self.optimizer_overhead_s + float(layout.unit_params.sum()) / world * ADAMW_BYTES / (
             self.hbm_gbps * GB * self.memory_efficiency)
-        common = dict(pre=zeros, tail=0.0, prep=0.0, overlap=True, sync_s=0.0, optimizer_s=optimizer_s,
+        common = dict(pre=zeros, tail=0.0, prep=0.0, sync_s=0.0, optimizer_s=optimizer_s,
                       barrier_s=self.barrier_s if world > 1 else 0.0)
         if engine == "collective":
             ag = ring_time(params * param_bytes, world, bus, self.collective_latency_s, self.ring_step_s)
@@ -186,10 +188,6 @@ class GpuProfile:
 
 # AdamW on an fp32 shard: read parameter, gradient and both moments, write all but the gradient.
 ADAMW_BYTES = 28
-
-
-def _linear_params(layout: Layout) -> float:
-    return float(layer_linear_params(layout.cfg))
 
 
 @dataclass(frozen=True)
@@ -221,7 +219,7 @@ class CalibratedProfile:
         pre[0], pre[1:1 + L], pre[U - 1] = e["fwd_embed"], e["fwd_layer"], e["fwd_head"]
         pre[U], pre[U + 1:2 * U - 1] = e["bwd_head"], e["bwd_layer"]
         zeros = np.zeros(layout.positions)
-        return EngineCosts(pre=pre, tail=e["tail"], prep=e["prep"], overlap=False, ag=zeros, rs=zeros,
+        return EngineCosts(pre=pre, tail=e["tail"], prep=e["prep"], ag=zeros, rs=zeros,
                            gather_load=zeros, push_load=zeros, sync_s=e["sync"],
                            optimizer_s=e["optimizer_per_param"] * float(layout.unit_params.sum()) / world,
                            barrier_s=0.0)
