@@ -1,22 +1,27 @@
 """Validate the simulator against real CPU runs on this machine.
 
-`python -m odc_bench.sim.validate` calibrates the CPU profile (odc_bench.sim.calibrate) from
-its calibration runs, then runs each validation config for real and in simulation, engine by
-engine and interleaved (this machine is shared, so real timings drift: A and B measured side
-by side, never far apart), and writes:
+`python -m odc_bench.sim.validate` runs each validation config for real and in simulation,
+engine by engine, and writes
 
 - results/validation/sim-cpu.csv: one row per config and engine, measured and predicted
-  samples/s and bubble rate, plus the odc/collective throughput ratios when both engines ran;
+  samples/s and bubble rate (and sim-cpu-ratios.csv: the odc/collective throughput ratios
+  when both engines ran);
 - docs/simulator_validation.md: the same as tables, with the provenance.
 
-The validation configs differ from the calibration ones (minibatch sizes and seeds), so the
-prediction is out of sample.
+The predictions come from the CPU profile fitted (odc_bench.sim.calibrate) on calibration
+runs: LongAlign and SWE-smith at 4 samples per rank, configs the validation does not use
+(those have 1, 2 or 8 samples per rank and fresh seeds), so the prediction is out of sample.
+This machine is shared and its speed drifts with other jobs' load, so calibration is rolling:
+before each validation config one calibration run per engine is made (the two datasets
+alternating), and the prediction uses the latest run of each dataset, all within minutes of
+the validated run; engines are interleaved so a ratio compares runs made side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import time
@@ -111,24 +116,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
     args = ap.parse_args(argv)
     base = [f"num_minibatches={args.minibatches}", "warmup_minibatches=2", "threads_per_rank=1"]
-    runs: dict[str, list] = {}
-    for extra in (("dataset=longalign",), ("dataset=swe_smith",)):
-        for engine in args.engines:
-            runs.setdefault(engine, []).append(
-                run_real([*base, *extra, f"engine={engine}"], args.results_dir / "calibration"))
+    latest: dict[tuple[str, str], tuple] = {}
     calibration = args.out / "sim-cpu-calibration.json"
-    atomic_write_text(calibration, json.dumps(fit(runs), indent=2) + "\n")
+    datasets = ("dataset=longalign", "dataset=swe_smith")
     rows = []
-    for label, extra in VALIDATION_RUNS:
-        if args.only is None or label in args.only:
-            rows += compare(label, [*base, *extra], args.engines, calibration, args.results_dir)
+    loads = []
+    chosen = [(label, extra) for label, extra in VALIDATION_RUNS if args.only is None or label in args.only]
+    for i, (label, extra) in enumerate(chosen):
+        for k in ((0, 1) if i == 0 else (i % 2,)):
+            for engine in args.engines:
+                latest[(engine, datasets[k])] = run_real([*base, datasets[k], f"engine={engine}"],
+                                                         args.results_dir / "calibration")
+        runs = {e: [latest[(e, d)] for d in datasets] for e in args.engines}
+        atomic_write_text(calibration, json.dumps(fit(runs), indent=2) + "\n")
+        loads.append(os.getloadavg()[0])
+        rows += compare(label, [*base, *extra], args.engines, calibration, args.results_dir)
     table = pd.DataFrame(rows)
     ratio = ratios(table)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                             text=True).stdout.strip()
     shown = calibration.relative_to(REPO_ROOT) if calibration.is_relative_to(REPO_ROOT) else calibration
     provenance = (f"Machine {socket.gethostname()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}; "
-                  f"calibration {shown}; {args.minibatches} minibatches per run, 2 of them warm-up.")
+                  f"last calibration {shown} (rolling, see the module's docstring); {args.minibatches} minibatches "
+                  f"per run, 2 of them warm-up; 1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
+                  f"{os.cpu_count()} cores.")
     atomic_write_text(args.out / "sim-cpu.csv", table.to_csv(index=False))
     if not ratio.empty:
         atomic_write_text(args.out / "sim-cpu-ratios.csv", ratio.to_csv(index=False))
