@@ -23,16 +23,21 @@ def costs(P: int, pre=0.0, tail=0.0, prep=0.0, ag=0.0, rs=0.0, gather=None, push
     def arr(x):
         return np.broadcast_to(np.asarray(x, dtype=float), (P,)).copy()
 
-    return EngineCosts(pre=arr(pre), tail=tail, prep=prep, ag=arr(ag), rs=arr(rs),
+    return EngineCosts(pre=arr(pre), pre_tok=arr(0.0), tail=tail, tail_tok=0.0, prep=prep, ag=arr(ag), rs=arr(rs),
                        gather_load=arr(0.0 if gather is None else gather),
                        push_load=arr(0.0 if push is None else push), sync_s=sync, optimizer_s=opt,
                        barrier_s=barrier, network=network)
 
 
+def no_tokens(comp: np.ndarray) -> np.ndarray:
+    """Token counts for timelines whose costs do not depend on them."""
+    return np.zeros(comp.shape[:3])
+
+
 def test_collective_minibatch_is_the_sum_of_per_step_maxima():
     comp = np.array([[[[1.0, 2.0, 3.0], [4.0, 1.0, 1.0]],
                       [[2.0, 1.0, 5.0], [1.0, 1.0, 2.0]]]])  # (M=1, R=2, J=2, P=3)
-    tl = collective(comp, np.array([[2, 2]]), costs(3, opt=0.5))
+    tl = collective(comp, np.array([[2, 2]]), no_tokens(comp), costs(3, opt=0.5))
     # per-step maxima 2, 2, 5, 4, 1, 2 -> 16, then the optimizer step
     assert tl.duration[0] == pytest.approx(16.5)
     assert tl.start[0, 0, 1, 0] == tl.start[0, 1, 1, 0] == pytest.approx(9.0)
@@ -42,7 +47,7 @@ def test_odc_minibatch_is_the_slowest_ranks_own_sum_plus_the_barriers():
     comp = np.zeros((1, 2, 3, 2))
     comp[0, 0, :3] = [[1.0, 2.0], [3.0, 1.0], [2.0, 2.0]]  # rank 0: three microbatches, 11 s
     comp[0, 1, 0] = [5.0, 4.0]  # rank 1: one microbatch, 9 s
-    tl = odc(comp, np.array([[3, 1]]), costs(2, barrier=0.5, opt=0.25))
+    tl = odc(comp, np.array([[3, 1]]), no_tokens(comp), costs(2, barrier=0.5, opt=0.25))
     # parameters visible (barrier), rank 0's 11 s, accumulation barrier, optimizer
     assert tl.duration[0] == pytest.approx(0.5 + 11 + 0.5 + 0.25)
     assert tl.sync_t0[0, 1] == pytest.approx(0.5 + 9)  # rank 1 waits from its own end
@@ -54,22 +59,22 @@ def test_odc_minibatch_is_the_slowest_ranks_own_sum_plus_the_barriers():
 def test_without_communication_odc_is_never_slower_than_collective(ranks, micro, seed):
     comp = np.random.default_rng(seed).exponential(size=(2, ranks, micro, 4))
     nmb = np.full((2, ranks), micro)
-    c = costs(4)
-    assert (odc(comp, nmb, c).duration <= collective(comp, nmb, c).duration + 1e-9).all()
+    c, tok = costs(4), no_tokens(comp)
+    assert (odc(comp, nmb, tok, c).duration <= collective(comp, nmb, tok, c).duration + 1e-9).all()
 
 
 def test_collective_prefetch_hides_all_gathers_behind_longer_compute():
     comp = np.full((1, 2, 2, 3), 1.0)
     nmb = np.array([[2, 2]])
     # only the first all-gather is exposed when each is shorter than a position's compute
-    assert collective(comp, nmb, costs(3, ag=0.4)).duration[0] == pytest.approx(0.4 + 6)
+    assert collective(comp, nmb, no_tokens(comp), costs(3, ag=0.4)).duration[0] == pytest.approx(0.4 + 6)
     # longer all-gathers run back to back and compute waits for each
-    assert collective(comp, nmb, costs(3, ag=1.5)).duration[0] == pytest.approx(6 * 1.5 + 1.0)
+    assert collective(comp, nmb, no_tokens(comp), costs(3, ag=1.5)).duration[0] == pytest.approx(6 * 1.5 + 1.0)
 
 
 def test_serial_gaps_add_per_position_and_microbatch():
     comp = np.full((1, 2, 2, 3), 1.0)
-    tl = collective(comp, np.array([[2, 2]]), costs(3, pre=[0.1, 0.2, 0.0], tail=0.5, prep=0.05))
+    tl = collective(comp, np.array([[2, 2]]), no_tokens(comp), costs(3, pre=[0.1, 0.2, 0.0], tail=0.5, prep=0.05))
     assert tl.duration[0] == pytest.approx(2 * (0.05 + 0.1 + 0.2 + 0.5 + 3))
 
 
@@ -77,7 +82,7 @@ def test_reduce_scatters_queue_behind_prefetched_all_gathers_and_end_the_microba
     comp = np.full((1, 1, 1, 2), 1.0)
     # AG(0) [0, .2]; pos 0 [.2, 1.2] while AG(1) [.2, .4]; RS(0) [1.2, 1.5];
     # pos 1 [1.2, 2.2]; RS(1) [2.2, 2.5]: the microbatch ends with its last reduce-scatter
-    tl = collective(comp, np.array([[1]]), costs(2, ag=0.2, rs=0.3))
+    tl = collective(comp, np.array([[1]]), no_tokens(comp), costs(2, ag=0.2, rs=0.3))
     assert tl.mb_t1[0, 0, 0] == pytest.approx(2.5)
 
 
@@ -91,8 +96,8 @@ def test_two_ranks_reading_the_same_owners_at_once_take_twice_as_long():
     # two nodes of two; the owners of the gathered shards sit in node 1, both readers in node 0
     c, alone = _gather_only(world=4, per_node=2, nic=1.0)
     comp = np.zeros((1, 4, 1, 3))
-    one = odc(comp, np.array([[1, 0, 0, 0]]), c).duration[0]
-    both = odc(comp, np.array([[1, 1, 0, 0]]), c).duration[0]
+    one = odc(comp, np.array([[1, 0, 0, 0]]), no_tokens(comp), c).duration[0]
+    both = odc(comp, np.array([[1, 1, 0, 0]]), no_tokens(comp), c).duration[0]
     assert one == pytest.approx(3 * alone)
     assert both == pytest.approx(2 * one)
 
@@ -100,7 +105,7 @@ def test_two_ranks_reading_the_same_owners_at_once_take_twice_as_long():
 def test_a_rank_that_finishes_early_frees_the_bandwidth_it_shared():
     c, alone = _gather_only(world=4, per_node=2, nic=1.0)
     comp = np.zeros((1, 4, 2, 3))
-    tl = odc(comp, np.array([[2, 1, 0, 0]]), c, passes=3)
+    tl = odc(comp, np.array([[2, 1, 0, 0]]), no_tokens(comp), c, passes=3)
     # both gather one microbatch's three units at half speed, then rank 0 gathers alone
     assert tl.mb_t1[0, 1, 0] == pytest.approx(3 * 2 * alone)
     assert tl.mb_t1[0, 0, 1] == pytest.approx(3 * 2 * alone + 3 * alone)
@@ -166,3 +171,15 @@ def test_a_smaller_paper_scale_run_simulates_quickly():
     sim = simulate(spec)
     assert time.perf_counter() - t0 < 5.0
     assert sim.events["rank"].nunique() == 16
+
+
+def test_serial_gaps_grow_with_tokens_of_the_largest_microbatch_collective_or_own_odc():
+    comp = np.zeros((1, 2, 1, 2))
+    tokens = np.array([[[100.0], [300.0]]])
+    c = costs(2)
+    c = EngineCosts(**{**c.__dict__, "pre_tok": np.array([0.01, 0.0]), "tail_tok": 0.001})
+    # collective: every rank waits for the gap of the largest microbatch (300 tokens)
+    assert collective(comp, np.array([[1, 1]]), tokens, c).duration[0] == pytest.approx(3.0 + 0.3)
+    # ODC: each rank pays its own; the minibatch ends with the slower one
+    tl = odc(comp, np.array([[1, 1]]), tokens, c)
+    assert tl.mb_t1[0, :, 0] == pytest.approx([1.0 + 0.1, 3.0 + 0.3])

@@ -66,7 +66,8 @@ def microbatch_estimate(tok: float, sq: float, table: np.ndarray, costs: EngineC
     """A microbatch's seconds on one rank without contention: what a rank claiming from a
     queue would take (used to order claims, not to time them)."""
     per_kind = table @ np.array([1.0, tok, sq])
-    return float(per_kind[layout.position_cost_index].sum() + costs.pre.sum() + costs.tail + costs.prep)
+    serial = costs.pre.sum() + costs.tail + costs.prep + (costs.pre_tok.sum() + costs.tail_tok) * tok
+    return float(per_kind[layout.position_cost_index].sum() + serial)
 
 
 def list_schedule(lengths: list[int], queue: list[list[int]], world: int, table: np.ndarray,
@@ -101,9 +102,9 @@ def simulate(spec: RunSpec) -> Simulation:
                                  int(backend.get("odc_gather_bytes", 4)))
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout)
     if engine == "collective":
-        tl = collective(comp, nmb, costs)
+        tl = collective(comp, nmb, tokens, costs)
     else:
-        tl = odc(comp, nmb, costs, passes=int(backend.get("contention_passes", 3)))
+        tl = odc(comp, nmb, tokens, costs, passes=int(backend.get("contention_passes", 3)))
     return Simulation(trace_frame(layout, tl, comp, nmb, tokens, samples), tl, comp, nmb)
 
 

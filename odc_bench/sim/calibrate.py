@@ -6,13 +6,15 @@ lengths), then fits from their traces and writes results/calibration/sim-<model>
 
 - compute: per unit kind (embed, layer, head) and direction, seconds = c0 + c_tok * tokens +
   c_sq * sum of squared document lengths (least squares, coefficients kept non-negative);
-- per engine, the mean serial gap before each kind of position, after a microbatch's last
-  position (tail) and before its first (prep), the sync's own cost, and the optimizer's
-  seconds per owned parameter.
+- per engine, the serial gap before each kind of position and after a microbatch's last
+  position (tail), each as seconds + seconds per token of the microbatch (least squares; the
+  gaps grow with the microbatch's size), the mean gap before a microbatch's first position
+  (prep), the sync's own cost, and the optimizer's seconds per owned parameter.
 
 Gaps are defined so that the simulator's recurrences reproduce the calibration traces:
 collective (a barrier per position): gap = rise of the latest end over ranks minus the
-largest compute; ODC (ranks independent): gap = a rank's start minus its previous end.
+largest compute, against the most tokens over ranks; ODC (ranks independent): gap = a
+rank's start minus its previous end, against its own tokens.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def unit_frame(spec: RunSpec, events: pd.DataFrame, layout: Layout) -> pd.DataFr
     units["pos"] = np.where(phase, 2 * layout.units - 1 - u, u)
     units["cost"] = layout.unit_kind[u] * 2 + phase
     units["dur"] = units["t1"] - units["t0"]
+    units["run"] = spec.run_id
     return units
 
 
@@ -82,7 +85,7 @@ def fit_compute(units: pd.DataFrame) -> dict:
             out[kind][phase] = [0.0, 0.0, 0.0]
             continue
         # Average the layers of one microbatch first: the same work, measured several times.
-        g = rows.groupby(["rank", "minibatch", "microbatch"]).agg(tokens=("tokens", "first"), sq=("sq", "first"),
+        g = rows.groupby(["run", "rank", "minibatch", "microbatch"]).agg(tokens=("tokens", "first"), sq=("sq", "first"),
                                                                   dur=("dur", "mean"))
         x = np.column_stack([np.ones(len(g)), g["tokens"], g["sq"]]).astype(float)
         out[kind][phase] = [float(c) for c in nonneg_lstsq(x, g["dur"].to_numpy())]
@@ -98,8 +101,8 @@ def position_class(layout: Layout) -> np.ndarray:
     return cls
 
 
-def fit_gaps(engine: str, spec: RunSpec, events: pd.DataFrame, layout: Layout) -> dict:
-    """Mean gaps per class, sync cost and optimizer time per parameter, from one run."""
+def fit_gaps(engine: str, spec: RunSpec, events: pd.DataFrame, layout: Layout) -> tuple[dict, dict]:
+    """Per gap class, (tokens, gap) samples; plus the sync cost and optimizer time of one run."""
     units = unit_frame(spec, events, layout)
     warmup = int(spec.config["warmup_minibatches"])
     ev = events[events["minibatch"] >= warmup]
@@ -108,34 +111,49 @@ def fit_gaps(engine: str, spec: RunSpec, events: pd.DataFrame, layout: Layout) -
     start = units.pivot_table(index=["minibatch", "microbatch", "pos"], columns="rank", values="t0")
     end = units.pivot_table(index=["minibatch", "microbatch", "pos"], columns="rank", values="t1")
     cls = position_class(layout)
-    gaps: dict[int, list[float]] = {c: [] for c in range(len(GAP_CLASSES))}
-    preps = []
+    samples: dict[int, list[tuple[float, float]]] = {c: [] for c in range(len(GAP_CLASSES))}
     for (m, j), s in start.groupby(level=[0, 1]):
         s = s.droplevel([0, 1]).reindex(range(P1))
         e = end.loc[(m, j)].reindex(range(P1))
-        t0 = micro.xs((m, j), level=[1, 2])["t0"]
-        t1 = micro.xs((m, j), level=[1, 2])["t1"]
+        mb = micro.xs((m, j), level=[1, 2]).reindex(s.columns)
         if engine == "collective":
-            latest = np.concatenate([[t0.max()], e.max(axis=1).to_numpy()])
+            most = float(mb["tokens"].max())
+            latest = np.concatenate([[mb["t0"].max()], e.max(axis=1).to_numpy()])
             step = np.diff(latest) - (e - s).max(axis=1).to_numpy()
             for p in range(P1):
-                gaps[cls[p]].append(step[p])
-            gaps[5].append(t1.mean() - latest[-1])
+                samples[cls[p]].append((most, step[p]))
+            samples[5].append((most, mb["t1"].mean() - latest[-1]))
         else:
-            prev = np.vstack([t0.reindex(s.columns).to_numpy(), e.to_numpy()[:-1]])
-            step = s.to_numpy() - prev
+            step = s.to_numpy() - np.vstack([mb["t0"].to_numpy(), e.to_numpy()[:-1]])
+            own = mb["tokens"].to_numpy()
             for p in range(P1):
-                gaps[cls[p]].extend(step[p][~np.isnan(step[p])])
-            gaps[5].extend(t1.to_numpy() - e.to_numpy()[-1][~np.isnan(e.to_numpy()[-1])])
-    for _, g in micro.groupby(level=[0, 1]):
-        ends = g["t1"].to_numpy()[:-1]
-        preps.extend(g["t0"].to_numpy()[1:] - ends)
+                samples[cls[p]].extend(zip(own, step[p], strict=True))
+            samples[5].extend(zip(own, mb["t1"].to_numpy() - e.to_numpy()[-1], strict=True))
+    preps = [d for _, g in micro.groupby(level=[0, 1]) for d in g["t0"].to_numpy()[1:] - g["t1"].to_numpy()[:-1]]
     sync = ev[ev["kind"] == "sync"].assign(d=lambda x: x["t1"] - x["t0"]).groupby("minibatch")["d"].min()
     opt = ev[ev["kind"] == "optimizer"].assign(d=lambda x: x["t1"] - x["t0"])["d"]
     params = float(layout.unit_params.sum()) / spec.world_size
-    out = {name: float(np.mean(gaps[i])) for i, name in enumerate(GAP_CLASSES)}
-    out.update(prep=float(np.mean(preps)) if preps else 0.0, sync=float(sync.mean()),
-               optimizer_per_param=float(opt.mean()) / params)
+    scalars = dict(prep=preps, sync=list(sync), optimizer_per_param=list(opt / params))
+    return samples, scalars
+
+
+def fit_engine(pairs: list[tuple[RunSpec, pd.DataFrame]], engine: str, layout: Layout) -> dict:
+    """Gap = a + b x tokens per class (least squares over every run's samples, a, b >= 0)."""
+    samples: dict[int, list] = {c: [] for c in range(len(GAP_CLASSES))}
+    scalars: dict[str, list] = {}
+    for spec, events in pairs:
+        s, sc = fit_gaps(engine, spec, events, layout)
+        for c in samples:
+            samples[c] += s[c]
+        for k, v in sc.items():
+            scalars.setdefault(k, []).extend(v)
+    out = {}
+    for c, name in enumerate(GAP_CLASSES):
+        xy = np.array(samples[c], dtype=float).reshape(-1, 2)
+        xy = xy[~np.isnan(xy).any(axis=1)]
+        coef = nonneg_lstsq(np.column_stack([np.ones(len(xy)), xy[:, 0]]), xy[:, 1]) if len(xy) else np.zeros(2)
+        out[name] = [float(coef[0]), float(coef[1])]
+    out.update({k: float(np.mean(v)) if v else 0.0 for k, v in scalars.items()})
     return out
 
 
@@ -144,10 +162,7 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     first = next(iter(runs.values()))[0][0]
     layout = Layout(model_config_from(first.config))
     units = pd.concat([unit_frame(spec, ev, layout) for pairs in runs.values() for spec, ev in pairs])
-    engines = {}
-    for engine, pairs in runs.items():
-        fits = [fit_gaps(engine, spec, ev, layout) for spec, ev in pairs]
-        engines[engine] = {k: float(np.mean([f[k] for f in fits])) for k in fits[0]}
+    engines = {engine: fit_engine(pairs, engine, layout) for engine, pairs in runs.items()}
     c = first.config
     return dict(version=1, model=c["model"]["name"], world_size=first.world_size,
                 threads_per_rank=c.get("threads_per_rank"), host=socket.gethostname(),

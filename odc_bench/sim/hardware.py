@@ -80,8 +80,10 @@ class Network:
 class EngineCosts:
     """What an engine's timeline needs besides compute, per microbatch position.
 
-    pre: serial seconds before each position's compute (overheads; on CPU also communication);
-    tail/prep: serial seconds after a microbatch's last position / before its first;
+    pre + pre_tok x tokens: serial seconds before each position's compute (overheads; on CPU
+    also communication), tokens being the microbatch's (collective: the most over ranks);
+    tail + tail_tok x tokens, prep: serial seconds after a microbatch's last position / before
+    its first;
     ag/rs: collective all-gather before, reduce-scatter after each position (seconds), running
     beside compute; zero on CPU, where they are part of `pre`;
     gather_load/push_load: bytes an ODC gather before / push after each position moves through
@@ -89,7 +91,9 @@ class EngineCosts:
     """
 
     pre: np.ndarray
+    pre_tok: np.ndarray
     tail: float
+    tail_tok: float
     prep: float
     ag: np.ndarray
     rs: np.ndarray
@@ -172,7 +176,8 @@ class GpuProfile:
         param_bytes = 2 if precision == "bf16" else 4
         optimizer_s = self.optimizer_overhead_s + float(layout.unit_params.sum()) / world * ADAMW_BYTES / (
             self.hbm_gbps * GB * self.memory_efficiency)
-        common = dict(pre=zeros, tail=0.0, prep=0.0, sync_s=0.0, optimizer_s=optimizer_s,
+        common = dict(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, sync_s=0.0,
+                      optimizer_s=optimizer_s,
                       barrier_s=self.barrier_s if world > 1 else 0.0)
         if engine == "collective":
             ag = ring_time(params * param_bytes, world, bus, self.collective_latency_s, self.ring_step_s)
@@ -215,11 +220,13 @@ class CalibratedProfile:
             raise ConfigError(f"{self.path} was calibrated with world_size={calibrated_world}, not {world}; "
                               f"calibrate again with world_size={world}")
         L, U = layout.cfg.num_layers, layout.units
-        pre = np.zeros(layout.positions)
-        pre[0], pre[1:1 + L], pre[U - 1] = e["fwd_embed"], e["fwd_layer"], e["fwd_head"]
-        pre[U], pre[U + 1:2 * U - 1] = e["bwd_head"], e["bwd_layer"]
+        pre = np.zeros((2, layout.positions))
+        pre[:, 0], pre[:, U - 1], pre[:, U] = e["fwd_embed"], e["fwd_head"], e["bwd_head"]
+        pre[:, 1:1 + L] = np.array(e["fwd_layer"])[:, None]
+        pre[:, U + 1:2 * U - 1] = np.array(e["bwd_layer"])[:, None]
         zeros = np.zeros(layout.positions)
-        return EngineCosts(pre=pre, tail=e["tail"], prep=e["prep"], ag=zeros, rs=zeros,
+        return EngineCosts(pre=pre[0], pre_tok=pre[1], tail=e["tail"][0], tail_tok=e["tail"][1], prep=e["prep"],
+                           ag=zeros, rs=zeros,
                            gather_load=zeros, push_load=zeros, sync_s=e["sync"],
                            optimizer_s=e["optimizer_per_param"] * float(layout.unit_params.sum()) / world,
                            barrier_s=0.0)
@@ -261,6 +268,8 @@ def check_calibration(data: dict, path: Path) -> None:
             missing = [key for key in ENGINE_KEYS if key not in e]
             if missing:
                 raise ValueError(f"engines.{name} lacks {', '.join(missing)}")
+            if any(len(e[key]) != 2 for key in GAP_CLASSES):
+                raise ValueError(f"engines.{name}: every gap is [seconds, seconds per token]")
         int(data["world_size"])
         str(data["model"])
     except (KeyError, TypeError, ValueError) as e:

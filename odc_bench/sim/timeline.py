@@ -44,10 +44,12 @@ class Timeline:
     duration: np.ndarray
 
 
-def collective(comp: np.ndarray, nmb: np.ndarray, c: EngineCosts) -> Timeline:
-    """comp: (M, R, J, P) compute seconds; nmb: (M, R) microbatches per rank (equal across ranks)."""
+def collective(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts) -> Timeline:
+    """comp: (M, R, J, P) compute seconds; nmb: (M, R) microbatches per rank (equal across ranks);
+    tokens: (M, R, J) per microbatch."""
     M, R, J, P = comp.shape
     D = comp.max(axis=1)
+    most = tokens.max(axis=1)
     nj = nmb.max(axis=1)
     start = np.zeros((M, J, P))
     mb_t0, mb_t1 = np.zeros((M, J)), np.zeros((M, J))
@@ -62,7 +64,7 @@ def collective(comp: np.ndarray, nmb: np.ndarray, c: EngineCosts) -> Timeline:
         mb_t0[:, j] = begin
         prev_end = begin
         for p in range(P):
-            b = np.maximum(prev_end + c.pre[p], ag_end)
+            b = np.maximum(prev_end + c.pre[p] + c.pre_tok[p] * most[:, j], ag_end)
             start[:, j, p] = b
             nxt_act = act if p + 1 < P else (j + 1 < nj)
             nxt_ag = c.ag[(p + 1) % P]
@@ -77,7 +79,7 @@ def collective(comp: np.ndarray, nmb: np.ndarray, c: EngineCosts) -> Timeline:
                 chan = np.where(act, rs_end, chan)
                 rs_done = np.where(act, rs_end, rs_done)
             prev_end = e
-        end = np.maximum(prev_end, rs_done) + c.tail
+        end = np.maximum(prev_end, rs_done) + c.tail + c.tail_tok * most[:, j]
         mb_t1[:, j] = end
         t = np.where(act, end, t)
     sync_t1 = t + c.sync_s
@@ -137,16 +139,18 @@ class _Contention:
         return self.net.transfer_time(nbytes, k_loc, k_tot, k_min_remote)
 
 
-def odc(comp: np.ndarray, nmb: np.ndarray, c: EngineCosts, passes: int = 3) -> Timeline:
-    """comp: (M, R, J, P) compute seconds; nmb: (M, R) microbatches per rank (may differ, may be 0)."""
+def odc(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, passes: int = 3) -> Timeline:
+    """comp: (M, R, J, P) compute seconds; nmb: (M, R) microbatches per rank (may differ, may be 0);
+    tokens: (M, R, J) per microbatch."""
     finish = np.where(nmb > 0, np.inf, -np.inf)
     timeline = None
     for _ in range(max(1, passes) if c.network is not None else 1):
-        timeline, finish = _odc_pass(comp, nmb, c, finish)
+        timeline, finish = _odc_pass(comp, nmb, tokens, c, finish)
     return timeline
 
 
-def _odc_pass(comp: np.ndarray, nmb: np.ndarray, c: EngineCosts, finish: np.ndarray) -> tuple[Timeline, np.ndarray]:
+def _odc_pass(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts,
+              finish: np.ndarray) -> tuple[Timeline, np.ndarray]:
     M, R, J, P = comp.shape
     contention = _Contention(c.network, finish) if c.network is not None else None
 
@@ -167,7 +171,7 @@ def _odc_pass(comp: np.ndarray, nmb: np.ndarray, c: EngineCosts, finish: np.ndar
         mb_t0[:, :, j] = begin
         prev_end = begin
         for p in range(P):
-            b = np.maximum(prev_end + c.pre[p], g_end)
+            b = np.maximum(prev_end + c.pre[p] + c.pre_tok[p] * tokens[:, :, j], g_end)
             start[:, :, j, p] = b
             nxt_act = act if p + 1 < P else (j + 1 < nmb)
             g_start = np.maximum(b, g_chan)
@@ -178,7 +182,7 @@ def _odc_pass(comp: np.ndarray, nmb: np.ndarray, c: EngineCosts, finish: np.ndar
                 p_start = np.maximum(e, p_chan)
                 p_chan = np.where(act, p_start + transfer(c.push_load[p], p_start), p_chan)
             prev_end = e
-        end = prev_end + c.tail
+        end = prev_end + c.tail + c.tail_tok * tokens[:, :, j]
         mb_t1[:, :, j] = end
         t = np.where(act, end, t)
     done = np.maximum(t, p_chan)
