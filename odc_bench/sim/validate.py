@@ -57,18 +57,25 @@ def simulate_row(overrides: list[str], calibration: Path) -> dict:
     return summary(spec, simulate(spec).events)
 
 
-def compare(label: str, overrides: list[str], engines: list[str], calibration: Path, results_dir: Path) -> list[dict]:
+def compare(label: str, overrides: list[str], engines: list[str], calibration: Path, results_dir: Path,
+            repeats: int = 1) -> list[dict]:
+    """Real runs of every engine (repeated, alternating the engines' order; the median counts)
+    beside the simulator's prediction."""
+    from odc_bench.app import summary
+
+    measured: dict[str, list[dict]] = {e: [] for e in engines}
+    for k in range(repeats):
+        for engine in engines if k % 2 == 0 else engines[::-1]:
+            spec, events = run_real([*overrides, f"engine={engine}"], results_dir)
+            measured[engine].append(summary(spec, events))
     rows = []
     for engine in engines:
-        spec, events = run_real([*overrides, f"engine={engine}"], results_dir)
-        from odc_bench.app import summary
-
-        measured = summary(spec, events)
         predicted = simulate_row([*overrides, f"engine={engine}"], calibration)
-        rows.append(dict(config=label, engine=engine, overrides=" ".join(overrides),
-                         measured_samples_per_s=measured["samples_per_s"],
+        med = pd.DataFrame(measured[engine]).median()
+        rows.append(dict(config=label, engine=engine, overrides=" ".join(overrides), repeats=repeats,
+                         measured_samples_per_s=med["samples_per_s"],
                          predicted_samples_per_s=predicted["samples_per_s"],
-                         measured_bubble=measured["bubble_rate"], predicted_bubble=predicted["bubble_rate"]))
+                         measured_bubble=med["bubble_rate"], predicted_bubble=predicted["bubble_rate"]))
     return rows
 
 
@@ -110,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", nargs="+", default=[e for e in ("collective", "odc") if e in ENGINES])
     ap.add_argument("--minibatches", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=1, help="real runs per config and engine (median)")
     ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "validation")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "validation")
     ap.add_argument("--docs", type=Path, default=REPO_ROOT / "docs" / "simulator_validation.md")
@@ -130,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = {e: [latest[(e, d)] for d in datasets] for e in args.engines}
         atomic_write_text(calibration, json.dumps(fit(runs), indent=2) + "\n")
         loads.append(os.getloadavg()[0])
-        rows += compare(label, [*base, *extra], args.engines, calibration, args.results_dir)
+        rows += compare(label, [*base, *extra], args.engines, calibration, args.results_dir, args.repeats)
     table = pd.DataFrame(rows)
     ratio = ratios(table)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
@@ -138,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     shown = calibration.relative_to(REPO_ROOT) if calibration.is_relative_to(REPO_ROOT) else calibration
     provenance = (f"Machine {socket.gethostname()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}; "
                   f"last calibration {shown} (rolling, see the module's docstring); {args.minibatches} minibatches "
-                  f"per run, 2 of them warm-up; 1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
+                  f"per run, 2 of them warm-up; median of {args.repeats} real run(s) per config and engine; "
+                  f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
                   f"{os.cpu_count()} cores.")
     atomic_write_text(args.out / "sim-cpu.csv", table.to_csv(index=False))
     if not ratio.empty:
