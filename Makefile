@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test figures lint setup clean
+.PHONY: demo test figures figures-docs lint setup clean
 
 setup: $(STAMP)
 
@@ -18,13 +18,18 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m odc_bench
+	$(PY) -m odc_bench sweep=demo
+	$(PY) -m odc_bench.results compare results/local/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 figures: $(STAMP)
 	$(PY) -m paper_figures
+
+# The README's small PNGs (docs/figures/), from the committed results.
+figures-docs: $(STAMP)
+	$(PY) -m paper_figures --docs
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from odc_bench.balancers import BALANCERS, UNEQUAL_COUNTS, Plan, make_plan
+from odc_bench import cost_models
+from odc_bench.balancers import BALANCERS, UNEQUAL_COUNTS, Microbatch, Plan, balancer_options, make_plan, make_queue
+from odc_bench.balancers.quality import Prediction, predict, run_bubble_rate
+from odc_bench.cost_models import CostModel
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
+from odc_bench.data.real import LOADERS, DataError, load_lengths
 from odc_bench.models.qwen2 import Qwen2Config, labelled_tokens
 from odc_bench.results import run_key
 from odc_core.engine import ENGINES
@@ -35,6 +41,10 @@ class Minibatch:
     sample_ids: list[int]
     lengths: list[int]
     plan: Plan
+    # Run-time balancers (dynamic): the claim queue; the plan is then its predicted outcome.
+    queue: list[Microbatch] | None = None
+    # The cost model's prediction for this minibatch's plan, under the run engine's semantics.
+    prediction: Prediction | None = None
 
     @property
     def labelled_tokens(self) -> int:
@@ -47,10 +57,16 @@ class RunSpec:
     run_id: str
     max_tokens: int
     minibatches: list[Minibatch] = field(default_factory=list)
+    cost_model: str = ""
 
     @property
     def world_size(self) -> int:
         return int(self.config["world_size"])
+
+    def predicted_bubble_rate(self) -> float:
+        """The cost model's bubble rate over the measured (post-warm-up) minibatches."""
+        measured = self.minibatches[int(self.config["warmup_minibatches"]):]
+        return run_bubble_rate([mb.prediction for mb in measured if mb.prediction], self.world_size)
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -78,12 +94,95 @@ def model_config(cfg: DictConfig) -> Qwen2Config:
 
 
 def dataset_lengths(cfg: DictConfig) -> np.ndarray:
+    """The pool's sample lengths, scaled by dataset.length_scale: a profile's draw or real data."""
     ds = cfg.dataset
-    _require(ds.profile in PROFILES,
-             f"unknown dataset profile {ds.profile!r}; choose one of {', '.join(sorted(PROFILES))}")
     _require(isinstance(ds.length_scale, int | float) and ds.length_scale > 0,
              f"dataset.length_scale must be a positive number, got {ds.length_scale!r}")
-    return profile_lengths(ds.profile, float(ds.length_scale), int(cfg.seed), ds.get("num_samples"))
+    num = ds.get("num_samples")
+    _require(num is None or (isinstance(num, int) and num >= 1),
+             f"dataset.num_samples must be null or a positive integer, got {num!r}")
+    loader = ds.get("loader") or "profile"
+    if loader == "profile":
+        _require(ds.profile in PROFILES,
+                 f"unknown dataset profile {ds.profile!r}; choose one of {', '.join(sorted(PROFILES))}")
+        return profile_lengths(ds.profile, float(ds.length_scale), int(cfg.seed), num)
+    _require(loader in LOADERS, f"unknown dataset.loader {loader!r}; choose profile or one of {', '.join(LOADERS)}")
+    try:
+        raw = load_lengths(loader, ds.get("path"), field=ds.get("field"), text_field=ds.get("text_field", "text"),
+                           tokenizer=ds.get("tokenizer"), split=ds.get("split"), cache_dir=ds.get("cache_dir"))
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    return np.maximum(2, np.rint(raw[:num] * float(ds.length_scale))).astype(np.int64)
+
+
+def dataset_max_len(cfg: DictConfig, lengths: np.ndarray) -> int:
+    """The longest sample the dataset can hold: the paper's default microbatch limit."""
+    if (cfg.dataset.get("loader") or "profile") == "profile":
+        return profile_max_len(cfg.dataset.profile, float(cfg.dataset.length_scale))
+    return int(lengths.max())
+
+
+def run_device_type(cfg: DictConfig) -> str:
+    return "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def calibration_file(cfg: DictConfig) -> Path:
+    """Where the calibrated cost model of this run's model and hardware lives."""
+    dev = run_device_type(cfg)
+    _require(dev == "cpu" or torch.cuda.is_available(), "device=cuda but no CUDA device is visible; use device=auto")
+    name = torch.cuda.get_device_name(0) if dev == "cuda" else ""
+    return cost_models.calibration_path(cfg.model.name, cost_models.device_tag(dev, name),
+                                        cfg.balancer.get("calibration"))
+
+
+def cost_model(cfg: DictConfig) -> CostModel:
+    b = cfg.balancer
+    name = b.get("cost_model") or "linear"
+    _require(name in cost_models.COST_MODELS,
+             f"unknown balancer.cost_model {name!r}; choose one of {', '.join(cost_models.COST_MODELS)}")
+    if name == "linear":
+        return cost_models.linear()
+    if name == "quadratic":
+        fit = b.get("quadratic_fit") or "1p5b"
+        _require(fit in cost_models.QUADRATIC_FITS, f"unknown balancer.quadratic_fit {fit!r}; choose one of "
+                 f"{', '.join(cost_models.QUADRATIC_FITS)}")
+        return cost_models.quadratic(fit)
+    if name == "flops":
+        return cost_models.flops(model_config(cfg))
+    path = calibration_file(cfg)
+    try:
+        return cost_models.load_calibration(path)
+    except FileNotFoundError:
+        raise ConfigError(f"no calibration at {path}; run `python -m odc_bench.calibrate model={cfg.model.name}` "
+                          f"on this machine first, or choose another balancer.cost_model") from None
+    except ValueError as e:
+        raise ConfigError(f"{e}; re-run `python -m odc_bench.calibrate model={cfg.model.name}`") from None
+
+
+def balancer_options_of(cfg: DictConfig) -> dict[str, Any]:
+    """The balancer's options, checked against the ones it declares and their defaults' types."""
+    name = cfg.balancer.name
+    options = OmegaConf.to_container(cfg.balancer.get("options") or OmegaConf.create({}), resolve=True)
+    known = balancer_options(name)
+    for key, value in options.items():
+        _require(key in known, f"balancer {name} has no option {key!r}; its options are: "
+                 f"{', '.join(known) or 'none'}")
+        if isinstance(known[key], bool):
+            _require(isinstance(value, bool), f"balancer.options.{key} must be true or false, got {value!r}")
+        elif isinstance(known[key], int):
+            _require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                     f"balancer.options.{key} must be a positive integer, got {value!r}")
+        elif isinstance(known[key], float):
+            _require(isinstance(value, int | float) and not isinstance(value, bool) and value >= 0,
+                     f"balancer.options.{key} must be a number >= 0, got {value!r}")
+    return options
+
+
+def minibatch_samples(pool_size: int, global_size: int, num_minibatches: int, seed: int) -> list[list[int]]:
+    """Sample ids of each minibatch: a seeded permutation of the pool, read in order, wrapping around."""
+    order = np.random.default_rng(seed + 1).permutation(pool_size)
+    return [[int(order[(k * global_size + j) % pool_size]) for j in range(global_size)]
+            for k in range(num_minibatches)]
 
 
 def resolve(cfg: DictConfig) -> RunSpec:
@@ -104,9 +203,14 @@ def resolve(cfg: DictConfig) -> RunSpec:
              f"balancer {cfg.balancer.name} gives ranks different microbatch counts, which collective FSDP "
              f"cannot run (every layer is a barrier); use engine=odc")
     threads = cfg.get("threads_per_rank")
+    _require(not (cfg.engine.name == "odc" and cfg.backend.name == "local" and run_device_type(cfg) == "cuda"),
+             "engine=odc has no CUDA transport yet (its symmetric heap is CPU shared memory); "
+             "run it with device=cpu, or use engine=collective on GPUs")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
              f"threads_per_rank must be null or a positive integer, got {threads!r}")
     model_config(cfg)
+    options = balancer_options_of(cfg)
+    cost = cost_model(cfg)
 
     lengths = dataset_lengths(cfg)
     packing = cfg.packing_ratio
@@ -114,31 +218,30 @@ def resolve(cfg: DictConfig) -> RunSpec:
              f"packing_ratio must be a number >= 1, got {packing!r}")
     max_tokens = cfg.max_tokens
     if max_tokens is None:
-        max_tokens = int(profile_max_len(cfg.dataset.profile, float(cfg.dataset.length_scale)) * packing)
+        max_tokens = int(dataset_max_len(cfg, lengths) * packing)
     _require(isinstance(max_tokens, int) and max_tokens >= 2,
              f"max_tokens must be null or an integer >= 2, got {max_tokens!r}")
 
     config = OmegaConf.to_container(cfg, resolve=True)
     config["max_tokens"] = max_tokens
-    spec = RunSpec(config=config, run_id=run_key(config), max_tokens=max_tokens)
+    spec = RunSpec(config=config, run_id=run_key(config), max_tokens=max_tokens, cost_model=cost.label)
 
-    global_size = world * per_rank
-    order = np.random.default_rng(int(cfg.seed) + 1).permutation(len(lengths))
-    for k in range(num_mb):
-        ids = [int(order[(k * global_size + j) % len(order)]) for j in range(global_size)]
+    semantics = "collective" if cfg.engine.name == "collective" else "odc"
+    for k, ids in enumerate(minibatch_samples(len(lengths), world * per_rank, num_mb, int(cfg.seed))):
         lens = [int(lengths[i]) for i in ids]
         longest = max(lens)
         _require(longest <= max_tokens,
                  f"minibatch {k} has a sample of {longest} tokens, over the microbatch limit max_tokens={max_tokens}; "
                  f"raise max_tokens (or packing_ratio) or lower dataset.length_scale")
-        plan = make_plan(cfg.balancer.name, lens, world, max_tokens, seed=int(cfg.seed) + k,
-                         **(config["balancer"].get("options") or {}))
+        plan = make_plan(cfg.balancer.name, lens, world, max_tokens, cost, seed=int(cfg.seed) + k, **options)
+        queue = make_queue(cfg.balancer.name, lens, world, max_tokens, cost, **options)
         if cfg.engine.name == "collective":
             counts = {len(r) for r in plan}
             _require(len(counts) == 1,
                      f"balancer {cfg.balancer.name} gave ranks different microbatch counts {sorted(counts)} "
                      f"in minibatch {k}; collective FSDP needs equal counts, use engine=odc")
-        spec.minibatches.append(Minibatch(ids, lens, plan))
+        spec.minibatches.append(Minibatch(ids, lens, plan, queue=queue,
+                                          prediction=predict(plan, lens, world, max_tokens, cost, semantics)))
     return spec
 
 

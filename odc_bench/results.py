@@ -3,17 +3,23 @@
 Appends take an exclusive lock, rewrite the whole table to a temporary file in the same
 directory and rename it over the old one, so a reader or a killed writer never sees half a
 row. The table is small (one row per run), so rewriting it is cheap.
+
+`python -m odc_bench.results collect DIR... [--out FILE]` merges the tables under some
+directories (local runs, SLURM sweeps, simulations) into one tidy table for the figures.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -49,19 +55,39 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _stale_temporaries(path: Path) -> list[Path]:
+    """Temporary files a writer of `path` killed mid-write left behind (see atomic_path)."""
+    return list(path.parent.glob(f".{path.name}.*.tmp"))
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary file beside `path` to write; it replaces `path` only when the block succeeds."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
+        # mkstemp makes the file private; give it the mode a plain open() would (results are shared)
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -76,8 +102,22 @@ def append_row(path: Path, row: Mapping) -> None:
     if unknown:
         raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
     with _locked(path):
+        for stale in _stale_temporaries(path):  # under the lock no append is live: these are leftovers
+            stale.unlink(missing_ok=True)
         table = read_table(path)
         new = pd.DataFrame([{c: row.get(c) for c in COLUMNS}], columns=COLUMNS)
+        table = new if table.empty else pd.concat([table, new], ignore_index=True)
+        atomic_write_text(path, table.to_csv(index=False))
+
+
+def append_rows(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
+    """Append rows to a table with its own schema (e.g. primitives.csv), atomically, all or none."""
+    for row in rows:
+        if set(row) != set(columns):
+            raise ValueError(f"row columns {sorted(row)} differ from the table's {sorted(columns)}")
+    with _locked(path):
+        table = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=columns)
+        new = pd.DataFrame([{c: row[c] for c in columns} for row in rows], columns=columns)
         table = new if table.empty else pd.concat([table, new], ignore_index=True)
         atomic_write_text(path, table.to_csv(index=False))
 
@@ -87,6 +127,10 @@ def write_trace(path: Path, events: list[dict]) -> None:
 
 
 def write_trace_frame(path: Path, events: pd.DataFrame) -> None:
+    # A trace has one writer, its run (a sweep never runs one config twice at once), so
+    # temporaries of the same name were left by a killed attempt at this run.
+    for stale in _stale_temporaries(path):
+        stale.unlink(missing_ok=True)
     atomic_write_text(path, events.to_csv(index=False))
 
 
@@ -96,3 +140,63 @@ def completed_keys(path: Path) -> set[str]:
     if table.empty:
         return set()
     return set(table.loc[table["status"] == "ok", "run_id"].astype(str))
+
+
+def collect(dirs: Sequence[Path], out: Path) -> pd.DataFrame:
+    """Merge every runs.csv under `dirs` into one table at `out` (and out.parquet with pyarrow).
+
+    One row per run_id: its latest ok row, or its latest row when it never succeeded (so
+    failures stay visible). Trace paths are rewritten relative to `out`'s folder.
+    """
+    frames = []
+    for table_path in sorted({p.resolve() for d in dirs for p in Path(d).rglob("runs.csv")}):
+        frame = read_table(table_path)
+        if "trace" in frame:
+            frame["trace"] = [os.path.relpath(table_path.parent / t, out.parent.resolve()) if isinstance(t, str) else t
+                              for t in frame["trace"]]
+        frames.append(frame)
+    if not frames:
+        raise FileNotFoundError(f"no runs.csv under {', '.join(map(str, dirs))}")
+    rows = pd.concat([f for f in frames if not f.empty] or frames, ignore_index=True)
+    rows["_ok"] = rows["status"] == "ok"
+    rows = rows.sort_values(["_ok", "timestamp"], kind="stable").drop_duplicates("run_id", keep="last")
+    rows = rows.drop(columns="_ok").sort_values("timestamp", kind="stable").reset_index(drop=True)
+    atomic_write_text(out, rows.to_csv(index=False))
+    if importlib.util.find_spec("pyarrow") is not None:
+        with atomic_path(out.with_suffix(".parquet")) as tmp:
+            rows.to_parquet(tmp, index=False)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m odc_bench.results", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    col = commands.add_parser("collect", help="merge runs.csv tables (searched recursively) into one tidy table")
+    col.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    col.add_argument("--out", type=Path, default=Path("results/collected.csv"),
+                     help="the merged CSV (default: %(default)s); a .parquet beside it when pyarrow is installed")
+    cmp = commands.add_parser("compare", help="print every series of a table beside the collective baseline")
+    cmp.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    args = parser.parse_args(argv)
+    missing = [str(d) for d in args.dirs if not d.is_dir()]
+    if missing:
+        print(f"odc_bench.results: error: not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if args.command == "compare":
+        from odc_bench.compare import comparison, print_comparison
+
+        tables = [read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))]
+        print_comparison(comparison(pd.concat(tables, ignore_index=True)) if tables else pd.DataFrame())
+        return 0
+    try:
+        rows = collect(args.dirs, args.out)
+    except FileNotFoundError as e:
+        print(f"odc_bench.results: error: {e}; give the folders that hold the results (results_dir)", file=sys.stderr)
+        return 2
+    ok = int((rows["status"] == "ok").sum())
+    print(f"{len(rows)} runs ({ok} ok) -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

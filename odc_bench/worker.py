@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -18,11 +19,14 @@ import torch
 import torch.distributed as dist
 
 from odc_bench import trace
-from odc_bench.config import RunSpec, threads_per_rank
+from odc_bench.config import Minibatch, RunSpec, threads_per_rank
 from odc_bench.data.tokens import sample_tokens
 from odc_bench.models.qwen2 import Qwen2Config, Qwen2Model, init_weights, packed_batch
 from odc_bench.results import atomic_write_text
 from odc_core.engine import make_engine
+
+# Store counter of minibatches rank 0 has finished: the launcher shows it as the run's progress.
+MINIBATCHES_DONE = "minibatches_done"
 
 
 @dataclass
@@ -31,6 +35,8 @@ class RankJob:
     store_host: str
     store_port: int
     out_dir: str
+    # Unique per execution of a run: names the run's shared-memory segments.
+    job_id: str
     # Rank 0 also saves the final unsharded parameters (params.pt), for engine comparisons.
     collect_params: bool = False
 
@@ -58,6 +64,21 @@ def engine_options(config: dict) -> dict:
     return opts
 
 
+def my_microbatches(engine, mb: Minibatch, rank: int, claim_base: int) -> Iterator[list[int]]:
+    """This rank's microbatches: its part of a static plan, or queue entries claimed at run time.
+
+    Claims go through the engine's shared counter, which no rank resets: every rank's last
+    claim of a minibatch fails (it ran past the queue), so minibatch k starts at the sum of
+    (queue length + world size) over earlier minibatches. No rank claims for k + 1 before
+    every rank has made its failing claim for k: that happens before the minibatch barrier.
+    """
+    if mb.queue is None:
+        yield from mb.plan[rank]
+        return
+    while (index := engine.claim() - claim_base) < len(mb.queue):
+        yield mb.queue[index]
+
+
 def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
     spec, config = job.spec, job.spec.config
     world = spec.world_size
@@ -73,7 +94,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
     recorder = trace.Recorder(rank)
     try:
         recorder.start(cuda=device.type == "cuda")
-        engine = make_engine(config["engine"]["name"], device, **engine_options(config))
+        engine = make_engine(config["engine"]["name"], device, store=store, job_id=job.job_id,
+                             timeout_s=float(config["timeout_s"]), **engine_options(config))
         engine.trace = recorder.add
         model = build_model(config, device)
         model = engine.wrap(model, model.units())
@@ -81,12 +103,13 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         opt = engine.optimizer(lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
         trace.activate(recorder)
         vocab = config["model"]["vocab_size"]
+        claim_base = 0
         for k, mb in enumerate(spec.minibatches):
             recorder.minibatch, recorder.microbatch = k, -1
             t_mb = trace.now()
             engine.begin_minibatch()
             loss_sum = torch.zeros((), device=device)
-            for j, micro in enumerate(mb.plan[rank]):
+            for j, micro in enumerate(my_microbatches(engine, mb, rank, claim_base)):
                 recorder.microbatch = j
                 docs = [sample_tokens(int(config["seed"]), mb.sample_ids[i], mb.lengths[i], vocab) for i in micro]
                 batch = {k2: v.to(device) if torch.is_tensor(v) else v for k2, v in packed_batch(docs).items()}
@@ -97,6 +120,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                 recorder.add("microbatch", t0, trace.now(), fwd_s=t1 - t0,
                              tokens=sum(mb.lengths[i] for i in micro), samples=len(micro))
                 loss_sum += loss.detach()
+            if mb.queue is not None:
+                claim_base += len(mb.queue) + world
             recorder.microbatch = -1
             t0 = trace.now()
             engine.finish_minibatch()
@@ -107,7 +132,9 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             t2 = trace.now()
             recorder.add("optimizer", t1, t2)
             recorder.sample_memory()
-            recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum), microbatches=len(mb.plan[rank]))
+            recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
+            if rank == 0:
+                store.add(MINIBATCHES_DONE, 1)
         trace.activate(None)
         if job.collect_params:
             params = engine.full_parameters()

@@ -31,3 +31,31 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
 @pytest.fixture
 def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """After the suite, no odc-* segment may remain in /dev/shm.
+
+    The host is shared: segments whose creator is still running outside this session belong
+    to someone else's run and are ignored. A segment whose creator is dead, or still running
+    under this session, is a leak.
+    """
+    from odc_core.transport.shm import creator_alive, list_segments, segment_creator
+
+    yield
+    leaked = [name for name in list_segments()
+              if not creator_alive(name) or _descends_from(segment_creator(name)[0], os.getpid())]
+    assert not leaked, f"shared-memory segments left in /dev/shm: {leaked}"

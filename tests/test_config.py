@@ -2,23 +2,41 @@ from pathlib import Path
 
 import pytest
 
+from odc_bench.balancers import UNEQUAL_COUNTS
+from odc_bench.bench_primitives import plan_from_config
 from odc_bench.config import ConfigError, resolve
-from odc_core.engine import ENGINES
 from tests.conftest import compose_config, run_cli
+from tests.real_data import write_hf_dataset, write_jsonl, write_tokenizer
 
 CONF = Path(__file__).resolve().parents[1] / "odc_bench" / "conf"
 GROUP_OPTIONS = [(g.name, f.stem) for g in sorted(CONF.iterdir()) if g.is_dir() and g.name != "__pycache__"
                  for f in sorted(g.glob("*.yaml"))]
 
 
+def required_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
+    """What an option needs besides itself: real data to load, an engine that can run it."""
+    if (group, option) == ("dataset", "jsonl"):
+        return [f"dataset.path={write_jsonl(tmp_path / 'd.jsonl', [300 + 40 * i for i in range(64)])}"]
+    if (group, option) == ("dataset", "hf_disk"):
+        data = write_hf_dataset(tmp_path / "ds", [50 + 5 * i for i in range(64)])
+        return [f"dataset.path={data}", f"dataset.tokenizer={write_tokenizer(tmp_path / 'tok')}"]
+    if group == "balancer" and option in UNEQUAL_COUNTS:
+        return ["engine=odc"]
+    return []
+
+
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
-def test_every_config_group_option_composes_and_resolves(group, option):
-    # An engine the simulator models before its real implementation is installed runs there.
-    sim_only = group == "engine" and option not in ENGINES
+def test_every_config_group_option_composes_and_resolves(group, option, tmp_path):
     cfg = compose_config(f"{group}={option}", "num_minibatches=2", "warmup_minibatches=0",
-                         *(["backend=sim"] if sim_only else []))
+                         *required_overrides(group, option, tmp_path))
+    if group == "task":
+        assert cfg.task == option
+        if option == "primitives":
+            assert plan_from_config(cfg).sizes, "the benchmark plan has sizes to measure"
+            return
     spec = resolve(cfg)
-    assert spec.config[group]["name"] == option
+    if group != "task":
+        assert spec.config[group]["name"] == option
     assert len(spec.minibatches) == 2
 
 
@@ -48,10 +66,17 @@ def test_bad_input_is_a_config_error(override, message):
 
 
 @pytest.mark.parametrize("override", ["world_size=0", "minibatch_size=0", "max_tokens=64",
-                                      "dataset.profile=nosuch"])
+                                      "dataset.profile=nosuch", "dataset=nosuch", "no_such_key=1",
+                                      "world_size=1,2", "world_size=[1,"])
 def test_bad_input_exits_2_with_one_line_and_no_row(override, results_dir):
     proc = run_cli(override, f"results_dir={results_dir}")
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("odc_bench: error: "), proc.stderr
     assert not (results_dir / "runs.csv").exists()
+
+
+def test_unknown_group_option_lists_the_choices(results_dir):
+    proc = run_cli("engine=nosuch", f"results_dir={results_dir}")
+    assert proc.returncode == 2
+    assert "unknown engine option 'nosuch'; choose one of collective, odc" in proc.stderr

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
+from odc_bench.data.profiles import profile_lengths, profile_max_len
 from odc_bench.data.tokens import sample_tokens
 
 # Published means (shared PAPER.md): LongAlign ~16.5K, SWE-smith ~34.7K, AIME RL ~9K.
@@ -9,12 +9,17 @@ PUBLISHED_MEAN = {"longalign": 16_500, "swe_smith": 34_700, "aime": 9_000}
 PUBLISHED_MAX = {"longalign": 65_536, "swe_smith": 131_072, "aime": 16_384}
 
 
-@pytest.mark.parametrize("name", sorted(PROFILES))
+@pytest.mark.parametrize("name", sorted(PUBLISHED_MEAN))
 def test_profile_matches_published_mean_and_range(name):
     lengths = profile_lengths(name, 1.0, seed=0)
     assert abs(lengths.mean() / PUBLISHED_MEAN[name] - 1) < 0.03
     assert lengths.max() <= PUBLISHED_MAX[name]
     assert lengths.std() / lengths.mean() > 0.3, "the point of the profiles is their spread"
+
+
+def test_fixed_profile_is_the_balanced_control():
+    lengths = profile_lengths("fixed", 1 / 64, seed=0)
+    assert set(lengths.tolist()) == {1024}
 
 
 def test_length_scale_keeps_the_shape():

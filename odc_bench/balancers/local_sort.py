@@ -1,19 +1,23 @@
 """LocalSort: each rank takes its strided share of the minibatch and sorts it by length.
 
-No cross-rank balancing at all: it is the paper's weakest baseline and the only balancer
-that needs no cost model. One sample per microbatch, longest first.
+No cross-rank balancing at all: the paper's weakest baseline. By default one sample per
+microbatch, longest first. With `pack`, each rank packs its share under max_tokens and the
+counts are made equal across ranks (collective FSDP needs that), which isolates what packing
+alone buys against LB-Micro's cross-rank balancing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from odc_bench.balancers.packing import Cost, pack_equal_counts
 from odc_bench.balancers.plan import Plan
 
 
-def local_sort(lengths: Sequence[int], world_size: int, max_tokens: int, **_: object) -> Plan:
-    plan: Plan = []
-    for rank in range(world_size):
-        share = sorted(range(rank, len(lengths), world_size), key=lambda i: (-lengths[i], i))
-        plan.append([[i] for i in share])
-    return plan
+def local_sort(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, seed: int = 0, *,
+               pack: bool = False) -> Plan:
+    shares = [sorted(range(rank, len(lengths), world_size), key=lambda i: (-lengths[i], i))
+              for rank in range(world_size)]
+    if pack:
+        return pack_equal_counts(shares, lengths, cost, max_tokens)
+    return [[[i] for i in share] for share in shares]

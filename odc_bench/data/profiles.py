@@ -12,6 +12,7 @@ the real data (odc_bench.data.real) when exact lengths matter.
 |           | long tail past 100K                              |                                      |
 | aime      | AIME RL rollouts: mean ~9K, less long-tailed;    | sigma 0.45, clipped to [512, 16K]:   |
 |           | responses stop at the generation limit           | overlong responses pile up at 16K    |
+| fixed     | (control) every sample at LongAlign's 64K maximum | no spread: the balanced workload     |
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class LengthProfile:
     bound: str = "truncate"
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.sigma == 0:
+            return np.full(n, round(self.mean), dtype=np.int64)
         mu = self._fit_mu()
         if self.bound == "clip":
             x = rng.lognormal(mu, self.sigma, n)
@@ -73,6 +76,7 @@ PROFILES: dict[str, LengthProfile] = {
                                num_samples=5_000),
     "aime": LengthProfile("aime", mean=9_000, sigma=0.45, min_len=512, max_len=16_384,
                           num_samples=8_192, bound="clip"),
+    "fixed": LengthProfile("fixed", mean=65_536, sigma=0.0, min_len=65_536, max_len=65_536, num_samples=1_024),
 }
 
 

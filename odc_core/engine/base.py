@@ -34,6 +34,11 @@ class DataParallelEngine(Protocol):
 
     def finish_minibatch(self) -> None: ...
 
+    def claim(self) -> int:
+        """Atomically take the next ticket of a counter shared by all ranks (run-time
+        balancing); only engines whose ranks may run different microbatch counts have one."""
+        ...
+
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Unsharded fp32 copies of every parameter; may communicate, so call between minibatches."""
         ...

@@ -57,6 +57,10 @@ class CollectiveEngine:
     def finish_minibatch(self) -> None:
         """Nothing to do: FSDP2's post-backward callback already waited for the last reduce-scatter."""
 
+    def claim(self) -> int:
+        raise RuntimeError("collective FSDP cannot balance at run time: every rank must run the same "
+                           "microbatch count; use engine=odc")
+
     def full_parameters(self) -> dict[str, torch.Tensor]:
         assert self.model is not None
         return {n: p.full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}

@@ -1,0 +1,117 @@
+"""Dynamic: ranks claim microbatches from one shared queue at run time (ODC only).
+
+Static balancers trust the cost model, and where it is wrong the error turns into idle time
+at the minibatch barrier. Dynamic corrects it at run time: the whole minibatch is packed
+into one queue of microbatches, heaviest first, and whichever rank finishes first takes the
+next entry. Only ODC can run it: ranks end with different, unpredictable microbatch counts.
+
+How the runtime uses the queue (`dynamic_queue`; the run spec carries it per minibatch):
+
+- every rank holds the same queue for minibatch k, computed before the run;
+- one 64-bit counter on the symmetric heap, owned by rank 0, hands out entries: a rank
+  claims by an atomic fetch-and-add of 1 and runs entry `claimed - base_k`; once that index
+  reaches the queue's length the rank stops claiming and enters finish_minibatch. That last,
+  failing claim also counts, so base_k is the sum over earlier minibatches of (queue length
+  + world size). The counter is never reset; no rank claims for k + 1 before every rank has
+  made its failing claim for k, since that precedes the minibatch barrier (worker.py);
+- a rank may run zero microbatches; the loss stays normalized by the minibatch's global
+  token count, so who ran what does not change the gradient.
+
+`dynamic` itself returns the predicted outcome of that process under the cost model: list
+scheduling of the queue, each entry to the rank that frees up first (ties to the lower
+rank), which is what the claims produce when the cost model is right. Plan quality and
+the predicted bubble rate use it; an engine without claiming can run it as a static plan.
+
+Queue granularity trades balance against overhead: small entries at the tail let the
+claims even out cost-model error, while each entry costs a pass of parameter gathers. So
+the queue is chosen by the cost model: candidates pack samples first-fit decreasing under
+max_tokens and a per-entry cost cap (the lower bound, then 0.8 times that, and so on down to
+one sample per entry), each is list-scheduled, and the fewest-entry candidate whose predicted
+time is within `slack` of the best one wins. The cost model's per-microbatch constant (c,
+see cost_models.py) is what makes fewer entries pay off; with equal lengths the winner
+reaches the lower bound.
+
+There is no `equal_samples` option: which rank runs which entry is decided at run time, so
+equal sample counts per rank cannot be promised; use lb_mini with equal_samples instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+
+from odc_bench.balancers.packing import Cost, heaviest_first, microbatch_cost
+from odc_bench.balancers.plan import Microbatch, Plan
+
+# Candidate entry-cost caps: the lower bound, then shrinking by this factor down to the
+# cheapest sample (a geometric ladder: a handful of candidates even for very skewed costs).
+CAP_RATIO = 0.8
+
+
+def _overhead(cost: Cost) -> float:
+    """The cost model's per-microbatch constant, if it has one (CostModel.c)."""
+    return float(getattr(cost, "c", 0.0))
+
+
+def capped_packing(lengths: Sequence[int], max_tokens: int, cost: Cost, cap: float) -> list[Microbatch]:
+    """First-fit decreasing by cost: entries up to `cap` in cost and max_tokens in tokens."""
+    entries: list[Microbatch] = []
+    room: list[tuple[float, int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        c, n = cost(lengths[i]), lengths[i]
+        for e, (free_cost, free_tokens) in enumerate(room):
+            if c <= free_cost and n <= free_tokens:
+                entries[e].append(i)
+                room[e] = (free_cost - c, free_tokens - n)
+                break
+        else:
+            entries.append([i])
+            room.append((cap - c, max_tokens - n))
+    return entries
+
+
+def schedule_time(plan: Plan, lengths: Sequence[int], cost: Cost) -> float:
+    return max((sum(_overhead(cost) + microbatch_cost(mb, lengths, cost) for mb in rank) for rank in plan),
+               default=0.0)
+
+
+def dynamic_queue(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, *,
+                  slack: float = 0.0) -> list[Microbatch]:
+    """The minibatch's microbatches in claim order, heaviest first."""
+    if slack < 0:
+        raise ValueError(f"slack must be at least 0, got {slack}")
+    if not lengths:
+        return []
+    costs = [cost(n) for n in lengths]
+    bound = max(sum(costs) / world_size, max(costs))
+    smallest = min((c for c in costs if c > 0), default=0.0)
+    candidates, seen = [], set()
+    for step in itertools.count():
+        cap = bound * CAP_RATIO**step
+        queue = heaviest_first(capped_packing(lengths, max_tokens, cost, cap), lengths, cost)
+        key = tuple(map(tuple, queue))
+        if key not in seen:
+            seen.add(key)
+            candidates.append((schedule_time(list_schedule(queue, lengths, cost, world_size), lengths, cost), queue))
+        if len(queue) == len(lengths) or cap < smallest:
+            break
+    best = min(t for t, _ in candidates)
+    return min((q for t, q in candidates if t <= best * (1 + slack)), key=len)
+
+
+def list_schedule(queue: Sequence[Microbatch], lengths: Sequence[int], cost: Cost, world_size: int) -> Plan:
+    """Each queue entry in turn to the rank that frees up first (ties: lower rank)."""
+    plan: Plan = [[] for _ in range(world_size)]
+    free_at = [(0.0, r) for r in range(world_size)]
+    for mb in queue:
+        t, r = heapq.heappop(free_at)
+        plan[r].append(list(mb))
+        heapq.heappush(free_at, (t + _overhead(cost) + microbatch_cost(mb, lengths, cost), r))
+    return plan
+
+
+def dynamic(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, seed: int = 0, *,
+            slack: float = 0.0) -> Plan:
+    queue = dynamic_queue(lengths, world_size, max_tokens, cost, slack=slack)
+    return list_schedule(queue, lengths, cost, world_size)

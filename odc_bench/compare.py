@@ -1,0 +1,60 @@
+"""Series side by side: what each engine and balancer achieved on the same workload.
+
+Runs are grouped by their workload (everything but engine, balancer, cost model and seed);
+within a workload every series is set against the paper's strongest collective baseline,
+collective + lb_micro (or collective + local_sort when that is all there is). Seeds are
+averaged. This is what `make demo` prints.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+WORKLOAD = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_tokens", "length_scale",
+            "packing_ratio", "precision", "num_minibatches"]
+SERIES = ["engine", "balancer"]
+BASELINES = [("collective", "lb_micro"), ("collective", "local_sort")]
+
+
+def comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per workload and series: mean throughput, bubbles, memory, and the speedup."""
+    ok = table[table["status"] == "ok"].drop_duplicates(subset=["run_id"], keep="last")
+    if ok.empty:
+        return pd.DataFrame()
+    means = (ok.groupby(WORKLOAD + SERIES, dropna=False)
+             .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "mean"),
+                  bubble_rate=("bubble_rate", "mean"), predicted_bubble_rate=("predicted_bubble_rate", "mean"),
+                  peak_mem_mb=("peak_mem_mb", "mean"))
+             .reset_index())
+    parts = []
+    for _, group in means.groupby(WORKLOAD, dropna=False):
+        group = group.copy()
+        base = next((group[(group.engine == e) & (group.balancer == b)] for e, b in BASELINES
+                     if ((group.engine == e) & (group.balancer == b)).any()), None)
+        if base is not None:
+            group["baseline"] = f"{base.engine.iloc[0]}+{base.balancer.iloc[0]}"
+            group["speedup"] = group["samples_per_s"] / float(base["samples_per_s"].iloc[0])
+        parts.append(group.sort_values("samples_per_s"))
+    return pd.concat(parts, ignore_index=True)
+
+
+def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 100))  # room for the series names in logs
+    if rows.empty:
+        console.print("no successful runs to compare")
+        return
+    for _, group in rows.groupby(WORKLOAD, dropna=False):
+        first = group.iloc[0]
+        title = (f"{first.model} on {first.dataset}, {first.world_size} ranks, minibatch {first.minibatch_size}/rank "
+                 f"({first.backend}); speedup vs {first.get('baseline', 'no collective baseline')}")
+        table = Table(title=title)
+        for col in ("series", "samples/s", "speedup", "bubble", "predicted", "peak MB", "runs"):
+            table.add_column(col, justify="left" if col == "series" else "right")
+        for _, r in group.iterrows():
+            speedup = f"{r.speedup:.2f}x" if "speedup" in r and pd.notna(r.speedup) else "-"
+            predicted = "-" if pd.isna(r.predicted_bubble_rate) else f"{r.predicted_bubble_rate:.0%}"
+            table.add_row(f"{r.engine}+{r.balancer}", f"{r.samples_per_s:.3g}", speedup, f"{r.bubble_rate:.0%}",
+                          predicted, f"{r.peak_mem_mb:.0f}", str(r.runs))
+        console.print(table)

@@ -1,0 +1,189 @@
+"""Sample lengths of real data, cached as a .npy file.
+
+The benchmark needs only each sample's token count (the tokens themselves are synthetic,
+see data/tokens.py), and tokenizing a long-context corpus takes minutes, so the lengths are
+computed once and cached. The cache file's name carries a hash of the source's and the
+tokenizer's sizes and modification times and of the loader options: editing the data,
+swapping the tokenizer or changing the field gives a new name, and older caches of the same
+source are deleted when the new one is written (atomically: a temporary file renamed).
+
+Two sources:
+- `jsonl`: one sample per line, as a token count, a list of token ids, or an object
+  holding either under `field`;
+- `hf_disk`: a Hugging Face dataset saved with `save_to_disk`; a text column is tokenized
+  with a local tokenizer (a directory with tokenizer.json, or the file), a chat column
+  (a list of messages with `content`) by joining the contents with newlines, which leaves
+  out the chat template's few tokens; without a tokenizer the column must hold token ids or
+  counts.
+
+Samples shorter than 2 tokens have nothing to learn (no next-token label) and are dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from odc_bench.results import atomic_path
+
+LOADERS = ("jsonl", "hf_disk")
+CACHE_VERSION = 1
+
+
+class DataError(ValueError):
+    """Unusable real data: the message is one line naming the problem and the fix."""
+
+
+def _count(value: object, where: str) -> int:
+    if isinstance(value, bool):
+        raise DataError(f"{where}: expected a token count or a list of token ids, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise DataError(f"{where}: negative token count {value}")
+        return value
+    if isinstance(value, list):
+        return len(value)
+    raise DataError(f"{where}: expected a token count or a list of token ids, got {type(value).__name__}")
+
+
+def jsonl_lengths(path: Path, field: str | None) -> np.ndarray:
+    lengths = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path} line {n}"
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where} is not valid JSON ({e.msg}); fix or remove the line") from None
+            if isinstance(value, dict):
+                if field is None:
+                    raise DataError(f"{where} is an object; set dataset.field to its key holding the token "
+                                    f"count or ids (keys: {', '.join(sorted(value))})")
+                if field not in value:
+                    raise DataError(f"{where} has no key {field!r}; set dataset.field to one of "
+                                    f"{', '.join(sorted(value))}")
+                value = value[field]
+            lengths.append(_count(value, where))
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def _text(value: object, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
+        return "\n".join(str(m["content"]) for m in value)
+    if isinstance(value, list) and all(isinstance(m, str) for m in value):
+        return "\n".join(value)
+    raise DataError(f"{where}: expected text or chat messages to tokenize, got {type(value).__name__}")
+
+
+def tokenizer_file(tokenizer: Path) -> Path:
+    path = tokenizer / "tokenizer.json" if tokenizer.is_dir() else tokenizer
+    if not path.is_file():
+        raise DataError(f"dataset.tokenizer {tokenizer} has no tokenizer.json; point it at a local Hugging Face "
+                        f"tokenizer directory or its tokenizer.json")
+    return path
+
+
+def hf_disk_lengths(path: Path, text_field: str, tokenizer: Path | None, split: str | None) -> np.ndarray:
+    try:
+        import datasets
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise DataError("dataset=hf_disk needs the datasets and tokenizers packages: "
+                        "pip install 'odc-bench[data]'") from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # the library raises many kinds for unreadable directories
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"cannot load {path} with datasets.load_from_disk ({first}); point dataset.path at a "
+                        f"directory written by save_to_disk") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{path} has no split {split!r}; set dataset.split to one of {', '.join(ds)}")
+        ds = ds[split]
+    if text_field not in ds.column_names:
+        raise DataError(f"{path} has no column {text_field!r}; set dataset.text_field to one of "
+                        f"{', '.join(ds.column_names)}")
+    tok = Tokenizer.from_file(str(tokenizer_file(tokenizer))) if tokenizer is not None else None
+    lengths: list[int] = []
+    for start, batch in enumerate(ds.iter(batch_size=256)):
+        values, where = batch[text_field], f"{path} column {text_field!r} (batch {start})"
+        if tok is None:
+            lengths.extend(_count(v, where) for v in values)
+        else:
+            lengths.extend(len(e.ids) for e in tok.encode_batch([_text(v, where) for v in values]))
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def _fingerprint(path: Path) -> list[tuple[str, int, int]]:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return [(str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in files]
+
+
+def cache_key(source: Path, options: dict, extra: Path | None = None) -> str:
+    blob = json.dumps(dict(version=CACHE_VERSION, options=options, source=_fingerprint(source),
+                           extra=_fingerprint(extra) if extra is not None else None), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _atomic_save(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)
+
+
+def cached(source: Path, key: str, compute: Callable[[], np.ndarray], cache_dir: Path | None) -> np.ndarray:
+    """The lengths from `<source name>.lengths-<key>.npy`, computed and written when missing."""
+    folder = cache_dir if cache_dir is not None else source.parent
+    path = folder / f"{source.name}.lengths-{key}.npy"
+    if path.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            return np.load(path)
+    lengths = compute()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _atomic_save(path, lengths)
+        for stale in folder.glob(f"{source.name}.lengths-*.npy"):
+            if stale != path:
+                stale.unlink(missing_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot write the lengths cache {path} ({e.strerror}); set dataset.cache_dir to a "
+                        f"writable directory") from None
+    return lengths
+
+
+def load_lengths(loader: str, path: str | None, *, field: str | None = None, text_field: str = "text",
+                 tokenizer: str | None = None, split: str | None = "train",
+                 cache_dir: str | None = None) -> np.ndarray:
+    """Token counts of every usable sample (at least 2 tokens), in the source's order."""
+    if loader not in LOADERS:
+        raise DataError(f"unknown dataset loader {loader!r}; choose one of {', '.join(LOADERS)}")
+    if not path:
+        what = "the .jsonl file" if loader == "jsonl" else "the directory written by save_to_disk"
+        raise DataError(f"dataset={loader} needs dataset.path: set dataset.path to {what}")
+    source = Path(path).expanduser()
+    if not source.exists():
+        raise DataError(f"dataset.path {source} does not exist; point it at your data")
+    cache = Path(cache_dir).expanduser() if cache_dir else None
+    if loader == "jsonl":
+        if not source.is_file():
+            raise DataError(f"dataset.path {source} is not a file; dataset=jsonl reads one .jsonl file")
+        key = cache_key(source, dict(loader=loader, field=field))
+        lengths = cached(source, key, lambda: jsonl_lengths(source, field), cache)
+    else:
+        tok = Path(tokenizer).expanduser() if tokenizer else None
+        tok_file = tokenizer_file(tok) if tok is not None else None
+        key = cache_key(source, dict(loader=loader, text_field=text_field, split=split), tok_file)
+        lengths = cached(source, key, lambda: hf_disk_lengths(source, text_field, tok, split), cache)
+    lengths = lengths[lengths >= 2]
+    if lengths.size == 0:
+        raise DataError(f"{source} has no sample of at least 2 tokens")
+    return lengths

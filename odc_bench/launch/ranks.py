@@ -1,0 +1,65 @@
+"""Run a function on N local rank processes around one TCPStore and collect what each returns.
+
+For benchmarks and tests of the communication layer, which need real processes but not the
+training job's RunSpec (launch/local.py runs those).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+# Ranks fork from a server that has imported torch, so a call costs milliseconds, not an import
+# of torch per rank. The list matches launch/local.py's: the last module imported sets it.
+multiprocessing.set_forkserver_preload(["torch", "odc_bench.worker"])
+
+# fn(rank, world_size, store, *args) -> a picklable result
+RankFn = Callable[..., Any]
+
+
+class RanksFailed(RuntimeError):
+    """A rank raised, died or outlived the deadline; the message names the rank."""
+
+
+def _entry(rank: int, fn: RankFn, world_size: int, port: int, timeout_s: float, out_dir: str, args: tuple) -> None:
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+    result = fn(rank, world_size, store, *args)
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+
+
+def run_ranks(fn: RankFn, world_size: int, *args: Any, timeout_s: float = 60.0,
+              start_method: str = "forkserver") -> list[Any]:
+    """Run fn(rank, world_size, store, *args) on world_size fresh processes; return results by rank.
+
+    `fn` must be importable by name (a module-level function). The first rank to fail kills
+    the others, and the error names it, so a broken rank never hangs its peers' caller.
+    """
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
+    with tempfile.TemporaryDirectory(prefix="odc-ranks-") as out_dir:
+        ctx = tmp.start_processes(_entry, args=(fn, world_size, store.port, timeout_s, out_dir, args),
+                                  nprocs=world_size, join=False, start_method=start_method)
+        started = time.monotonic()
+        try:
+            while not ctx.join(timeout=0.1):
+                if time.monotonic() - started > timeout_s:
+                    raise RanksFailed(f"ranks still running after {timeout_s:.0f}s")
+        except tmp.ProcessRaisedException as e:
+            raise RanksFailed(f"rank {e.error_index} failed:\n{e}") from None
+        except tmp.ProcessExitedException as e:
+            raise RanksFailed(f"rank {e.error_index} died: {e}") from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                p.join()
+        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

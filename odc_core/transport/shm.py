@@ -1,0 +1,445 @@
+"""A symmetric heap in POSIX shared memory, for ranks on one host.
+
+Every buffer is one file in /dev/shm per rank, mapped by its owner and by every peer, so a
+get is a plain copy out of the peer's mapping and the peer does nothing.
+
+Accumulation uses fine-grained byte-range locks, not staging slots plus an accumulation
+service. A pusher locks the region of the owner's accumulator it is about to add into and
+adds there itself: one pass over its source and the accumulator, and no work for the owner.
+A staging design copies the source into a slot first, then a service thread on the owner
+adds the slot into the accumulator and acknowledges it: the owner spends as much CPU per
+byte as the pusher (taken from its own forward and backward), every client's adds are
+serialised through that one thread, and each slot costs a request/acknowledge round trip.
+Measured on this 2-core host (`python -m odc_bench.bench_accumulate`, docs/transport.md):
+with 1 to 3 ranks pushing into one owner at once, locks land 9.1-10.4 GB/s against 4.1-5.7
+GB/s for a 4-slot staging service, and the service costs the owner 0.10-0.12 CPU s/GiB.
+
+Locks are Linux open-file-description locks (F_OFD_SETLK): they are held per open file, so
+each thread opens its own descriptors and threads of one process exclude each other too,
+and the kernel drops them when a holder dies, so a SIGKILLed pusher cannot wedge its owner.
+The lock of buffer `b`, element range [i, j) of rank r lives in r's control file at byte
+offsets (b << 40) + [i, j) * itemsize: one descriptor per peer and thread covers every
+buffer. A push is split on a fixed grid (chunk_bytes) so that pushers into the same owner
+lock different regions and take turns at the granularity of one chunk; a pusher that finds
+a chunk busy moves on to its next chunk and comes back, so it only waits when every chunk it
+still has to add is held by someone else.
+
+Counters and flags (int64 buffers) are read and written under the same locks, which makes
+fetch_add atomic and orders data before flags: the kernel's lock acquire/release are full
+barriers, so whatever a rank wrote before store() is visible to a peer whose load() saw it.
+
+Lifecycle: segments are named odc-<job>-r<rank>-p<pid>-t<start>-b<index>, where <start> is
+the creator's start time in clock ticks since boot (guards against PID reuse). close()
+(also run by the context manager and at exit) unlinks this rank's segments; a rank killed
+by SIGKILL leaves its segments behind and the next ShmHeap on the host removes every odc-*
+segment whose creator is no longer running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import fcntl
+import json
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from odc_core.transport.base import PeerTimeout
+
+SHM_DIR = Path("/dev/shm")
+SEGMENT_PREFIX = "odc-"
+_SEGMENT_RE = re.compile(r"^odc-(?P<job>[A-Za-z0-9_.]+)-r(?P<rank>\d+)-p(?P<pid>\d+)-t(?P<start>\d+)-b(?P<index>\d+)$")
+_CONTROL = "odc/control"  # reserved buffer: barrier epoch; its file also carries every lock
+_LOCK_SHIFT = 40  # lock offset of buffer b starts at b << 40 (buffers up to 1 TiB)
+_FLOCK = "hhqqi4x"  # struct flock on Linux x86-64 and aarch64
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot, or None if no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no such process (or it exited while we read)
+        return None
+    # Fields after the command name (which may contain spaces) start at field 3; starttime is 22.
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def segment_creator(name: str) -> tuple[int, int] | None:
+    """(pid, start time) encoded in an odc segment name; None for other names."""
+    m = _SEGMENT_RE.match(name)
+    return (int(m["pid"]), int(m["start"])) if m else None
+
+
+def creator_alive(name: str) -> bool:
+    pid_start = segment_creator(name)
+    return pid_start is not None and process_start_time(pid_start[0]) == pid_start[1]
+
+
+def list_segments(directory: Path = SHM_DIR) -> list[str]:
+    return sorted(p.name for p in directory.glob(SEGMENT_PREFIX + "*"))
+
+
+def sweep_stale_segments(directory: Path = SHM_DIR) -> list[str]:
+    """Remove odc segments whose creator is no longer running; return their names.
+
+    Peers that still map such a segment keep their mapping: unlinking only drops the name.
+    """
+    removed = []
+    for name in list_segments(directory):
+        if segment_creator(name) is not None and not creator_alive(name):
+            try:
+                (directory / name).unlink()
+                removed.append(name)
+            except FileNotFoundError:
+                pass  # another rank swept it first
+            except PermissionError:
+                pass  # another user's segment: theirs to sweep
+    return removed
+
+
+def _lock_op(fd: int, kind: int, start: int, length: int) -> bool:
+    """One non-blocking OFD lock operation; False when another open file holds a conflicting lock."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack(_FLOCK, kind, os.SEEK_SET, start, length, 0))
+        return True
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+class _Backoff:
+    """Sleeps growing from 10 us to 1 ms: a waiter must not spin on a core the holder needs."""
+
+    def __init__(self, peer: int, what: str, timeout_s: float) -> None:
+        self.peer, self.what, self.timeout_s = peer, what, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.delay = 1e-5
+
+    def wait(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise PeerTimeout(self.peer, self.what, self.timeout_s)
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 1e-3)
+
+    def progressed(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
+        self.delay = 1e-5
+
+
+@dataclass
+class _Buffer:
+    """One rank's copy of a named buffer, as mapped in this process."""
+
+    name: str
+    index: int
+    segment: str
+    numel: int
+    dtype: torch.dtype
+    tensor: torch.Tensor
+    words: memoryview | None  # int64 buffers: element access without torch's per-call overhead
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+
+def _map(path: Path, nbytes: int, create: bool) -> mmap.mmap:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, nbytes)  # tmpfs pages read as zeros until written
+        # MAP_POPULATE builds the page tables now, so the first get does not pay a fault per page.
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+    finally:
+        os.close(fd)  # the mapping keeps the file; locks use the control file's descriptors
+
+
+class ShmHeap:
+    """SymmetricHeap over /dev/shm for `world_size` ranks of one host.
+
+    Constructing it is collective (it allocates the control buffer), like every alloc. The
+    store (the run's TCPStore) is used only to exchange segment names at allocation.
+    get/accumulate/fetch_add/load/store/wait_until may be called from several threads of a
+    process; alloc, barrier and close from one.
+    """
+
+    def __init__(self, rank: int, world_size: int, job_id: str, store: dist.Store, timeout_s: float = 120.0,
+                 chunk_bytes: int = 1 << 20, directory: Path = SHM_DIR) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        self.rank, self.world_size, self.heap_bytes = rank, world_size, 0
+        self.timeout_s, self.chunk_bytes = float(timeout_s), int(chunk_bytes)
+        self._job = re.sub(r"[^A-Za-z0-9_.]", "_", job_id) or "job"
+        self._store, self._dir = store, directory
+        self._pid = os.getpid()
+        self._tag = f"p{self._pid}-t{process_start_time(self._pid)}"
+        self._buffers: dict[str, list[_Buffer]] = {}
+        self._own_segments: list[str] = []
+        self._tls = threading.local()
+        self._control_fds: list[int] = []  # one per rank: every thread's lock descriptors reopen these
+        self._lock_fds: list[int] = []
+        self._fds_guard = threading.Lock()
+        self._epoch = 0
+        self._closed = False
+        atexit.register(self.close)
+        try:
+            sweep_stale_segments(directory)
+            self.alloc(_CONTROL, 1, torch.int64)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> ShmHeap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- allocation ---------------------------------------------------------------------
+
+    def alloc(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if self._closed:
+            raise RuntimeError("alloc on a closed ShmHeap")
+        if name in self._buffers:
+            raise ValueError(f"buffer {name!r} is already allocated")
+        if numel < 1:
+            raise ValueError(f"buffer {name!r} needs at least one element, got {numel}")
+        index = len(self._buffers)
+        segment = f"{SEGMENT_PREFIX}{self._job}-r{self.rank}-{self._tag}-b{index}"
+        nbytes = numel * dtype.itemsize
+        self._own_segments.append(segment)
+        own = self._buffer(name, index, segment, numel, dtype, create=True)
+        self.heap_bytes += nbytes
+        key = f"odc/{self._job}/{index}"
+        spec = dict(name=name, numel=numel, dtype=str(dtype))
+        what = f"allocation of {name!r}"
+        ranks: list[_Buffer | None] = [None] * self.world_size
+        ranks[self.rank] = own
+        for peer, published in self._exchange(f"{key}/segment", json.dumps(dict(spec, segment=segment)), what):
+            theirs = json.loads(published)
+            if {k: theirs[k] for k in spec} != spec:
+                raise ValueError(f"asymmetric allocation #{index}: rank {self.rank} allocated {spec}, "
+                                 f"rank {peer} allocated {theirs}; every rank must alloc the same buffers in order")
+            try:
+                ranks[peer] = self._buffer(name, index, theirs["segment"], numel, dtype, create=False)
+            except FileNotFoundError:
+                raise RuntimeError(f"rank {peer} removed its segment for {name!r} before rank {self.rank} "
+                                   "mapped it (did it exit?)") from None
+        if name == _CONTROL:
+            self._control_fds = [os.open(self._dir / buf.segment, os.O_RDWR) for buf in ranks]
+        self._buffers[name] = ranks
+        # Second round: once it returns, every rank has mapped every copy, so a rank may unlink
+        # its segments (close) at any time after without a peer failing to reach them.
+        self._exchange(f"{key}/mapped", "1", what)
+        return own.tensor
+
+    def _exchange(self, key: str, value: str, what: str) -> list[tuple[int, str]]:
+        """Publish `value` under key/<rank> and return every peer's, in rotated order."""
+        self._store.set(f"{key}/{self.rank}", value)
+        deadline = time.monotonic() + self.timeout_s
+        values = []
+        for peer in self._peers()[:-1]:
+            remaining = max(deadline - time.monotonic(), 1e-3)
+            try:
+                self._store.wait([f"{key}/{peer}"], timedelta(seconds=remaining))
+            except RuntimeError:  # DistStoreError: the store's own timeout
+                raise PeerTimeout(peer, what, self.timeout_s) from None
+            values.append((peer, self._store.get(f"{key}/{peer}").decode()))
+        return values
+
+    def _buffer(self, name: str, index: int, segment: str, numel: int, dtype: torch.dtype,
+                create: bool) -> _Buffer:
+        mapping = _map(self._dir / segment, numel * dtype.itemsize, create)
+        tensor = torch.frombuffer(mapping, dtype=dtype, count=numel)
+        words = memoryview(mapping).cast("q") if dtype == torch.int64 else None
+        return _Buffer(name, index, segment, numel, dtype, tensor, words)
+
+    def _peers(self) -> list[int]:
+        """Rotated order starting after this rank, so ranks start on different owners."""
+        return [(self.rank + i) % self.world_size for i in range(1, self.world_size + 1)]
+
+    def _get_buffer(self, name: str, peer: int) -> _Buffer:
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"rank {peer} is outside world_size {self.world_size}")
+        try:
+            return self._buffers[name][peer]
+        except KeyError:
+            raise KeyError(f"no buffer {name!r} on this heap; alloc it first") from None
+
+    @staticmethod
+    def _check_range(buf: _Buffer, offset: int, numel: int) -> None:
+        if offset < 0 or offset + numel > buf.numel:
+            raise ValueError(f"range [{offset}, {offset + numel}) is outside buffer {buf.name!r} of {buf.numel}")
+
+    # -- locks --------------------------------------------------------------------------
+
+    def _lock_fd(self, peer: int) -> int:
+        """This thread's descriptor on peer's control file: OFD locks exclude per descriptor."""
+        fds = getattr(self._tls, "fds", None)
+        if fds is None:
+            fds = self._tls.fds = [None] * self.world_size
+        if fds[peer] is None:
+            # A new open file description of the same file, even if its owner has unlinked it since.
+            fd = os.open(f"/proc/self/fd/{self._control_fds[peer]}", os.O_RDWR)
+            with self._fds_guard:
+                self._lock_fds.append(fd)
+            fds[peer] = fd
+        return fds[peer]
+
+    def _lock_range(self, buf: _Buffer, lo: int, hi: int) -> tuple[int, int]:
+        return (buf.index << _LOCK_SHIFT) + lo * buf.itemsize, (hi - lo) * buf.itemsize
+
+    def _locked(self, buf: _Buffer, peer: int, lo: int, hi: int, kind: int = fcntl.F_WRLCK) -> _Held:
+        return _Held(self, buf, peer, lo, hi, kind)
+
+    # -- one-sided operations -----------------------------------------------------------
+
+    def view(self, name: str, peer: int) -> torch.Tensor:
+        """Peer's buffer itself, as this process maps it: zero-copy reads for code that knows
+        the heap is shared memory. Not part of the SymmetricHeap protocol (a GPU heap's peer
+        memory is not a CPU tensor), and writes through it bypass accumulate's locks."""
+        return self._get_buffer(name, peer).tensor
+
+    def get(self, out: torch.Tensor, name: str, peer: int, offset: int = 0) -> None:
+        buf = self._get_buffer(name, peer)
+        if out.dtype != buf.dtype:
+            raise TypeError(f"get of {name!r} ({buf.dtype}) into a {out.dtype} tensor; dtypes must match")
+        n = out.numel()
+        self._check_range(buf, offset, n)
+        src = buf.tensor if offset == 0 and n == buf.numel else buf.tensor[offset:offset + n]
+        # One copy per call: a read takes no lock and no handshake, so splitting it would only add overhead.
+        out.copy_(src if out.dim() == 1 else src.view(out.shape))
+
+    def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
+        buf = self._get_buffer(name, peer)
+        flat = src.reshape(-1)
+        n = flat.numel()
+        self._check_range(buf, offset, n)
+        if n == 0:
+            return
+        step = max(1, self.chunk_bytes // buf.itemsize)
+        edges = [offset, *range((offset // step + 1) * step, offset + n, step), offset + n]
+        chunks = list(zip(edges[:-1], edges[1:], strict=True))
+        # Start pushers at different chunks so several ranks pushing into one owner rarely collide.
+        first = (self.rank * len(chunks)) // self.world_size
+        pending = chunks[first:] + chunks[:first]
+        fd = self._lock_fd(peer)
+        backoff = None
+        while pending:
+            deferred = []
+            for lo, hi in pending:
+                start, length = self._lock_range(buf, lo, hi)
+                if not _lock_op(fd, fcntl.F_WRLCK, start, length):
+                    deferred.append((lo, hi))
+                    continue
+                try:
+                    dst = buf.tensor if hi - lo == buf.numel else buf.tensor[lo:hi]
+                    dst.add_(flat if hi - lo == n else flat[lo - offset:hi - offset])
+                finally:
+                    _lock_op(fd, fcntl.F_UNLCK, start, length)
+            if len(deferred) < len(pending):
+                if backoff is not None:
+                    backoff.progressed()
+            else:
+                backoff = backoff or _Backoff(peer, f"lock on {name!r} elements [{offset}, {offset + n})",
+                                              self.timeout_s)
+                backoff.wait()
+            pending = deferred
+
+    def _word(self, name: str, peer: int, index: int) -> _Buffer:
+        buf = self._get_buffer(name, peer)
+        if buf.words is None:
+            raise TypeError(f"buffer {name!r} is {buf.dtype}; flags and counters need torch.int64")
+        self._check_range(buf, index, 1)
+        return buf
+
+    def fetch_add(self, name: str, peer: int, index: int, value: int = 1) -> int:
+        buf = self._word(name, peer, index)
+        with self._locked(buf, peer, index, index + 1):
+            old = buf.words[index]
+            buf.words[index] = old + value
+        return old
+
+    def store(self, name: str, index: int, value: int) -> None:
+        buf = self._word(name, self.rank, index)
+        with self._locked(buf, self.rank, index, index + 1):
+            buf.words[index] = value
+
+    def load(self, name: str, peer: int, index: int) -> int:
+        buf = self._word(name, peer, index)
+        with self._locked(buf, peer, index, index + 1, fcntl.F_RDLCK):
+            return buf.words[index]
+
+    def wait_until(self, name: str, peer: int, index: int, at_least: int, timeout_s: float) -> None:
+        backoff = _Backoff(peer, f"{name!r}[{index}] >= {at_least}", timeout_s)
+        while self.load(name, peer, index) < at_least:
+            backoff.wait()
+
+    def quiet(self) -> None:
+        """Every operation of this transport has completed when it returns: nothing to flush."""
+
+    def barrier(self, timeout_s: float) -> None:
+        """Each rank publishes its barrier count and waits for every peer's to reach it."""
+        self._epoch += 1
+        self.store(_CONTROL, 0, self._epoch)
+        deadline = time.monotonic() + timeout_s
+        for peer in self._peers():
+            remaining = deadline - time.monotonic()
+            try:
+                self.wait_until(_CONTROL, peer, 0, self._epoch, max(remaining, 0.0))
+            except PeerTimeout:
+                raise PeerTimeout(peer, f"barrier #{self._epoch}", timeout_s) from None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        with self._fds_guard:
+            fds, self._lock_fds = self._lock_fds + self._control_fds, []
+        self._control_fds = []
+        for fd in fds:
+            os.close(fd)
+        self._tls = threading.local()
+        if os.getpid() == self._pid:  # a forked child must not remove its parent's segments
+            for segment in self._own_segments:
+                with contextlib.suppress(FileNotFoundError):
+                    (self._dir / segment).unlink()
+        # Mappings are not closed here: a tensor from torch.frombuffer keeps its mmap object
+        # alive but not locked, so closing it would leave the caller's tensors dangling. Each
+        # mapping goes away with the last tensor that uses it.
+        self._buffers = {}
+
+
+class _Held:
+    """An OFD lock on a buffer's element range, acquired with backoff and a timeout."""
+
+    def __init__(self, heap: ShmHeap, buf: _Buffer, peer: int, lo: int, hi: int, kind: int) -> None:
+        self.fd = heap._lock_fd(peer)
+        self.start, self.length = heap._lock_range(buf, lo, hi)
+        self.kind = kind
+        self.backoff = _Backoff(peer, f"lock on {buf.name!r} elements [{lo}, {hi})", heap.timeout_s)
+
+    def __enter__(self) -> None:
+        while not _lock_op(self.fd, self.kind, self.start, self.length):
+            self.backoff.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        _lock_op(self.fd, fcntl.F_UNLCK, self.start, self.length)

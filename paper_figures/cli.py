@@ -1,0 +1,110 @@
+"""`python -m paper_figures`: draw every figure and table from the results tables.
+
+Each figure module has `render(inputs) -> {name: Figure | str | Skip}`: a Figure is saved as
+PNG and PDF, a string is a Markdown table, a Skip is printed with its reason while the other
+figures still render. Nothing here runs training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from paper_figures.inputs import Inputs, Skip, load  # noqa: E402
+
+MODULES = ["fig1_timeline", "fig7_lengths", "fig8_throughput", "fig10_acceleration", "fig11_bandwidth",
+           "utilization", "tables"]
+DOCS_DIR = Path("docs/figures")
+DOCS_DPI = 90
+
+
+def theme() -> None:
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
+
+
+def parser(only: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m paper_figures{'.' + only if only else ''}",
+                                description="Draw the paper's figures and tables from results tables only.")
+    p.add_argument("--results", type=Path, default=Path("results"),
+                   help="results root: every runs.csv / primitives.csv below it is read (default: results)")
+    p.add_argument("--out", type=Path, default=Path("paper_figures/out"),
+                   help="where PNG, PDF and Markdown files go (default: paper_figures/out)")
+    p.add_argument("--lengths", type=Path, action="append", default=[], metavar="FILE.npy",
+                   help="a real dataset's cached lengths, drawn in Fig. 7 (repeatable)")
+    p.add_argument("--docs", action="store_true",
+                   help=f"instead write small PNGs for the README into {DOCS_DIR}/ "
+                        "(replacing the old ones of the figures drawn)")
+    if only is None:
+        p.add_argument("--only", nargs="+", choices=MODULES, help="draw only these")
+    return p
+
+
+def render_all(inputs: Inputs, modules: Sequence[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name in modules:
+        module = importlib.import_module(f"paper_figures.{name}")
+        try:
+            out.update(module.render(inputs))
+        except Skip as skip:
+            out[name] = skip
+    return out
+
+
+def write(results: dict[str, object], out: Path, docs: bool) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, item in results.items():
+        if isinstance(item, Skip):
+            print(f"skip {name}: {item}")
+        elif isinstance(item, Figure):
+            formats = ["png"] if docs else ["png", "pdf"]
+            for fmt in formats:
+                path = out / f"{name}.{fmt}"
+                item.savefig(path, dpi=DOCS_DPI if docs else 150, bbox_inches="tight")
+                written.append(path)
+            plt.close(item)
+        elif not docs:
+            path = out / f"{name}.md"
+            path.write_text(item)
+            written.append(path)
+    for path in written:
+        print(f"wrote {path}")
+    return written
+
+
+def main(argv: Sequence[str] | None = None, only: str | None = None) -> int:
+    p = parser(only)
+    args = p.parse_args(argv)
+    if not args.results.is_dir():
+        p.error(f"results root {args.results} is not a folder; pass --results DIR (the folder holding results tables)")
+    for path in args.lengths:
+        if not path.is_file():
+            p.error(f"--lengths {path}: no such file; pass a .npy file of sequence lengths")
+    modules = [only] if only else (args.only or MODULES)
+    theme()
+    inputs = load(args.results, args.lengths)
+    for note in inputs.notes:
+        print(f"note: {note}")
+    out = args.out
+    if args.docs:
+        out = DOCS_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        for old in [p for m in modules for p in out.glob(f"{m}*.png")]:
+            old.unlink()
+    write(render_all(inputs, modules), out, args.docs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Find and read the results tables the figures are drawn from.
+
+A results root (default `results/`) holds one folder per set of results (`cpu/`, `sim/`,
+`primitives/`, ...). Every `runs.csv` and `primitives.csv` below the root is read and its
+rows tagged with `source`, the folder's path relative to the root. A source is one
+coherent experiment (one machine, one backend), so figures that plot absolute numbers draw
+each source separately instead of mixing paper-scale simulation with CPU runs.
+
+`local/` directly under the root is the scratch output of ad-hoc runs (not committed) and is
+left out, unless the root is that folder itself. Real datasets' lengths for Fig. 7 are
+`*.npy` files in a `lengths/` folder anywhere below the root, or given on the command line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SCRATCH = "local"
+# Columns the figures cannot do without; a table lacking any is left out with a note.
+RUN_COLUMNS = ["run_id", "status", "backend", "engine", "balancer", "model", "dataset", "world_size",
+               "minibatch_size", "max_tokens", "packing_ratio", "length_scale", "samples_per_s"]
+PRIMITIVE_COLUMNS = ["op", "transport", "world_size", "size_bytes", "bandwidth_gbps"]
+
+
+class Skip(Exception):
+    """A figure (or one source's version of it) cannot be drawn: the message says why."""
+
+
+@dataclass
+class Inputs:
+    root: Path
+    runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    primitives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    lengths: dict[str, np.ndarray] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _source_name(root: Path, folder: Path) -> str:
+    rel = folder.relative_to(root)
+    name = rel.as_posix() if rel.parts else root.resolve().name
+    return name.replace("/", "-")
+
+
+def _tables(root: Path, filename: str) -> list[Path]:
+    found = []
+    for path in sorted(root.rglob(filename)):
+        rel = path.relative_to(root)
+        if len(rel.parts) > 1 and rel.parts[0] == SCRATCH:
+            continue
+        found.append(path)
+    return found
+
+
+def _read(path: Path, required: list[str], notes: list[str]) -> pd.DataFrame | None:
+    table = pd.read_csv(path)
+    missing = [c for c in required if c not in table]
+    if missing:
+        notes.append(f"{path} left out: it lacks the column(s) {', '.join(missing)}")
+        return None
+    return table if not table.empty else None
+
+
+def read_runs(root: Path, notes: list[str]) -> pd.DataFrame:
+    """Every successful run row below `root`, with `source` and `table_dir` (to find traces)."""
+    frames = []
+    for path in _tables(root, "runs.csv"):
+        table = _read(path, RUN_COLUMNS, notes)
+        if table is None:
+            continue
+        failed = int((table["status"] != "ok").sum())
+        if failed:
+            notes.append(f"{path}: {failed} failed run(s) left out")
+        table = table[table["status"] == "ok"].drop_duplicates("run_id", keep="last")
+        frames.append(table.assign(source=_source_name(root, path.parent), table_dir=str(path.parent)))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def read_primitives(root: Path, notes: list[str]) -> pd.DataFrame:
+    frames = []
+    for path in _tables(root, "primitives.csv"):
+        table = _read(path, PRIMITIVE_COLUMNS, notes)
+        if table is not None:
+            frames.append(table.assign(source=_source_name(root, path.parent)))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def read_lengths(root: Path, extra: list[Path] = ()) -> dict[str, np.ndarray]:
+    files = (sorted(root.rglob("lengths/*.npy")) if root.is_dir() else []) + list(extra)
+    return {p.stem: np.load(p).astype(np.int64).ravel() for p in files}
+
+
+def load(root: Path, lengths_files: list[Path] = ()) -> Inputs:
+    root = Path(root)
+    inputs = Inputs(root=root, lengths=read_lengths(root, list(lengths_files)))
+    if not root.is_dir():
+        inputs.notes.append(f"results root {root} does not exist: only figures that need no results render")
+        return inputs
+    if any((root / SCRATCH).rglob("*.csv")):
+        inputs.notes.append(f"left out {root / SCRATCH}/ (scratch output of ad-hoc runs); "
+                            f"pass --results {root / SCRATCH} to draw it")
+    inputs.runs = read_runs(root, inputs.notes)
+    inputs.primitives = read_primitives(root, inputs.notes)
+    return inputs
+
+
+def by_source(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """One table per source; a source that mixes backends (real and simulated) is split by backend."""
+    out: dict[str, pd.DataFrame] = {}
+    for source, part in table.groupby("source", sort=True):
+        backends = part["backend"].dropna().unique() if "backend" in part else []
+        if len(backends) > 1:
+            for backend, sub in part.groupby("backend", sort=True):
+                out[f"{source}-{backend}"] = sub
+        else:
+            out[str(source)] = part
+    return out
+
+
+def trace_path(row: pd.Series) -> Path | None:
+    """Where the run's event trace is, or None when the row names none or the file is missing."""
+    trace = row.get("trace")
+    if not isinstance(trace, str) or not trace:
+        return None
+    path = Path(row["table_dir"]) / trace
+    return path if path.exists() else None
+
+
+def read_trace(row: pd.Series) -> pd.DataFrame:
+    path = trace_path(row)
+    if path is None:
+        raise Skip(f"run {row.get('run_id')} has no trace file")
+    return pd.read_csv(path)
+
+
+def with_traces(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose trace file exists."""
+    if runs.empty:
+        return runs
+    return runs[runs.apply(lambda r: trace_path(r) is not None, axis=1)]
+
+
+def per_source(table: pd.DataFrame, name: str, draw, what: str) -> dict[str, object]:
+    """Apply `draw` to each source's rows; a source it cannot draw becomes a Skip with the reason."""
+    if table.empty:
+        raise Skip(f"no {what} found below the results root")
+    out: dict[str, object] = {}
+    for source, part in by_source(table).items():
+        try:
+            out[f"{name}-{source}"] = draw(part)
+        except Skip as skip:
+            out[f"{name}-{source}"] = skip
+    return out

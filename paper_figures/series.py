@@ -1,0 +1,121 @@
+"""What the figures share: series names and colours, and which runs are comparable.
+
+A *series* is an engine x balancer pair ("Collective + LB-Micro"), named as in the paper and
+coloured the same in every figure. A *setting* is everything else that defines a run's
+workload; runs of different series at one setting saw the same minibatches (the sample order
+depends on the seed only), so their throughputs compare directly.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import seaborn as sns
+
+ENGINE_NAMES = {"collective": "Collective", "odc": "ODC"}
+BALANCER_NAMES = {"local_sort": "LocalSort", "lb_micro": "LB-Micro", "lb_mini": "LB-Mini", "dynamic": "Dynamic"}
+
+# The paper's comparison: ODC (with the best balancer) against the strongest collective baseline.
+BASELINE = ("collective", "lb_micro")
+# Preference when one run per engine has to be picked (Fig. 1): the paper's headline pair first.
+PREFERRED = {"collective": ["lb_micro", "local_sort"], "odc": ["lb_mini", "lb_micro", "dynamic", "local_sort"]}
+
+# Columns that define a run's workload (the series columns engine, balancer, cost_model aside).
+SETTING = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_tokens", "packing_ratio",
+           "length_scale", "precision", "seed", "num_minibatches", "warmup_minibatches"]
+
+
+def _name(value: object, names: dict[str, str]) -> str:
+    return names.get(str(value), str(value))
+
+
+def series_order() -> list[str]:
+    return [f"{e} + {b}" for e in ENGINE_NAMES.values() for b in BALANCER_NAMES.values()]
+
+
+def label_series(runs: pd.DataFrame) -> pd.Series:
+    """`Engine + Balancer` for each row; with the cost model appended where one series ran under several."""
+    base = (runs["engine"].map(lambda v: _name(v, ENGINE_NAMES)) + " + "
+            + runs["balancer"].map(lambda v: _name(v, BALANCER_NAMES)))
+    if "cost_model" not in runs:
+        return base
+    costs = runs["cost_model"].fillna("none").astype(str)
+    several = costs.groupby(base).transform("nunique") > 1
+    return base.where(~several, base + " (" + costs + ")")
+
+
+def ordered(labels: pd.Series | list[str]) -> list[str]:
+    """The series present, in the paper's order (collective first), unknown ones last."""
+    known = series_order()
+
+    def rank(label: str) -> tuple[int, str]:
+        root = label.split(" (")[0]
+        return (known.index(root) if root in known else len(known), label)
+
+    return sorted(set(labels), key=rank)
+
+
+# Blues for collective, oranges to reds for ODC; the paper's headline pair in the strongest shades.
+COLORS = {
+    "Collective + LocalSort": "#9ecae1", "Collective + LB-Micro": "#2171b5", "Collective + LB-Mini": "#08306b",
+    "Collective + Dynamic": "#6baed6", "ODC + LocalSort": "#fdae6b", "ODC + LB-Micro": "#e6550d",
+    "ODC + LB-Mini": "#a50f15", "ODC + Dynamic": "#756bb1",
+}
+
+
+def palette(labels: list[str]) -> dict[str, object]:
+    """One fixed colour per series, the same in every figure; unknown series get greys."""
+    extra = iter(sns.color_palette("Greys", len(labels) + 2)[2:])
+    return {s: COLORS.get(s.split(" (")[0]) or next(extra) for s in labels}
+
+
+def with_series(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs.assign(series=label_series(runs))
+
+
+def setting_key(runs: pd.DataFrame) -> pd.Series:
+    """A hashable key per row for its setting (missing columns count as absent)."""
+    cols = [c for c in SETTING if c in runs]
+    return runs[cols].astype(str).agg("|".join, axis=1)
+
+
+def describe_setting(row: pd.Series) -> str:
+    parts = [f"{row.get('model')}", f"{row.get('dataset')}", f"{int(row.get('world_size'))} ranks",
+             f"minibatch {int(row.get('minibatch_size'))}", f"packing {row.get('packing_ratio'):g}"]
+    if pd.notna(row.get("max_tokens")):
+        parts.append(f"max tokens {int(row.get('max_tokens'))}")
+    return ", ".join(parts)
+
+
+# What a one-factor variation changes (max_tokens follows from length_scale x packing_ratio).
+FACTOR_KEYS = ["backend", "model", "dataset", "world_size", "minibatch_size", "packing_ratio", "length_scale",
+               "precision"]
+
+
+def _variations(settings: pd.DataFrame) -> pd.Series:
+    """For each setting, how many others differ from it in exactly one factor: the hub of a
+    one-factor-at-a-time study (the paper's golden setting) is the one most others vary from."""
+    cols = [c for c in FACTOR_KEYS if c in settings]
+    values = settings[cols].astype(str).to_numpy()
+    differ = (values[:, None, :] != values[None, :, :]).sum(axis=2)
+    return pd.Series((differ == 1).sum(axis=1), index=settings.index)
+
+
+def golden(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the setting that stands for the paper's golden one (Table 1).
+
+    Among the settings present, prefer one that has both engines, then the most series, then
+    the one the most other settings vary one factor from, then the paper's golden traits
+    (LongAlign, minibatch 4 per rank, packing ratio 1). Ties go to the first setting in sorted
+    order, so the choice is stable.
+    """
+    runs = with_series(runs).assign(_key=setting_key(runs))
+    settings = runs.drop_duplicates("_key").set_index("_key")
+    hub = _variations(settings)
+
+    def score(key: str, part: pd.DataFrame) -> tuple:
+        first = part.iloc[0]
+        return (part["engine"].nunique() > 1, part["series"].nunique(), hub[key], first.get("dataset") == "longalign",
+                first.get("minibatch_size") == 4, first.get("packing_ratio") == 1)
+
+    groups = sorted(runs.groupby("_key", sort=True), key=lambda kv: score(*kv), reverse=True)
+    return groups[0][1].drop(columns="_key")

@@ -1,0 +1,121 @@
+"""Utilization: how much of each rank's time goes to compute, and the bubble rate, predicted vs measured.
+
+Left: per-rank busy fraction (unit compute plus optimizer steps over the measured window,
+the definitions of odc_bench.metrics) for every series at the golden setting, from the traces.
+Middle: at the same setting, the bubble rate each series measured beside the one its balancer
+predicted from its cost model (absent when the run logged no prediction). Right: predicted
+against measured bubble rate over every run of the source; points on the diagonal mean the
+cost model saw the imbalance the run met.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from odc_bench.metrics import BUSY_KINDS
+from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
+from paper_figures.series import describe_setting, golden, ordered, palette, with_series
+
+NAME = "utilization"
+BUSY_LABEL = "busy fraction"
+RANK_LABEL = "rank"
+BUBBLE_LABEL = "bubble rate"
+
+
+def busy_fractions(trace: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """Per rank: busy time over the measured window (the same window for every rank)."""
+    measured = trace[trace["minibatch"] >= warmup]
+    spans = measured[measured["kind"] == "minibatch"]
+    window = float(spans["t1"].max() - spans["t0"].min())
+    busy = measured[measured["kind"].isin(BUSY_KINDS)]
+    per_rank = (busy["t1"] - busy["t0"]).groupby(busy["rank"]).sum()
+    ranks = sorted(measured["rank"].unique())
+    return pd.DataFrame({"rank": ranks, "busy_fraction": [float(per_rank.get(r, 0.0)) / window for r in ranks]})
+
+
+def bubbles(runs: pd.DataFrame) -> pd.DataFrame:
+    """Long table: series, which (measured or predicted), bubble rate."""
+    runs = with_series(runs)
+    cols = {"bubble_rate": "measured", "predicted_bubble_rate": "predicted"}
+    long = runs.melt(id_vars=["series"], value_vars=[c for c in cols if c in runs], var_name="which",
+                     value_name="rate")
+    return long.assign(which=long["which"].map(cols)).dropna(subset=["rate"])
+
+
+def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, setting: str = "") -> Figure:
+    """`busy`: series, rank, busy_fraction and `rates`: series, which, rate at one setting;
+    `all_runs`: series, bubble_rate, predicted_bubble_rate of every run."""
+    order = ordered(pd.concat([busy["series"], rates["series"], all_runs["series"]]))
+    colors = palette(order)
+    fig = Figure(figsize=(15, 4.2))
+    left, right, scatter = fig.subplots(1, 3, width_ratios=[1.3, 1, 1])
+    if busy.empty:
+        left.text(0.5, 0.5, "no trace to measure per-rank busy time", transform=left.transAxes, ha="center",
+                  color="grey")
+    else:
+        sns.barplot(data=busy, x="rank", y="busy_fraction", hue="series", hue_order=[s for s in order
+                                                                                    if s in set(busy["series"])],
+                    palette=colors, ax=left)
+        left.set_ylim(0, 1)
+        left.legend(fontsize=7, title=None, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    left.set_xlabel(RANK_LABEL)
+    left.set_ylabel(BUSY_LABEL)
+    left.set_title("Per-rank busy fraction", loc="left")
+    present = [s for s in order if s in set(rates["series"])]
+    sns.barplot(data=rates, x="series", y="rate", hue="which", hue_order=["measured", "predicted"],
+                order=present, palette={"measured": "#4c72b0", "predicted": "#bbbbbb"}, errorbar=None, ax=right)
+    right.set_ylim(0, 1)
+    right.set_xlabel("")
+    right.set_ylabel(BUBBLE_LABEL)
+    right.tick_params(axis="x", labelrotation=20)
+    note = "" if (rates["which"] == "predicted").any() else " (none predicted)"
+    right.set_title(f"Bubble rate at this setting{note}", loc="left")
+    right.legend(fontsize=7, title=None)
+    predicted = all_runs.dropna(subset=["bubble_rate", "predicted_bubble_rate"])
+    scatter.plot([0, 1], [0, 1], color="grey", ls="--", lw=1, gid="diagonal")
+    if predicted.empty:
+        scatter.text(0.5, 0.5, "no run logged a predicted bubble rate", transform=scatter.transAxes,
+                     ha="center", color="grey")
+    else:
+        sns.scatterplot(data=predicted, x="predicted_bubble_rate", y="bubble_rate", hue="series",
+                        hue_order=[s for s in order if s in set(predicted["series"])], palette=colors, ax=scatter)
+        scatter.legend(fontsize=7, title=None)
+    scatter.set_xlim(0, 1)
+    scatter.set_ylim(0, 1)
+    scatter.set_xlabel(f"predicted {BUBBLE_LABEL}")
+    scatter.set_ylabel(f"measured {BUBBLE_LABEL}")
+    scatter.set_title("Every run", loc="left")
+    fig.suptitle(f"Utilization{': ' + setting if setting else ''}")
+    fig.tight_layout()
+    return fig
+
+
+def draw(runs: pd.DataFrame) -> Figure:
+    if runs["bubble_rate"].dropna().empty:
+        raise Skip("no run has a bubble_rate value")
+    rows = with_series(golden(runs))
+    parts = []
+    for _, row in with_traces(rows).iterrows():
+        fractions = busy_fractions(read_trace(row), int(row.get("warmup_minibatches", 0) or 0))
+        parts.append(fractions.assign(series=row["series"], run_id=row["run_id"]))
+    busy = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["series", "rank",
+                                                                                   "busy_fraction"])
+    every = with_series(runs)
+    if "predicted_bubble_rate" not in every:
+        every = every.assign(predicted_bubble_rate=float("nan"))
+    return plot(busy, bubbles(rows), every[["series", "bubble_rate", "predicted_bubble_rate"]],
+                describe_setting(rows.iloc[0]))
+
+
+def render(inputs: Inputs) -> dict[str, object]:
+    return per_source(inputs.runs, NAME, draw, "runs.csv tables")
+
+
+if __name__ == "__main__":
+    from paper_figures.cli import main
+
+    sys.exit(main(only=NAME))
