@@ -9,8 +9,7 @@ from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import Timeline
 
 KIND_NAMES = ["fwd", "bwd", "microbatch", "sync", "optimizer", "minibatch"]
-COLUMNS = ["rank", "minibatch", "microbatch", "kind", "unit", "t0", "t1", "fwd_s", "tokens", "samples",
-           "loss_sum", "microbatches"]
+COLUMNS = ["rank", "minibatch", "microbatch", "kind", "unit", "t0", "t1", "fwd_s", "tokens", "samples", "loss_sum"]
 
 
 def trace_frame(layout: Layout, tl: Timeline, comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray,
@@ -47,7 +46,7 @@ def trace_frame(layout: Layout, tl: Timeline, comp: np.ndarray, nmb: np.ndarray,
     parts.append(dict(rank=r, minibatch=m, microbatch=minus1, kind=3, t0=sync0, t1=sync1))
     parts.append(dict(rank=r, minibatch=m, microbatch=minus1, kind=4, t0=sync1, t1=opt1))
     parts.append(dict(rank=r, minibatch=m, microbatch=minus1, kind=5, t0=offset[m], t1=opt1,
-                      loss_sum=np.full(m.size, np.nan), microbatches=nmb[m, r]))
+                      loss_sum=np.full(m.size, np.nan)))
 
     cols = {}
     for name in COLUMNS:
