@@ -183,3 +183,19 @@ def test_serial_gaps_grow_with_tokens_of_the_largest_microbatch_collective_or_ow
     # ODC: each rank pays its own; the minibatch ends with the slower one
     tl = odc(comp, np.array([[1, 1]]), tokens, c)
     assert tl.mb_t1[0, :, 0] == pytest.approx([1.0 + 0.1, 3.0 + 0.3])
+
+
+def test_a_whole_microbatch_fit_splits_into_units_that_add_back_up():
+    from odc_bench.sim.hardware import split_microbatch_fit
+
+    layout = Layout(compose_model())
+    fit = {"a": 0.3, "b": 0.05, "c": 0.01, "unit": 1000}
+    table = split_microbatch_fit(fit, layout, recompute=False)
+    docs = [300, 700]
+    per_kind = table @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
+    total = per_kind[layout.position_cost_index].sum()
+    x = np.array(docs) / 1000
+    assert total == pytest.approx(0.3 * (x**2).sum() + 0.05 * x.sum() + 0.01)
+    # recompute adds one forward to every layer's backward
+    again = split_microbatch_fit(fit, layout, recompute=True) @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
+    assert again[3] - per_kind[3] == pytest.approx(per_kind[2] - fit["c"] / (layout.positions - 1))

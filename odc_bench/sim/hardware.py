@@ -131,6 +131,9 @@ class GpuProfile:
     ring_step_s: float
     p2p_latency_s: float
     barrier_s: float
+    # A cost-model calibration of this device (`python -m odc_bench.calibrate` run on it): when
+    # set, compute comes from its measured microbatch times instead of FLOPs x efficiency.
+    compute_calibration: str | None = None
 
     def compute_table(self, layout: Layout, recompute: bool) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3).
@@ -139,6 +142,8 @@ class GpuProfile:
         checkpointing wraps the decoder layers). The embedding is memory-bound: a gather of
         rows forward, zeroing and scattering into the table's gradient backward.
         """
+        if self.compute_calibration:
+            return split_microbatch_fit(_load_json(self.compute_calibration), layout, recompute)
         cfg = layout.cfg
         mm = self.peak_tflops * 1e12 * self.matmul_efficiency
         attn = self.peak_tflops * 1e12 * self.attention_efficiency
@@ -189,6 +194,47 @@ class GpuProfile:
         # links at the same time: both see the two loads together.
         return EngineCosts(ag=zeros, rs=zeros, gather_load=np.where(bwd, gather + push, gather),
                            push_load=np.where(bwd, gather + push, 0.0), network=net, **common)
+
+
+def _load_json(path: str) -> dict:
+    p = Path(path)
+    p = p if p.is_absolute() else REPO_ROOT / p
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read compute calibration {p} ({e}); run `python -m odc_bench.calibrate` "
+                          f"on that device first") from None
+
+
+def split_microbatch_fit(fit: dict, layout: Layout, recompute: bool) -> np.ndarray:
+    """Per-unit costs from a whole-microbatch fit (odc_bench.calibrate's file: forward plus
+    backward seconds = a * sum((len/unit)^2) + b * sum(len/unit) + c).
+
+    The fit cannot tell units apart, so it is split by the FLOPs model: the quadratic term is
+    attention, all in the layers; the linear term goes to the layers and the head in proportion
+    to their matrix-multiply parameters; the constant is shared by every traced position; each
+    unit's backward takes two thirds of its share, its forward one third. With recompute a
+    layer's backward gains one forward.
+    """
+    try:
+        a, b, c, unit = (float(fit[k]) for k in ("a", "b", "c", "unit"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"compute calibration lacks a, b, c, unit ({e})") from None
+    cfg = layout.cfg
+    L = cfg.num_layers
+    layer_lin, head_lin = float(layer_linear_params(cfg)), float(cfg.hidden_size * cfg.vocab_size)
+    lin = b / unit / (L * layer_lin + head_lin)
+    c0 = c / (layout.positions - 1)
+    layer = np.array([c0, lin * layer_lin, a / unit**2 / L]) / 3
+    head = np.array([c0, lin * head_lin, 0.0]) / 3
+    bwd_layer = layer * (3.0 if recompute else 2.0)
+    bwd_layer[0] = c0
+    table = {
+        ("embed", "fwd"): (c0, 0.0, 0.0), ("embed", "bwd"): (0.0, 0.0, 0.0),
+        ("layer", "fwd"): (c0, layer[1], layer[2]), ("layer", "bwd"): tuple(bwd_layer),
+        ("head", "fwd"): (c0, head[1], 0.0), ("head", "bwd"): (c0, 2 * head[1], 0.0),
+    }
+    return np.array([table[(k, p)] for k in KINDS for p in PHASES])
 
 
 # AdamW on an fp32 shard: read parameter, gradient and both moments, write all but the gradient.
