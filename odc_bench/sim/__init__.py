@@ -97,7 +97,7 @@ def simulate(spec: RunSpec) -> Simulation:
         raise ConfigError(f"the simulator models engines {', '.join(SIM_ENGINES)}, not {engine!r}")
     layout = Layout(model_config_from(config))
     profile = profile_for(spec)
-    table = profile.compute_table(layout, bool(backend.get("recompute", False)))
+    table = profile.compute_table(layout, bool(backend.get("recompute", False)), engine)
     costs = profile.engine_costs(engine, layout, spec.world_size, config["precision"],
                                  int(backend.get("odc_gather_bytes", 4)))
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout)

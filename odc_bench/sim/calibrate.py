@@ -5,7 +5,8 @@ jobs per engine (LongAlign and SWE-smith length profiles, so documents span a wi
 lengths), then fits from their traces and writes results/calibration/sim-<model>-cpu.json:
 
 - compute: per unit kind (embed, layer, head) and direction, seconds = c0 + c_tok * tokens +
-  c_sq * sum of squared document lengths (least squares, coefficients kept non-negative);
+  c_sq * sum of squared document lengths (least squares, coefficients kept non-negative), over
+  all runs and per engine (an engine's helper threads share the core with compute);
 - per engine, the serial gap before each kind of position and after a microbatch's last
   position (tail), each as seconds + seconds per token of the microbatch (least squares; the
   gaps grow with the microbatch's size), the mean gap before a microbatch's first position
@@ -163,6 +164,8 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     layout = Layout(model_config_from(first.config))
     units = pd.concat([unit_frame(spec, ev, layout) for pairs in runs.values() for spec, ev in pairs])
     engines = {engine: fit_engine(pairs, engine, layout) for engine, pairs in runs.items()}
+    for engine, pairs in runs.items():
+        engines[engine]["compute"] = fit_compute(pd.concat([unit_frame(spec, ev, layout) for spec, ev in pairs]))
     c = first.config
     return dict(version=1, model=c["model"]["name"], world_size=first.world_size,
                 threads_per_rank=c.get("threads_per_rank"), host=socket.gethostname(),

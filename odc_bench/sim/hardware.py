@@ -135,7 +135,7 @@ class GpuProfile:
     # set, compute comes from its measured microbatch times instead of FLOPs x efficiency.
     compute_calibration: str | None = None
 
-    def compute_table(self, layout: Layout, recompute: bool) -> np.ndarray:
+    def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3).
 
         Backward is twice the forward's FLOPs, plus one forward with recompute (layers only:
@@ -249,10 +249,12 @@ class CalibratedProfile:
     path: Path
     data: dict
 
-    def compute_table(self, layout: Layout, recompute: bool) -> np.ndarray:
+    def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
+        """The engine's own fit when there is one: on CPU an engine's helper threads (ODC's
+        prefetching gathers) share the core with compute and slow it."""
         if recompute:
             raise ConfigError("the calibrated CPU profile has no activation checkpointing; set backend.recompute=false")
-        comp = self.data["compute"]
+        comp = self.data.get("engines", {}).get(engine, {}).get("compute") or self.data["compute"]
         return np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
@@ -304,13 +306,18 @@ def load_profile(hw: dict, model_name: str) -> Profile:
 
 def check_calibration(data: dict, path: Path) -> None:
     """The calibration format (docs/simulator.md): refuse a file that lacks a number we need."""
-    try:
+    def check_compute(comp: dict, where: str) -> None:
         for k in KINDS:
             for p in PHASES:
-                coeffs = data["compute"][k][p]
+                coeffs = comp[k][p]
                 if len(coeffs) != 3 or not all(math.isfinite(c) for c in coeffs):
-                    raise ValueError(f"compute.{k}.{p} must be three finite numbers")
+                    raise ValueError(f"{where}.{k}.{p} must be three finite numbers")
+
+    try:
+        check_compute(data["compute"], "compute")
         for name, e in data.get("engines", {}).items():
+            if "compute" in e:
+                check_compute(e["compute"], f"engines.{name}.compute")
             missing = [key for key in ENGINE_KEYS if key not in e]
             if missing:
                 raise ValueError(f"engines.{name} lacks {', '.join(missing)}")
