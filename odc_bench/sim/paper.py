@@ -26,7 +26,8 @@ from odc_bench.sim.hardware import REPO_ROOT
 RESULTS = REPO_ROOT / "results" / "sim" / "paper"
 DOCS = REPO_ROOT / "docs" / "simulator_paper.md"
 SWEEPS = REPO_ROOT / "sweeps"
-PAPER_SETTINGS = ("backend/hardware=a100", "precision=bf16", "backend.recompute=true", "backend.write_trace=false")
+PAPER_SETTINGS = ("backend=sim", "backend/hardware=a100", "precision=bf16", "backend.recompute=true",
+                  "backend.write_trace=false")
 
 
 def run(results_dir: Path) -> None:
