@@ -22,7 +22,7 @@ from odc_bench.launch import slurm
 from odc_bench.launch.local import RunFailed, run_local
 from odc_bench.metrics import events_frame, minibatch_losses, summarize
 from odc_bench.provenance import REPO_ROOT, git_commit
-from odc_bench.results import SCHEMA_VERSION, append_row, completed_keys, write_trace
+from odc_bench.results import SCHEMA_VERSION, append_row, completed_keys, write_trace, write_trace_frame
 
 SWEEPS_DIR = Path(os.environ.get("ODC_SWEEPS_DIR", REPO_ROOT / "sweeps"))
 
@@ -54,13 +54,13 @@ def base_row(spec: RunSpec) -> dict:
 
 
 def execute(spec: RunSpec, results_dir: Path, launch: Callable[..., list[dict] | None] = run_local) -> dict | None:
-    """Run the ranks, summarise their traces, and record the row (failed runs too).
+    """Run the ranks (or simulate them), summarise their traces, and record the row (failed runs too).
 
     Returns None in a SLURM task other than rank 0: rank 0 gathers the ranks and records the row.
     """
+    if spec.config["backend"]["name"] == "sim":
+        return execute_sim(spec, results_dir)
     row = base_row(spec)
-    warmup = int(spec.config["warmup_minibatches"])
-    measured = spec.minibatches[warmup:]
     try:
         results = launch(spec, deadline_s=spec.config.get("deadline_s"))
     except RunFailed as e:
@@ -73,11 +73,34 @@ def execute(spec: RunSpec, results_dir: Path, launch: Callable[..., list[dict] |
     trace_path = results_dir / "traces" / f"{spec.run_id}.csv"
     write_trace(trace_path, events.to_dict("records"))
     losses = minibatch_losses(events, [mb.labelled_tokens for mb in spec.minibatches])
-    row.update(summarize(events, spec.world_size, warmup, samples=sum(len(mb.lengths) for mb in measured),
-                         tokens=sum(sum(mb.lengths) for mb in measured)))
+    row.update(summary(spec, events))
     row.update(status="ok", error="", peak_mem_mb=max(r["peak_bytes"] + r["heap_bytes"] for r in results) / 2**20,
                heap_mb=max(r["heap_bytes"] for r in results) / 2**20, loss_first=losses[0],
                loss_last=losses[-1], trace=str(trace_path.relative_to(results_dir)))
+    append_row(results_dir / "runs.csv", row)
+    return row
+
+
+def summary(spec: RunSpec, events) -> dict:
+    """The row's timing columns from a trace, real or simulated alike."""
+    warmup = int(spec.config["warmup_minibatches"])
+    measured = spec.minibatches[warmup:]
+    return summarize(events, spec.world_size, warmup, samples=sum(len(mb.lengths) for mb in measured),
+                     tokens=sum(sum(mb.lengths) for mb in measured))
+
+
+def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
+    """The simulator's row: same columns; no losses or memory, which it does not model."""
+    from odc_bench.sim import simulate
+
+    row = base_row(spec)
+    events = simulate(spec).events
+    row.update(summary(spec, events))
+    row.update(status="ok", error="", trace="")
+    if spec.config["backend"].get("write_trace", True):
+        trace_path = results_dir / "traces" / f"{spec.run_id}.csv"
+        write_trace_frame(trace_path, events)
+        row["trace"] = str(trace_path.relative_to(results_dir))
     append_row(results_dir / "runs.csv", row)
     return row
 
@@ -109,12 +132,13 @@ def run_job(cfg: DictConfig) -> dict | list[dict] | None:
     try:
         spec = resolve(cfg)
         check_results_dir(results_dir)
+        if spec.run_id in completed_keys(results_dir / "runs.csv"):
+            print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'}; skipped")
+            return None
+        # The simulator checks its hardware profile only when it runs: a ConfigError, no row.
+        row = execute(spec, results_dir, slurm.run_ranks if slurm.in_task() else run_local)
     except ConfigError as e:
         fail_config(e)
-    if spec.run_id in completed_keys(results_dir / "runs.csv"):
-        print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'}; skipped")
-        return None
-    row = execute(spec, results_dir, slurm.run_ranks if slurm.in_task() else run_local)
     if row is None:
         return None
     print_row(row)

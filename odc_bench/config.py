@@ -28,6 +28,9 @@ from odc_core.engine import ENGINES
 
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("local", "sim")
+# Engines the simulator models; it runs them whether or not the real engine is installed.
+SIM_ENGINES = ("collective", "odc")
 
 
 class ConfigError(ValueError):
@@ -239,7 +242,10 @@ def resolve(cfg: DictConfig) -> RunSpec:
     _seconds(cfg, "deadline_s", optional=True)
     _require(cfg.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     check_device(cfg)
-    _require(cfg.engine.name in ENGINES, f"unknown engine {cfg.engine.name!r}; choose one of {', '.join(ENGINES)}")
+    _require(cfg.backend.name in BACKENDS,
+             f"unknown backend {cfg.backend.name!r}; choose one of {', '.join(BACKENDS)}")
+    engines = SIM_ENGINES if cfg.backend.name == "sim" else ENGINES
+    _require(cfg.engine.name in engines, f"unknown engine {cfg.engine.name!r}; choose one of {', '.join(engines)}")
     engine_options_of(cfg)
     _require(cfg.balancer.name in BALANCERS,
              f"unknown balancer {cfg.balancer.name!r}; choose one of {', '.join(sorted(BALANCERS))}")

@@ -158,11 +158,15 @@ def append_rows(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> 
 
 
 def write_trace(path: Path, events: list[dict]) -> None:
+    write_trace_frame(path, pd.DataFrame(events))
+
+
+def write_trace_frame(path: Path, events: pd.DataFrame) -> None:
     # A trace has one writer, its run (a sweep never runs one config twice at once), so
     # temporaries of the same name were left by a killed attempt at this run.
     for stale in _stale_temporaries(path):
         stale.unlink(missing_ok=True)
-    atomic_write_text(path, pd.DataFrame(events).to_csv(index=False))
+    atomic_write_text(path, events.to_csv(index=False))
 
 
 def completed_keys(path: Path) -> set[str]:

@@ -1,0 +1,210 @@
+"""Fit the simulator's CPU profile from real runs on this machine.
+
+`python -m odc_bench.sim.calibrate [--engines collective odc] [OVERRIDES]` runs a few real
+jobs per engine (LongAlign and SWE-smith length profiles, so documents span a wide range of
+lengths), then fits from their traces and writes results/calibration/sim-<model>-cpu.json:
+
+- compute: per unit kind (embed, layer, head) and direction, seconds = c0 + c_tok * tokens +
+  c_sq * sum of squared document lengths (least squares, coefficients kept non-negative), over
+  all runs and per engine (an engine's helper threads share the core with compute);
+- per engine, the serial gap before each kind of position and after a microbatch's last
+  position (tail), each as seconds + seconds per token of the microbatch (least squares; the
+  gaps grow with the microbatch's size), the mean gap before a microbatch's first position
+  (prep), the sync's own cost, and the optimizer's seconds per owned parameter.
+
+Gaps are defined so that the simulator's recurrences reproduce the calibration traces:
+collective (a barrier per position): gap = rise of the latest end over ranks minus the
+largest compute, against the most tokens over ranks; ODC (ranks independent): gap = a
+rank's start minus its previous end, against its own tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from hydra import compose, initialize_config_module
+
+from odc_bench.config import RunSpec, resolve
+from odc_bench.results import atomic_write_text
+from odc_bench.sim import model_config_from
+from odc_bench.sim.hardware import GAP_CLASSES, REPO_ROOT
+from odc_bench.sim.layout import KINDS, PHASES, Layout
+
+DEFAULT_RUNS = (("dataset=longalign",), ("dataset=swe_smith",))
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_module("odc_bench.conf", version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def unit_frame(spec: RunSpec, events: pd.DataFrame, layout: Layout) -> pd.DataFrame:
+    """Measured fwd/bwd spans with their microbatch's features and position index."""
+    warmup = int(spec.config["warmup_minibatches"])
+    units = events[events["kind"].isin(PHASES) & (events["minibatch"] >= warmup)].copy()
+    feats = {}
+    for k, mb in enumerate(spec.minibatches):
+        for r, rank in enumerate(mb.plan):
+            for j, micro in enumerate(rank):
+                docs = [mb.lengths[i] for i in micro]
+                feats[(r, k, j)] = (sum(docs), sum(d * d for d in docs))
+    key = list(zip(units["rank"], units["minibatch"], units["microbatch"], strict=True))
+    units["tokens"] = [feats[x][0] for x in key]
+    units["sq"] = [feats[x][1] for x in key]
+    names = {n: i for i, n in enumerate(layout.unit_names)}
+    u = units["unit"].map(names).to_numpy()
+    phase = (units["kind"] == "bwd").to_numpy()
+    units["pos"] = np.where(phase, 2 * layout.units - 1 - u, u)
+    units["cost"] = layout.unit_kind[u] * 2 + phase
+    units["dur"] = units["t1"] - units["t0"]
+    units["run"] = spec.run_id
+    return units
+
+
+def nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0: refit without the columns that came out negative."""
+    keep = np.ones(x.shape[1], dtype=bool)
+    while True:
+        coef = np.zeros(x.shape[1])
+        coef[keep] = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
+        if (coef >= 0).all():
+            return coef
+        keep &= coef > 0
+
+
+def fit_compute(units: pd.DataFrame) -> dict:
+    out: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
+    for i, (kind, phase) in enumerate((k, p) for k in KINDS for p in PHASES):
+        rows = units[units["cost"] == i]
+        if rows.empty:  # the embeddings' backward: never traced, part of the tail gap
+            out[kind][phase] = [0.0, 0.0, 0.0]
+            continue
+        # Average the layers of one microbatch first: the same work, measured several times.
+        g = rows.groupby(["run", "rank", "minibatch", "microbatch"]).agg(tokens=("tokens", "first"), sq=("sq", "first"),
+                                                                  dur=("dur", "mean"))
+        x = np.column_stack([np.ones(len(g)), g["tokens"], g["sq"]]).astype(float)
+        out[kind][phase] = [float(c) for c in nonneg_lstsq(x, g["dur"].to_numpy())]
+    return out
+
+
+def position_class(layout: Layout) -> np.ndarray:
+    """GAP_CLASSES index of every traced position."""
+    U, L = layout.units, layout.cfg.num_layers
+    cls = np.empty(layout.positions - 1, dtype=int)
+    cls[0], cls[1:1 + L], cls[U - 1] = 0, 1, 2
+    cls[U], cls[U + 1:2 * U - 1] = 3, 4
+    return cls
+
+
+def fit_gaps(engine: str, spec: RunSpec, events: pd.DataFrame, layout: Layout) -> tuple[dict, dict]:
+    """Per gap class, (tokens, gap) samples; plus the sync cost and optimizer time of one run."""
+    units = unit_frame(spec, events, layout)
+    warmup = int(spec.config["warmup_minibatches"])
+    ev = events[events["minibatch"] >= warmup]
+    micro = ev[ev["kind"] == "microbatch"].set_index(["rank", "minibatch", "microbatch"]).sort_index()
+    P1 = layout.positions - 1
+    start = units.pivot_table(index=["minibatch", "microbatch", "pos"], columns="rank", values="t0")
+    end = units.pivot_table(index=["minibatch", "microbatch", "pos"], columns="rank", values="t1")
+    cls = position_class(layout)
+    samples: dict[int, list[tuple[float, float]]] = {c: [] for c in range(len(GAP_CLASSES))}
+    for (m, j), s in start.groupby(level=[0, 1]):
+        s = s.droplevel([0, 1]).reindex(range(P1))
+        e = end.loc[(m, j)].reindex(range(P1))
+        mb = micro.xs((m, j), level=[1, 2]).reindex(s.columns)
+        if engine == "collective":
+            most = float(mb["tokens"].max())
+            latest = np.concatenate([[mb["t0"].max()], e.max(axis=1).to_numpy()])
+            step = np.diff(latest) - (e - s).max(axis=1).to_numpy()
+            for p in range(P1):
+                samples[cls[p]].append((most, step[p]))
+            samples[5].append((most, mb["t1"].mean() - latest[-1]))
+        else:
+            step = s.to_numpy() - np.vstack([mb["t0"].to_numpy(), e.to_numpy()[:-1]])
+            own = mb["tokens"].to_numpy()
+            for p in range(P1):
+                samples[cls[p]].extend(zip(own, step[p], strict=True))
+            samples[5].extend(zip(own, mb["t1"].to_numpy() - e.to_numpy()[-1], strict=True))
+    preps = [d for _, g in micro.groupby(level=[0, 1]) for d in g["t0"].to_numpy()[1:] - g["t1"].to_numpy()[:-1]]
+    sync = ev[ev["kind"] == "sync"].assign(d=lambda x: x["t1"] - x["t0"]).groupby("minibatch")["d"].min()
+    opt = ev[ev["kind"] == "optimizer"].assign(d=lambda x: x["t1"] - x["t0"])["d"]
+    params = float(layout.unit_params.sum()) / spec.world_size
+    scalars = dict(prep=preps, sync=list(sync), optimizer_per_param=list(opt / params))
+    return samples, scalars
+
+
+def fit_engine(pairs: list[tuple[RunSpec, pd.DataFrame]], engine: str, layout: Layout) -> dict:
+    """Gap = a + b x tokens per class (least squares over every run's samples, a, b >= 0)."""
+    samples: dict[int, list] = {c: [] for c in range(len(GAP_CLASSES))}
+    scalars: dict[str, list] = {}
+    for spec, events in pairs:
+        s, sc = fit_gaps(engine, spec, events, layout)
+        for c in samples:
+            samples[c] += s[c]
+        for k, v in sc.items():
+            scalars.setdefault(k, []).extend(v)
+    out = {}
+    for c, name in enumerate(GAP_CLASSES):
+        xy = np.array(samples[c], dtype=float).reshape(-1, 2)
+        xy = xy[~np.isnan(xy).any(axis=1)]
+        coef = nonneg_lstsq(np.column_stack([np.ones(len(xy)), xy[:, 0]]), xy[:, 1]) if len(xy) else np.zeros(2)
+        out[name] = [float(coef[0]), float(coef[1])]
+    out.update({k: float(np.mean(v)) if v else 0.0 for k, v in scalars.items()})
+    return out
+
+
+def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
+    """Calibration data from real runs: {engine: [(spec, events), ...]} of one model and world size."""
+    first = next(iter(runs.values()))[0][0]
+    layout = Layout(model_config_from(first.config))
+    units = pd.concat([unit_frame(spec, ev, layout) for pairs in runs.values() for spec, ev in pairs])
+    engines = {engine: fit_engine(pairs, engine, layout) for engine, pairs in runs.items()}
+    for engine, pairs in runs.items():
+        engines[engine]["compute"] = fit_compute(pd.concat([unit_frame(spec, ev, layout) for spec, ev in pairs]))
+    c = first.config
+    return dict(version=1, model=c["model"]["name"], world_size=first.world_size,
+                threads_per_rank=c.get("threads_per_rank"), host=socket.gethostname(),
+                date=time.strftime("%Y-%m-%d"), compute=fit_compute(units), engines=engines,
+                runs={e: [spec.run_id for spec, _ in pairs] for e, pairs in runs.items()})
+
+
+def calibration_path(model: str) -> Path:
+    return REPO_ROOT / "results" / "calibration" / f"sim-{model}-cpu.json"
+
+
+def run_real(overrides: list[str], results_dir: Path) -> tuple[RunSpec, pd.DataFrame]:
+    """One real job through the app; returns its spec and trace."""
+    from odc_bench.app import execute
+
+    spec = resolve(compose_config([*overrides, "backend=local", f"results_dir={results_dir}"]))
+    row = execute(spec, results_dir)
+    if row["status"] != "ok":
+        raise RuntimeError(f"calibration run failed: {row['error']}")
+    return spec, pd.read_csv(results_dir / row["trace"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", nargs="+", default=["collective"])
+    ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "calibration")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/calibration/sim-<model>-cpu.json")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every calibration run, e.g. model=tiny")
+    args = ap.parse_args(argv)
+    base = ["num_minibatches=10", "warmup_minibatches=2", *args.overrides]
+    runs: dict[str, list] = {}
+    for extra in DEFAULT_RUNS:
+        for engine in args.engines:  # engines interleaved, so both see the same machine load
+            runs.setdefault(engine, []).append(run_real([*base, *extra, f"engine={engine}"], args.results_dir))
+    data = fit(runs)
+    out = args.out or calibration_path(data["model"])
+    atomic_write_text(out, json.dumps(data, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""Hardware profiles: how long a unit computes and how long ranks take to exchange it.
+
+Two kinds of profile give the timelines the same `EngineCosts`:
+
+- `gpu`: compute from the FLOPs model (models/flops.py) at a stated share of the device's
+  peak, communication from link bandwidth and latency, running beside compute (CUDA streams);
+- `calibrated`: this machine's CPU ranks, fitted from real traces by `odc_bench.sim.calibrate`
+  (per-unit compute as a function of document lengths, and the measured per-position gaps
+  that gloo collectives, hooks and copies add in line with compute).
+
+Every number of the GPU profiles and its source is in docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from odc_bench.config import ConfigError
+from odc_bench.models.flops import layer_linear_params
+from odc_bench.sim.layout import KINDS, PHASES, Layout
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GB = 1e9
+# Gap classes of a calibrated profile: the serial time before each kind of position, then
+# after the last one (the untraced embedding backward, final reduce-scatters, hooks).
+GAP_CLASSES = ("fwd_embed", "fwd_layer", "fwd_head", "bwd_head", "bwd_layer", "tail")
+ENGINE_KEYS = (*GAP_CLASSES, "prep", "sync", "optimizer_per_param")
+
+
+@dataclass(frozen=True)
+class Network:
+    """Point-to-point transfers of one unit between a rank and the shards' owners.
+
+    A unit of `nbytes` is sharded evenly over `world` ranks, `gpus_per_node` to a node. A
+    transfer moves one shard between this rank and every other owner. Its time is the largest
+    load over the resources it crosses, each shared evenly by the ranks active at that moment:
+    this rank's link, the busiest owner's link, this node's NIC and the busiest remote NIC.
+    """
+
+    world: int
+    gpus_per_node: int
+    link_Bps: float
+    nic_Bps: float
+    latency_s: float
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.gpus_per_node
+
+    def node_of(self) -> np.ndarray:
+        return np.arange(self.world) // self.gpus_per_node
+
+    def transfer_time(self, nbytes: float | np.ndarray, k_loc: np.ndarray, k_tot: np.ndarray,
+                      k_min_remote: np.ndarray) -> np.ndarray:
+        """Seconds for one rank's transfer with k_loc active ranks in its node (itself included),
+        k_tot active in all, and k_min_remote active in the least busy other node."""
+        n, g = self.world, self.gpus_per_node
+        if n == 1:
+            return np.zeros(np.shape(k_loc))
+        share = np.asarray(nbytes, dtype=float) / n
+        own_link = (g - 1) * share / self.link_Bps
+        # The busiest other owner in the node: an idle one serves every active rank, a busy
+        # one all but itself.
+        served = np.where(k_loc < g, k_loc, k_loc - 1) if g > 1 else np.zeros_like(k_loc)
+        owner_link = served * share / self.link_Bps
+        t = np.maximum(own_link, owner_link)
+        if n > g:
+            own_nic = k_loc * (n - g) * share / self.nic_Bps
+            remote_nic = (k_tot - k_min_remote) * g * share / self.nic_Bps
+            t = np.maximum(t, np.maximum(own_nic, remote_nic))
+        return self.latency_s + t
+
+
+@dataclass(frozen=True)
+class EngineCosts:
+    """What an engine's timeline needs besides compute, per microbatch position.
+
+    pre + pre_tok x tokens: serial seconds before each position's compute (overheads; on CPU
+    also communication), tokens being the microbatch's (collective: the most over ranks);
+    tail + tail_tok x tokens, prep: serial seconds after a microbatch's last position / before
+    its first;
+    ag/rs: collective all-gather before, reduce-scatter after each position (seconds), running
+    beside compute; zero on CPU, where they are part of `pre`;
+    gather_load/push_load: bytes an ODC gather before / push after each position moves through
+    `network`, beside compute (none on CPU).
+    """
+
+    pre: np.ndarray
+    pre_tok: np.ndarray
+    tail: float
+    tail_tok: float
+    prep: float
+    ag: np.ndarray
+    rs: np.ndarray
+    gather_load: np.ndarray
+    push_load: np.ndarray
+    sync_s: float
+    optimizer_s: float
+    barrier_s: float
+    network: Network | None = None
+
+
+def ring_time(nbytes: np.ndarray, n: int, bus_Bps: float, base_s: float, step_s: float) -> np.ndarray:
+    """A ring all-gather or reduce-scatter: (n-1)/n of the bytes through the bus, n-1 hops."""
+    if n == 1:
+        return np.zeros_like(nbytes)
+    return base_s + (n - 1) * step_s + (n - 1) / n * nbytes / bus_Bps
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    peak_tflops: float
+    matmul_efficiency: float
+    attention_efficiency: float
+    unit_overhead_s: float
+    hbm_gbps: float
+    memory_efficiency: float
+    optimizer_overhead_s: float
+    gpus_per_node: int
+    link_gbps: float
+    link_efficiency: float
+    nic_gbps: float
+    nic_efficiency: float
+    collective_latency_s: float
+    ring_step_s: float
+    p2p_latency_s: float
+    barrier_s: float
+    # A cost-model calibration of this device (`python -m odc_bench.calibrate` run on it): when
+    # set, compute comes from its measured microbatch times instead of FLOPs x efficiency.
+    compute_calibration: str | None = None
+
+    def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
+        """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3).
+
+        Backward is twice the forward's FLOPs, plus one forward with recompute (layers only:
+        checkpointing wraps the decoder layers). The embedding is memory-bound: a gather of
+        rows forward, zeroing and scattering into the table's gradient backward.
+        """
+        if self.compute_calibration:
+            return split_microbatch_fit(_load_json(self.compute_calibration), layout, recompute)
+        cfg = layout.cfg
+        mm = self.peak_tflops * 1e12 * self.matmul_efficiency
+        attn = self.peak_tflops * 1e12 * self.attention_efficiency
+        mem = self.hbm_gbps * GB * self.memory_efficiency
+        c0 = self.unit_overhead_s
+        h, v = cfg.hidden_size, cfg.vocab_size
+        layer_tok, layer_sq = 2.0 * layer_linear_params(cfg) / mm, 2.0 * h / attn
+        bwd_factor = 3.0 if recompute else 2.0
+        head_tok = 2.0 * h * v / mm
+        table = {
+            ("embed", "fwd"): (c0, 2 * h * 2 / mem, 0.0),
+            ("embed", "bwd"): (c0 + v * h * 4 / mem, 2 * h * 4 / mem, 0.0),
+            ("layer", "fwd"): (c0, layer_tok, layer_sq),
+            ("layer", "bwd"): (c0, bwd_factor * layer_tok, bwd_factor * layer_sq),
+            ("head", "fwd"): (c0, head_tok, 0.0),
+            ("head", "bwd"): (c0, 2 * head_tok, 0.0),
+        }
+        return np.array([table[(k, p)] for k in KINDS for p in PHASES])
+
+    def network(self, world: int) -> Network:
+        g = min(self.gpus_per_node, world)
+        if world % g:
+            raise ConfigError(f"world_size {world} does not fill whole nodes of {self.gpus_per_node} GPUs; "
+                              f"use a multiple of {self.gpus_per_node}")
+        return Network(world, g, self.link_gbps * GB * self.link_efficiency,
+                       self.nic_gbps * GB * self.nic_efficiency, self.p2p_latency_s)
+
+    def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
+                     odc_gather_bytes: int) -> EngineCosts:
+        net = self.network(world)
+        params = layout.unit_params[layout.position_unit]
+        bwd = layout.position_phase == 1
+        zeros = np.zeros(layout.positions)
+        bus = net.link_Bps if world <= net.gpus_per_node else net.nic_Bps
+        param_bytes = 2 if precision == "bf16" else 4
+        optimizer_s = self.optimizer_overhead_s + float(layout.unit_params.sum()) / world * ADAMW_BYTES / (
+            self.hbm_gbps * GB * self.memory_efficiency)
+        common = dict(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, sync_s=0.0,
+                      optimizer_s=optimizer_s,
+                      barrier_s=self.barrier_s if world > 1 else 0.0)
+        if engine == "collective":
+            ag = ring_time(params * param_bytes, world, bus, self.collective_latency_s, self.ring_step_s)
+            rs = np.where(bwd, ring_time(params * 4, world, bus, self.collective_latency_s, self.ring_step_s), 0.0)
+            return EngineCosts(ag=ag, rs=rs, gather_load=zeros, push_load=zeros, **common)
+        gather = params * odc_gather_bytes
+        push = np.where(bwd, params * 4, 0.0)
+        # In backward a rank's gathers and pushes, and its peers' into its shard, cross the same
+        # links at the same time: both see the two loads together.
+        return EngineCosts(ag=zeros, rs=zeros, gather_load=np.where(bwd, gather + push, gather),
+                           push_load=np.where(bwd, gather + push, 0.0), network=net, **common)
+
+
+def _load_json(path: str) -> dict:
+    p = Path(path)
+    p = p if p.is_absolute() else REPO_ROOT / p
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read compute calibration {p} ({e}); run `python -m odc_bench.calibrate` "
+                          f"on that device first") from None
+
+
+def split_microbatch_fit(fit: dict, layout: Layout, recompute: bool) -> np.ndarray:
+    """Per-unit costs from a whole-microbatch fit (odc_bench.calibrate's file: forward plus
+    backward seconds = a * sum((len/unit)^2) + b * sum(len/unit) + c).
+
+    The fit cannot tell units apart, so it is split by the FLOPs model: the quadratic term is
+    attention, all in the layers; the linear term goes to the layers and the head in proportion
+    to their matrix-multiply parameters; the constant is shared by every traced position; each
+    unit's backward takes two thirds of its share, its forward one third. With recompute a
+    layer's backward gains one forward.
+    """
+    try:
+        a, b, c, unit = (float(fit[k]) for k in ("a", "b", "c", "unit"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"compute calibration lacks a, b, c, unit ({e})") from None
+    cfg = layout.cfg
+    L = cfg.num_layers
+    layer_lin, head_lin = float(layer_linear_params(cfg)), float(cfg.hidden_size * cfg.vocab_size)
+    lin = b / unit / (L * layer_lin + head_lin)
+    c0 = c / (layout.positions - 1)
+    layer = np.array([c0, lin * layer_lin, a / unit**2 / L]) / 3
+    head = np.array([c0, lin * head_lin, 0.0]) / 3
+    bwd_layer = layer * (3.0 if recompute else 2.0)
+    bwd_layer[0] = c0
+    table = {
+        ("embed", "fwd"): (c0, 0.0, 0.0), ("embed", "bwd"): (0.0, 0.0, 0.0),
+        ("layer", "fwd"): (c0, layer[1], layer[2]), ("layer", "bwd"): tuple(bwd_layer),
+        ("head", "fwd"): (c0, head[1], 0.0), ("head", "bwd"): (c0, 2 * head[1], 0.0),
+    }
+    return np.array([table[(k, p)] for k in KINDS for p in PHASES])
+
+
+# AdamW on an fp32 shard: read parameter, gradient and both moments, write all but the gradient.
+ADAMW_BYTES = 28
+
+
+@dataclass(frozen=True)
+class CalibratedProfile:
+    """This machine's CPU ranks: compute and per-position gaps fitted from real traces."""
+
+    name: str
+    path: Path
+    data: dict
+
+    def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
+        """The engine's own fit when there is one: on CPU an engine's helper threads (ODC's
+        prefetching gathers) share the core with compute and slow it."""
+        if recompute:
+            raise ConfigError("the calibrated CPU profile has no activation checkpointing; set backend.recompute=false")
+        comp = self.data.get("engines", {}).get(engine, {}).get("compute") or self.data["compute"]
+        return np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
+
+    def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
+                     odc_gather_bytes: int) -> EngineCosts:
+        e = self.data.get("engines", {}).get(engine)
+        if e is None:
+            raise ConfigError(f"{self.path} has no {engine} timings; run "
+                              f"`python -m odc_bench.sim.calibrate engine={engine} model={self.data['model']}`")
+        calibrated_world = int(self.data["world_size"])
+        if world != calibrated_world:
+            raise ConfigError(f"{self.path} was calibrated with world_size={calibrated_world}, not {world}; "
+                              f"calibrate again with world_size={world}")
+        L, U = layout.cfg.num_layers, layout.units
+        pre = np.zeros((2, layout.positions))
+        pre[:, 0], pre[:, U - 1], pre[:, U] = e["fwd_embed"], e["fwd_head"], e["bwd_head"]
+        pre[:, 1:1 + L] = np.array(e["fwd_layer"])[:, None]
+        pre[:, U + 1:2 * U - 1] = np.array(e["bwd_layer"])[:, None]
+        zeros = np.zeros(layout.positions)
+        return EngineCosts(pre=pre[0], pre_tok=pre[1], tail=e["tail"][0], tail_tok=e["tail"][1], prep=e["prep"],
+                           ag=zeros, rs=zeros,
+                           gather_load=zeros, push_load=zeros, sync_s=e["sync"],
+                           optimizer_s=e["optimizer_per_param"] * float(layout.unit_params.sum()) / world,
+                           barrier_s=0.0)
+
+
+Profile = GpuProfile | CalibratedProfile
+
+
+def load_profile(hw: dict, model_name: str) -> Profile:
+    """The profile a config's backend.hardware describes; ConfigError when it cannot be used."""
+    kind = hw.get("kind")
+    fields = {k: v for k, v in hw.items() if k not in ("kind",)}
+    if kind == "gpu":
+        try:
+            return GpuProfile(**fields)
+        except TypeError as e:
+            raise ConfigError(f"hardware profile {hw.get('name')!r}: {e}") from None
+    if kind == "calibrated":
+        path = Path(str(hw["calibration"]).format(model=model_name))
+        path = path if path.is_absolute() else REPO_ROOT / path
+        if not path.exists():
+            raise ConfigError(f"no calibration {path} for model {model_name}; run "
+                              f"`python -m odc_bench.sim.calibrate model={model_name}` on this machine first")
+        data = json.loads(path.read_text())
+        check_calibration(data, path)
+        return CalibratedProfile(hw["name"], path, data)
+    raise ConfigError(f"hardware kind must be gpu or calibrated, got {kind!r}")
+
+
+def check_calibration(data: dict, path: Path) -> None:
+    """The calibration format (docs/simulator.md): refuse a file that lacks a number we need."""
+    def check_compute(comp: dict, where: str) -> None:
+        for k in KINDS:
+            for p in PHASES:
+                coeffs = comp[k][p]
+                if len(coeffs) != 3 or not all(math.isfinite(c) for c in coeffs):
+                    raise ValueError(f"{where}.{k}.{p} must be three finite numbers")
+
+    try:
+        check_compute(data["compute"], "compute")
+        for name, e in data.get("engines", {}).items():
+            if "compute" in e:
+                check_compute(e["compute"], f"engines.{name}.compute")
+            missing = [key for key in ENGINE_KEYS if key not in e]
+            if missing:
+                raise ValueError(f"engines.{name} lacks {', '.join(missing)}")
+            if any(len(e[key]) != 2 for key in GAP_CLASSES):
+                raise ValueError(f"engines.{name}: every gap is [seconds, seconds per token]")
+        int(data["world_size"])
+        str(data["model"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"calibration {path} is malformed ({e}); recreate it with python -m odc_bench.sim.calibrate")\
+            from None

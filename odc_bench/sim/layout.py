@@ -1,0 +1,74 @@
+"""Where a microbatch's time goes, position by position: the units in execution order.
+
+A microbatch runs 2U positions for U units (embed, layer0..layerN-1, head): forward over
+every unit, then backward from the head down to the embeddings. The embeddings' backward
+is not a traced span in real runs (its input carries no gradient, see models/qwen2.py), so
+the simulator computes it but, like a real run, records no event for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from odc_bench.models.flops import layer_linear_params
+from odc_bench.models.qwen2 import Qwen2Config
+
+KINDS = ("embed", "layer", "head")
+PHASES = ("fwd", "bwd")
+
+
+@dataclass(frozen=True)
+class Layout:
+    cfg: Qwen2Config
+
+    @property
+    def units(self) -> int:
+        return self.cfg.num_layers + 2
+
+    @property
+    def positions(self) -> int:
+        return 2 * self.units
+
+    @cached_property
+    def unit_names(self) -> list[str]:
+        return ["embed", *(f"layer{i}" for i in range(self.cfg.num_layers)), "head"]
+
+    @cached_property
+    def unit_kind(self) -> np.ndarray:
+        """Index into KINDS of every unit."""
+        return np.array([0] + [1] * self.cfg.num_layers + [2])
+
+    @cached_property
+    def unit_params(self) -> np.ndarray:
+        """Parameters of every unit: what FSDP shards, gathers and reduces per unit."""
+        c = self.cfg
+        kv = c.num_kv_heads * c.head_dim
+        layer = layer_linear_params(c) + c.hidden_size + 2 * kv + 2 * c.hidden_size  # qkv biases, two norms
+        embed = c.vocab_size * c.hidden_size
+        head = c.vocab_size * c.hidden_size + c.hidden_size
+        return np.array([embed] + [layer] * c.num_layers + [head], dtype=np.float64)
+
+    @cached_property
+    def position_unit(self) -> np.ndarray:
+        u = np.arange(self.units)
+        return np.concatenate([u, u[::-1]])
+
+    @cached_property
+    def position_phase(self) -> np.ndarray:
+        """0 forward, 1 backward."""
+        return np.repeat([0, 1], self.units)
+
+    @cached_property
+    def position_cost_index(self) -> np.ndarray:
+        """Column of a (kind, phase) cost table (KINDS x PHASES, row-major) for every position."""
+        return self.unit_kind[self.position_unit] * 2 + self.position_phase
+
+    @cached_property
+    def traced(self) -> np.ndarray:
+        """Positions real runs record as fwd/bwd spans: all but the embeddings' backward."""
+        t = np.ones(self.positions, dtype=bool)
+        t[-1] = False
+        return t

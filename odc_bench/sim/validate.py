@@ -1,0 +1,192 @@
+"""Validate the simulator against real CPU runs on this machine.
+
+`python -m odc_bench.sim.validate` runs each validation config for real and in simulation,
+engine by engine, and writes
+
+- results/validation/sim-cpu.csv: one row per config and engine, measured and predicted
+  samples/s and bubble rate (and sim-cpu-ratios.csv: the odc/collective throughput ratios
+  when both engines ran);
+- docs/simulator_validation.md: the same as tables, with the provenance.
+
+The predictions come from the CPU profile fitted (odc_bench.sim.calibrate) on calibration
+runs: LongAlign and SWE-smith at 4 samples per rank, configs the validation does not use
+(those have 1, 2 or 8 samples per rank and fresh seeds), so the prediction is out of sample.
+This machine is shared and its speed drifts with other jobs' load, so calibration is rolling:
+before each validation config one calibration run per engine is made (the two datasets
+alternating), and the prediction uses the latest run of each dataset, all within minutes of
+the validated run; engines are interleaved so a ratio compares runs made side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from odc_bench.app import summary
+from odc_bench.config import resolve
+from odc_bench.results import atomic_write_text
+from odc_bench.sim import simulate
+from odc_bench.sim.calibrate import compose_config, fit, run_real
+from odc_bench.sim.hardware import REPO_ROOT
+from odc_core.engine import ENGINES
+
+# (label, overrides): lengths from both dataset profiles, minibatch sizes the calibration
+# runs (size 4) did not use, and fresh seeds.
+VALIDATION_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("longalign mb1", ("dataset=longalign", "minibatch_size=1", "seed=11")),
+    ("longalign mb2", ("dataset=longalign", "minibatch_size=2", "seed=12")),
+    ("longalign mb8", ("dataset=longalign", "minibatch_size=8", "seed=13")),
+    ("swe_smith mb1", ("dataset=swe_smith", "minibatch_size=1", "seed=14")),
+    ("swe_smith mb2", ("dataset=swe_smith", "minibatch_size=2", "seed=15")),
+    ("swe_smith mb8", ("dataset=swe_smith", "minibatch_size=8", "seed=16")),
+)
+
+
+def simulate_row(overrides: list[str], calibration: Path) -> dict:
+    """The simulator's row for a config, with the CPU profile of the given calibration file."""
+    spec = resolve(compose_config([*overrides, "backend=sim", "backend/hardware=cpu",
+                                   f"backend.hardware.calibration={calibration}"]))
+    return summary(spec, simulate(spec).events)
+
+
+def compare(label: str, overrides: list[str], engines: list[str], calibration: Path, results_dir: Path,
+            repeats: int = 1) -> list[dict]:
+    """Real runs of every engine (repeated, alternating the engines' order; the median counts)
+    beside the simulator's prediction."""
+    measured: dict[str, list[dict]] = {e: [] for e in engines}
+    self_error: dict[str, list[float]] = {e: [] for e in engines}
+    for k in range(repeats):
+        for engine in engines if k % 2 == 0 else engines[::-1]:
+            spec, events = run_real([*overrides, f"engine={engine}"], results_dir)
+            measured[engine].append(summary(spec, events))
+            # The model's own error, without the machine's drift: calibrated on this very run.
+            own = calibration.with_name(f"{calibration.stem}-self.json")
+            atomic_write_text(own, json.dumps(fit({engine: [(spec, events)]})))
+            self_error[engine].append(simulate_row([*overrides, f"engine={engine}"], own)["samples_per_s"]
+                                      / measured[engine][-1]["samples_per_s"] - 1)
+            own.unlink()
+    rows = []
+    for engine in engines:
+        predicted = simulate_row([*overrides, f"engine={engine}"], calibration)
+        med = pd.DataFrame(measured[engine]).median()
+        rows.append(dict(config=label, engine=engine, overrides=" ".join(overrides), repeats=repeats,
+                         measured_samples_per_s=med["samples_per_s"],
+                         predicted_samples_per_s=predicted["samples_per_s"],
+                         measured_bubble=med["bubble_rate"], predicted_bubble=predicted["bubble_rate"],
+                         self_calibrated_error=float(pd.Series(self_error[engine]).median())))
+    return rows
+
+
+def ratios(table: pd.DataFrame) -> pd.DataFrame:
+    """odc/collective throughput, measured and predicted, for configs that ran both."""
+    wide = table.pivot(index="config", columns="engine",
+                       values=["measured_samples_per_s", "predicted_samples_per_s"])
+    if "odc" not in table["engine"].values or "collective" not in table["engine"].values:
+        return pd.DataFrame()
+    out = pd.DataFrame({
+        "measured_ratio": wide[("measured_samples_per_s", "odc")] / wide[("measured_samples_per_s", "collective")],
+        "predicted_ratio": wide[("predicted_samples_per_s", "odc")] / wide[("predicted_samples_per_s", "collective")],
+    })
+    out["error"] = out["predicted_ratio"] / out["measured_ratio"] - 1
+    return out.reset_index()
+
+
+def repeatability(repeated: list[dict]) -> pd.DataFrame:
+    """How much the same real run's throughput moves between repetitions on this machine: the
+    rolling calibration runs one fixed config per dataset and engine again and again."""
+    t = pd.DataFrame(repeated)
+    if t.empty:
+        return t
+    g = t.groupby(["config", "engine"])["samples_per_s"]
+    out = g.agg(["count", "min", "max", "mean", "std"]).reset_index()
+    out["cv"] = out["std"] / out["mean"]
+    return out
+
+
+def markdown(table: pd.DataFrame, ratio: pd.DataFrame, provenance: str, repeat: pd.DataFrame) -> str:
+    t = table.assign(error=table["predicted_samples_per_s"] / table["measured_samples_per_s"] - 1)
+    lines = ["# Simulator validation on this machine's CPU", "",
+             "Generated by `python -m odc_bench.sim.validate`; do not edit by hand. " + provenance, "",
+             "## Throughput and bubble rate per engine", "",
+             "Error: predicted over measured samples/s, minus 1. Self-calibrated: the error when the profile is "
+             "fitted on the measured run itself (the model's error without the machine's drift between runs).", "",
+             "| config | engine | measured samples/s | predicted | error | self-calibrated error | measured bubble "
+             "| predicted bubble |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in t.itertuples():
+        lines.append(f"| {r.config} | {r.engine} | {r.measured_samples_per_s:.3f} | {r.predicted_samples_per_s:.3f} "
+                     f"| {r.error:+.1%} | {r.self_calibrated_error:+.1%} | {r.measured_bubble:.3f} "
+                     f"| {r.predicted_bubble:.3f} |")
+    if not repeat.empty:
+        lines += ["", "## Repeatability of the real runs themselves", "",
+                  "The same calibration config run again before every validated config: the spread a "
+                  "prediction cannot beat on this shared machine.", "",
+                  "| config | engine | runs | min samples/s | max | coefficient of variation |",
+                  "|---|---|---|---|---|---|"]
+        for r in repeat.itertuples():
+            lines.append(f"| {r.config} | {r.engine} | {r.count} | {r.min:.3f} | {r.max:.3f} | {r.cv:.1%} |")
+    lines += ["", "## odc / collective throughput ratio", ""]
+    if ratio.empty:
+        lines.append("Not measured: the real `odc` engine is not installed (odc_core.engine.ENGINES lacks it).")
+    else:
+        lines += ["| config | measured ratio | predicted ratio | error |", "|---|---|---|---|"]
+        for r in ratio.itertuples():
+            lines.append(f"| {r.config} | {r.measured_ratio:.3f} | {r.predicted_ratio:.3f} | {r.error:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", nargs="+", default=[e for e in ("collective", "odc") if e in ENGINES])
+    ap.add_argument("--minibatches", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=1, help="real runs per config and engine (median)")
+    ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "validation")
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "validation")
+    ap.add_argument("--docs", type=Path, default=REPO_ROOT / "docs" / "simulator_validation.md")
+    ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
+    args = ap.parse_args(argv)
+    base = [f"num_minibatches={args.minibatches}", "warmup_minibatches=2", "threads_per_rank=1"]
+    latest: dict[tuple[str, str], tuple] = {}
+    calibration = args.out / "sim-cpu-calibration.json"
+    datasets = ("dataset=longalign", "dataset=swe_smith")
+    rows, loads, repeated = [], [], []
+    chosen = [(label, extra) for label, extra in VALIDATION_RUNS if args.only is None or label in args.only]
+    for i, (label, extra) in enumerate(chosen):
+        for k in ((0, 1) if i == 0 else (i % 2,)):
+            for engine in args.engines:
+                latest[(engine, datasets[k])] = run_real([*base, datasets[k], f"engine={engine}"],
+                                                         args.results_dir / "calibration")
+                spec, events = latest[(engine, datasets[k])]
+                repeated.append(dict(config=f"calibration {datasets[k].split('=')[1]} mb4", engine=engine,
+                                     samples_per_s=summary(spec, events)["samples_per_s"]))
+        runs = {e: [latest[(e, d)] for d in datasets] for e in args.engines}
+        atomic_write_text(calibration, json.dumps(fit(runs), indent=2) + "\n")
+        loads.append(os.getloadavg()[0])
+        rows += compare(label, [*base, *extra], args.engines, calibration, args.results_dir, args.repeats)
+    table = pd.DataFrame(rows)
+    ratio = ratios(table)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    shown = calibration.relative_to(REPO_ROOT) if calibration.is_relative_to(REPO_ROOT) else calibration
+    provenance = (f"Machine {socket.gethostname()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}; "
+                  f"last calibration {shown} (rolling, see the module's docstring); {args.minibatches} minibatches "
+                  f"per run, 2 of them warm-up; median of {args.repeats} real run(s) per config and engine; "
+                  f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
+                  f"{os.cpu_count()} cores.")
+    atomic_write_text(args.out / "sim-cpu.csv", table.to_csv(index=False))
+    if not ratio.empty:
+        atomic_write_text(args.out / "sim-cpu-ratios.csv", ratio.to_csv(index=False))
+    text = markdown(table, ratio, provenance, repeatability(repeated))
+    atomic_write_text(args.docs, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

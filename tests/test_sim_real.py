@@ -1,0 +1,100 @@
+"""The simulator against real CPU runs: the same events, and a small version of the validation.
+
+The full validation (more configs, both engines, the table in docs/simulator_validation.md)
+is `python -m odc_bench.sim.validate`; these runs are short, and this machine is shared, so
+the out-of-sample bound here is loose.
+"""
+
+import json
+import os
+
+import pandas as pd
+import pytest
+
+from odc_bench.app import execute, summary
+from odc_bench.config import resolve
+from odc_bench.results import COLUMNS
+from odc_bench.sim.calibrate import fit
+from odc_core.engine import ENGINES
+from tests.conftest import compose_config
+
+pytestmark = pytest.mark.slow
+
+BASE = ("num_minibatches=5", "warmup_minibatches=1", "minibatch_size=2", "threads_per_rank=1")
+
+
+def skip_if_overloaded() -> None:
+    """Real timings on a machine running several times more work than it has cores measure the
+    other work, not the model: compare only when the machine is roughly free."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > 1.5 * cores:
+        pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock comparisons would measure other jobs")
+
+
+def real_run(tmp, *overrides):
+    spec = resolve(compose_config(*BASE, *overrides, f"results_dir={tmp}"))
+    row = execute(spec, tmp)
+    assert row["status"] == "ok", row["error"]
+    return spec, row, pd.read_csv(tmp / row["trace"])
+
+
+@pytest.fixture(scope="module")
+def calibration_run(tmp_path_factory):
+    return real_run(tmp_path_factory.mktemp("real"), "dataset=longalign")
+
+
+def sim_run(tmp, calibration, *overrides):
+    spec = resolve(compose_config(*BASE, *overrides, "backend=sim", "backend/hardware=cpu",
+                                  f"backend.hardware.calibration={calibration}", f"results_dir={tmp}"))
+    row = execute(spec, tmp)
+    return spec, row, pd.read_csv(tmp / row["trace"])
+
+
+@pytest.fixture(scope="module")
+def calibration(calibration_run, tmp_path_factory):
+    spec, _, events = calibration_run
+    path = tmp_path_factory.mktemp("cal") / "sim-tiny-cpu.json"
+    path.write_text(json.dumps(fit({"collective": [(spec, events)]})))
+    return path
+
+
+def test_simulated_runs_write_the_same_events_and_row_as_real_ones(calibration_run, calibration, tmp_path):
+    _, real_row, real = calibration_run
+    _, sim_row, sim = sim_run(tmp_path, calibration, "dataset=longalign")
+    assert list(sim.columns) == list(real.columns)
+    key = ["rank", "minibatch", "microbatch", "kind", "unit"]
+    assert sorted(map(tuple, sim[key].fillna("").astype(str).values)) == \
+        sorted(map(tuple, real[key].fillna("").astype(str).values))
+    assert list(pd.read_csv(tmp_path / "runs.csv").columns) == COLUMNS
+    assert sim_row["backend"] == "sim" and real_row["backend"] == "local"
+
+
+def test_the_fitted_profile_reproduces_its_own_calibration_run(calibration_run, calibration, tmp_path):
+    spec, _, events = calibration_run
+    measured = summary(spec, events)
+    _, predicted, _ = sim_run(tmp_path, calibration, "dataset=longalign")
+    assert predicted["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.10)
+    assert predicted["bubble_rate"] == pytest.approx(measured["bubble_rate"], abs=0.08)
+
+
+def test_the_fitted_profile_predicts_another_config(calibration, tmp_path):
+    skip_if_overloaded()
+    other = ("dataset=swe_smith", "minibatch_size=3", "seed=7")
+    spec, _, events = real_run(tmp_path / "real", *other)
+    measured = summary(spec, events)
+    _, predicted, _ = sim_run(tmp_path / "sim", calibration, *other)
+    assert predicted["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.35)
+
+
+@pytest.mark.skipif("odc" not in ENGINES, reason="the real odc engine is not installed yet (odc_core.engine)")
+def test_the_odc_over_collective_ratio_of_a_small_config(tmp_path):
+    skip_if_overloaded()
+    config = ("dataset=longalign", "seed=3")
+    runs = {e: real_run(tmp_path / e, *config, f"engine={e}") for e in ("collective", "odc")}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(fit({e: [(spec, ev)] for e, (spec, _, ev) in runs.items()})))
+    measured = {e: summary(spec, ev)["samples_per_s"] for e, (spec, _, ev) in runs.items()}
+    predicted = {e: sim_run(tmp_path / f"sim-{e}", path, *config, f"engine={e}")[1]["samples_per_s"]
+                 for e in runs}
+    assert predicted["odc"] / predicted["collective"] == pytest.approx(measured["odc"] / measured["collective"],
+                                                                       rel=0.10)
