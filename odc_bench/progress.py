@@ -185,10 +185,12 @@ def _label(config: DictConfig, varying: set[str] | None) -> str:
 def outcome_of(job_return: JobReturn) -> str:
     if job_return.status != JobStatus.COMPLETED:
         return "failed"
-    row = job_return.return_value
-    if row is None:
+    rows = job_return.return_value
+    if rows is None:
         return "skipped"
-    return "ok" if row.get("status") == "ok" else "failed"
+    if isinstance(rows, dict):  # a training run returns its row; task=primitives a list of rows
+        rows = [rows]
+    return "ok" if all(r.get("status", "ok") == "ok" for r in rows) else "failed"
 
 
 class ProgressCallback(Callback):

@@ -102,3 +102,19 @@ def test_no_collective_runs_inside_an_odc_minibatch(engine):
         assert inside == [0, 0]
     else:  # the spy works: FSDP2 communicates inside every minibatch
         assert all(n > 0 for n in inside)
+
+
+def test_bf16_compute_matches_fsdp2_mixed_precision_and_gathers_half_the_bytes():
+    """bf16 compute, fp32 master shards and fp32 accumulation, like FSDP2's policy
+    (param_dtype=bf16, reduce_dtype=fp32); ODC gathers the bf16 shadow shards."""
+    runs = {}
+    for engine, precision in (("odc", "bf16"), ("collective", "bf16"), ("odc", "fp32")):
+        spec = _spec(engine, "num_minibatches=2", f"precision={precision}")
+        runs[engine, precision] = run_local(spec, collect_params=True)
+    odc, collective = runs["odc", "bf16"][0]["params"], runs["collective", "bf16"][0]["params"]
+    assert relative_error(odc, collective) < 1e-3
+    fp32_heap = runs["odc", "fp32"][0]["heap_bytes"]
+    bf16_heap = runs["odc", "bf16"][0]["heap_bytes"]
+    # fp32: master + accumulator, 8 bytes per shard element (plus a few flag words); bf16 adds
+    # a 2-byte shadow per element, which is what peers gather.
+    assert bf16_heap - fp32_heap == pytest.approx(fp32_heap / 4, rel=0.01)

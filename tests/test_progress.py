@@ -117,3 +117,14 @@ def test_local_run_reports_its_minibatches():
         assert (done.completed, done.total) == (3, 3), "rank 0's minibatch counter, read from the store"
     finally:
         progress.stop()
+
+
+def test_a_benchmark_job_returning_several_rows_counts_as_one_outcome():
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from odc_bench.progress import outcome_of
+
+    done = JobReturn(status=JobStatus.COMPLETED, _return_value=[{"op": "gather"}, {"op": "memcpy"}])
+    assert outcome_of(done) == "ok"
+    failed = JobReturn(status=JobStatus.COMPLETED, _return_value={"status": "failed"})
+    assert outcome_of(failed) == "failed"
