@@ -18,7 +18,7 @@ from odc_core.transport.shm_group import ShmProcessGroup, new_shm_group
 pytestmark = pytest.mark.slow
 
 # Elements per rank: uneven, below the world size, and one call that outgrows the slots
-# (64 KiB at first) after smaller ones, then small ones again in the grown slots.
+# (64 KiB after the first calls) after smaller ones, then small ones again in the grown slots.
 SIZES = (1, 7, 1000, 40_003, 5)
 DTYPES = (torch.float32, torch.bfloat16)
 OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)

@@ -18,14 +18,19 @@ a rank publishes arrival s + 1 only after it finished reading the slots of s, so
 has completed s + 1 nobody reads its slot s % 2 any more and call s + 2 may overwrite it.
 
 Slots grow when a larger call arrives: every rank sees the same call, so every rank opens a
-new heap (twice the size, rounded to a power of two) at the same point and closes the old
-one. Waits poll the arrival flags, yielding the core at first and then sleeping at most
-200 us, so a barrier's latency stays well below the transfers it guards; every wait has a
-timeout and raises PeerTimeout naming a rank that did not arrive.
+new heap (sized for that call, in 64 KiB steps) at the same point and closes the old one.
+A training step's calls repeat, so the slots settle after the first step at twice the
+largest collective's input (a reduce-scatter's: one unit's unsharded gradient). Waits poll
+the arrival flags, yielding the core at first and then sleeping at most 200 us, so a
+barrier's latency stays well below the transfers it guards; every wait has a timeout and
+raises PeerTimeout naming a rank that did not arrive.
 
-Everything else (barrier, broadcast, all_reduce, object collectives, and the C++ paths that
-do not reach Python overrides in torch 2.13, such as the functional all-gather behind
-DTensor.full_tensor) runs on an inner gloo backend built from the same store.
+Python callers (torch.distributed's all_gather_single, reduce_scatter_single, which FSDP2
+calls) reach the overrides below directly; C++ callers reach them through torch's Python
+process-group trampoline, which in torch 2.13 forwards the coalesced forms (DTensor's
+full_tensor() gathers through all_gather_single_coalesced) but not the single ones. What
+reaches no override here (barrier, broadcast, all_reduce, object collectives, a C++ call of
+the single forms) runs on an inner gloo backend built from the same store.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from odc_core.transport.shm import ShmHeap
 BACKEND = "odc_shm"
 _ARRIVED = "pg/arrived"
 _SLOTS = ("pg/slot0", "pg/slot1")
-_MIN_SLOT_BYTES = 1 << 16
+_SLOT_STEP = 1 << 16  # slot sizes are multiples of this
 _SPIN_S = 200e-6  # yield the core, polling, this long before sleeping between polls
 _MAX_SLEEP_S = 200e-6
 
@@ -71,7 +76,7 @@ class _Slots:
 
     def __init__(self, rank: int, world_size: int, job_id: str, store: dist.Store, timeout_s: float) -> None:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-        self._job_id, self._store = f"{job_id}.pg", store
+        self._job_id, self._store = job_id, store
         self.heap: ShmHeap | None = None
         self.capacity = 0
         self._generation = 0
@@ -80,10 +85,11 @@ class _Slots:
     def ensure(self, nbytes: int) -> None:
         if nbytes <= self.capacity:
             return
-        capacity = max(_MIN_SLOT_BYTES, 1 << (nbytes - 1).bit_length())
+        capacity = -(-nbytes // _SLOT_STEP) * _SLOT_STEP
         self._generation += 1
-        store = dist.PrefixStore(f"slots{self._generation}", self._store)
-        heap = ShmHeap(self.rank, self.world_size, self._job_id, store, self.timeout_s)
+        # A job id of its own per generation: the old heap's segment names are still taken.
+        tag = f"{self._job_id}.pg{self._generation}"
+        heap = ShmHeap(self.rank, self.world_size, tag, dist.PrefixStore(tag, self._store), self.timeout_s)
         try:
             heap.alloc(_ARRIVED, 1, torch.int64)
             for name in _SLOTS:
