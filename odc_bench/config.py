@@ -24,7 +24,7 @@ from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
 from odc_bench.data.real import LOADERS, DataError, load_lengths
 from odc_bench.models.qwen2 import Qwen2Config, labelled_tokens
 from odc_bench.results import TableError, check_table, run_key
-from odc_core.engine import ENGINES
+from odc_core.engine import COLLECTIVE_BACKENDS, ENGINES, collective_backend
 
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -194,9 +194,18 @@ def balancer_options_of(cfg: DictConfig) -> dict[str, Any]:
 
 
 def engine_options_of(cfg: DictConfig) -> None:
-    """Every engine option is a switch; a typo'd value would otherwise fail on every rank."""
+    """Every engine option but the collective engine's process group is a switch; a typo'd
+    value would otherwise fail on every rank."""
     for key, value in cfg.engine.items():
-        if key != "name":
+        if key == "backend" and cfg.engine.name == "collective":
+            _require(value in COLLECTIVE_BACKENDS,
+                     f"engine.backend must be one of {', '.join(COLLECTIVE_BACKENDS)}, got {value!r}")
+            if cfg.backend.name != "sim":  # the simulator's hardware profile models the transport
+                try:
+                    collective_backend(value, run_device_type(cfg))
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
+        elif key != "name":
             _require(isinstance(value, bool), f"engine.{key} must be true or false, got {value!r}")
 
 

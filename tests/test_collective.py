@@ -13,9 +13,11 @@ from tests.reference import relative_error, train_single_process
 pytestmark = pytest.mark.slow
 
 
-def test_two_rank_fsdp2_steps_equal_a_single_process_step():
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_two_rank_fsdp2_steps_equal_a_single_process_step(backend):
+    """FSDP2 on the shared-memory process group (the CPU default) and on gloo."""
     spec = resolve(compose_config("num_minibatches=2", "warmup_minibatches=0", "world_size=2",
-                                  "minibatch_size=2", "optim.weight_decay=0.1"))
+                                  "minibatch_size=2", "optim.weight_decay=0.1", f"engine.backend={backend}"))
     results = run_local(spec, collect_params=True)
     expected, _ = train_single_process(spec)
     assert relative_error(results[0]["params"], expected) < 1e-5

@@ -10,6 +10,20 @@ import torch.distributed as dist
 from odc_core.engine.base import DataParallelEngine
 
 ENGINES = ("collective", "odc")
+# Process groups the collective engine's FSDP2 can run on; `auto` is shm on CPU, nccl on CUDA.
+COLLECTIVE_BACKENDS = ("auto", "shm", "gloo", "nccl")
+
+
+def collective_backend(backend: str, device_type: str) -> str:
+    """The process group a collective run uses; ValueError (one line) for one the device cannot use."""
+    if backend not in COLLECTIVE_BACKENDS:
+        raise ValueError(f"engine.backend must be one of {', '.join(COLLECTIVE_BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        return "nccl" if device_type == "cuda" else "shm"
+    if (backend == "nccl") != (device_type == "cuda"):
+        fit = "nccl" if device_type == "cuda" else "shm or gloo"
+        raise ValueError(f"engine.backend={backend} cannot run on {device_type} tensors; use {fit} or auto")
+    return backend
 
 
 def make_engine(name: str, device: torch.device, *, store: dist.Store, job_id: str, timeout_s: float,
@@ -17,12 +31,13 @@ def make_engine(name: str, device: torch.device, *, store: dist.Store, job_id: s
     """Build an engine by name; torch.distributed must already be initialised.
 
     `store` and `job_id` let the ODC engine set up its symmetric heap (segment names are
-    unique per job); the collective engine needs neither.
+    unique per job); the collective engine's shared-memory process group takes the job id
+    for its segments and the default group's store.
     """
     if name == "collective":
         from odc_core.engine.fsdp2 import CollectiveEngine
 
-        return CollectiveEngine(device, **options)
+        return CollectiveEngine(device, job_id=job_id, timeout_s=timeout_s, **options)
     if name == "odc":
         from odc_core.engine.odc import OdcEngine
         from odc_core.transport import make_heap
@@ -32,4 +47,4 @@ def make_engine(name: str, device: torch.device, *, store: dist.Store, job_id: s
     raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
 
 
-__all__ = ["DataParallelEngine", "ENGINES", "make_engine"]
+__all__ = ["COLLECTIVE_BACKENDS", "DataParallelEngine", "ENGINES", "collective_backend", "make_engine"]
