@@ -2,20 +2,26 @@
 
 Runs are grouped by their workload (everything but engine, balancer, cost model and seed);
 within a workload every series is set against the paper's strongest collective baseline,
-collective + lb_micro (or collective + local_sort when that is all there is). Seeds are
-averaged. This is what `make demo` prints.
+collective + lb_micro (or collective + local_sort when that is all there is), on shared
+memory or NCCL before gloo when FSDP2 ran on several process groups. Seeds are averaged.
+This is what `make demo` prints.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from odc_bench.results import process_groups
 
 WORKLOAD = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_tokens", "length_scale",
             "packing_ratio", "precision", "num_minibatches"]
-SERIES = ["engine", "balancer"]
+SERIES = ["engine", "group", "balancer"]
 BASELINES = [("collective", "lb_micro"), ("collective", "local_sort")]
+# The fair baseline first: FSDP2 on the same memory as ODC (CPU) or on NCCL (GPU).
+GROUP_PREFERENCE = ["shm", "nccl", "gloo"]
 
 
 def comparison(table: pd.DataFrame) -> pd.DataFrame:
@@ -23,21 +29,31 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
     ok = table[table["status"] == "ok"].drop_duplicates(subset=["run_id"], keep="last")
     if ok.empty:
         return pd.DataFrame()
+    ok = ok.assign(group=process_groups(ok))
     means = (ok.groupby(WORKLOAD + SERIES, dropna=False)
              .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "mean"),
                   bubble_rate=("bubble_rate", "mean"), predicted_bubble_rate=("predicted_bubble_rate", "mean"),
                   peak_mem_mb=("peak_mem_mb", "mean"))
              .reset_index())
     parts = []
-    for _, group in means.groupby(WORKLOAD, dropna=False):
-        group = group.copy()
-        base = next((group[(group.engine == e) & (group.balancer == b)] for e, b in BASELINES
-                     if ((group.engine == e) & (group.balancer == b)).any()), None)
+    for _, rows in means.groupby(WORKLOAD, dropna=False):
+        rows = rows.copy()
+        # Name FSDP2's process group only where the workload ran it on more than one.
+        several = rows.loc[rows.engine == "collective", "group"].nunique() > 1
+        tag = ("[" + rows.group + "]").where(rows.group != "", "") if several else ""
+        rows["series"] = rows.engine + tag + "+" + rows.balancer
+        base = next((rows[(rows.engine == e) & (rows.balancer == b)] for e, b in BASELINES
+                     if ((rows.engine == e) & (rows.balancer == b)).any()), None)
         if base is not None:
-            group["baseline"] = f"{base.engine.iloc[0]}+{base.balancer.iloc[0]}"
-            group["speedup"] = group["samples_per_s"] / float(base["samples_per_s"].iloc[0])
-        parts.append(group.sort_values("samples_per_s"))
+            best = base.iloc[int(base.group.map(_preference).argmin())]
+            rows["baseline"] = best.series
+            rows["speedup"] = rows["samples_per_s"] / float(best.samples_per_s)
+        parts.append(rows.sort_values("samples_per_s"))
     return pd.concat(parts, ignore_index=True)
+
+
+def _preference(group: str) -> int:
+    return GROUP_PREFERENCE.index(group) if group in GROUP_PREFERENCE else len(GROUP_PREFERENCE)
 
 
 def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None:
@@ -49,12 +65,12 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
         first = group.iloc[0]
         title = (f"{first.model} on {first.dataset}, {first.world_size} ranks, minibatch {first.minibatch_size}/rank "
                  f"({first.backend}); speedup vs {first.get('baseline', 'no collective baseline')}")
-        table = Table(title=title)
+        table = Table(title=escape(title))
         for col in ("series", "samples/s", "speedup", "bubble", "predicted", "peak MB", "runs"):
             table.add_column(col, justify="left" if col == "series" else "right")
         for _, r in group.iterrows():
             speedup = f"{r.speedup:.2f}x" if "speedup" in r and pd.notna(r.speedup) else "-"
             predicted = "-" if pd.isna(r.predicted_bubble_rate) else f"{r.predicted_bubble_rate:.0%}"
-            table.add_row(f"{r.engine}+{r.balancer}", f"{r.samples_per_s:.3g}", speedup, f"{r.bubble_rate:.0%}",
+            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", speedup, f"{r.bubble_rate:.0%}",
                           predicted, f"{r.peak_mem_mb:.0f}", str(r.runs))
         console.print(table)

@@ -286,6 +286,10 @@ def resolve(cfg: DictConfig) -> RunSpec:
 
     config = OmegaConf.to_container(cfg, resolve=True)
     config["max_tokens"] = max_tokens
+    if cfg.engine.name == "collective" and cfg.backend.name != "sim":
+        # The group this run will use, not `auto`: the row says which baseline ran, and an
+        # explicit `engine.backend=shm` on CPU is the same run (the same key) as the default.
+        config["engine"]["backend"] = collective_backend(cfg.engine.get("backend", "auto"), run_device_type(cfg))
     spec = RunSpec(config=config, run_id=run_key(config), max_tokens=max_tokens, cost_model=cost.label)
 
     semantics = "collective" if cfg.engine.name == "collective" else "odc"

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 SCHEMA_VERSION = 1
 
@@ -76,6 +77,24 @@ def run_key(config: Mapping) -> str:
     keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra"}}
     blob = json.dumps(keyed, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def process_groups(table: pd.DataFrame) -> pd.Series:
+    """The process group each real collective row's FSDP2 ran on ("" for ODC and simulated rows).
+
+    Part of what a series is: FSDP2 over shared memory and over gloo are different baselines
+    (docs/odc_engine.md, "A fair baseline on CPU"). Rows written before `engine.backend`
+    existed ran on the default group, gloo on CPU.
+    """
+    def group(row: pd.Series) -> str:
+        config = row.get("config")
+        if row["engine"] != "collective" or row["backend"] == "sim" or not isinstance(config, str):
+            return ""
+        return str((yaml.safe_load(config) or {}).get("engine", {}).get("backend", "gloo"))
+
+    if table.empty:
+        return pd.Series(dtype=str, index=table.index)
+    return table.apply(group, axis=1).astype(str)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,8 @@ from __future__ import annotations
 import pandas as pd
 import seaborn as sns
 
+from odc_bench.results import process_groups
+
 ENGINE_NAMES = {"collective": "Collective", "odc": "ODC"}
 BALANCER_NAMES = {"local_sort": "LocalSort", "lb_micro": "LB-Micro", "lb_mini": "LB-Mini", "dynamic": "Dynamic"}
 
@@ -33,9 +35,15 @@ def series_order() -> list[str]:
 
 
 def label_series(runs: pd.DataFrame) -> pd.Series:
-    """`Engine + Balancer` for each row; with the cost model appended where one series ran under several."""
-    base = (runs["engine"].map(lambda v: _name(v, ENGINE_NAMES)) + " + "
-            + runs["balancer"].map(lambda v: _name(v, BALANCER_NAMES)))
+    """`Engine + Balancer` for each row; with FSDP2's process group appended where collective
+    runs used several (shared memory and gloo are different baselines), and the cost model
+    where one series ran under several."""
+    engines = runs["engine"].map(lambda v: _name(v, ENGINE_NAMES))
+    if {"config", "backend"} <= set(runs.columns):
+        groups = process_groups(runs)
+        if groups[runs["engine"] == "collective"].nunique() > 1:
+            engines = engines.where(groups == "", engines + " [" + groups + "]")
+    base = engines + " + " + runs["balancer"].map(lambda v: _name(v, BALANCER_NAMES))
     if "cost_model" not in runs:
         return base
     costs = runs["cost_model"].fillna("none").astype(str)
@@ -43,12 +51,18 @@ def label_series(runs: pd.DataFrame) -> pd.Series:
     return base.where(~several, base + " (" + costs + ")")
 
 
+def _root(label: str) -> str:
+    """The series a label names, without its process group or cost model."""
+    engine, _, rest = label.partition(" + ")
+    return f"{engine.split(' [')[0]} + {rest.split(' (')[0]}"
+
+
 def ordered(labels: pd.Series | list[str]) -> list[str]:
     """The series present, in the paper's order (collective first), unknown ones last."""
     known = series_order()
 
     def rank(label: str) -> tuple[int, str]:
-        root = label.split(" (")[0]
+        root = _root(label)
         return (known.index(root) if root in known else len(known), label)
 
     return sorted(set(labels), key=rank)
@@ -65,7 +79,8 @@ COLORS = {
 def palette(labels: list[str]) -> dict[str, object]:
     """One fixed colour per series, the same in every figure; unknown series get greys."""
     extra = iter(sns.color_palette("Greys", len(labels) + 2)[2:])
-    return {s: COLORS.get(s.split(" (")[0]) or next(extra) for s in labels}
+    # FSDP2 over gloo, beside FSDP2 over shared memory, is the slow-transport reference: grey.
+    return {s: (None if "[gloo]" in s else COLORS.get(_root(s))) or next(extra) for s in labels}
 
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:

@@ -5,11 +5,12 @@ from rich.console import Console
 from odc_bench.compare import WORKLOAD, comparison, print_comparison
 
 
-def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0):
+def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
     workload = dict.fromkeys(WORKLOAD, 1) | {"backend": "local", "model": "tiny", "dataset": dataset}
+    config = None if group is None else f"engine:\n  name: {engine}\n  backend: {group}\n"
     return workload | dict(run_id=run_id, engine=engine, balancer=balancer, seed=seed, status=status,
                            samples_per_s=samples_per_s, bubble_rate=0.1, predicted_bubble_rate=0.05,
-                           peak_mem_mb=100.0)
+                           peak_mem_mb=100.0, config=config)
 
 
 def test_speedups_are_against_collective_lb_micro_with_seeds_averaged():
@@ -37,3 +38,23 @@ def test_without_lb_micro_the_baseline_is_collective_local_sort_per_workload():
     print_comparison(rows, console)
     text = console.export_text()
     assert "odc+local_sort" in text and "1.50x" in text and "speedup vs collective+local_sort" in text
+
+
+def test_fsdp2_on_two_process_groups_is_two_series_and_the_shared_memory_one_is_the_baseline():
+    table = pd.DataFrame([
+        _row("a", "collective", "local_sort", 5.0, group="gloo"),
+        _row("b", "collective", "local_sort", 8.0, group="shm"),
+        _row("c", "odc", "local_sort", 10.0),
+    ])
+    rows = comparison(table).set_index("series")
+    assert rows.loc["collective[shm]+local_sort", "speedup"] == pytest.approx(1.0)
+    assert rows.loc["collective[gloo]+local_sort", "speedup"] == pytest.approx(5.0 / 8.0)
+    assert rows.loc["odc+local_sort", "speedup"] == pytest.approx(10.0 / 8.0)
+    console = Console(record=True, width=120)
+    print_comparison(comparison(table), console)
+    assert "collective[gloo]+local_sort" in console.export_text(), "the group is printed, not eaten as markup"
+
+
+def test_one_process_group_is_not_named():
+    table = pd.DataFrame([_row("a", "collective", "local_sort", 5.0, group="shm"), _row("b", "odc", "local_sort", 6.0)])
+    assert set(comparison(table)["series"]) == {"collective+local_sort", "odc+local_sort"}

@@ -54,6 +54,14 @@ def test_resolve_is_deterministic():
     assert [(m.sample_ids, m.plan) for m in a.minibatches] == [(m.sample_ids, m.plan) for m in b.minibatches]
 
 
+def test_the_collective_process_group_is_resolved_so_auto_and_its_choice_are_one_run():
+    auto, shm, gloo = (resolve(compose_config(f"engine.backend={b}")) for b in ("auto", "shm", "gloo"))
+    assert auto.config["engine"]["backend"] == "shm", "CPU: FSDP2 on the shared-memory group"
+    assert auto.run_id == shm.run_id != gloo.run_id
+    sim = resolve(compose_config("backend=sim", "backend/hardware=a100", "model=qwen2_1p5b"))
+    assert sim.config["engine"]["backend"] == "auto", "the simulator models the transport itself"
+
+
 @pytest.mark.parametrize(("override", "message"), [
     ("world_size=0", "world_size must be at least 1"),
     ("minibatch_size=0", "minibatch_size must be at least 1"),
