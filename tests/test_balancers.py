@@ -24,7 +24,7 @@ VARIANTS = [
     ("lb_mini", {}, "odc"),
     ("lb_mini", {"equal_samples": True}, "odc"),
     ("dynamic", {}, "odc"),
-    ("dynamic", {"slack": 0.05}, "odc"),
+    ("dynamic", {"slack": 0.0}, "odc"),
 ]
 IDS = [f"{b}{'-' + '-'.join(o) if o else ''}" for b, o, _ in VARIANTS]
 
@@ -175,7 +175,7 @@ def test_dynamic_queue_is_heaviest_first_and_its_schedule_is_greedy():
 def test_dynamic_trades_balance_for_fewer_microbatches_only_within_slack():
     lengths = [100] + [10] * 20
     cost = linear()
-    exact = dynamic_queue(lengths, 2, 300, cost)
+    exact = dynamic_queue(lengths, 2, 300, cost, slack=0.0)
     loose = dynamic_queue(lengths, 2, 300, cost, slack=0.5)
     assert len(loose) <= len(exact)
     t_exact = odc_time(list_schedule(exact, lengths, cost, 2), lengths, cost)
@@ -189,8 +189,8 @@ def test_dynamic_queue_counts_the_per_microbatch_overhead():
     # per microbatch, a queue of fewer entries is predicted faster and is chosen.
     lengths, world = [11, 3, 3, 9, 4, 1, 4], 3
     free_model, overhead_model = linear(), CostModel("overhead", a=0.0, b=1.0, c=5.0)
-    fine = dynamic_queue(lengths, world, 100, free_model)
-    coarse = dynamic_queue(lengths, world, 100, overhead_model)
+    fine = dynamic_queue(lengths, world, 100, free_model, slack=0.0)
+    coarse = dynamic_queue(lengths, world, 100, overhead_model, slack=0.0)
     assert len(coarse) < len(fine)
 
     def predicted(queue, model):
