@@ -51,7 +51,7 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
     `all_runs`: series, bubble_rate, predicted_bubble_rate of every run."""
     order = ordered(pd.concat([busy["series"], rates["series"], all_runs["series"]]))
     colors = palette(order)
-    fig = Figure(figsize=(15, 4.2))
+    fig = Figure(figsize=(15, 4.8))
     left, right, scatter = fig.subplots(1, 3, width_ratios=[1.3, 1, 1])
     if busy.empty:
         left.text(0.5, 0.5, "no trace to measure per-rank busy time", transform=left.transAxes, ha="center",
@@ -71,7 +71,10 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
     right.set_ylim(0, 1)
     right.set_xlabel("")
     right.set_ylabel(BUBBLE_LABEL)
-    right.tick_params(axis="x", labelrotation=20)
+    right.tick_params(axis="x", labelrotation=35, labelsize=7)
+    for label in right.get_xticklabels():  # long series names: anchor each at its bar
+        label.set_horizontalalignment("right")
+        label.set_rotation_mode("anchor")
     note = "" if (rates["which"] == "predicted").any() else " (none predicted)"
     right.set_title(f"Bubble rate at this setting{note}", loc="left")
     right.legend(fontsize=7, title=None)
