@@ -50,6 +50,8 @@ HEADER = ",".join(COLUMNS)
 ROW_V2 = ",".join("2" if c == "schema_version" else "x" for c in COLUMNS)
 
 # case -> (command line, the message it must give, set-up of the files it names)
+TWO_NODES = ["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1"]
+
 CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
     # the command line
     "unknown-key": (["no_such_key=1"], "unknown config key 'no_such_key'; check its spelling", None),
@@ -95,6 +97,15 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
                                   "hydra.launcher.nodes (2) x tasks_per_node (3) must equal world_size (3)", None),
     "slurm-tasks-per-node": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "world_size=4"],
                              "set hydra.launcher.tasks_per_node=2", None),
+    "slurm-odc-across-nodes": ([*TWO_NODES, "engine=odc"],
+                               "engine=odc on CPU keeps its symmetric heap in shared memory, which "
+                               "cannot span hydra.launcher.nodes=2; set hydra.launcher.nodes=1", None),
+    "slurm-shm-across-nodes": (TWO_NODES,
+                               "engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
+                               "hydra.launcher.nodes=2; set engine.backend=gloo", None),
+    "slurm-gpus-without-cuda": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2"],
+                                "hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine",
+                                None),
     "pool-smaller-than-minibatch": (["dataset.num_samples=3"],
                                     "the dataset has 3 usable samples, fewer than one minibatch", None),
     "sample-over-max-tokens": (["max_tokens=64"], "over the microbatch limit max_tokens=64", None),

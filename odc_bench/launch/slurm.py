@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+import torch
 import torch.distributed as dist
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
@@ -43,10 +44,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.core.utils import JobPaths
 
 from odc_bench import progress
-from odc_bench.config import ConfigError, RunSpec, check_results_dir, resolve
+from odc_bench.config import ConfigError, RunSpec, check_results_dir, resolve, run_device_type
 from odc_bench.launch.local import RunFailed
 from odc_bench.results import atomic_write_text, completed_keys
 from odc_bench.worker import RankJob, run_rank
+from odc_core.engine import collective_backend
 from odc_core.liveness import PeerLost, one_line
 
 log = logging.getLogger(__name__)
@@ -166,7 +168,29 @@ def job_parameters(cfg: DictConfig, world_size: int) -> dict[str, Any]:
                f"world_size must divide evenly over the nodes: choose a multiple of {nodes} or other nodes")
         raise ConfigError(f"hydra.launcher.nodes ({nodes}) x tasks_per_node ({per_node}) must equal world_size "
                           f"({world_size}): one SLURM task per rank; {fix}")
+    check_placement(cfg, params)
     return params
+
+
+def check_placement(cfg: DictConfig, params: dict[str, Any]) -> None:
+    """Refuse jobs whose ranks would land where the resolved run cannot work.
+
+    The run is resolved here, on the submitting machine: `device=auto` and the collective
+    engine's `engine.backend=auto` follow this machine's CUDA. GPUs requested from a machine
+    that sees none would reach the nodes as a CPU run; and CPU shared memory (ODC's heap, the
+    collective engine's shm group) cannot span nodes.
+    """
+    if params.get("gpus_per_node") and not torch.cuda.is_available():
+        raise ConfigError("hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine, which "
+                          "sees no CUDA device; submit from a node that sees the GPUs")
+    if params["nodes"] > 1 and run_device_type(cfg) == "cpu":
+        if cfg.engine.name == "odc":
+            raise ConfigError(f"engine=odc on CPU keeps its symmetric heap in shared memory, which cannot span "
+                              f"hydra.launcher.nodes={params['nodes']}; set hydra.launcher.nodes=1")
+        if collective_backend(cfg.engine.get("backend", "auto"), "cpu") == "shm":
+            raise ConfigError(f"engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
+                              f"hydra.launcher.nodes={params['nodes']}; set engine.backend=gloo or "
+                              f"hydra.launcher.nodes=1")
 
 
 def _queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
