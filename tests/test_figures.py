@@ -23,6 +23,7 @@ from paper_figures import (  # noqa: E402
     fig8_throughput,
     fig10_acceleration,
     fig11_bandwidth,
+    series,
     tables,
     utilization,
 )
@@ -299,3 +300,19 @@ def test_python_m_paper_figures_renders_without_torch(tmp_path):
         assert {f"{fig}.png", f"{fig}.pdf"} <= names
     tables = ["table1_golden-cpu", "table5_throughput-cpu", "table_acceleration-cpu", "table_bandwidth-primitives"]
     assert {f"{t}.md" for t in tables} <= names
+
+
+def test_series_name_fsdp2s_process_group_only_where_a_table_has_several():
+    def row(engine, group=None):
+        config = f"engine:\n  name: {engine}\n" + (f"  backend: {group}\n" if group else "")
+        return dict(engine=engine, balancer="local_sort", backend="local", cost_model="linear", config=config)
+
+    both = pd.DataFrame([row("collective", "shm"), row("collective", "gloo"), row("odc")])
+    labels = list(series.label_series(both))
+    assert labels == ["Collective [shm] + LocalSort", "Collective [gloo] + LocalSort", "ODC + LocalSort"]
+    assert series.ordered(labels)[-1] == "ODC + LocalSort", "tagged series keep the paper's order: collective first"
+    colors = series.palette(labels)
+    assert colors["Collective [shm] + LocalSort"] == series.COLORS["Collective + LocalSort"]
+    assert colors["Collective [gloo] + LocalSort"] not in series.COLORS.values(), "gloo is drawn in grey"
+    one = pd.DataFrame([row("collective", "shm"), row("odc")])
+    assert list(series.label_series(one)) == ["Collective + LocalSort", "ODC + LocalSort"]
