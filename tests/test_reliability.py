@@ -24,7 +24,7 @@ from odc_bench.results import read_table
 from odc_bench.worker import RankJob, build_model, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
 from odc_core.engine.odc import OdcEngine
-from odc_core.transport.shm import job_tag, list_segments, process_start_time
+from odc_core.transport.shm import list_segments, of_job, process_start_time
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow
@@ -74,8 +74,9 @@ def killing_entry(folder: str, rank: int, job: RankJob) -> None:
 
 
 def _segments_of(job_id: str) -> list[str]:
-    """This job's segments (job ids are unique on the host: they carry the store's port or the job number)."""
-    return [s for s in list_segments() if s.startswith(f"odc-{job_tag(job_id)}-")]
+    """This job's segments, its process groups' included (job ids are unique on the host: they
+    carry the store's port or the job number)."""
+    return [s for s in list_segments() if of_job(s, job_id)]
 
 
 @pytest.mark.parametrize("engine", ["odc", "collective"])

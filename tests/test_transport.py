@@ -202,6 +202,18 @@ def test_sweep_removes_segments_of_dead_creators_even_under_a_reused_pid(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive, unrelated])
 
 
+def test_a_jobs_sweep_covers_its_process_groups_segments_and_no_other_jobs(tmp_path: Path):
+    """FSDP2's shared-memory group names its heap `<job>.pg<n>`: the launcher's sweep of the job
+    after killing its ranks must remove those too, and leave a job whose id merely starts alike."""
+    dead = subprocess_pid_that_exited()
+    own, group = f"odc-j_1-r0-p{dead}-t1-b0", f"odc-j_1.pg3-r1-p{dead}-t1-b2"
+    other, longer = f"odc-k_1-r0-p{dead}-t1-b0", f"odc-j_12-r0-p{dead}-t1-b0"
+    for n in (own, group, other, longer):
+        (tmp_path / n).write_bytes(b"x")
+    assert sorted(sweep_stale_segments(tmp_path, job_id="j-1")) == sorted([own, group])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other, longer])
+
+
 def subprocess_pid_that_exited() -> int:
     p = multiprocessing.get_context("fork").Process(target=int)
     p.start()

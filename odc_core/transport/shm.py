@@ -100,6 +100,14 @@ def job_tag(job_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", job_id) or "job"
 
 
+def of_job(name: str, job_id: str) -> bool:
+    """Whether a segment is the job's: its own heap's, or a heap a process group of the job
+    made under a derived id (`<job>.pg<n>`, see shm_group.py), which a sweep must also cover."""
+    m = _SEGMENT_RE.match(name)
+    tag = job_tag(job_id)
+    return m is not None and (m["job"] == tag or m["job"].startswith(tag + "."))
+
+
 def sweep_stale_segments(directory: Path = SHM_DIR, job_id: str | None = None) -> list[str]:
     """Remove odc segments (of one job, when job_id is given) whose creator is no longer
     running; return their names.
@@ -108,8 +116,7 @@ def sweep_stale_segments(directory: Path = SHM_DIR, job_id: str | None = None) -
     """
     removed = []
     for name in list_segments(directory):
-        m = _SEGMENT_RE.match(name)
-        if m is None or (job_id is not None and m["job"] != job_tag(job_id)):
+        if _SEGMENT_RE.match(name) is None or (job_id is not None and not of_job(name, job_id)):
             continue
         if not creator_alive(name):
             try:
