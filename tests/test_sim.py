@@ -126,7 +126,7 @@ def test_the_dynamic_balancer_claims_in_queue_order_when_free():
     lengths = [5, 3, 1, 1, 1]
     ranks = list_schedule(lengths, [[0], [1], [2], [3], [4]], 2, table, c, layout)
     # rank 0 takes 5 (busy until ~5); rank 1 takes 3, then 1 (free at 4), then 1 more (free at 5)
-    assert [[t for t, _, _ in r] for r in ranks] == [[5, 1], [3, 1, 1]]
+    assert [[int(f[1]) for f, _ in r] for r in ranks] == [[5, 1], [3, 1, 1]]
 
 
 def compose_model():
@@ -199,3 +199,39 @@ def test_a_whole_microbatch_fit_splits_into_units_that_add_back_up():
     # recompute adds one forward to every layer's backward
     again = split_microbatch_fit(fit, layout, recompute=True) @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
     assert again[3] - per_kind[3] == pytest.approx(per_kind[2] - fit["c"] / (layout.positions - 1))
+
+
+def test_compute_features_add_a_squared_excess_per_knot_and_document():
+    from odc_bench.sim.layout import doc_features
+
+    f = doc_features([100, 700, 1000], knots=(500.0, 900.0))
+    assert list(f) == [1.0, 1800.0, 100**2 + 700**2 + 1000**2, 200**2 + 500**2, 100**2]
+    assert list(doc_features([100, 700])) == [1.0, 800.0, 100**2 + 700**2]
+
+
+def test_the_cpu_fit_follows_a_cost_per_squared_token_that_rises_past_a_length():
+    """The shape this CPU shows (attention's matrix outgrowing the caches): a plain quadratic
+    fitted to it misses the short documents; the fit with knots recovers the cost."""
+    from odc_bench.sim.calibrate import fit_compute
+    from odc_bench.sim.layout import doc_features
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(50, 2000, size=400)
+
+    def cost(n):
+        return 1e-3 + 2e-8 * n * n + 6e-8 * max(n - 600, 0) ** 2
+
+    def frame(knots):
+        f = np.array([doc_features([n], knots) for n in lens])
+        units = pd.DataFrame({f"f{i}": f[:, i] for i in range(f.shape[1])})
+        return units.assign(cost=2, run="r", rank=0, minibatch=np.arange(len(lens)), microbatch=0,
+                            dur=[cost(n) for n in lens])
+
+    def error_on_short(knots):
+        coef = np.array(fit_compute(frame(knots))["layer"]["fwd"])
+        short = [n for n in lens if n < 400]
+        predicted = np.array([coef @ doc_features([n], knots) for n in short])
+        return np.abs(predicted / [cost(n) for n in short] - 1).max()
+
+    assert error_on_short(()) > 0.2
+    assert error_on_short((300.0, 600.0, 1200.0)) < 0.01

@@ -19,7 +19,7 @@ from odc_bench.config import SIM_ENGINES, ConfigError, RunSpec, model_config
 from odc_bench.models.qwen2 import Qwen2Config
 from odc_bench.sim.events import trace_frame
 from odc_bench.sim.hardware import EngineCosts, Profile, load_profile
-from odc_bench.sim.layout import Layout
+from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.timeline import Timeline, collective, odc
 
 
@@ -31,12 +31,7 @@ class Simulation:
     nmb: np.ndarray
 
 
-def _features(lengths: list[int], micro: list[int]) -> tuple[int, int, int]:
-    docs = [lengths[i] for i in micro]
-    return sum(docs), sum(d * d for d in docs), len(docs)
-
-
-def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: Layout
+def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: Layout, knots: tuple[float, ...] = ()
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Compute seconds (M, R, J, P), microbatch counts (M, R), tokens and samples (M, R, J)."""
     world = spec.world_size
@@ -44,43 +39,50 @@ def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: La
     for mb in spec.minibatches:
         queue = getattr(mb, "queue", None)
         if queue is not None:
-            plans.append(list_schedule(mb.lengths, queue, world, table, costs, layout))
+            plans.append(list_schedule(mb.lengths, queue, world, table, costs, layout, knots))
         else:
-            plans.append([[_features(mb.lengths, micro) for micro in rank] for rank in mb.plan])
+            plans.append([[_micro(mb.lengths, micro, knots) for micro in rank] for rank in mb.plan])
     M, J = len(plans), max((len(rank) for plan in plans for rank in plan), default=0)
-    feats = np.zeros((M, world, max(J, 1), 3))
+    feats = np.zeros((M, world, max(J, 1), table.shape[1]))
     samples = np.zeros((M, world, max(J, 1)))
     nmb = np.zeros((M, world), dtype=np.int64)
     for m, plan in enumerate(plans):
         for r, rank in enumerate(plan):
             nmb[m, r] = len(rank)
-            for j, (tok, sq, n) in enumerate(rank):
-                feats[m, r, j] = (1.0, tok, sq)
+            for j, (f, n) in enumerate(rank):
+                feats[m, r, j] = f
                 samples[m, r, j] = n
     per_kind = feats @ table.T  # (M, R, J, 6): seconds per (kind, phase)
     comp = per_kind[..., layout.position_cost_index]
     return comp, nmb, feats[..., 1], samples
 
 
-def microbatch_estimate(tok: float, sq: float, table: np.ndarray, costs: EngineCosts, layout: Layout) -> float:
+def _micro(lengths: list[int], micro: list[int], knots: tuple[float, ...]) -> tuple[np.ndarray, int]:
+    """A microbatch's compute features (layout.doc_features) and its number of samples."""
+    return doc_features([lengths[i] for i in micro], knots), len(micro)
+
+
+def microbatch_estimate(features: np.ndarray, table: np.ndarray, costs: EngineCosts, layout: Layout) -> float:
     """A microbatch's seconds on one rank without contention: what a rank claiming from a
     queue would take (used to order claims, not to time them)."""
-    per_kind = table @ np.array([1.0, tok, sq])
+    per_kind = table @ features
+    tok = features[1]
     serial = costs.pre.sum() + costs.tail + costs.prep + (costs.pre_tok.sum() + costs.tail_tok) * tok
     return float(per_kind[layout.position_cost_index].sum() + serial)
 
 
 def list_schedule(lengths: list[int], queue: list[list[int]], world: int, table: np.ndarray,
-                  costs: EngineCosts, layout: Layout) -> list[list[tuple[int, int, int]]]:
+                  costs: EngineCosts, layout: Layout, knots: tuple[float, ...] = ()
+                  ) -> list[list[tuple[np.ndarray, int]]]:
     """The dynamic balancer at run time: each rank claims the queue's next microbatch as soon
     as it is free, so microbatch k goes to the rank that frees up first."""
     free = [(0.0, r) for r in range(world)]
-    ranks: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
+    ranks: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(world)]
     for micro in queue:
         t, r = heapq.heappop(free)
-        f = _features(lengths, micro)
+        f = _micro(lengths, micro, knots)
         ranks[r].append(f)
-        heapq.heappush(free, (t + microbatch_estimate(f[0], f[1], table, costs, layout), r))
+        heapq.heappush(free, (t + microbatch_estimate(f[0], table, costs, layout), r))
     return ranks
 
 
@@ -100,7 +102,7 @@ def simulate(spec: RunSpec) -> Simulation:
     table = profile.compute_table(layout, bool(backend.get("recompute", False)), engine)
     costs = profile.engine_costs(engine, layout, spec.world_size, config["precision"],
                                  int(backend.get("odc_gather_bytes", 4)))
-    comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout)
+    comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)
     if engine == "collective":
         tl = collective(comp, nmb, tokens, costs)
     else:

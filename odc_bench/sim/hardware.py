@@ -134,9 +134,11 @@ class GpuProfile:
     # A cost-model calibration of this device (`python -m odc_bench.calibrate` run on it): when
     # set, compute comes from its measured microbatch times instead of FLOPs x efficiency.
     compute_calibration: str | None = None
+    knots: tuple[float, ...] = ()  # the FLOPs model is exactly quadratic in document lengths
 
     def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
-        """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3).
+        """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3)
+        (layout.doc_features without knots).
 
         Backward is twice the forward's FLOPs, plus one forward with recompute (layers only:
         checkpointing wraps the decoder layers). The embedding is memory-bound: a gather of
@@ -249,12 +251,16 @@ class CalibratedProfile:
     path: Path
     data: dict
 
+    @property
+    def knots(self) -> tuple[float, ...]:
+        """Document lengths past which the fitted cost per squared token rises (layout.doc_features)."""
+        return tuple(float(k) for k in self.data.get("knots", ()))
+
     def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
-        """The engine's own fit when there is one: on CPU an engine's helper threads (ODC's
-        prefetching gathers) share the core with compute and slow it."""
+        """One fit for every engine (see odc_bench.sim.calibrate): shape (6, 3 + knots)."""
         if recompute:
             raise ConfigError("the calibrated CPU profile has no activation checkpointing; set backend.recompute=false")
-        comp = self.data.get("engines", {}).get(engine, {}).get("compute") or self.data["compute"]
+        comp = self.data["compute"]
         return np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
@@ -310,14 +316,16 @@ def check_calibration(data: dict, path: Path) -> None:
         for k in KINDS:
             for p in PHASES:
                 coeffs = comp[k][p]
-                if len(coeffs) != 3 or not all(math.isfinite(c) for c in coeffs):
-                    raise ValueError(f"{where}.{k}.{p} must be three finite numbers")
+                if len(coeffs) != n or not all(math.isfinite(c) for c in coeffs):
+                    raise ValueError(f"{where}.{k}.{p} must be {n} finite numbers (3 plus one per knot)")
 
     try:
+        knots = data.get("knots", [])
+        if not all(isinstance(k, int | float) and math.isfinite(k) and k >= 0 for k in knots):
+            raise ValueError("knots must be document lengths >= 0")
+        n = 3 + len(knots)
         check_compute(data["compute"], "compute")
         for name, e in data.get("engines", {}).items():
-            if "compute" in e:
-                check_compute(e["compute"], f"engines.{name}.compute")
             missing = [key for key in ENGINE_KEYS if key not in e]
             if missing:
                 raise ValueError(f"engines.{name} lacks {', '.join(missing)}")

@@ -72,3 +72,19 @@ class Layout:
         t = np.ones(self.positions, dtype=bool)
         t[-1] = False
         return t
+
+
+def doc_features(doc_lens: list[int], knots: tuple[float, ...] = ()) -> np.ndarray:
+    """What a packed microbatch's compute is a linear function of: [1, tokens, sum len^2] and,
+    per knot k, sum max(0, len - k)^2.
+
+    Attention runs per document, hence the squares. The knot terms let the cost per squared
+    token rise past a length (on CPU the attention matrix outgrows the caches: the tiny model's
+    layer takes about 2.2 ms at 200 tokens and 30 ms at 900, 2.4x what a quadratic through the
+    short documents predicts); with non-negative coefficients the fitted cost stays increasing
+    and convex in every document's length.
+    """
+    lens = np.asarray(doc_lens, dtype=float)
+    hinge = [float((np.maximum(lens - k, 0.0) ** 2).sum()) for k in knots]
+    return np.array([1.0, lens.sum(), (lens * lens).sum(), *hinge])
+
