@@ -1,6 +1,6 @@
 """Fit the simulator's CPU profile from real runs on this machine.
 
-`python -m odc_bench.sim.calibrate [--engines collective odc] [OVERRIDES]` runs a few real
+`python -m odc_bench.sim.calibrate [OVERRIDES] [--engines collective odc]` runs a few real
 jobs per engine (LongAlign and SWE-smith length profiles, so documents span a wide range of
 lengths), then fits from their traces and writes results/calibration/sim-<model>-cpu.json:
 
@@ -10,7 +10,8 @@ lengths), then fits from their traces and writes results/calibration/sim-<model>
   run of every engine: the same unit on the same core costs the same whichever engine runs
   it (measured: the two engines' layer times per length bin agree within the runs' noise),
   and fitting each engine on its own runs only adds each engine's drift to the predicted
-  odc/collective ratio (validation: 2-3 of 6 configs within 5% against 5 of 6 with one fit);
+  odc/collective ratio (refitting one validation's real runs: 1 of 6 configs within 5% with
+  per-engine fits, 5 of 6 with one; docs/simulator.md);
 - per engine, the serial gap before each kind of position and after a microbatch's last
   position (tail), each as seconds + seconds per token of the microbatch (least squares; the
   gaps grow with the microbatch's size), the mean gap before a microbatch's first position
@@ -34,7 +35,7 @@ import numpy as np
 import pandas as pd
 from hydra import compose, initialize_config_module
 
-from odc_bench.config import RunSpec, resolve
+from odc_bench.config import SIM_ENGINES, RunSpec, resolve
 from odc_bench.results import atomic_write_text
 from odc_bench.sim import model_config_from
 from odc_bench.sim.hardware import GAP_CLASSES, REPO_ROOT
@@ -213,7 +214,8 @@ def run_real(overrides: list[str], results_dir: Path) -> tuple[RunSpec, pd.DataF
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engines", nargs="+", default=["collective"])
+    ap.add_argument("--engines", nargs="+", default=["collective"], choices=SIM_ENGINES,
+                    help="put Hydra overrides before this option: it takes every word after it")
     ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "calibration")
     ap.add_argument("--out", type=Path, default=None, help="default: results/calibration/sim-<model>-cpu.json")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every calibration run, e.g. model=tiny")

@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from odc_bench.app import summary
-from odc_bench.config import resolve
+from odc_bench.config import SIM_ENGINES, resolve
 from odc_bench.results import atomic_write_text
 from odc_bench.sim import simulate
 from odc_bench.sim.calibrate import compose_config, fit, run_real
@@ -144,7 +144,8 @@ def markdown(table: pd.DataFrame, ratio: pd.DataFrame, provenance: str, repeat: 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engines", nargs="+", default=[e for e in ("collective", "odc") if e in ENGINES])
+    ap.add_argument("--engines", nargs="+", default=[e for e in ("collective", "odc") if e in ENGINES],
+                    choices=SIM_ENGINES)
     ap.add_argument("--minibatches", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1, help="real runs per config and engine (median)")
     ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "validation")
