@@ -178,6 +178,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             raise
         raise explained from e
     finally:
+        gc.unfreeze()
         gc.enable()
         trace.activate(None)
         if engine is not None:

@@ -134,7 +134,11 @@ class GpuProfile:
     # A cost-model calibration of this device (`python -m odc_bench.calibrate` run on it): when
     # set, compute comes from its measured microbatch times instead of FLOPs x efficiency.
     compute_calibration: str | None = None
-    knots: tuple[float, ...] = ()  # the FLOPs model is exactly quadratic in document lengths
+
+    @property
+    def knots(self) -> tuple[float, ...]:
+        """None: the FLOPs model is exactly quadratic in document lengths."""
+        return ()
 
     def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3)
