@@ -186,14 +186,12 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     first = next(iter(runs.values()))[0][0]
     layout = Layout(model_config_from(first.config))
     knots = tuple(choose_knots([spec for pairs in runs.values() for spec, _ in pairs]))
-    frames = {engine: pd.concat([unit_frame(spec, ev, layout, knots) for spec, ev in pairs])
-              for engine, pairs in runs.items()}
+    units = pd.concat([unit_frame(spec, ev, layout, knots) for pairs in runs.values() for spec, ev in pairs])
     engines = {engine: fit_engine(pairs, engine, layout) for engine, pairs in runs.items()}
     c = first.config
     return dict(version=2, model=c["model"]["name"], world_size=first.world_size,
                 threads_per_rank=c.get("threads_per_rank"), host=socket.gethostname(),
-                date=time.strftime("%Y-%m-%d"), knots=list(knots), compute=fit_compute(pd.concat(frames.values())),
-                engines=engines,
+                date=time.strftime("%Y-%m-%d"), knots=list(knots), compute=fit_compute(units), engines=engines,
                 runs={e: [spec.run_id for spec, _ in pairs] for e, pairs in runs.items()})
 
 
