@@ -137,7 +137,7 @@ class GpuProfile:
 
     @property
     def knots(self) -> tuple[float, ...]:
-        """None: the FLOPs model is exactly quadratic in document lengths."""
+        """No knots: the FLOPs model is exactly quadratic in document lengths."""
         return ()
 
     def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
