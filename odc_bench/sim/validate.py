@@ -11,10 +11,13 @@ engine by engine, and writes
 The predictions come from the CPU profile fitted (odc_bench.sim.calibrate) on calibration
 runs: LongAlign and SWE-smith at 4 samples per rank, configs the validation does not use
 (those have 1, 2 or 8 samples per rank and fresh seeds), so the prediction is out of sample.
-This machine is shared and its speed drifts with other jobs' load, so calibration is rolling:
-before each validation config one calibration run per engine is made (the two datasets
-alternating), and the prediction uses the latest run of each dataset, all within minutes of
-the validated run; engines are interleaved so a ratio compares runs made side by side.
+Before each validation config one more calibration run per engine is made (the two datasets
+alternating), and the profile is refitted on every calibration run made so far: pooling them
+averages out one run's noise (identical calibration runs differ by up to 9% on this machine),
+which a profile fitted on the latest run only passed on to every prediction. Every run, real
+or calibration, covers the same number of samples per rank (`--samples-per-rank`), so a run
+at 1 sample per rank is as long as one at 8 and no shorter run carries more of the machine's
+jitter; engines are interleaved so a ratio compares runs made side by side.
 """
 
 from __future__ import annotations
@@ -142,19 +145,30 @@ def markdown(table: pd.DataFrame, ratio: pd.DataFrame, provenance: str, repeat: 
     return "\n".join(lines) + "\n"
 
 
+def run_length(samples_per_rank: int, minibatch_size: int) -> list[str]:
+    """Overrides for a run of about `samples_per_rank` measured samples on each rank, after 2
+    warm-up minibatches."""
+    return [f"num_minibatches={2 + -(-samples_per_rank // minibatch_size)}", "warmup_minibatches=2"]
+
+
+def minibatch_size_of(overrides: tuple[str, ...]) -> int:
+    return int(next(o.split("=")[1] for o in overrides if o.startswith("minibatch_size=")))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", nargs="+", default=[e for e in ("collective", "odc") if e in ENGINES],
                     choices=SIM_ENGINES)
-    ap.add_argument("--minibatches", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=1, help="real runs per config and engine (median)")
+    ap.add_argument("--samples-per-rank", type=int, default=128, help="measured samples per rank in every run")
+    ap.add_argument("--repeats", type=int, default=3, help="real runs per config and engine (median)")
     ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "validation")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "validation")
     ap.add_argument("--docs", type=Path, default=REPO_ROOT / "docs" / "simulator_validation.md")
     ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
     args = ap.parse_args(argv)
-    base = [f"num_minibatches={args.minibatches}", "warmup_minibatches=2", "threads_per_rank=1"]
-    latest: dict[tuple[str, str], tuple] = {}
+    base = ["threads_per_rank=1"]
+    calibration_base = [*base, "minibatch_size=4", *run_length(args.samples_per_rank, 4)]
+    calibration_runs: dict[str, list[tuple]] = {e: [] for e in args.engines}
     calibration = args.out / "sim-cpu-calibration.json"
     datasets = ("dataset=longalign", "dataset=swe_smith")
     rows, loads, repeated = [], [], []
@@ -162,25 +176,25 @@ def main(argv: list[str] | None = None) -> None:
     for i, (label, extra) in enumerate(chosen):
         for k in ((0, 1) if i == 0 else (i % 2,)):
             for engine in args.engines:
-                latest[(engine, datasets[k])] = run_real([*base, datasets[k], f"engine={engine}"],
-                                                         args.results_dir / "calibration")
-                spec, events = latest[(engine, datasets[k])]
+                spec, events = run_real([*calibration_base, datasets[k], f"engine={engine}"],
+                                        args.results_dir / "calibration")
+                calibration_runs[engine].append((spec, events))
                 repeated.append(dict(config=f"calibration {datasets[k].split('=')[1]} mb4", engine=engine,
                                      samples_per_s=summary(spec, events)["samples_per_s"]))
-        runs = {e: [latest[(e, d)] for d in datasets] for e in args.engines}
-        atomic_write_text(calibration, json.dumps(fit(runs), indent=2) + "\n")
+        atomic_write_text(calibration, json.dumps(fit(calibration_runs), indent=2) + "\n")
         loads.append(os.getloadavg()[0])
-        rows += compare(label, [*base, *extra], args.engines, calibration, args.results_dir, args.repeats)
+        length = run_length(args.samples_per_rank, minibatch_size_of(extra))
+        rows += compare(label, [*base, *length, *extra], args.engines, calibration, args.results_dir, args.repeats)
     table = pd.DataFrame(rows)
     ratio = ratios(table)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                             text=True).stdout.strip()
     shown = calibration.relative_to(REPO_ROOT) if calibration.is_relative_to(REPO_ROOT) else calibration
     provenance = (f"Machine {socket.gethostname()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}; "
-                  f"last calibration {shown} (rolling, see the module's docstring); {args.minibatches} minibatches "
-                  f"per run, 2 of them warm-up; median of {args.repeats} real run(s) per config and engine; "
-                  f"1-minute load average {min(loads):.1f}-{max(loads):.1f} on "
-                  f"{os.cpu_count()} cores.")
+                  f"last calibration {shown} (pooled, see the module's docstring); {args.samples_per_rank} "
+                  f"measured samples per rank in every run, after 2 warm-up minibatches; median of "
+                  f"{args.repeats} real run(s) per config and engine; 1-minute load average "
+                  f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores.")
     atomic_write_text(args.out / "sim-cpu.csv", table.to_csv(index=False))
     if not ratio.empty:
         atomic_write_text(args.out / "sim-cpu-ratios.csv", ratio.to_csv(index=False))
