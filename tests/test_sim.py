@@ -15,6 +15,7 @@ from odc_bench.sim import list_schedule, simulate
 from odc_bench.sim.hardware import EngineCosts, Network
 from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import collective, odc
+from odc_bench.sim.validate import ratios
 from tests.conftest import compose_config, run_cli
 
 
@@ -235,3 +236,17 @@ def test_the_cpu_fit_follows_a_cost_per_squared_token_that_rises_past_a_length()
 
     assert error_on_short(()) > 0.2
     assert error_on_short((300.0, 600.0, 1200.0)) < 0.01
+
+
+def test_validation_ratio_is_the_median_over_side_by_side_pairs():
+    # Pairs (odc/collective): 3/1, 4/4, 5/2 -> 3.0, 1.0, 2.5: median 2.5, while the ratio of
+    # the engines' medians (4/2) pairs runs made at different times.
+    table = pd.DataFrame([
+        dict(config="c", engine="collective", measured_samples_per_s=2.0, predicted_samples_per_s=2.0,
+             runs_samples_per_s="1 4 2"),
+        dict(config="c", engine="odc", measured_samples_per_s=4.0, predicted_samples_per_s=5.0,
+             runs_samples_per_s="3 4 5"),
+    ])
+    r = ratios(table).iloc[0]
+    assert r["measured_ratio"] == 2.5 and (r["pair_min"], r["pair_max"]) == (1.0, 3.0)
+    assert r["ratio_of_medians"] == 2.0 and r["predicted_ratio"] == 2.5 and r["error"] == 0.0
