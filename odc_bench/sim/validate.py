@@ -112,7 +112,7 @@ def ratios(table: pd.DataFrame) -> pd.DataFrame:
 
 def repeatability(repeated: list[dict]) -> pd.DataFrame:
     """How much the same real run's throughput moves between repetitions on this machine: the
-    rolling calibration runs one fixed config per dataset and engine again and again."""
+    calibration runs repeat one fixed config per dataset and engine."""
     t = pd.DataFrame(repeated)
     if t.empty:
         return t
