@@ -13,7 +13,7 @@ runs: LongAlign and SWE-smith at 4 samples per rank, configs the validation does
 (those have 1, 2 or 8 samples per rank and fresh seeds), so the prediction is out of sample.
 Before each validation config one more calibration run per engine is made (the two datasets
 alternating), and the profile is refitted on every calibration run made so far: pooling them
-averages out one run's noise (identical calibration runs differ by up to 9% on this machine),
+averages out one run's noise (identical calibration runs differed by up to 13% on this machine),
 which a profile fitted on the latest run only passed on to every prediction. Every run, real
 or calibration, covers the same number of samples per rank (`--samples-per-rank`), so a run
 at 1 sample per rank is as long as one at 8 and no shorter run carries more of the machine's
