@@ -103,6 +103,17 @@ def test_primitives_runs_the_primitives_task_on_two_and_four_ranks():
     assert sorted(j["world_size"] for j in jobs) == ["2", "4"]
 
 
+def test_balanced_control_runs_each_seed_as_a_pair_of_engines_in_alternating_order():
+    """The median over side-by-side pairs is only fair if neither engine always runs second."""
+    jobs = jobs_of("odc_engine_balanced")
+    assert {(j["dataset"], j["dataset.length_scale"]) for j in jobs} == {("fixed", "0.0625")}
+    seeds = [j["seed"] for j in jobs]
+    assert len(set(seeds)) >= 5 and all(seeds[k] == seeds[k + 1] for k in range(0, len(seeds), 2))
+    pairs = [(jobs[k]["engine"], jobs[k + 1]["engine"]) for k in range(0, len(jobs), 2)]
+    assert set(pairs) == {("collective", "odc"), ("odc", "collective")}
+    assert sum(p[0] == "odc" for p in pairs) in (len(pairs) // 2, (len(pairs) + 1) // 2)
+
+
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_job_of_every_sweep_composes_and_resolves_to_its_parameters(name):
     """All jobs of small sweeps, a covering subset (every swept value at least once) of big ones.
