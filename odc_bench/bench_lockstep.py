@@ -35,10 +35,13 @@ from omegaconf import OmegaConf
 from odc_bench.launch.ranks import run_ranks
 from odc_bench.models.qwen2 import packed_batch
 from odc_bench.results import atomic_write_text
+from odc_bench.worker import build_model
 
 MODES = ("aligned", "staggered")
 TINY = Path(__file__).parent / "conf" / "model" / "tiny.yaml"
 TIMEOUT_S = 600.0
+
+
 def _barrier(store: dist.Store, key: str, world: int) -> None:
     store.add(key, 1)
     while store.add(key, 0) < world:
@@ -49,8 +52,6 @@ def rank_main(rank: int, world: int, store: dist.Store, tokens: int, steps: int,
               mode: str) -> list[tuple[float, float, float]]:
     """This rank's (start, seconds, kernel seconds) per step, on the host's monotonic clock."""
     torch.set_num_threads(1)
-    from odc_bench.worker import build_model
-
     model = build_model({"model": OmegaConf.to_container(OmegaConf.load(TINY)), "seed": 0}, torch.device("cpu"))
     vocab = model.cfg.vocab_size
     batch = packed_batch([torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(0))])
