@@ -91,13 +91,19 @@ def test_the_fitted_profile_predicts_another_config(calibration, tmp_path):
 
 @pytest.mark.skipif("odc" not in ENGINES, reason="the real odc engine is not installed yet (odc_core.engine)")
 def test_the_odc_over_collective_ratio_of_a_small_config(tmp_path):
+    """Each engine is simulated with a profile fitted on its own run, so the predicted ratio
+    carries the model's error only. A profile pooled over both runs shares one compute fit,
+    and the host's speed drifting between the two runs (made one after the other, up to 13%
+    apart on this machine) then moved the measured ratio away from the prediction by itself;
+    the validation (odc_bench.sim.validate) measures that part with interleaved, repeated runs."""
     skip_if_overloaded()
     config = ("dataset=longalign", "seed=3")
     runs = {e: real_run(tmp_path / e, *config, f"engine={e}") for e in ("collective", "odc")}
-    path = tmp_path / "cal.json"
-    path.write_text(json.dumps(fit({e: [(spec, ev)] for e, (spec, _, ev) in runs.items()})))
-    measured = {e: summary(spec, ev)["samples_per_s"] for e, (spec, _, ev) in runs.items()}
-    predicted = {e: sim_run(tmp_path / f"sim-{e}", path, *config, f"engine={e}")[1]["samples_per_s"]
-                 for e in runs}
+    measured, predicted = {}, {}
+    for engine, (spec, _, events) in runs.items():
+        path = tmp_path / f"cal-{engine}.json"
+        path.write_text(json.dumps(fit({engine: [(spec, events)]})))
+        measured[engine] = summary(spec, events)["samples_per_s"]
+        predicted[engine] = sim_run(tmp_path / f"sim-{engine}", path, *config, f"engine={engine}")[1]["samples_per_s"]
     assert predicted["odc"] / predicted["collective"] == pytest.approx(measured["odc"] / measured["collective"],
-                                                                       rel=0.10)
+                                                                       rel=0.05)
