@@ -2,8 +2,9 @@
 
 Collective FSDP keeps ranks in lockstep: with equal lengths, both run the same layer's
 forward or backward at the same time. On GPUs each rank has a device to itself, but on a
-CPU host the ranks share caches, memory bandwidth and the hypervisor's page-fault path, so
-phases that line up compete with each other. ODC ranks drift apart between their once per
+CPU host the ranks share caches and memory bandwidth, so phases that line up compete with
+each other (not through page faults: an allocator that avoids them left the penalty in
+place, results/host/README.md). ODC ranks drift apart between their once per
 minibatch barriers. This benchmark measures the effect with no communication at all, to tell
 how much of a CPU comparison of the engines on equal lengths is the host rather than the
 engines (docs/odc_engine.md, "The balanced control where compute dominates").
@@ -22,7 +23,6 @@ time the ranks spent in the kernel (system time: page faults and the like).
 from __future__ import annotations
 
 import argparse
-import io
 import resource
 import time
 from pathlib import Path
@@ -118,10 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     print(s.round(3).to_string())
     print(f"median aligned / staggered: {s['ratio'].median():.3f}")
     if a.out:
-        buf = io.StringIO()
-        table.to_csv(buf, index=False)
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(a.out, buf.getvalue())
+        atomic_write_text(a.out, table.to_csv(index=False))
 
 
 if __name__ == "__main__":
