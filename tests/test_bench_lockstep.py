@@ -1,5 +1,7 @@
 """The lockstep benchmark's two modes do what they say, with real rank processes."""
 
+import os
+
 import pandas as pd
 import pytest
 
@@ -43,6 +45,17 @@ def test_summary_is_the_ratio_of_the_modes_medians_per_pair_and_the_kernel_share
 def test_kernel_time_is_counted_per_step(runs):
     table = runs["aligned"]
     assert (table["kernel_seconds"] >= 0).all() and table["kernel_seconds"].sum() > 0
+
+
+def test_unpinned_ranks_may_run_anywhere_and_pinned_ones_on_a_cpu_each(runs):
+    allowed = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert (runs["aligned"]["cpus"] == allowed).all()
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("pinning two ranks apart needs two CPUs; this process may use one")
+    pinned = bench_lockstep.measure(tokens=256, steps=1, mode="staggered", pin=True)
+    per_rank = pinned.groupby("rank")["cpus"].unique()
+    assert all(len(c) == 1 and "," not in c[0] for c in per_rank), per_rank.tolist()
+    assert per_rank[0][0] != per_rank[1][0]
 
 
 def test_a_count_below_one_is_refused_in_one_line(capsys):
