@@ -24,7 +24,7 @@ from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
 from odc_bench.data.real import LOADERS, DataError, load_lengths
 from odc_bench.models.qwen2 import Qwen2Config, labelled_tokens
 from odc_bench.results import TableError, check_table, run_key
-from odc_core.engine import COLLECTIVE_BACKENDS, ENGINES, collective_backend
+from odc_core.engine import COLLECTIVE_BACKENDS, ENGINES, LOCKSTEP_ENGINES, collective_backend
 
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -258,12 +258,12 @@ def resolve(cfg: DictConfig) -> RunSpec:
     engine_options_of(cfg)
     _require(cfg.balancer.name in BALANCERS,
              f"unknown balancer {cfg.balancer.name!r}; choose one of {', '.join(sorted(BALANCERS))}")
-    _require(not (cfg.engine.name == "collective" and cfg.balancer.name in UNEQUAL_COUNTS),
-             f"balancer {cfg.balancer.name} gives ranks different microbatch counts, which collective FSDP "
-             f"cannot run (every layer is a barrier); use engine=odc")
+    _require(not (cfg.engine.name in LOCKSTEP_ENGINES and cfg.balancer.name in UNEQUAL_COUNTS),
+             f"balancer {cfg.balancer.name} gives ranks different microbatch counts, which engine="
+             f"{cfg.engine.name} cannot run (every layer is a barrier); use engine=odc")
     threads = cfg.get("threads_per_rank")
-    _require(not (cfg.engine.name == "odc" and cfg.backend.name == "local" and run_device_type(cfg) == "cuda"),
-             "engine=odc has no CUDA transport yet (its symmetric heap is CPU shared memory); "
+    _require(not (cfg.engine.name != "collective" and cfg.backend.name == "local" and run_device_type(cfg) == "cuda"),
+             f"engine={cfg.engine.name} has no CUDA transport yet (its symmetric heap is CPU shared memory); "
              "run it with device=cpu, or use engine=collective on GPUs")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
              f"threads_per_rank must be null or a positive integer, got {threads!r}")
@@ -292,7 +292,7 @@ def resolve(cfg: DictConfig) -> RunSpec:
         config["engine"]["backend"] = collective_backend(cfg.engine.get("backend", "auto"), run_device_type(cfg))
     spec = RunSpec(config=config, run_id=run_key(config), max_tokens=max_tokens, cost_model=cost.label)
 
-    semantics = "collective" if cfg.engine.name == "collective" else "odc"
+    semantics = "collective" if cfg.engine.name in LOCKSTEP_ENGINES else "odc"
     for k, ids in enumerate(minibatch_samples(len(lengths), world * per_rank, num_mb, int(cfg.seed))):
         lens = [int(lengths[i]) for i in ids]
         longest = max(lens)
@@ -301,11 +301,11 @@ def resolve(cfg: DictConfig) -> RunSpec:
                  f"raise max_tokens (or packing_ratio) or lower dataset.length_scale")
         plan = make_plan(cfg.balancer.name, lens, world, max_tokens, cost, seed=int(cfg.seed) + k, **options)
         queue = make_queue(cfg.balancer.name, lens, world, max_tokens, cost, **options)
-        if cfg.engine.name == "collective":
+        if cfg.engine.name in LOCKSTEP_ENGINES:
             counts = {len(r) for r in plan}
             _require(len(counts) == 1,
                      f"balancer {cfg.balancer.name} gave ranks different microbatch counts {sorted(counts)} "
-                     f"in minibatch {k}; collective FSDP needs equal counts, use engine=odc")
+                     f"in minibatch {k}; engine={cfg.engine.name} needs equal counts, use engine=odc")
         spec.minibatches.append(Minibatch(ids, lens, plan, queue=queue,
                                           prediction=predict(plan, lens, world, max_tokens, cost, semantics)))
     return spec

@@ -89,7 +89,12 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
     "bad-length-scale": (["dataset.length_scale=0"], "dataset.length_scale must be a positive number", None),
     # combinations that cannot run
     "lb-mini-on-collective": (["balancer=lb_mini"], "balancer lb_mini gives ranks different microbatch counts, "
-                              "which collective FSDP cannot run", None),
+                              "which engine=collective cannot run", None),
+    "lb-mini-in-lockstep": (["balancer=lb_mini", "engine=odc_lockstep"],
+                            "balancer lb_mini gives ranks different microbatch counts, which engine=odc_lockstep "
+                            "cannot run (every layer is a barrier); use engine=odc", None),
+    "lockstep-in-the-simulator": (["backend=sim", "engine=odc_lockstep"],
+                                  "unknown engine 'odc_lockstep'; choose one of collective, odc", None),
     "dynamic-on-collective": (["balancer=dynamic"], "balancer dynamic gives ranks different microbatch counts", None),
     # sizes that must divide or fit
     "heads-do-not-divide": (["model.num_heads=3"], "hidden_size 128 must divide by num_heads 3", None),

@@ -86,6 +86,17 @@ def test_loader_leaves_out_a_table_without_the_columns_figures_need(tmp_path):
     assert any("old/runs.csv left out" in note and "engine" in note for note in loaded.notes)
 
 
+def test_loader_leaves_out_runs_of_a_diagnostic_engine_with_a_note(tmp_path):
+    root = results_root(tmp_path / "results")
+    runs = pd.read_csv(root / "cpu" / "runs.csv")
+    lockstep = runs[runs["engine"] == "odc"].assign(engine="odc_lockstep", run_id=lambda t: t["run_id"] + "-lockstep")
+    pd.concat([runs, lockstep]).to_csv(root / "cpu" / "runs.csv", index=False)
+    loaded = load(root)
+    assert len(lockstep) > 0 and len(loaded.runs) == len(runs)
+    assert set(loaded.runs["engine"]) == {"collective", "odc"}
+    assert any("runs of engine(s) odc_lockstep left out" in note for note in loaded.notes)
+
+
 def test_cli_refuses_a_missing_results_root(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--results", str(tmp_path / "nowhere")])

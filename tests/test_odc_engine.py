@@ -55,6 +55,26 @@ def test_loss_curves_of_both_engines_match_over_20_steps():
         assert a == pytest.approx(b, rel=1e-4)
 
 
+def test_lockstep_diagnostic_meets_before_every_unit_and_trains_like_odc():
+    """engine=odc_lockstep changes when ranks compute a unit, not what they compute."""
+    free = run_local(_spec("odc", "num_minibatches=2"), collect_params=True)
+    spec = _spec("odc_lockstep", "num_minibatches=2")
+    results = run_local(spec, collect_params=True)
+    assert relative_error(results[0]["params"], free[0]["params"]) < 1e-6
+    events = events_frame(results)
+    waits = [w.sort_values("t0") for _, w in events[events["kind"] == "lockstep_wait"].groupby("rank")]
+    assert len(waits) == 2
+    microbatches = sum(len(mb.plan[0]) for mb in spec.minibatches)
+    units = waits[0]["unit"].nunique()
+    assert units >= 3 and len(waits[0]) == len(waits[1]) == 2 * units * microbatches
+    # A barrier: no rank leaves the i-th meeting before every rank has arrived at it.
+    arrived = [w["t0"].to_numpy() for w in waits]
+    left = [w["t1"].to_numpy() for w in waits]
+    assert list(waits[0]["unit"]) == list(waits[1]["unit"])
+    assert ((arrived[0] <= left[1]) & (arrived[1] <= left[0])).all()
+    assert not any((e["kind"] == "lockstep_wait") for r in free for e in r["events"])
+
+
 # Every public communication function of torch.distributed, found by name so the spy keeps
 # up with torch (FSDP2 in 2.13 calls all_gather_single / reduce_scatter_single).
 COLLECTIVES = sorted(name for name in dir(c10d) if not name.startswith("_") and callable(getattr(c10d, name))

@@ -114,6 +114,19 @@ def test_balanced_control_runs_each_seed_as_a_pair_of_engines_in_alternating_ord
     assert sum(p[0] == "odc" for p in pairs) in (len(pairs) // 2, (len(pairs) + 1) // 2)
 
 
+def test_lockstep_control_runs_the_balanced_workload_as_triples_whose_order_rotates():
+    jobs = jobs_of("odc_engine_lockstep")
+    balanced = jobs_of("odc_engine_balanced")[0]
+    assert all({k: j[k] for k in ("dataset", "dataset.length_scale", "num_minibatches")}
+               == {k: balanced[k] for k in ("dataset", "dataset.length_scale", "num_minibatches")} for j in jobs)
+    triples = [jobs[k:k + 3] for k in range(0, len(jobs), 3)]
+    assert len(triples) >= 3 and all(len({j["seed"] for j in t}) == 1 for t in triples)
+    engines = {"collective", "odc", "odc_lockstep"}
+    assert all({j["engine"] for j in t} == engines for t in triples)
+    for place in range(3):
+        assert {t[place]["engine"] for t in triples} == engines, f"every engine runs in place {place} once"
+
+
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_job_of_every_sweep_composes_and_resolves_to_its_parameters(name):
     """All jobs of small sweeps, a covering subset (every swept value at least once) of big ones.

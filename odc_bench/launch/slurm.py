@@ -184,9 +184,9 @@ def check_placement(cfg: DictConfig, params: dict[str, Any]) -> None:
         raise ConfigError("hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine, which "
                           "sees no CUDA device; submit from a node that sees the GPUs")
     if params["nodes"] > 1 and run_device_type(cfg) == "cpu":
-        if cfg.engine.name == "odc":
-            raise ConfigError(f"engine=odc on CPU keeps its symmetric heap in shared memory, which cannot span "
-                              f"hydra.launcher.nodes={params['nodes']}; set hydra.launcher.nodes=1")
+        if cfg.engine.name != "collective":
+            raise ConfigError(f"engine={cfg.engine.name} on CPU keeps its symmetric heap in shared memory, which "
+                              f"cannot span hydra.launcher.nodes={params['nodes']}; set hydra.launcher.nodes=1")
         if collective_backend(cfg.engine.get("backend", "auto"), "cpu") == "shm":
             raise ConfigError(f"engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
                               f"hydra.launcher.nodes={params['nodes']}; set engine.backend=gloo or "

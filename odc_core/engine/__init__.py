@@ -1,4 +1,6 @@
-"""Data-parallel engines: `collective` (FSDP2) and `odc` (on-demand communication)."""
+"""Data-parallel engines: `collective` (FSDP2) and `odc` (on-demand communication), plus
+`odc_lockstep`, a diagnostic: ODC with its ranks held in step at every unit, as FSDP2's
+collectives hold them, to measure what computing in step costs on a host (docs/odc_engine.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import torch.distributed as dist
 
 from odc_core.engine.base import DataParallelEngine
 
-ENGINES = ("collective", "odc")
+ENGINES = ("collective", "odc", "odc_lockstep")
+# Engines whose ranks meet at every unit, so every rank must run as many microbatches.
+LOCKSTEP_ENGINES = ("collective", "odc_lockstep")
 # Process groups the collective engine's FSDP2 can run on; `auto` is shm on CPU, nccl on CUDA.
 COLLECTIVE_BACKENDS = ("auto", "shm", "gloo", "nccl")
 
@@ -38,13 +42,14 @@ def make_engine(name: str, device: torch.device, *, store: dist.Store, job_id: s
         from odc_core.engine.fsdp2 import CollectiveEngine
 
         return CollectiveEngine(device, job_id=job_id, timeout_s=timeout_s, **options)
-    if name == "odc":
+    if name in ("odc", "odc_lockstep"):
         from odc_core.engine.odc import OdcEngine
         from odc_core.transport import make_heap
 
         heap = make_heap(device, dist.get_rank(), dist.get_world_size(), job_id, store, timeout_s)
-        return OdcEngine(device, heap, timeout_s=timeout_s, **options)
+        return OdcEngine(device, heap, timeout_s=timeout_s, lockstep=name == "odc_lockstep", **options)
     raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
 
 
-__all__ = ["COLLECTIVE_BACKENDS", "DataParallelEngine", "ENGINES", "collective_backend", "make_engine"]
+__all__ = ["COLLECTIVE_BACKENDS", "DataParallelEngine", "ENGINES", "LOCKSTEP_ENGINES", "collective_backend",
+           "make_engine"]

@@ -16,6 +16,11 @@ Synchronisation, once per minibatch k, through two int64 flags every rank publis
   therefore start minibatch k + 1 as soon as the owners it reads from have stepped, with no
   second barrier. Pushes of minibatch k + 1 cannot reach an accumulator early either: a
   rank only pushes a unit's gradients after gathering that unit from the same owners.
+
+With `lockstep=True` (engine `odc_lockstep`) the ranks also meet at a barrier before every
+unit's forward and backward, as FSDP2's collectives make them. Nothing is gained by it: it
+exists to measure how much of a comparison with FSDP2 on one host comes from ranks computing
+the same thing at the same moment rather than from the communication.
 """
 
 from __future__ import annotations
@@ -96,12 +101,13 @@ class OdcEngine:
     loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
 
     def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str = "fp32",
-                 prefetch: bool = True, timeout_s: float = 120.0) -> None:
+                 prefetch: bool = True, timeout_s: float = 120.0, lockstep: bool = False) -> None:
         self.device = device
         self.heap = heap
         self.rank, self.world_size = heap.rank, heap.world_size
         self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.prefetch = prefetch
+        self.lockstep = lockstep
         self.timeout_s = timeout_s
         self.trace: TraceHook | None = None
         self.units: list[_Unit] = []
@@ -204,6 +210,7 @@ class OdcEngine:
     # ---- hooks ------------------------------------------------------------------------
     def _pre_forward(self, unit: _Unit, args: tuple):
         self._ensure_gathered(unit)
+        self._meet(unit)
         if unit.index + 1 < len(self.units):
             self._prefetch(self.units[unit.index + 1])
         x = args[0] if args else None
@@ -220,6 +227,7 @@ class OdcEngine:
 
     def _pre_backward(self, unit: _Unit) -> None:
         self._ensure_gathered(unit)
+        self._meet(unit)
         unit.grad = torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
         for p, off in zip(unit.params, unit.offsets, strict=True):
             # Autograd accumulates into an existing .grad in place, so the flat buffer fills
@@ -228,6 +236,13 @@ class OdcEngine:
         unit.grads_ready, unit.input_done = 0, False
         if unit.index > 0:
             self._prefetch(self.units[unit.index - 1])
+
+    def _meet(self, unit: _Unit) -> None:
+        """In lockstep, wait until every rank is about to compute this unit too."""
+        if self.lockstep:
+            t0 = _now()
+            self.heap.barrier(self.timeout_s)
+            self._emit("lockstep_wait", t0, unit=unit.name)
 
     def _param_grad_done(self, unit: _Unit) -> None:
         unit.grads_ready += 1
