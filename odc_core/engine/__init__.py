@@ -1,6 +1,6 @@
 """Data-parallel engines: `collective` (FSDP2) and `odc` (on-demand communication), plus
 `odc_lockstep`, a diagnostic: ODC with its ranks held in step at every unit, as FSDP2's
-collectives hold them, to measure what computing in step costs on a host (docs/odc_engine.md)."""
+collectives hold them, to measure what holding ranks in step costs (docs/odc_engine.md)."""
 
 from __future__ import annotations
 

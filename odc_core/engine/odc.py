@@ -19,8 +19,8 @@ Synchronisation, once per minibatch k, through two int64 flags every rank publis
 
 With `lockstep=True` (engine `odc_lockstep`) the ranks also meet at a barrier before every
 unit's forward and backward, as FSDP2's collectives make them. Nothing is gained by it: it
-exists to measure how much of a comparison with FSDP2 on one host comes from ranks computing
-the same thing at the same moment rather than from the communication.
+exists to tell, in a comparison with FSDP2, what comes from holding ranks in step (waiting
+for the slower rank at every unit) from what comes from the communication itself.
 """
 
 from __future__ import annotations
