@@ -5,7 +5,9 @@ directory and rename it over the old one, so a reader or a killed writer never s
 row. The table is small (one row per run), so rewriting it is cheap.
 
 `python -m odc_bench.results collect DIR... [--out FILE]` merges the tables under some
-directories (local runs, SLURM sweeps, simulations) into one tidy table for the figures.
+directories (local runs, SLURM sweeps, simulations) into one tidy table for the figures;
+`compare DIR...` prints every series beside the collective baseline (what `make demo` shows)
+and `pairs DIR...` reads a control sweep's back-to-back runs pair by pair (odc_bench.pairs).
 """
 
 from __future__ import annotations
@@ -232,6 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="the merged CSV (default: %(default)s); a .parquet beside it when pyarrow is installed")
     cmp = commands.add_parser("compare", help="print every series of a table beside the collective baseline")
     cmp.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    par = commands.add_parser("pairs", help="one engine against another, run by run within each results folder: "
+                              "the median ratio and its 95%% interval")
+    par.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    par.add_argument("--engine", default="odc", help="the numerator series (default: %(default)s)")
+    par.add_argument("--baseline", default="collective",
+                     help="the denominator series; collective[shm] names FSDP2's process group (default: %(default)s)")
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.dirs if not d.is_dir()]
     if missing:
@@ -242,6 +250,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         tables = [read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))]
         print_comparison(comparison(pd.concat(tables, ignore_index=True)) if tables else pd.DataFrame())
+        return 0
+    if args.command == "pairs":
+        from odc_bench.pairs import PairingError, paired_ratios, print_pairs
+
+        tables = {str(p.parent): read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))}
+        try:
+            pairs = paired_ratios(tables, args.engine, args.baseline)
+        except PairingError as e:
+            print(f"odc_bench.results: error: {e}", file=sys.stderr)
+            return 2
+        print_pairs(pairs, args.engine, args.baseline)
         return 0
     try:
         rows = collect(args.dirs, args.out)

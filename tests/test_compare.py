@@ -3,6 +3,8 @@ import pytest
 from rich.console import Console
 
 from odc_bench.compare import WORKLOAD, comparison, print_comparison
+from odc_bench.pairs import PairingError, paired_ratios, summarize
+from odc_bench.results import main as results_main
 
 
 def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
@@ -58,3 +60,57 @@ def test_fsdp2_on_two_process_groups_is_two_series_and_the_shared_memory_one_is_
 def test_one_process_group_is_not_named():
     table = pd.DataFrame([_row("a", "collective", "local_sort", 5.0, group="shm"), _row("b", "odc", "local_sort", 6.0)])
     assert set(comparison(table)["series"]) == {"collective+local_sort", "odc+local_sort"}
+
+
+def _pair_rows(prefix, ratios, baseline=10.0):
+    """odc and collective runs of seeds 0.. whose odc / collective ratios are `ratios`."""
+    return pd.DataFrame([r for seed, ratio in enumerate(ratios) for r in (
+        _row(f"{prefix}c{seed}", "collective", "local_sort", baseline + seed, seed=seed),
+        _row(f"{prefix}o{seed}", "odc", "local_sort", (baseline + seed) * ratio, seed=seed))])
+
+
+def test_pairs_are_the_same_seed_in_the_same_results_folder_never_across_folders():
+    only_odc = _pair_rows("x", [1.0, 1.0])
+    tables = {"a": _pair_rows("a", [1.1, 0.9], baseline=10.0), "b": _pair_rows("b", [1.0, 1.2], baseline=50.0),
+              "c": only_odc[only_odc.engine == "odc"]}
+    pairs = paired_ratios(tables, "odc", "collective").set_index(["run", "seed"])
+    assert sorted(pairs.index) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)], "folder c has no collective run to pair"
+    assert pairs["ratio"].to_dict() == pytest.approx({("a", 0): 1.1, ("a", 1): 0.9, ("b", 0): 1.0, ("b", 1): 1.2})
+    assert pairs.loc[("b", 1), "baseline_samples_per_s"] == pytest.approx(51.0)
+
+
+def test_the_summary_is_the_median_pair_with_an_interval_that_spans_disagreeing_folders():
+    pairs = paired_ratios({"a": _pair_rows("a", [1.0, 1.0, 1.0]), "b": _pair_rows("b", [1.2, 1.2, 1.2])},
+                          "odc", "collective")
+    s = summarize(pairs)
+    assert s["median"] == pytest.approx(1.1)
+    assert (s["pairs"], s["runs"], s["slower"]) == (6, 2, 0)
+    assert (s["low"], s["high"]) == pytest.approx((1.0, 1.2)), "either folder alone may be the whole resample"
+    agreeing = summarize(paired_ratios({"a": _pair_rows("a", [0.9, 0.9]), "b": _pair_rows("b", [0.9, 0.9])},
+                                       "odc", "collective"))
+    assert (agreeing["low"], agreeing["median"], agreeing["high"], agreeing["slower"]) == pytest.approx(
+        (0.9, 0.9, 0.9, 4))
+
+
+def test_fsdp2_on_two_process_groups_must_be_named_to_be_paired():
+    table = pd.DataFrame([_row("g", "collective", "local_sort", 5.0, group="gloo"),
+                          _row("s", "collective", "local_sort", 8.0, group="shm"),
+                          _row("o", "odc", "local_sort", 10.0)])
+    with pytest.raises(PairingError, match=r"2 collective runs of one seed .*name one, e.g. collective\[shm\]"):
+        paired_ratios({"fair": table}, "odc", "collective")
+    pairs = paired_ratios({"fair": table}, "odc", "collective[shm]")
+    assert pairs["ratio"].tolist() == pytest.approx([10.0 / 8.0])
+
+
+def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one_line(tmp_path, capsys):
+    for name, ratios in (("a", [1.1, 0.9, 1.0]), ("b", [1.05])):
+        (tmp_path / name).mkdir()
+        _pair_rows(name, ratios).to_csv(tmp_path / name / "runs.csv", index=False)
+    assert results_main(["pairs", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "median 1.000 over 3 pairs" in out and "median 1.025 over 4 pairs in 2 results folders" in out
+    assert "odc the slower in 1 of 4 pairs" in out
+    assert results_main(["pairs", str(tmp_path / "a"), "--engine", "odc_lockstep"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("odc_bench.results: error: no workload and seed ran as both odc_lockstep and collective")
+    assert "\n" not in err
