@@ -55,9 +55,11 @@ def paired_ratios(tables: Mapping[str, pd.DataFrame], engine: str, baseline: str
             rows = _pick(ok, labels, series)
             doubled = rows[rows.duplicated(subset=KEY, keep=False)]
             if not doubled.empty:
-                raise PairingError(
-                    f"{run} holds {len(doubled)} {series} runs of one seed and workload (process groups "
-                    f"{sorted(set(labels[doubled.index]))}); name one, e.g. {series}[shm]")
+                groups = sorted(set(labels[doubled.index]))
+                fix = (f"name one of {', '.join(groups)}" if len(groups) > 1 else
+                       "give a folder with one such run per seed (they differ in a setting pairs does not key on)")
+                raise PairingError(f"{run} holds {len(doubled)} {series} runs of the same workload, balancer and seed; "
+                                   f"{fix}")
             sides.append(rows[KEY + ["samples_per_s"]].rename(columns={"samples_per_s": column}))
         matched = sides[0].merge(sides[1], on=KEY)
         if not matched.empty:
@@ -69,7 +71,7 @@ def paired_ratios(tables: Mapping[str, pd.DataFrame], engine: str, baseline: str
     return pd.concat(pairs, ignore_index=True)[columns].sort_values(["run", "seed"], ignore_index=True)
 
 
-def summarize(pairs: pd.DataFrame, n_boot: int = 10_000, seed: int = 0) -> dict[str, float]:
+def summarize(pairs: pd.DataFrame, n_boot: int = 10_000, seed: int = 0) -> dict[str, float | int]:
     """Median ratio over the pairs, its 95% interval (folders resampled, then pairs), and counts."""
     ratios = pairs["ratio"].to_numpy(dtype=float)
     medians = bootstrap(ratios, func=np.median, units=pairs["run"].to_numpy(), n_boot=n_boot, seed=seed)

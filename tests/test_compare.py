@@ -96,8 +96,12 @@ def test_fsdp2_on_two_process_groups_must_be_named_to_be_paired():
     table = pd.DataFrame([_row("g", "collective", "local_sort", 5.0, group="gloo"),
                           _row("s", "collective", "local_sort", 8.0, group="shm"),
                           _row("o", "odc", "local_sort", 10.0)])
-    with pytest.raises(PairingError, match=r"2 collective runs of one seed .*name one, e.g. collective\[shm\]"):
+    with pytest.raises(PairingError, match=r"2 collective runs of the same .*name one of collective\[gloo\], "
+                                           r"collective\[shm\]"):
         paired_ratios({"fair": table}, "odc", "collective")
+    twice = pd.concat([table, pd.DataFrame([_row("o2", "odc", "local_sort", 11.0)])], ignore_index=True)
+    with pytest.raises(PairingError, match="2 odc runs of the same .*one such run per seed"):
+        paired_ratios({"prefetch": twice}, "odc", "collective[shm]")
     pairs = paired_ratios({"fair": table}, "odc", "collective[shm]")
     assert pairs["ratio"].tolist() == pytest.approx([10.0 / 8.0])
 
