@@ -245,30 +245,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"odc_bench.results: error: not a directory: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.command == "collect":
+        try:
+            rows = collect(args.dirs, args.out)
+        except FileNotFoundError as e:
+            print(f"odc_bench.results: error: {e}; give the folders that hold the results (results_dir)",
+                  file=sys.stderr)
+            return 2
+        ok = int((rows["status"] == "ok").sum())
+        print(f"{len(rows)} runs ({ok} ok) -> {args.out}")
+        return 0
+    tables = {str(p.parent): read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))}
     if args.command == "compare":
         from odc_bench.compare import comparison, print_comparison
 
-        tables = [read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))]
-        print_comparison(comparison(pd.concat(tables, ignore_index=True)) if tables else pd.DataFrame())
+        print_comparison(comparison(pd.concat(tables.values(), ignore_index=True)) if tables else pd.DataFrame())
         return 0
-    if args.command == "pairs":
-        from odc_bench.pairs import PairingError, paired_ratios, print_pairs
+    from odc_bench.pairs import PairingError, paired_ratios, print_pairs
 
-        tables = {str(p.parent): read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))}
-        try:
-            pairs = paired_ratios(tables, args.engine, args.baseline)
-        except PairingError as e:
-            print(f"odc_bench.results: error: {e}", file=sys.stderr)
-            return 2
-        print_pairs(pairs, args.engine, args.baseline)
-        return 0
     try:
-        rows = collect(args.dirs, args.out)
-    except FileNotFoundError as e:
-        print(f"odc_bench.results: error: {e}; give the folders that hold the results (results_dir)", file=sys.stderr)
+        pairs = paired_ratios(tables, args.engine, args.baseline)
+    except PairingError as e:
+        print(f"odc_bench.results: error: {e}", file=sys.stderr)
         return 2
-    ok = int((rows["status"] == "ok").sum())
-    print(f"{len(rows)} runs ({ok} ok) -> {args.out}")
+    print_pairs(pairs, args.engine, args.baseline)
     return 0
 
 
