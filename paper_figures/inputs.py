@@ -7,8 +7,8 @@ coherent experiment (one machine, one backend), so figures that plot absolute nu
 each source separately instead of mixing paper-scale simulation with CPU runs.
 
 `local/` directly under the root is the scratch output of ad-hoc runs (not committed) and is
-left out, unless the root is that folder itself. Runs of engines the paper has no series for
-(the `odc_lockstep` diagnostic) are left out with a note. Real datasets' lengths for Fig. 7 are
+left out, unless the root is that folder itself. Runs of engines the engine registry does not
+know (diagnostics since retired) are left out with a note. Real datasets' lengths for Fig. 7 are
 `*.npy` files in a `lengths/` folder anywhere below the root, or given on the command line.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from paper_figures.series import ENGINE_NAMES
+from odc_bench.results.series import known_engines
 
 SCRATCH = "local"
 # Columns the figures cannot do without; a table lacking any is left out with a note.
@@ -78,10 +78,9 @@ def read_runs(root: Path, notes: list[str]) -> pd.DataFrame:
         if failed:
             notes.append(f"{path}: {failed} failed run(s) left out")
         table = table[table["status"] == "ok"].drop_duplicates("run_id", keep="last")
-        other = sorted(set(table["engine"].astype(str)) - set(ENGINE_NAMES))
+        table, other = known_engines(table)
         if other:
-            notes.append(f"{path}: runs of engine(s) {', '.join(other)} left out (no series of the paper)")
-            table = table[table["engine"].isin(ENGINE_NAMES)]
+            notes.append(f"{path}: runs of engine(s) {', '.join(other)} left out (not an engine of this harness)")
         frames.append(table.assign(source=_source_name(root, path.parent), table_dir=str(path.parent)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

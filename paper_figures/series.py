@@ -1,9 +1,8 @@
-"""What the figures share: series names and colours, and which runs are comparable.
+"""What the figures share: series colours and order, and which setting stands for the paper's.
 
-A *series* is an engine x balancer pair ("Collective + LB-Micro"), named as in the paper and
-coloured the same in every figure. A *setting* is everything else that defines a run's
-workload; runs of different series at one setting saw the same minibatches (the sample order
-depends on the seed only), so their throughputs compare directly.
+Series, workloads and settings are defined once, in odc_bench/results/series.py (engine and
+balancer names come from their registries); here they get the paper's wording, a fixed colour
+per series and the paper's order.
 """
 
 from __future__ import annotations
@@ -11,19 +10,16 @@ from __future__ import annotations
 import pandas as pd
 import seaborn as sns
 
-from odc_bench.results import process_groups
+from odc_bench.results.series import BALANCER_LABELS, BASELINE_BALANCERS, ENGINE_LABELS, SETTING, series_names
+from odc_core.engine.registry import ENGINES
 
-ENGINE_NAMES = {"collective": "Collective", "odc": "ODC"}
-BALANCER_NAMES = {"local_sort": "LocalSort", "lb_micro": "LB-Micro", "lb_mini": "LB-Mini", "dynamic": "Dynamic"}
+ENGINE_NAMES = ENGINE_LABELS
+BALANCER_NAMES = BALANCER_LABELS
 
 # The paper's comparison: ODC (with the best balancer) against the strongest collective baseline.
-BASELINE = ("collective", "lb_micro")
+BASELINE = (next(name for name, spec in ENGINES.items() if spec.baseline), BASELINE_BALANCERS[0])
 # Preference when one run per engine has to be picked (Fig. 1): the paper's headline pair first.
 PREFERRED = {"collective": ["lb_micro", "local_sort"], "odc": ["lb_mini", "lb_micro", "dynamic", "local_sort"]}
-
-# Columns that define a run's workload (the series columns engine, balancer, cost_model aside).
-SETTING = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_tokens", "packing_ratio",
-           "length_scale", "precision", "seed", "num_minibatches", "warmup_minibatches"]
 
 
 def _name(value: object, names: dict[str, str]) -> str:
@@ -35,15 +31,14 @@ def series_order() -> list[str]:
 
 
 def label_series(runs: pd.DataFrame) -> pd.Series:
-    """`Engine + Balancer` for each row; with FSDP2's process group appended where collective
-    runs used several (shared memory and gloo are different baselines), and the cost model
+    """`Engine + Balancer` for each row; with the engine's variant appended where its runs used
+    several (FSDP2 on shared memory and on gloo are different baselines), and the cost model
     where one series ran under several."""
-    engines = runs["engine"].map(lambda v: _name(v, ENGINE_NAMES))
     if {"config", "backend"} <= set(runs.columns):
-        groups = process_groups(runs)
-        if groups[runs["engine"] == "collective"].nunique() > 1:
-            engines = engines.where(groups == "", engines + " [" + groups + "]")
-    base = engines + " + " + runs["balancer"].map(lambda v: _name(v, BALANCER_NAMES))
+        base = series_names(runs, pretty=True)
+    else:
+        base = (runs["engine"].map(lambda v: _name(v, ENGINE_NAMES)) + " + "
+                + runs["balancer"].map(lambda v: _name(v, BALANCER_NAMES)))
     if "cost_model" not in runs:
         return base
     costs = runs["cost_model"].fillna("none").astype(str)

@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from odc_bench.metrics import BUSY_KINDS
+from odc_bench.record.metrics import BUSY_KINDS
 from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
 from paper_figures.series import describe_setting, golden, ordered, palette, with_series
 

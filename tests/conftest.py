@@ -1,31 +1,16 @@
+"""Fixtures every test may use; shared helper functions live in tests/helpers."""
+
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from omegaconf import DictConfig
 
-from odc_bench.app import register_sweeps
+from odc_bench.config.compose import register_sweeps
 
-REPO = Path(__file__).resolve().parents[1]
-
+# `sweep=NAME` composes in every test, as on the command line.
 register_sweeps()
-
-
-def compose_config(*overrides: str) -> DictConfig:
-    """The config `python -m odc_bench OVERRIDES` would run with."""
-    with initialize_config_module("odc_bench.conf", version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, "-m", "odc_bench", *args], cwd=cwd or REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -13,14 +13,13 @@ How the runtime uses the queue (`dynamic_queue`; the run spec carries it per min
   reaches the queue's length the rank stops claiming and enters finish_minibatch. That last,
   failing claim also counts, so base_k is the sum over earlier minibatches of (queue length
   + world size). The counter is never reset; no rank claims for k + 1 before every rank has
-  made its failing claim for k, since that precedes the minibatch barrier (worker.py);
+  made its failing claim for k, since that precedes the minibatch barrier (run/worker.py);
 - a rank may run zero microbatches; the loss stays normalized by the minibatch's global
   token count, so who ran what does not change the gradient.
 
-`dynamic` itself returns the predicted outcome of that process under the cost model: list
-scheduling of the queue, each entry to the rank that frees up first (ties to the lower
-rank), which is what the claims produce when the cost model is right. Plan quality and
-the predicted bubble rate use it; an engine without claiming can run it as a static plan.
+`scheduled` gives the predicted outcome of that process under the cost model: list
+scheduling of the queue (balancers/schedule.py), which is what the claims produce when the
+cost model is right. Plan quality and the predicted bubble rate use it.
 
 Queue granularity trades balance against overhead: small entries at the tail let the
 claims even out cost-model error, while each entry costs a pass of parameter gathers. So
@@ -28,7 +27,7 @@ the queue is chosen by the cost model: candidates pack samples first-fit decreas
 max_tokens and a per-entry cost cap (the lower bound, then 0.8 times that, and so on down to
 one sample per entry), each is list-scheduled, and the fewest-entry candidate whose predicted
 time is within `slack` of the best one wins. The cost model's per-microbatch constant (c,
-see cost_models.py) is what makes fewer entries pay off; with equal lengths the winner
+see cost.py) is what makes fewer entries pay off; with equal lengths the winner
 reaches the lower bound.
 
 There is no `equal_samples` option: which rank runs which entry is decided at run time, so
@@ -37,31 +36,36 @@ equal sample counts per rank cannot be promised; use lb_mini with equal_samples 
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from odc_bench.balancers.packing import Cost, heaviest_first, microbatch_cost
+from odc_bench.balancers.cost import CostModel
+from odc_bench.balancers.packing import heaviest_first
 from odc_bench.balancers.plan import Microbatch, Plan
+from odc_bench.balancers.schedule import list_schedule
+from odc_bench.config.fields import require
 
 # Candidate entry-cost caps: the lower bound, then shrinking by this factor down to the
 # cheapest sample (a geometric ladder: a handful of candidates even for very skewed costs).
 CAP_RATIO = 0.8
 # The default slack. Exact predicted balance (0) is the wrong target for a balancer whose
 # point is to correct the cost model at run time: under a model without a per-microbatch
-# cost (linear, quadratic, flops) it picks the finest queue that balances on paper, twice
-# the microbatches of 0.05 on the CPU workload, and every microbatch costs a pass of gathers
-# the model does not see. Measured (docs/balancers.md): 0.05 ran 3-14% faster than 0 in six
-# of six paired runs, with the run-time claims still evening out the remaining imbalance.
+# cost (linear, quadratic, flops) it picks the finest queue that balances on paper, and every
+# microbatch costs a pass of gathers the model does not see (measured in docs/balancers.md).
 DEFAULT_SLACK = 0.05
 
 
-def _overhead(cost: Cost) -> float:
-    """The cost model's per-microbatch constant, if it has one (CostModel.c)."""
-    return float(getattr(cost, "c", 0.0))
+@dataclass(frozen=True, kw_only=True)
+class DynamicOptions:
+    # Accept this much more predicted time (0.05 = 5%) for a queue of fewer microbatches.
+    slack: float = DEFAULT_SLACK
+
+    def __post_init__(self) -> None:
+        require(self.slack >= 0, f"balancer.options.slack must be a number >= 0, got {self.slack!r}")
 
 
-def capped_packing(lengths: Sequence[int], max_tokens: int, cost: Cost, cap: float) -> list[Microbatch]:
+def capped_packing(lengths: Sequence[int], max_tokens: int, cost: CostModel, cap: float) -> list[Microbatch]:
     """First-fit decreasing by cost: entries up to `cap` in cost and max_tokens in tokens."""
     entries: list[Microbatch] = []
     room: list[tuple[float, int]] = []
@@ -78,16 +82,19 @@ def capped_packing(lengths: Sequence[int], max_tokens: int, cost: Cost, cap: flo
     return entries
 
 
-def schedule_time(plan: Plan, lengths: Sequence[int], cost: Cost) -> float:
-    return max((sum(_overhead(cost) + microbatch_cost(mb, lengths, cost) for mb in rank) for rank in plan),
-               default=0.0)
+def schedule_time(plan: Plan, lengths: Sequence[int], cost: CostModel) -> float:
+    return max((sum(cost.microbatch(lengths[i] for i in mb) for mb in rank) for rank in plan), default=0.0)
 
 
-def dynamic_queue(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, *,
-                  slack: float = DEFAULT_SLACK) -> list[Microbatch]:
+def scheduled(queue: Sequence[Microbatch], lengths: Sequence[int], cost: CostModel, world_size: int) -> Plan:
+    """The plan claiming produces when every entry takes the time `cost` predicts."""
+    seconds = [cost.microbatch(lengths[i] for i in mb) for mb in queue]
+    return [[list(queue[i]) for i in rank] for rank in list_schedule(seconds, world_size)]
+
+
+def dynamic_queue(lengths: Sequence[int], world_size: int, max_tokens: int, cost: CostModel,
+                  options: DynamicOptions = DynamicOptions()) -> list[Microbatch]:
     """The minibatch's microbatches in claim order, heaviest first."""
-    if slack < 0:
-        raise ValueError(f"slack must be at least 0, got {slack}")
     if not lengths:
         return []
     costs = [cost(n) for n in lengths]
@@ -100,25 +107,8 @@ def dynamic_queue(lengths: Sequence[int], world_size: int, max_tokens: int, cost
         key = tuple(map(tuple, queue))
         if key not in seen:
             seen.add(key)
-            candidates.append((schedule_time(list_schedule(queue, lengths, cost, world_size), lengths, cost), queue))
+            candidates.append((schedule_time(scheduled(queue, lengths, cost, world_size), lengths, cost), queue))
         if len(queue) == len(lengths) or cap < smallest:
             break
     best = min(t for t, _ in candidates)
-    return min((q for t, q in candidates if t <= best * (1 + slack)), key=len)
-
-
-def list_schedule(queue: Sequence[Microbatch], lengths: Sequence[int], cost: Cost, world_size: int) -> Plan:
-    """Each queue entry in turn to the rank that frees up first (ties: lower rank)."""
-    plan: Plan = [[] for _ in range(world_size)]
-    free_at = [(0.0, r) for r in range(world_size)]
-    for mb in queue:
-        t, r = heapq.heappop(free_at)
-        plan[r].append(list(mb))
-        heapq.heappush(free_at, (t + _overhead(cost) + microbatch_cost(mb, lengths, cost), r))
-    return plan
-
-
-def dynamic(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, seed: int = 0, *,
-            slack: float = DEFAULT_SLACK) -> Plan:
-    queue = dynamic_queue(lengths, world_size, max_tokens, cost, slack=slack)
-    return list_schedule(queue, lengths, cost, world_size)
+    return min((q for t, q in candidates if t <= best * (1 + options.slack)), key=len)

@@ -10,13 +10,21 @@ which the harness guarantees (a minibatch is world_size x minibatch_size samples
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from odc_bench.balancers.packing import Cost, pack_equal_counts
+from odc_bench.balancers.cost import CostModel
+from odc_bench.balancers.packing import pack_equal_counts
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Plan
 
 
-def lb_micro(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, seed: int = 0) -> Plan:
+@dataclass(frozen=True, kw_only=True)
+class LbMicroOptions:
+    """LB-Micro has no options."""
+
+
+def lb_micro(lengths: Sequence[int], world_size: int, max_tokens: int, cost: CostModel,
+             options: LbMicroOptions = LbMicroOptions()) -> Plan:
     if len(lengths) % world_size:
         raise ValueError(f"lb_micro needs equal samples per rank: {len(lengths)} samples on {world_size} ranks")
     shares = balanced_partition([cost(n) for n in lengths], world_size, equal_size=True)

@@ -4,24 +4,30 @@ ODC synchronizes once per minibatch, so a rank's time is the sum of its microbat
 only the per-rank totals need balancing: Karmarkar-Karp on total cost, sample counts free,
 then each rank packs its share into as few microbatches as max_tokens allows (each
 microbatch costs a pass of parameter gathers). Counts differ across ranks.
-
-`equal_samples` keeps sample counts equal per rank, for RL frameworks such as verl that
-shard rollouts equally across devices; microbatch counts may still differ.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from odc_bench.balancers.packing import Cost, pack_fewest
+from odc_bench.balancers.cost import CostModel
+from odc_bench.balancers.packing import pack_fewest
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Plan
 
 
-def lb_mini(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, seed: int = 0, *,
-            equal_samples: bool = False) -> Plan:
-    if equal_samples and len(lengths) % world_size:
+@dataclass(frozen=True, kw_only=True)
+class LbMiniOptions:
+    # Equal sample counts per rank, for RL frameworks such as verl that shard rollouts equally
+    # across devices; microbatch counts may still differ.
+    equal_samples: bool = False
+
+
+def lb_mini(lengths: Sequence[int], world_size: int, max_tokens: int, cost: CostModel,
+            options: LbMiniOptions = LbMiniOptions()) -> Plan:
+    if options.equal_samples and len(lengths) % world_size:
         raise ValueError(f"equal_samples needs the sample count ({len(lengths)}) to divide by the ranks "
                          f"({world_size})")
-    shares = balanced_partition([cost(n) for n in lengths], world_size, equal_size=equal_samples)
+    shares = balanced_partition([cost(n) for n in lengths], world_size, equal_size=options.equal_samples)
     return [pack_fewest(share, lengths, cost, max_tokens) for share in shares]

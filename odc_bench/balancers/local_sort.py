@@ -9,15 +9,23 @@ alone buys against LB-Micro's cross-rank balancing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from odc_bench.balancers.packing import Cost, pack_equal_counts
+from odc_bench.balancers.cost import CostModel
+from odc_bench.balancers.packing import pack_equal_counts
 from odc_bench.balancers.plan import Plan
 
 
-def local_sort(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost, seed: int = 0, *,
-               pack: bool = False) -> Plan:
+@dataclass(frozen=True, kw_only=True)
+class LocalSortOptions:
+    # Pack each rank's share under max_tokens (counts made equal across ranks).
+    pack: bool = False
+
+
+def local_sort(lengths: Sequence[int], world_size: int, max_tokens: int, cost: CostModel,
+               options: LocalSortOptions = LocalSortOptions()) -> Plan:
     shares = [sorted(range(rank, len(lengths), world_size), key=lambda i: (-lengths[i], i))
               for rank in range(world_size)]
-    if pack:
+    if options.pack:
         return pack_equal_counts(shares, lengths, cost, max_tokens)
     return [[[i] for i in share] for share in shares]

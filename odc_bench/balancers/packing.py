@@ -11,19 +11,19 @@ tokens last, which always succeeds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Microbatch, Plan
 
-Cost = Callable[[int], float]
 
-
-def microbatch_cost(mb: Sequence[int], lengths: Sequence[int], cost: Cost) -> float:
+def microbatch_cost(mb: Sequence[int], lengths: Sequence[int], cost: CostModel) -> float:
+    """The documents' costs, without the per-microbatch constant (the same for every microbatch)."""
     return sum(cost(lengths[i]) for i in mb)
 
 
-def heaviest_first(mbs: list[Microbatch], lengths: Sequence[int], cost: Cost) -> list[Microbatch]:
+def heaviest_first(mbs: list[Microbatch], lengths: Sequence[int], cost: CostModel) -> list[Microbatch]:
     """Costliest microbatch first; samples inside a microbatch longest first."""
     ordered = [sorted(mb, key=lambda i: (-lengths[i], i)) for mb in mbs]
     return sorted(ordered, key=lambda mb: (-microbatch_cost(mb, lengths, cost), min(mb)))
@@ -33,7 +33,7 @@ def _fits(parts: list[list[int]], lengths: Sequence[int], max_tokens: int) -> bo
     return all(sum(lengths[i] for i in p) <= max_tokens for p in parts)
 
 
-def split_into(samples: Sequence[int], lengths: Sequence[int], cost: Cost, max_tokens: int,
+def split_into(samples: Sequence[int], lengths: Sequence[int], cost: CostModel, max_tokens: int,
                k: int) -> list[Microbatch] | None:
     """Exactly k non-empty microbatches under max_tokens, cost-balanced if possible; None if not found."""
     if not 1 <= k <= len(samples):
@@ -60,7 +60,7 @@ def first_fit_decreasing(samples: Sequence[int], lengths: Sequence[int], max_tok
     return bins
 
 
-def pack_fewest(samples: Sequence[int], lengths: Sequence[int], cost: Cost, max_tokens: int) -> list[Microbatch]:
+def pack_fewest(samples: Sequence[int], lengths: Sequence[int], cost: CostModel, max_tokens: int) -> list[Microbatch]:
     """As few microbatches as the token limit allows (no more than first-fit decreasing needs)."""
     if not samples:
         return []
@@ -73,7 +73,7 @@ def pack_fewest(samples: Sequence[int], lengths: Sequence[int], cost: Cost, max_
     return heaviest_first(fallback, lengths, cost)
 
 
-def pack_exactly(samples: Sequence[int], lengths: Sequence[int], cost: Cost, max_tokens: int,
+def pack_exactly(samples: Sequence[int], lengths: Sequence[int], cost: CostModel, max_tokens: int,
                  k: int) -> list[Microbatch]:
     """k microbatches (k at least the fewest that fit, at most the sample count).
 
@@ -96,7 +96,7 @@ def pack_exactly(samples: Sequence[int], lengths: Sequence[int], cost: Cost, max
     return heaviest_first(mbs, lengths, cost)
 
 
-def pack_equal_counts(shares: Sequence[Sequence[int]], lengths: Sequence[int], cost: Cost,
+def pack_equal_counts(shares: Sequence[Sequence[int]], lengths: Sequence[int], cost: CostModel,
                       max_tokens: int) -> Plan:
     """Pack every rank's share, then give all ranks the largest count any rank needs.
 

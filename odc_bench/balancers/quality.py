@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.plan import Plan
-from odc_bench.cost_models import CostModel
 
 SEMANTICS = ("collective", "odc")
 

@@ -29,14 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from odc_bench.results import atomic_path
+from odc_bench.errors import DataError
+from odc_bench.files import atomic_path
 
 LOADERS = ("jsonl", "hf_disk")
 CACHE_VERSION = 1
-
-
-class DataError(ValueError):
-    """Unusable real data: the message is one line naming the problem and the fix."""
 
 
 def _count(value: object, where: str) -> int:

@@ -1,3 +1,1 @@
-from odc_bench.models.qwen2 import Qwen2Config, Qwen2Model, count_parameters, packed_batch
-
-__all__ = ["Qwen2Config", "Qwen2Model", "count_parameters", "packed_batch"]
+"""The model the ranks train (qwen2.py) and the work it does (flops.py)."""

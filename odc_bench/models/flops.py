@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from odc_bench.models.qwen2 import Qwen2Config
+from odc_bench.config.model import ModelConfig
 
 
-def layer_linear_params(cfg: Qwen2Config) -> int:
+def layer_linear_params(cfg: ModelConfig) -> int:
     """Weights of one decoder layer's matrix multiplies (biases and norms are negligible)."""
     d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
     attn = d * d + 2 * d * kv + d * d
@@ -21,18 +21,18 @@ def layer_linear_params(cfg: Qwen2Config) -> int:
     return attn + mlp
 
 
-def layer_forward_flops(cfg: Qwen2Config, doc_lens: Sequence[int]) -> float:
+def layer_forward_flops(cfg: ModelConfig, doc_lens: Sequence[int]) -> float:
     tokens = sum(doc_lens)
     linear = 2.0 * layer_linear_params(cfg) * tokens
     attention = sum(2.0 * s * s * cfg.hidden_size for s in doc_lens)  # (QK + AV) x causal half
     return linear + attention
 
 
-def head_forward_flops(cfg: Qwen2Config, doc_lens: Sequence[int]) -> float:
+def head_forward_flops(cfg: ModelConfig, doc_lens: Sequence[int]) -> float:
     return 2.0 * cfg.hidden_size * cfg.vocab_size * sum(doc_lens)
 
 
-def train_flops(cfg: Qwen2Config, doc_lens: Sequence[int]) -> float:
+def train_flops(cfg: ModelConfig, doc_lens: Sequence[int]) -> float:
     """Forward plus backward of the whole model on one packed microbatch."""
     forward = cfg.num_layers * layer_forward_flops(cfg, doc_lens) + head_forward_flops(cfg, doc_lens)
     return 3.0 * forward

@@ -4,41 +4,19 @@ Packed microbatches are one flat token stream holding several documents; positio
 per document and attention never crosses a document boundary. Attention runs per document
 (one causal SDPA call each), so its cost grows with the sum of squared document lengths,
 like flash-attention's varlen kernel, instead of the square of the packed length.
+
+The sharding units (`named_units`) are the embeddings, each decoder layer and the head (final
+norm, LM head and the loss, so the loss's compute belongs to a unit). Engines and the
+per-rank trace attach to the units from outside, through module hooks.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from odc_bench.trace import forward_done, unit_end, unit_start
-
-
-@dataclass(frozen=True)
-class Qwen2Config:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    rope_theta: float = 10000.0
-    rms_eps: float = 1e-6
-    tie_embeddings: bool = False
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"model: hidden_size {self.hidden_size} must divide by num_heads {self.num_heads}, "
-                f"and num_heads by num_kv_heads {self.num_kv_heads}"
-            )
+from odc_bench.config.model import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -72,7 +50,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Qwen2Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         d, h, kv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -96,7 +74,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: Qwen2Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -107,62 +85,57 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen2Config, index: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.name = f"layer{index}"
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, doc_lens: list[int]) -> torch.Tensor:
-        x = unit_start(x, self.name)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, doc_lens)
-        return unit_end(x, self.mlp(self.post_attention_layernorm(x)), self.name)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Embedding(nn.Module):
-    def __init__(self, cfg: Qwen2Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # Integer ids carry no gradient, so only the forward of this unit is timed; its
-        # backward (an index-add into the table) is small and runs after the last marker.
-        unit_start(input_ids, "embed")
-        out = self.embed_tokens(input_ids)
-        forward_done("embed")
-        return out
+        return self.embed_tokens(input_ids)
 
 
 class Head(nn.Module):
     """Final norm, LM head and the summed token loss, so the loss's compute is timed too."""
 
-    def __init__(self, cfg: Qwen2Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = unit_start(x, "head")
         logits = self.lm_head(self.norm(x)).float()
-        loss = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
-        return unit_end(loss, torch.zeros((), device=loss.device), "head")
+        return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
 
 
 class Qwen2Model(nn.Module):
-    def __init__(self, cfg: Qwen2Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.head = Head(cfg)
         if cfg.tie_embeddings:
             self.head.lm_head.weight = self.embed.embed_tokens.weight
 
-    def units(self) -> list[nn.Module]:
+    def named_units(self) -> list[tuple[str, nn.Module]]:
         """The sharding units, in execution order: embeddings, each decoder layer, the head."""
-        return [self.embed, *self.layers, self.head]
+        return [("embed", self.embed), *((f"layer{i}", layer) for i, layer in enumerate(self.layers)),
+                ("head", self.head)]
+
+    def units(self) -> list[nn.Module]:
+        return [module for _, module in self.named_units()]
 
     def forward(self, input_ids, position_ids, labels, doc_lens: list[int]) -> torch.Tensor:
         """Summed cross-entropy over the labelled tokens of a packed microbatch."""
@@ -186,26 +159,15 @@ def init_weights(model: Qwen2Model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
-def count_parameters(cfg: Qwen2Config) -> int:
+def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> Qwen2Model:
+    """The model every rank starts from: the same weights for one seed on every rank."""
+    model = Qwen2Model(cfg)
+    init_weights(model, seed)
+    return model.to(device)
+
+
+def count_parameters(cfg: ModelConfig) -> int:
     """Parameter count without allocating memory (the model is built on the meta device)."""
     with torch.device("meta"):
         model = Qwen2Model(cfg)
     return sum(p.numel() for p in model.parameters())
-
-
-def packed_batch(docs: list[torch.Tensor]) -> dict[str, object]:
-    """Pack token sequences into one microbatch: ids, restarting positions, labels, doc lengths.
-
-    Labels are the next token inside the same document; the last token of each document has
-    no label (-100), so no document learns from its neighbour.
-    """
-    lens = [int(d.numel()) for d in docs]
-    input_ids = torch.cat(docs)
-    position_ids = torch.cat([torch.arange(n) for n in lens])
-    labels = torch.cat([torch.cat([d[1:], torch.tensor([-100], dtype=d.dtype)]) for d in docs])
-    return dict(input_ids=input_ids, position_ids=position_ids, labels=labels, doc_lens=lens)
-
-
-def labelled_tokens(lengths: list[int]) -> int:
-    """Tokens that carry a loss term: every token but the last of each document."""
-    return sum(n - 1 for n in lengths)

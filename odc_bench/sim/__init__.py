@@ -8,17 +8,16 @@ docs/simulator.md.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
-from odc_bench.config import SIM_ENGINES, ConfigError, RunSpec, model_config
-from odc_bench.models.qwen2 import Qwen2Config
+from odc_bench.balancers.schedule import list_schedule
+from odc_bench.config.backend import SimBackendConfig
+from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import trace_frame
-from odc_bench.sim.hardware import EngineCosts, Profile, load_profile
+from odc_bench.sim.hardware import EngineCosts, load_profile
 from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.timeline import Timeline, collective, odc
 
@@ -35,11 +34,10 @@ def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: La
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Compute seconds (M, R, J, P), microbatch counts (M, R), tokens and samples (M, R, J)."""
     world = spec.world_size
-    plans = []
+    plans: list[list[list[tuple[np.ndarray, int]]]] = []
     for mb in spec.minibatches:
-        queue = getattr(mb, "queue", None)
-        if queue is not None:
-            plans.append(list_schedule(mb.lengths, queue, world, table, costs, layout, knots))
+        if mb.queue is not None:
+            plans.append(claimed(mb.lengths, mb.queue, world, table, costs, layout, knots))
         else:
             plans.append([[_micro(mb.lengths, micro, knots) for micro in rank] for rank in mb.plan])
     M, J = len(plans), max((len(rank) for plan in plans for rank in plan), default=0)
@@ -71,47 +69,30 @@ def microbatch_estimate(features: np.ndarray, table: np.ndarray, costs: EngineCo
     return float(per_kind[layout.position_cost_index].sum() + serial)
 
 
-def list_schedule(lengths: list[int], queue: list[list[int]], world: int, table: np.ndarray,
-                  costs: EngineCosts, layout: Layout, knots: tuple[float, ...] = ()
-                  ) -> list[list[tuple[np.ndarray, int]]]:
+def claimed(lengths: list[int], queue: list[list[int]], world: int, table: np.ndarray,
+            costs: EngineCosts, layout: Layout, knots: tuple[float, ...] = ()
+            ) -> list[list[tuple[np.ndarray, int]]]:
     """The dynamic balancer at run time: each rank claims the queue's next microbatch as soon
     as it is free, so microbatch k goes to the rank that frees up first."""
-    free = [(0.0, r) for r in range(world)]
-    ranks: list[list[tuple[np.ndarray, int]]] = [[] for _ in range(world)]
-    for micro in queue:
-        t, r = heapq.heappop(free)
-        f = _micro(lengths, micro, knots)
-        ranks[r].append(f)
-        heapq.heappush(free, (t + microbatch_estimate(f[0], table, costs, layout), r))
-    return ranks
-
-
-def profile_for(spec: RunSpec) -> Profile:
-    return load_profile(dict(spec.config["backend"]["hardware"]), spec.config["model"]["name"])
+    micros = [_micro(lengths, micro, knots) for micro in queue]
+    seconds = [microbatch_estimate(f, table, costs, layout) for f, _ in micros]
+    return [[micros[i] for i in rank] for rank in list_schedule(seconds, world)]
 
 
 def simulate(spec: RunSpec) -> Simulation:
     """Every rank's events for the whole run, as a real run's trace."""
     config = spec.config
-    backend = config["backend"]
-    engine = config["engine"]["name"]
-    if engine not in SIM_ENGINES:
-        raise ConfigError(f"the simulator models engines {', '.join(SIM_ENGINES)}, not {engine!r}")
-    layout = Layout(model_config_from(config))
-    profile = profile_for(spec)
-    table = profile.compute_table(layout, bool(backend.get("recompute", False)), engine)
-    costs = profile.engine_costs(engine, layout, spec.world_size, config["precision"],
-                                 int(backend.get("odc_gather_bytes", 4)))
+    backend = config.backend
+    assert isinstance(backend, SimBackendConfig)
+    timeline = config.engine.spec.simulated_as
+    assert timeline is not None, "resolve() refuses engines the simulator does not model"
+    layout = Layout(config.model)
+    profile = load_profile(backend.hardware, config.model.name)
+    table = profile.compute_table(layout, backend.recompute)
+    costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes)
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)
-    if engine == "collective":
+    if timeline == "collective":
         tl = collective(comp, nmb, tokens, costs)
     else:
-        tl = odc(comp, nmb, tokens, costs, passes=int(backend.get("contention_passes", 3)))
+        tl = odc(comp, nmb, tokens, costs, passes=backend.contention_passes)
     return Simulation(trace_frame(layout, tl, comp, nmb, tokens, samples), tl, comp, nmb)
-
-
-def model_config_from(config: dict) -> Qwen2Config:
-    return model_config(OmegaConf.create({"model": config["model"]}))
-
-
-__all__ = ["SIM_ENGINES", "Simulation", "simulate"]

@@ -4,7 +4,7 @@ Two kinds of profile give the timelines the same `EngineCosts`:
 
 - `gpu`: compute from the FLOPs model (models/flops.py) at a stated share of the device's
   peak, communication from link bandwidth and latency, running beside compute (CUDA streams);
-- `calibrated`: this machine's CPU ranks, fitted from real traces by `odc_bench.sim.calibrate`
+- `calibrated`: this machine's CPU ranks, fitted from real traces by `odc_bench.tools.sim_calibrate`
   (per-unit compute as a function of document lengths, and the measured per-position gaps
   that gloo collectives, hooks and copies add in line with compute).
 
@@ -20,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from odc_bench.config import ConfigError
+from odc_bench.config.backend import GpuHardwareConfig, HardwareConfig
+from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_linear_params
+from odc_bench.provenance import REPO_ROOT
 from odc_bench.sim.layout import KINDS, PHASES, Layout
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 GB = 1e9
 # Gap classes of a calibrated profile: the serial time before each kind of position, then
 # after the last one (the untraced embedding backward, final reduce-scatters, hooks).
@@ -114,33 +115,16 @@ def ring_time(nbytes: np.ndarray, n: int, bus_Bps: float, base_s: float, step_s:
 
 @dataclass(frozen=True)
 class GpuProfile:
-    name: str
-    peak_tflops: float
-    matmul_efficiency: float
-    attention_efficiency: float
-    unit_overhead_s: float
-    hbm_gbps: float
-    memory_efficiency: float
-    optimizer_overhead_s: float
-    gpus_per_node: int
-    link_gbps: float
-    link_efficiency: float
-    nic_gbps: float
-    nic_efficiency: float
-    collective_latency_s: float
-    ring_step_s: float
-    p2p_latency_s: float
-    barrier_s: float
-    # A cost-model calibration of this device (`python -m odc_bench.calibrate` run on it): when
-    # set, compute comes from its measured microbatch times instead of FLOPs x efficiency.
-    compute_calibration: str | None = None
+    """A GPU from its published figures (config/backend.py checks every number's range)."""
+
+    hw: GpuHardwareConfig
 
     @property
     def knots(self) -> tuple[float, ...]:
         """No knots: the FLOPs model is exactly quadratic in document lengths."""
         return ()
 
-    def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
+    def compute_table(self, layout: Layout, recompute: bool) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3)
         (layout.doc_features without knots).
 
@@ -148,13 +132,13 @@ class GpuProfile:
         checkpointing wraps the decoder layers). The embedding is memory-bound: a gather of
         rows forward, zeroing and scattering into the table's gradient backward.
         """
-        if self.compute_calibration:
-            return split_microbatch_fit(_load_json(self.compute_calibration), layout, recompute)
+        if self.hw.compute_calibration:
+            return split_microbatch_fit(_load_json(self.hw.compute_calibration), layout, recompute)
         cfg = layout.cfg
-        mm = self.peak_tflops * 1e12 * self.matmul_efficiency
-        attn = self.peak_tflops * 1e12 * self.attention_efficiency
-        mem = self.hbm_gbps * GB * self.memory_efficiency
-        c0 = self.unit_overhead_s
+        mm = self.hw.peak_tflops * 1e12 * self.hw.matmul_efficiency
+        attn = self.hw.peak_tflops * 1e12 * self.hw.attention_efficiency
+        mem = self.hw.hbm_gbps * GB * self.hw.memory_efficiency
+        c0 = self.hw.unit_overhead_s
         h, v = cfg.hidden_size, cfg.vocab_size
         layer_tok, layer_sq = 2.0 * layer_linear_params(cfg) / mm, 2.0 * h / attn
         bwd_factor = 3.0 if recompute else 2.0
@@ -170,12 +154,12 @@ class GpuProfile:
         return np.array([table[(k, p)] for k in KINDS for p in PHASES])
 
     def network(self, world: int) -> Network:
-        g = min(self.gpus_per_node, world)
+        g = min(self.hw.gpus_per_node, world)
         if world % g:
-            raise ConfigError(f"world_size {world} does not fill whole nodes of {self.gpus_per_node} GPUs; "
-                              f"use a multiple of {self.gpus_per_node}")
-        return Network(world, g, self.link_gbps * GB * self.link_efficiency,
-                       self.nic_gbps * GB * self.nic_efficiency, self.p2p_latency_s)
+            raise ConfigError(f"world_size {world} does not fill whole nodes of {self.hw.gpus_per_node} GPUs; "
+                              f"use a multiple of {self.hw.gpus_per_node}")
+        return Network(world, g, self.hw.link_gbps * GB * self.hw.link_efficiency,
+                       self.hw.nic_gbps * GB * self.hw.nic_efficiency, self.hw.p2p_latency_s)
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
                      odc_gather_bytes: int) -> EngineCosts:
@@ -185,14 +169,15 @@ class GpuProfile:
         zeros = np.zeros(layout.positions)
         bus = net.link_Bps if world <= net.gpus_per_node else net.nic_Bps
         param_bytes = 2 if precision == "bf16" else 4
-        optimizer_s = self.optimizer_overhead_s + float(layout.unit_params.sum()) / world * ADAMW_BYTES / (
-            self.hbm_gbps * GB * self.memory_efficiency)
+        optimizer_s = self.hw.optimizer_overhead_s + float(layout.unit_params.sum()) / world * ADAMW_BYTES / (
+            self.hw.hbm_gbps * GB * self.hw.memory_efficiency)
         common = dict(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, sync_s=0.0,
                       optimizer_s=optimizer_s,
-                      barrier_s=self.barrier_s if world > 1 else 0.0)
+                      barrier_s=self.hw.barrier_s if world > 1 else 0.0)
         if engine == "collective":
-            ag = ring_time(params * param_bytes, world, bus, self.collective_latency_s, self.ring_step_s)
-            rs = np.where(bwd, ring_time(params * 4, world, bus, self.collective_latency_s, self.ring_step_s), 0.0)
+            latency, step = self.hw.collective_latency_s, self.hw.ring_step_s
+            ag = ring_time(params * param_bytes, world, bus, latency, step)
+            rs = np.where(bwd, ring_time(params * 4, world, bus, latency, step), 0.0)
             return EngineCosts(ag=ag, rs=rs, gather_load=zeros, push_load=zeros, **common)
         gather = params * odc_gather_bytes
         push = np.where(bwd, params * 4, 0.0)
@@ -208,12 +193,12 @@ def _load_json(path: str) -> dict:
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read compute calibration {p} ({e}); run `python -m odc_bench.calibrate` "
+        raise ConfigError(f"cannot read compute calibration {p} ({e}); run `python -m odc_bench.tools.calibrate` "
                           f"on that device first") from None
 
 
 def split_microbatch_fit(fit: dict, layout: Layout, recompute: bool) -> np.ndarray:
-    """Per-unit costs from a whole-microbatch fit (odc_bench.calibrate's file: forward plus
+    """Per-unit costs from a whole-microbatch fit (odc_bench.tools.calibrate's file: forward plus
     backward seconds = a * sum((len/unit)^2) + b * sum(len/unit) + c).
 
     The fit cannot tell units apart, so it is split by the FLOPs model: the quadratic term is
@@ -260,8 +245,8 @@ class CalibratedProfile:
         """Document lengths past which the fitted cost per squared token rises (layout.doc_features)."""
         return tuple(float(k) for k in self.data.get("knots", ()))
 
-    def compute_table(self, layout: Layout, recompute: bool, engine: str) -> np.ndarray:
-        """One fit for every engine (see odc_bench.sim.calibrate): shape (6, 3 + knots)."""
+    def compute_table(self, layout: Layout, recompute: bool) -> np.ndarray:
+        """One fit for every engine (see odc_bench.tools.sim_calibrate): shape (6, 3 + knots)."""
         if recompute:
             raise ConfigError("the calibrated CPU profile has no activation checkpointing; set backend.recompute=false")
         comp = self.data["compute"]
@@ -271,8 +256,8 @@ class CalibratedProfile:
                      odc_gather_bytes: int) -> EngineCosts:
         e = self.data.get("engines", {}).get(engine)
         if e is None:
-            raise ConfigError(f"{self.path} has no {engine} timings; run "
-                              f"`python -m odc_bench.sim.calibrate engine={engine} model={self.data['model']}`")
+            raise ConfigError(f"{self.path} has no {engine} timings; run `python -m odc_bench.tools.sim_calibrate "
+                              f"--engines {engine} model={self.data['model']}`")
         calibrated_world = int(self.data["world_size"])
         if world != calibrated_world:
             raise ConfigError(f"{self.path} was calibrated with world_size={calibrated_world}, not {world}; "
@@ -293,25 +278,22 @@ class CalibratedProfile:
 Profile = GpuProfile | CalibratedProfile
 
 
-def load_profile(hw: dict, model_name: str) -> Profile:
+def load_profile(hw: HardwareConfig, model_name: str) -> Profile:
     """The profile a config's backend.hardware describes; ConfigError when it cannot be used."""
-    kind = hw.get("kind")
-    fields = {k: v for k, v in hw.items() if k not in ("kind",)}
-    if kind == "gpu":
-        try:
-            return GpuProfile(**fields)
-        except TypeError as e:
-            raise ConfigError(f"hardware profile {hw.get('name')!r}: {e}") from None
-    if kind == "calibrated":
-        path = Path(str(hw["calibration"]).format(model=model_name))
-        path = path if path.is_absolute() else REPO_ROOT / path
-        if not path.exists():
-            raise ConfigError(f"no calibration {path} for model {model_name}; run "
-                              f"`python -m odc_bench.sim.calibrate model={model_name}` on this machine first")
+    if isinstance(hw, GpuHardwareConfig):
+        return GpuProfile(hw)
+    path = Path(hw.calibration.format(model=model_name))
+    path = path if path.is_absolute() else REPO_ROOT / path
+    if not path.exists():
+        raise ConfigError(f"no calibration {path} for model {model_name}; run "
+                          f"`python -m odc_bench.tools.sim_calibrate model={model_name}` on this machine first")
+    try:
         data = json.loads(path.read_text())
-        check_calibration(data, path)
-        return CalibratedProfile(hw["name"], path, data)
-    raise ConfigError(f"hardware kind must be gpu or calibrated, got {kind!r}")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"calibration {path} is not readable JSON ({e}); recreate it with "
+                          f"python -m odc_bench.tools.sim_calibrate") from None
+    check_calibration(data, path)
+    return CalibratedProfile(hw.name, path, data)
 
 
 def check_calibration(data: dict, path: Path) -> None:
@@ -338,5 +320,5 @@ def check_calibration(data: dict, path: Path) -> None:
         int(data["world_size"])
         str(data["model"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"calibration {path} is malformed ({e}); recreate it with python -m odc_bench.sim.calibrate")\
-            from None
+        raise ConfigError(f"calibration {path} is malformed ({e}); recreate it with "
+                          f"python -m odc_bench.tools.sim_calibrate") from None

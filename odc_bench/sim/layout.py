@@ -13,8 +13,8 @@ from functools import cached_property
 
 import numpy as np
 
+from odc_bench.config.model import ModelConfig
 from odc_bench.models.flops import layer_linear_params
-from odc_bench.models.qwen2 import Qwen2Config
 
 KINDS = ("embed", "layer", "head")
 PHASES = ("fwd", "bwd")
@@ -22,7 +22,7 @@ PHASES = ("fwd", "bwd")
 
 @dataclass(frozen=True)
 class Layout:
-    cfg: Qwen2Config
+    cfg: ModelConfig
 
     @property
     def units(self) -> int:

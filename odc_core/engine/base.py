@@ -1,4 +1,4 @@
-"""The interface both data-parallel engines implement.
+"""The interface both data-parallel engines implement, and what every engine is built from.
 
 The worker loop is written once against this protocol. Between begin_minibatch() and
 finish_minibatch() it only runs forward and backward through the wrapped model: whatever
@@ -9,13 +9,27 @@ synchronise per layer while the on-demand engine synchronises once, in finish_mi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 # (kind, t0, t1, info) -> None: engines report their communication and waits through it.
 TraceHook = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """Where an engine runs and how it reaches its peers; torch.distributed is initialised."""
+
+    device: torch.device
+    store: dist.Store
+    # Unique per execution of a run: names the run's shared-memory segments.
+    job_id: str
+    timeout_s: float
+    precision: str  # fp32, or bf16 (bf16 compute, fp32 master weights and gradient reduction)
 
 
 class DataParallelEngine(Protocol):
@@ -24,6 +38,11 @@ class DataParallelEngine(Protocol):
     # reduction yields the plain sum of per-rank gradients (FSDP2 averages over ranks).
     loss_scale: float
     trace: TraceHook | None
+
+    @property
+    def heap_bytes(self) -> int:
+        """Shared or symmetric memory this rank owns for communication (counted once, at its owner)."""
+        ...
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module: ...
 

@@ -19,8 +19,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from odc_core.engine import collective_backend
-from odc_core.engine.base import TraceHook
+from odc_core.engine.base import EngineContext, TraceHook
+from odc_core.engine.options import Backend, CollectiveOptions
 
 
 class CollectiveEngine:
@@ -33,9 +33,9 @@ class CollectiveEngine:
     name = "collective"
 
     def __init__(self, device: torch.device, precision: str = "fp32", reshard_after_forward: bool = True,
-                 backend: str = "auto", *, job_id: str = "collective", timeout_s: float = 120.0) -> None:
+                 backend: Backend = "auto", *, job_id: str = "collective", timeout_s: float = 120.0) -> None:
         self.device = device
-        self.backend = collective_backend(backend, device.type)
+        self.backend = CollectiveOptions(backend=backend).for_device(device.type).backend
         self.job_id, self.timeout_s = job_id, timeout_s
         self.group: dist.ProcessGroup | None = None
         self.world_size = dist.get_world_size()
@@ -94,3 +94,8 @@ class CollectiveEngine:
         if self.group is not None:
             group, self.group = self.group, None
             dist.destroy_process_group(group)
+
+
+def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:
+    return CollectiveEngine(ctx.device, ctx.precision, options.reshard_after_forward, options.backend,
+                            job_id=ctx.job_id, timeout_s=ctx.timeout_s)

@@ -16,11 +16,6 @@ Synchronisation, once per minibatch k, through two int64 flags every rank publis
   therefore start minibatch k + 1 as soon as the owners it reads from have stepped, with no
   second barrier. Pushes of minibatch k + 1 cannot reach an accumulator early either: a
   rank only pushes a unit's gradients after gathering that unit from the same owners.
-
-With `lockstep=True` (engine `odc_lockstep`) the ranks also meet at a barrier before every
-unit's forward and backward, as FSDP2's collectives make them. Nothing is gained by it: it
-exists to tell, in a comparison with FSDP2, what comes from holding ranks in step (waiting
-for the slower rank at every unit) from what comes from the communication itself.
 """
 
 from __future__ import annotations
@@ -31,11 +26,14 @@ from dataclasses import dataclass, field
 from time import perf_counter as _now
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from odc_core.engine.base import TraceHook
+from odc_core.engine.base import EngineContext, TraceHook
+from odc_core.engine.options import OdcOptions
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import SymmetricHeap
+from odc_core.transport.registry import make_heap
 
 FLAGS = "odc/flags"
 VERSION, DONE = 0, 1
@@ -101,13 +99,12 @@ class OdcEngine:
     loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
 
     def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str = "fp32",
-                 prefetch: bool = True, timeout_s: float = 120.0, lockstep: bool = False) -> None:
+                 prefetch: bool = True, timeout_s: float = 120.0) -> None:
         self.device = device
         self.heap = heap
         self.rank, self.world_size = heap.rank, heap.world_size
         self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.prefetch = prefetch
-        self.lockstep = lockstep
         self.timeout_s = timeout_s
         self.trace: TraceHook | None = None
         self.units: list[_Unit] = []
@@ -210,7 +207,6 @@ class OdcEngine:
     # ---- hooks ------------------------------------------------------------------------
     def _pre_forward(self, unit: _Unit, args: tuple):
         self._ensure_gathered(unit)
-        self._meet(unit)
         if unit.index + 1 < len(self.units):
             self._prefetch(self.units[unit.index + 1])
         x = args[0] if args else None
@@ -227,7 +223,6 @@ class OdcEngine:
 
     def _pre_backward(self, unit: _Unit) -> None:
         self._ensure_gathered(unit)
-        self._meet(unit)
         unit.grad = torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
         for p, off in zip(unit.params, unit.offsets, strict=True):
             # Autograd accumulates into an existing .grad in place, so the flat buffer fills
@@ -236,13 +231,6 @@ class OdcEngine:
         unit.grads_ready, unit.input_done = 0, False
         if unit.index > 0:
             self._prefetch(self.units[unit.index - 1])
-
-    def _meet(self, unit: _Unit) -> None:
-        """In lockstep, wait until every rank is about to compute this unit too."""
-        if self.lockstep:
-            t0 = _now()
-            self.heap.barrier(self.timeout_s)
-            self._emit("lockstep_wait", t0, unit=unit.name)
 
     def _param_grad_done(self, unit: _Unit) -> None:
         unit.grads_ready += 1
@@ -324,3 +312,9 @@ class OdcEngine:
             # After a failure a queued gather would only wait out its timeout on a dead peer.
             self._pool.shutdown(wait=True, cancel_futures=True)
         self.heap.close()
+
+
+def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
+    heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), ctx.job_id,
+                     ctx.store, ctx.timeout_s)
+    return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s)

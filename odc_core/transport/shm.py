@@ -10,9 +10,8 @@ A staging design copies the source into a slot first, then a service thread on t
 adds the slot into the accumulator and acknowledges it: the owner spends as much CPU per
 byte as the pusher (taken from its own forward and backward), every client's adds are
 serialised through that one thread, and each slot costs a request/acknowledge round trip.
-Measured on this 2-core host (`python -m odc_bench.bench_accumulate`, docs/transport.md):
-with 1 to 3 ranks pushing into one owner at once, locks land 9.1-10.4 GB/s against 4.1-5.7
-GB/s for a 4-slot staging service, and the service costs the owner 0.10-0.12 CPU s/GiB.
+Measured against such a service, locks landed about twice the bytes per second and cost the
+owner nothing (docs/transport.md).
 
 Locks are Linux open-file-description locks (F_OFD_SETLK): they are held per open file, so
 each thread opens its own descriptors and threads of one process exclude each other too,

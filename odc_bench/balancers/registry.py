@@ -1,0 +1,70 @@
+"""The balancers, one record each: config checks, planning, the simulator and figures read
+these, so adding a balancer is its module, one entry below and one config file
+(odc_bench/conf/balancer/NAME.yaml)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from odc_bench.balancers.cost import CostModel
+from odc_bench.balancers.dynamic import DynamicOptions, dynamic_queue, scheduled
+from odc_bench.balancers.lb_micro import LbMicroOptions, lb_micro
+from odc_bench.balancers.lb_mini import LbMiniOptions, lb_mini
+from odc_bench.balancers.local_sort import LocalSortOptions, local_sort
+from odc_bench.balancers.plan import Microbatch, Plan, check_plan
+from odc_bench.config.fields import build, require
+
+# (lengths, world_size, max_tokens, cost, options) -> what the balancer makes of one minibatch
+Planner = Callable[[Sequence[int], int, int, CostModel, Any], Plan]
+Queuer = Callable[[Sequence[int], int, int, CostModel, Any], list[Microbatch]]
+
+
+@dataclass(frozen=True)
+class BalancerSpec:
+    name: str
+    label: str  # how figures and tables name it
+    options: type  # a frozen dataclass: its fields are balancer.options.*
+    # Every rank gets the same number of microbatches (engines that synchronise per unit need it).
+    equal_counts: bool
+    # A static plan, or a queue that ranks claim from at run time (the plan is then its
+    # predicted outcome under the cost model): exactly one of the two.
+    plan: Planner | None = None
+    queue: Queuer | None = None
+
+
+BALANCERS: dict[str, BalancerSpec] = {
+    "local_sort": BalancerSpec("local_sort", "LocalSort", LocalSortOptions, equal_counts=True, plan=local_sort),
+    "lb_micro": BalancerSpec("lb_micro", "LB-Micro", LbMicroOptions, equal_counts=True, plan=lb_micro),
+    "lb_mini": BalancerSpec("lb_mini", "LB-Mini", LbMiniOptions, equal_counts=False, plan=lb_mini),
+    "dynamic": BalancerSpec("dynamic", "Dynamic", DynamicOptions, equal_counts=False, queue=dynamic_queue),
+}
+
+
+def balancer_spec(name: str) -> BalancerSpec:
+    require(name in BALANCERS, f"unknown balancer {name!r}; choose one of {', '.join(sorted(BALANCERS))}")
+    return BALANCERS[name]
+
+
+def balancer_options(name: str, values: Mapping[str, Any]) -> Any:
+    """balancer.options.* as the balancer's options object; ConfigError naming a bad key."""
+    return build(balancer_spec(name).options, values, "balancer.options.")
+
+
+def option_values(options: Any) -> dict[str, Any]:
+    return asdict(options)
+
+
+def plan_minibatch(spec: BalancerSpec, options: Any, lengths: Sequence[int], world_size: int, max_tokens: int,
+                   cost: CostModel) -> tuple[Plan, list[Microbatch] | None]:
+    """One minibatch's plan, checked, and the claim queue of a run-time balancer (else None)."""
+    queue = None
+    if spec.queue is not None:
+        queue = spec.queue(lengths, world_size, max_tokens, cost, options)
+        plan = scheduled(queue, lengths, cost, world_size)
+    else:
+        assert spec.plan is not None
+        plan = spec.plan(lengths, world_size, max_tokens, cost, options)
+    check_plan(plan, lengths, world_size, max_tokens)
+    return plan, queue

@@ -1,0 +1,127 @@
+"""Command-line checks that run before Hydra, so every bad input ends the same way.
+
+Hydra reports an unknown config option or a malformed override as a multi-line error with
+exit status 1, and accepts any new key added with `+key=value`. Composing the command line
+once ourselves first, and resolving the run it asks for (its first run, for a sweep),
+turns those and every other bad input into the project's contract: one line on stderr
+naming the problem and the fix, exit status 2, nothing written (not even Hydra's output
+folder). docs/errors.md lists them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from odc_bench.cli.slurm import job_parameters
+from odc_bench.config.run import load
+from odc_bench.errors import ConfigError
+from odc_bench.plan.spec import resolve
+from odc_bench.results.table import check_results_dir
+
+
+def first_combination(overrides: Sequence[str]) -> list[str]:
+    """The overrides with every sweep (a,b / range(...)) replaced by its first value."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    out = []
+    for o in parsed:
+        if o.is_sweep_override():
+            out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
+        else:
+            out.append(o.input_line)
+    return out
+
+
+def _one_line(error: Exception) -> str:
+    unknown_key = re.match(r"Could not override '([^']+)'", str(error))
+    if unknown_key:
+        return (f"unknown config key {unknown_key.group(1)!r}; check its spelling "
+                f"(`python -m odc_bench --cfg job` prints every key)")
+    if isinstance(error, MissingConfigException) and error.options:
+        group = (error.missing_cfg_file or "").rsplit("/", 1)
+        if len(group) == 2:
+            return (f"unknown {group[0]} option {group[1]!r}; choose one of {', '.join(sorted(error.options))}")
+    first = str(error).strip().splitlines()
+    text = " ".join(line.strip() for line in first[:2] if line.strip())
+    return text or type(error).__name__
+
+
+# Flags that ask Hydra for information rather than a run: only the command line is checked.
+_INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--shell-completion", "-sc"}
+
+# Hydra's flags that take a value as the next argument (`--cfg job`, `-cn config`, ...).
+_VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                 "--config-dir", "-cd", "--experimental-rerun", "--info", "-i"}
+
+
+def overrides_of(argv: Sequence[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip and "=" not in arg:
+            skip = False
+            continue
+        skip = arg in _VALUED_FLAGS
+        if not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
+def _refuse_added_keys(parsed: Sequence[Override], combination: list[str]) -> None:
+    """`+key=value` (and `++key=value`) may add any key; a key the config lacks is a typo
+    that would otherwise ride along unused (and change the run's key)."""
+    added = [o for o in parsed if (o.is_add() or o.is_force_add()) and not o.is_hydra_override()
+             and not GlobalHydra.instance().config_loader().repository.group_exists(o.key_or_group)]
+    if not added:
+        return
+    base = compose("config", overrides=[c for c, o in zip(combination, parsed, strict=True) if o not in added])
+    for o in added:
+        if OmegaConf.select(base, o.key_or_group, default=_ABSENT) is _ABSENT:
+            raise ConfigError(f"unknown config key {o.key_or_group!r} (added by {o.input_line!r}); only keys the "
+                              f"config has can be set: check the spelling (`python -m odc_bench --cfg job` "
+                              f"prints every key)")
+
+
+_ABSENT = object()
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Everything about the composed run that would fail before or during it: its typed config,
+    its plans, its results folder, and the SLURM job it would need."""
+    config = load(cfg)
+    if config.task != "train":
+        return
+    spec = resolve(config)
+    check_results_dir(Path(config.results_dir))
+    if str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher"):
+        job_parameters(cfg, spec)
+
+
+def precheck(argv: Sequence[str]) -> None:
+    """Compose the command line's config (the first run of a sweep) and check the run;
+    ConfigError if anything is wrong."""
+    overrides = overrides_of(argv)
+    multirun = any(a in ("-m", "--multirun") for a in argv) or any(
+        o.startswith(("sweep=", "hydra.mode=")) for o in overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
+        if sweeps and not multirun:
+            raise ConfigError(f"{sweeps[0]!r} lists several values; add --multirun to sweep over them, "
+                              f"or quote the value to pass it as one string")
+        combination = first_combination(overrides)
+        with initialize_config_module("odc_bench.conf", version_base="1.3"):
+            cfg = compose("config", overrides=combination, return_hydra_config=True)
+            _refuse_added_keys(parsed, combination)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_one_line(e)) from None
+    if not any(a.split("=", 1)[0] in _INFO_FLAGS for a in argv):
+        check_run(cfg)

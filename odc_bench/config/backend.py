@@ -1,0 +1,110 @@
+"""What executes the run: real local ranks, or the simulator with a hardware profile
+(conf/backend/*.yaml, conf/backend/hardware/*.yaml)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from odc_bench.config.fields import build, require
+
+# GPU profile numbers and the range each must lie in: (lower bound, upper bound, lower bound excluded).
+_POSITIVE = (0.0, math.inf, True)
+_SHARE = (0.0, 1.0, True)
+_SECONDS = (0.0, math.inf, False)
+_GPU_RANGES = {
+    "peak_tflops": _POSITIVE, "matmul_efficiency": _SHARE, "attention_efficiency": _SHARE,
+    "unit_overhead_s": _SECONDS, "hbm_gbps": _POSITIVE, "memory_efficiency": _SHARE,
+    "optimizer_overhead_s": _SECONDS, "link_gbps": _POSITIVE, "link_efficiency": _SHARE, "nic_gbps": _POSITIVE,
+    "nic_efficiency": _SHARE, "collective_latency_s": _SECONDS, "ring_step_s": _SECONDS,
+    "p2p_latency_s": _SECONDS, "barrier_s": _SECONDS,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuHardwareConfig:
+    """A GPU simulated from its published figures (every number's source: docs/simulator.md)."""
+
+    name: str
+    kind: Literal["gpu"] = "gpu"
+    peak_tflops: float
+    matmul_efficiency: float
+    attention_efficiency: float
+    unit_overhead_s: float
+    hbm_gbps: float
+    memory_efficiency: float
+    optimizer_overhead_s: float
+    gpus_per_node: int
+    link_gbps: float
+    link_efficiency: float
+    nic_gbps: float
+    nic_efficiency: float
+    collective_latency_s: float
+    ring_step_s: float
+    p2p_latency_s: float
+    barrier_s: float
+    # A cost-model calibration of this GPU (`python -m odc_bench.tools.calibrate` run on it):
+    # compute then comes from its measured microbatch times instead of FLOPs x efficiency.
+    compute_calibration: str | None = None
+
+    def __post_init__(self) -> None:
+        for key, (low, high, strict) in _GPU_RANGES.items():
+            value = getattr(self, key)
+            inside = (value > low if strict else value >= low) and value <= high
+            what = ("a share in (0, 1]" if (low, high) == (0.0, 1.0) else
+                    "a positive number" if strict else "a number of seconds >= 0")
+            require(inside, f"backend.hardware.{key} must be {what}, got {value!r}")
+        require(self.gpus_per_node >= 1, f"backend.hardware.gpus_per_node must be at least 1, got {self.gpus_per_node}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CalibratedHardwareConfig:
+    """This machine's CPU ranks, fitted from real runs; {model} in `calibration` stands for the
+    model's name."""
+
+    name: str
+    kind: Literal["calibrated"] = "calibrated"
+    calibration: str
+
+
+HardwareConfig = GpuHardwareConfig | CalibratedHardwareConfig
+
+
+def hardware_config(values: Mapping[str, Any]) -> HardwareConfig:
+    kind = values.get("kind")
+    require(kind in ("gpu", "calibrated"), f"backend.hardware.kind must be gpu or calibrated, got {kind!r}")
+    return build(GpuHardwareConfig if kind == "gpu" else CalibratedHardwareConfig, values, "backend.hardware.")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalBackendConfig:
+    """Real ranks as processes of this host (or SLURM tasks, hydra/launcher=slurm)."""
+
+    name: Literal["local"] = "local"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SimBackendConfig:
+    """The discrete-event simulator (docs/simulator.md)."""
+
+    name: Literal["sim"] = "sim"
+    hardware: HardwareConfig
+    # Activation checkpointing: backward recomputes each layer's forward (the paper's setting).
+    recompute: bool = False
+    # Bytes per parameter an ODC gather moves (the reference gathers fp32 master weights).
+    odc_gather_bytes: int = 4
+    # Fixed-point passes of the ODC contention model.
+    contention_passes: int = 3
+    # False: the row only, no trace file (paper-scale sweeps hold millions of spans).
+    write_trace: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.odc_gather_bytes in (1, 2, 4, 8),
+                f"backend.odc_gather_bytes must be 1, 2, 4 or 8 bytes per parameter, got {self.odc_gather_bytes}")
+        require(self.contention_passes >= 1,
+                f"backend.contention_passes must be at least 1, got {self.contention_passes}")
+
+
+BackendConfig = LocalBackendConfig | SimBackendConfig

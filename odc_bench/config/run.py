@@ -1,0 +1,137 @@
+"""The whole run's config: every section typed, checked once, then read as attributes downstream."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from odc_bench.config.backend import BackendConfig, LocalBackendConfig, SimBackendConfig, hardware_config
+from odc_bench.config.balancer import BalancerConfig
+from odc_bench.config.dataset import DatasetConfig
+from odc_bench.config.engine import EngineConfig, engine_config
+from odc_bench.config.fields import as_dict, build, require
+from odc_bench.config.model import ModelConfig
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OptimConfig:
+    """AdamW on the owned shards."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrimitivesConfig:
+    """task=primitives: the communication microbenchmark (conf/task/primitives.yaml)."""
+
+    min_bytes: int = 4096
+    max_bytes: int = 256 << 20
+    step: int = 4
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    rounds: int = 9
+    turn_s: float = 0.05
+    warmup_calls: int = 3
+    chunk_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        require(1 <= self.min_bytes <= self.max_bytes,
+                f"primitives.min_bytes ({self.min_bytes}) must be at least 1 and at most primitives.max_bytes "
+                f"({self.max_bytes})")
+        require(self.step >= 2, f"primitives.step must be at least 2, got {self.step}")
+        for key in ("rounds", "warmup_calls", "chunk_bytes"):
+            require(getattr(self, key) >= 1, f"primitives.{key} must be at least 1, got {getattr(self, key)}")
+        require(self.turn_s > 0, f"primitives.turn_s must be a positive number of seconds, got {self.turn_s}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    world_size: int
+    minibatch_size: int  # samples per rank per minibatch (the paper's convention)
+    num_minibatches: int
+    warmup_minibatches: int  # excluded from every metric
+    max_tokens: int | None  # microbatch token limit; None = the dataset's longest sample x packing_ratio
+    packing_ratio: float
+    seed: int
+    precision: Literal["fp32", "bf16"]
+    device: Literal["auto", "cpu", "cuda"]
+    threads_per_rank: int | None
+    timeout_s: float
+    deadline_s: float | None
+    results_dir: str
+    optim: OptimConfig
+    model: ModelConfig
+    dataset: DatasetConfig
+    engine: EngineConfig
+    balancer: BalancerConfig
+    backend: BackendConfig
+    task: Literal["train", "primitives"] = "train"
+    primitives: PrimitivesConfig | None = None
+
+    def __post_init__(self) -> None:
+        for key, least in (("world_size", 1), ("minibatch_size", 1), ("num_minibatches", 1),
+                           ("warmup_minibatches", 0), ("seed", 0)):
+            value = getattr(self, key)
+            require(value >= least, f"{key} must be at least {least}, got {value}; set {key}={least} or more")
+        require(self.warmup_minibatches < self.num_minibatches,
+                f"warmup_minibatches ({self.warmup_minibatches}) must be below num_minibatches "
+                f"({self.num_minibatches})")
+        require(self.timeout_s > 0, f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
+        require(self.deadline_s is None or self.deadline_s > 0,
+                f"deadline_s must be a positive number of seconds or null, got {self.deadline_s}")
+        require(self.threads_per_rank is None or self.threads_per_rank >= 1,
+                f"threads_per_rank must be null or a positive integer, got {self.threads_per_rank}")
+        require(self.packing_ratio >= 1, f"packing_ratio must be a number >= 1, got {self.packing_ratio}")
+        require(self.max_tokens is None or self.max_tokens >= 2,
+                f"max_tokens must be null or an integer >= 2, got {self.max_tokens}")
+
+    @property
+    def simulated(self) -> bool:
+        return self.backend.name == "sim"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values laid out as in the YAML: the record of a run (its key and its row's config)."""
+        out = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if name == "engine":
+                out[name] = value.to_dict()
+            elif name == "primitives" and value is None:
+                continue
+            elif hasattr(value, "__dataclass_fields__"):
+                out[name] = as_dict(value)
+            else:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def _backend(values: Mapping[str, Any]) -> BackendConfig:
+    name = values.get("name")
+    require(name in ("local", "sim"), f"unknown backend {name!r}; choose local or sim")
+    if name == "local":
+        return build(LocalBackendConfig, values, "backend.")
+    return build(SimBackendConfig, {**values, "hardware": hardware_config(values.get("hardware") or {})}, "backend.")
+
+
+def run_config(values: Mapping[str, Any]) -> RunConfig:
+    """The typed config of a composed run (plain values, the `hydra` section left out)."""
+    sections = {"engine": engine_config(values.get("engine") or {}), "backend": _backend(values.get("backend") or {})}
+    return build(RunConfig, {**values, **sections}, "")
+
+
+def load(cfg: DictConfig | Mapping[str, Any]) -> RunConfig:
+    """run_config of a Hydra config (its `hydra` section, if any, is not the run's)."""
+    if isinstance(cfg, DictConfig):
+        cfg = cfg.copy()
+        with open_dict(cfg):
+            cfg.pop("hydra", None)  # it holds interpolations only a running Hydra job resolves
+        values = OmegaConf.to_container(cfg, resolve=True)
+    else:
+        values = {k: v for k, v in cfg.items() if k != "hydra"}
+    assert isinstance(values, dict)
+    return run_config(values)

@@ -1,0 +1,29 @@
+"""From samples to what a model trains on: packed microbatches and their labelled tokens.
+
+A packed microbatch is one flat token stream holding several documents; positions restart per
+document, and no document learns from its neighbour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def packed_batch(docs: Sequence[torch.Tensor]) -> dict[str, object]:
+    """Pack token sequences into one microbatch: ids, restarting positions, labels, doc lengths.
+
+    Labels are the next token inside the same document; the last token of each document has
+    no label (-100).
+    """
+    lens = [int(d.numel()) for d in docs]
+    input_ids = torch.cat(list(docs))
+    position_ids = torch.cat([torch.arange(n) for n in lens])
+    labels = torch.cat([torch.cat([d[1:], torch.tensor([-100], dtype=d.dtype)]) for d in docs])
+    return dict(input_ids=input_ids, position_ids=position_ids, labels=labels, doc_lens=lens)
+
+
+def labelled_tokens(lengths: Sequence[int]) -> int:
+    """Tokens that carry a loss term: every token but the last of each document."""
+    return sum(n - 1 for n in lengths)

@@ -1,0 +1,219 @@
+"""The primitives microbenchmark (`python -m odc_bench task=primitives world_size=N`).
+
+Bandwidth of gather and scatter_accumulate on the shared-memory heap against the gloo
+collectives they replace, with the memcpy rate as the limit, at every size of a range.
+
+Ranks are not lock-stepped: per size, one barrier starts the one-sided ops (memcpy, gather,
+scatter_accumulate) and one the collectives; after it every rank runs on at its own pace. A
+one-sided op therefore shows what a rank gets while its peers do the same; a collective
+synchronises the ranks by itself.
+
+Timing: the ops take turns (rounds); in its turn an op runs back to back for about turn_s
+(a call count estimated from its warm-up calls), and the turn's time over its calls is one
+sample. An op's seconds is the median
+of its samples over all ranks and rounds: with one-sided ops every rank's rate is its own,
+and pooling is less noisy than any one rank's few rounds. Turns, not single calls, because
+with more ranks than cores (or other work on the host) a call of a few milliseconds is either
+never or entirely preempted, which makes per-call medians bimodal; a turn spans many time
+slices, and alternating turns puts every op under the same background load.
+
+memcpy is measured the same way (every rank copying at once, one thread each, in turn with
+the one-sided ops), so it shares the cores and memory exactly as the ops do.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.table import Table
+
+from odc_bench.config.fields import as_dict, require
+from odc_bench.config.run import RunConfig
+from odc_bench.plan.spec import run_key
+from odc_bench.provenance import git_commit
+from odc_bench.results.table import append_rows
+from odc_bench.run.ranks import RanksFailed, run_ranks
+from odc_core.primitives import ShardLayout, gather, scatter_accumulate
+from odc_core.transport.shm import ShmHeap
+
+COLUMNS = [
+    "run_id", "timestamp", "commit", "host", "op", "transport", "world_size", "size_bytes", "dtype",
+    "iterations", "seconds", "bandwidth_gbps", "memcpy_gbps", "ratio_to_memcpy",
+]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# op -> transport, in the order each size runs them (replacement next to what it replaces).
+OPS = {"memcpy": "local", "gather": "shm", "all_gather": "gloo", "scatter_accumulate": "shm",
+       "reduce_scatter": "gloo"}
+# torch 2.13 renamed the tensor collectives (*_single); older releases only have the old names.
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+LOCAL_OPS = ("memcpy", "gather", "scatter_accumulate")
+COLLECTIVES = ("all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    sizes: list[int]
+    dtype: str
+    rounds: int
+    turn_s: float
+    warmup: int
+    chunk_bytes: int
+    timeout_s: float
+
+
+def plan_from_config(config: RunConfig) -> Plan:
+    """The primitives section (task=primitives) expanded into a plan; ConfigError when it cannot run."""
+    p = config.primitives
+    require(p is not None, "the primitives section is missing; run with task=primitives")
+    assert p is not None
+    itemsize = DTYPES[p.dtype].itemsize
+    world = config.world_size
+    require(p.min_bytes >= world * itemsize, f"primitives.min_bytes ({p.min_bytes}) must hold at least one "
+                                             f"{p.dtype} element per rank ({world * itemsize} bytes)")
+    sizes, size = [], p.min_bytes
+    while size <= p.max_bytes:
+        sizes.append(size - size % itemsize)
+        size *= p.step
+    return Plan(world, sizes, p.dtype, p.rounds, p.turn_s, p.warmup_calls, p.chunk_bytes, config.timeout_s)
+
+
+def _warm_up(op: Callable[[], None], warmup: int) -> float:
+    """Run `warmup` calls (first touches, allocator); return the median seconds per call."""
+    times = []
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _timed(ops: dict[str, Callable[[], None]], calls: dict[str, int], rounds: int,
+           barrier: Callable[[], None]) -> dict[str, list[float]]:
+    """Per op, `rounds` samples of the mean seconds per call over a turn of calls[op] calls."""
+    barrier()  # one start line; nothing couples the ranks after it
+    samples: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(rounds):
+        for name, op in ops.items():
+            t0 = time.perf_counter()
+            for _ in range(calls[name]):
+                op()
+            samples[name].append((time.perf_counter() - t0) / calls[name])
+    return samples
+
+
+def _rank_ops(heap: ShmHeap, size: int, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
+    """The five ops for one size, over freshly allocated heap buffers and local tensors."""
+    numel = size // dtype.itemsize
+    layout = ShardLayout(numel, heap.world_size)
+    shard = heap.alloc("params", layout.shard_numel, dtype)
+    heap.alloc("grads", layout.shard_numel, torch.float32 if dtype == torch.bfloat16 else dtype)
+    shard.copy_(torch.randn(layout.shard_numel).to(dtype))
+    full = torch.randn(layout.padded_numel).to(dtype)
+    out = torch.empty(layout.padded_numel, dtype=dtype)
+    piece = torch.empty(layout.shard_numel, dtype=dtype)
+    return {
+        "memcpy": lambda: out.copy_(full),
+        "gather": lambda: gather(heap, "params", out, layout),
+        "all_gather": lambda: all_gather(out, shard),
+        "scatter_accumulate": lambda: scatter_accumulate(heap, "grads", full, layout),
+        "reduce_scatter": lambda: reduce_scatter(piece, full),
+    }
+
+
+def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -> dict:
+    """Per (op, size): this rank's samples of seconds per call, and its calls per turn."""
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=plan.timeout_s)
+    dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world,
+                            timeout=timeout)
+    dtype = DTYPES[plan.dtype]
+    samples: dict[tuple[str, int], list[float]] = {}
+    calls: dict[tuple[str, int], int] = {}
+    try:
+        for size in plan.sizes:
+            # One heap per size, so each size's buffers are freed before the next is allocated.
+            with ShmHeap(rank, world, f"{job}.{size}", store, timeout_s=plan.timeout_s,
+                         chunk_bytes=plan.chunk_bytes) as heap:
+                ops = _rank_ops(heap, size, dtype)
+                turn = {op: max(1, round(plan.turn_s / _warm_up(fn, plan.warmup))) for op, fn in ops.items()}
+                # Every rank must make the same number of collective calls: rank 0's estimate counts.
+                key = f"{job}/calls/{size}"
+                if rank == 0:
+                    store.set(key, json.dumps({op: turn[op] for op in COLLECTIVES}))
+                turn.update(json.loads(store.get(key)))
+                barrier = partial(heap.barrier, plan.timeout_s)
+                # The collectives synchronise the ranks at every call: timed in their own rounds,
+                # so they never pace the one-sided ops.
+                for group in (LOCAL_OPS, COLLECTIVES):
+                    timed = _timed({op: ops[op] for op in group}, turn, plan.rounds, barrier)
+                    samples.update({(op, size): t for op, t in timed.items()})
+                calls.update({(op, size): n for op, n in turn.items()})
+                heap.barrier(plan.timeout_s)  # no rank unmaps a size's buffers while a peer still pushes
+    finally:
+        dist.destroy_process_group()
+    return dict(samples=samples, calls=calls)
+
+
+def summarize(plan: Plan, per_rank: list[dict]) -> list[dict]:
+    """One row per op and size: the median seconds per call over ranks and rounds, and its ratio to memcpy."""
+    rows = []
+    for size in plan.sizes:
+        seconds = {op: statistics.median(t for r in per_rank for t in r["samples"][op, size]) for op in OPS}
+        memcpy_gbps = size / seconds["memcpy"] / 1e9
+        for op, transport in OPS.items():
+            gbps = size / seconds[op] / 1e9
+            calls = statistics.median_low(r["calls"][op, size] for r in per_rank)
+            rows.append(dict(op=op, transport=transport, world_size=plan.world_size, size_bytes=size,
+                             dtype=plan.dtype, iterations=calls * plan.rounds, seconds=seconds[op],
+                             bandwidth_gbps=gbps, memcpy_gbps=memcpy_gbps, ratio_to_memcpy=gbps / memcpy_gbps))
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    table = Table(title=f"primitives, {rows[0]['world_size']} ranks, {rows[0]['dtype']}: GB/s (ratio to memcpy)")
+    table.add_column("size")
+    for op in OPS:
+        table.add_column(op, justify="right")
+    for size in sorted({r["size_bytes"] for r in rows}):
+        cells = {r["op"]: f"{r['bandwidth_gbps']:.3g} ({r['ratio_to_memcpy']:.2f})" for r in rows
+                 if r["size_bytes"] == size}
+        table.add_row(f"{size / 2**10:.0f} KiB" if size < 2**20 else f"{size / 2**20:.0f} MiB",
+                      *(cells[op] for op in OPS))
+    Console(width=120).print(table)
+
+
+def run_primitives(config: RunConfig) -> list[dict]:
+    """The task=primitives job: measure, append the rows to primitives.csv, print them.
+
+    ConfigError (bad input) before anything runs; exit status 1 when a rank fails."""
+    plan = plan_from_config(config)
+    assert config.primitives is not None
+    run_id = run_key(dict(task=config.task, world_size=config.world_size, primitives=as_dict(config.primitives),
+                          timeout_s=config.timeout_s))
+    job = f"bench{uuid.uuid4().hex[:8]}"
+    try:
+        per_rank = run_ranks(bench_rank, plan.world_size, plan, job, timeout_s=config.deadline_s or 3600.0)
+    except RanksFailed as e:
+        print(f"odc_bench: primitives benchmark failed: {e}", file=sys.stderr)
+        sys.exit(1)
+    stamp = dict(run_id=run_id, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"), commit=git_commit(),
+                 host=socket.gethostname())
+    rows = [dict(stamp, **row) for row in summarize(plan, per_rank)]
+    append_rows(Path(config.results_dir) / "primitives.csv", rows, COLUMNS)
+    print_rows(rows)
+    return rows

@@ -1,0 +1,1 @@
+"""The record stage: a run's event trace summarised (metrics.py) into its results row (row.py)."""

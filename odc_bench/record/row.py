@@ -1,0 +1,70 @@
+"""A run's results row: what ran (its config, where and when) and what it measured.
+
+The columns are the results table's schema (results/README.md defines each); the full
+resolved config rides along as YAML, so a row says exactly what ran.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from odc_bench.plan.spec import RunSpec
+from odc_bench.provenance import git_commit
+from odc_bench.record.metrics import minibatch_losses, summarize
+
+SCHEMA_VERSION = 1
+
+# The tidy columns every row has, in order.
+COLUMNS = [
+    "run_id", "schema_version", "status", "error", "timestamp", "commit", "host",
+    "backend", "engine", "balancer", "cost_model", "model", "dataset", "world_size", "minibatch_size",
+    "num_minibatches", "warmup_minibatches", "max_tokens", "packing_ratio", "length_scale",
+    "precision", "seed", "samples_per_s", "tokens_per_s", "bubble_rate", "predicted_bubble_rate",
+    "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "wall_s", "loss_first", "loss_last",
+    "trace", "config",
+]
+
+
+def base_row(spec: RunSpec) -> dict[str, Any]:
+    """What every row of the run says, whatever its outcome."""
+    c = spec.config
+    return dict(
+        run_id=spec.run_id, schema_version=SCHEMA_VERSION, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        commit=git_commit(), host=socket.gethostname(), backend=c.backend.name, engine=c.engine.name,
+        balancer=c.balancer.name, cost_model=spec.cost_model.label, model=c.model.name, dataset=c.dataset.name,
+        world_size=c.world_size, minibatch_size=c.minibatch_size, num_minibatches=c.num_minibatches,
+        warmup_minibatches=c.warmup_minibatches, max_tokens=spec.max_tokens, packing_ratio=c.packing_ratio,
+        length_scale=c.dataset.length_scale, precision=c.precision, seed=c.seed,
+        predicted_bubble_rate=spec.predicted_bubble_rate(),
+        config=yaml.safe_dump(c.to_dict(), sort_keys=False).strip(),
+    )
+
+
+def timing(spec: RunSpec, events: pd.DataFrame) -> dict[str, float]:
+    """The row's timing columns from a trace, real or simulated alike."""
+    measured = spec.measured
+    return summarize(events, spec.world_size, spec.config.warmup_minibatches,
+                     samples=sum(len(mb.lengths) for mb in measured), tokens=sum(sum(mb.lengths) for mb in measured))
+
+
+def failed_row(spec: RunSpec, error: str) -> dict[str, Any]:
+    return {**base_row(spec), "status": "failed", "error": error}
+
+
+def run_row(spec: RunSpec, rank_results: list[dict], events: pd.DataFrame, trace: str) -> dict[str, Any]:
+    """The row of a real run that finished: timing, memory and the loss curve's ends."""
+    losses = minibatch_losses(events, [mb.labelled_tokens for mb in spec.minibatches])
+    return {**base_row(spec), **timing(spec, events), "status": "ok", "error": "",
+            "peak_mem_mb": max(r["peak_bytes"] + r["heap_bytes"] for r in rank_results) / 2**20,
+            "heap_mb": max(r["heap_bytes"] for r in rank_results) / 2**20,
+            "loss_first": losses[0], "loss_last": losses[-1], "trace": trace}
+
+
+def sim_row(spec: RunSpec, events: pd.DataFrame, trace: str) -> dict[str, Any]:
+    """The simulator's row: the same columns; no losses or memory, which it does not model."""
+    return {**base_row(spec), **timing(spec, events), "status": "ok", "error": "", "trace": trace}

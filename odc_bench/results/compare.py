@@ -1,0 +1,68 @@
+"""Series side by side: what each engine and balancer achieved on the same workload.
+
+Runs are grouped by their workload (results/series.py); within a workload every series is set
+against the paper's strongest collective baseline, the baseline engine with LB-Micro (or
+LocalSort when that is all there is), in the engine's preferred variant (FSDP2 on shared
+memory or NCCL before gloo). Seeds are averaged. This is what `make demo` prints.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from odc_bench.results.series import (
+    BASELINE_BALANCERS,
+    WORKLOAD,
+    engine_variants,
+    is_baseline_engine,
+    series_names,
+    variant_rank,
+)
+
+
+def comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per workload and series: mean throughput, bubbles, memory, and the speedup."""
+    ok = table[table["status"] == "ok"].drop_duplicates(subset=["run_id"], keep="last")
+    if ok.empty:
+        return pd.DataFrame()
+    ok = ok.assign(variant=engine_variants(ok))
+    means = (ok.groupby([*WORKLOAD, "engine", "variant", "balancer"], dropna=False)
+             .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "mean"),
+                  bubble_rate=("bubble_rate", "mean"), predicted_bubble_rate=("predicted_bubble_rate", "mean"),
+                  peak_mem_mb=("peak_mem_mb", "mean"))
+             .reset_index())
+    parts = []
+    for _, rows in means.groupby(WORKLOAD, dropna=False):
+        rows = rows.assign(series=series_names(rows, rows["variant"]))
+        for balancer in BASELINE_BALANCERS:
+            base = rows[rows.engine.map(is_baseline_engine) & (rows.balancer == balancer)]
+            if not base.empty:
+                best = base.iloc[int(base.apply(lambda r: variant_rank(r.engine, r.variant), axis=1).argmin())]
+                rows["baseline"] = best.series
+                rows["speedup"] = rows["samples_per_s"] / float(best.samples_per_s)
+                break
+        parts.append(rows.sort_values("samples_per_s"))
+    return pd.concat(parts, ignore_index=True)
+
+
+def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 100))  # room for the series names in logs
+    if rows.empty:
+        console.print("no successful runs to compare")
+        return
+    for _, group in rows.groupby(WORKLOAD, dropna=False):
+        first = group.iloc[0]
+        title = (f"{first.model} on {first.dataset}, {first.world_size} ranks, minibatch {first.minibatch_size}/rank "
+                 f"({first.backend}); speedup vs {first.get('baseline', 'no collective baseline')}")
+        table = Table(title=escape(title))
+        for col in ("series", "samples/s", "speedup", "bubble", "predicted", "peak MB", "runs"):
+            table.add_column(col, justify="left" if col == "series" else "right")
+        for _, r in group.iterrows():
+            speedup = f"{r.speedup:.2f}x" if "speedup" in r and pd.notna(r.speedup) else "-"
+            predicted = "-" if pd.isna(r.predicted_bubble_rate) else f"{r.predicted_bubble_rate:.0%}"
+            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", speedup, f"{r.bubble_rate:.0%}",
+                          predicted, f"{r.peak_mem_mb:.0f}", str(r.runs))
+        console.print(table)

@@ -1,0 +1,94 @@
+"""Two engines compared pair by pair: the reading for controls whose effect is near the noise.
+
+On a shared host the same run repeated an hour later can be 10-20% faster or slower, so
+averaging each engine's runs (odc_bench.compare) mixes that drift into a few-percent
+comparison. The control sweeps therefore run the engines back to back, seed by seed; this
+module pairs those runs (same results folder, setting and balancer), takes each pair's
+throughput ratio and reads the median over the pairs. Its 95% interval comes from a
+bootstrap that resamples the result folders first and the pairs within them second, because
+pairs from one sweep share that sweep's host conditions and are not independent of each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from seaborn.algorithms import bootstrap
+
+from odc_bench.errors import PairingError
+from odc_bench.results.series import SETTING, engine_variants
+
+KEY = [*SETTING, "balancer"]
+
+
+def _labels(table: pd.DataFrame) -> pd.Series:
+    variants = engine_variants(table)
+    return table["engine"] + ("[" + variants + "]").where(variants != "", "")
+
+
+def _pick(table: pd.DataFrame, labels: pd.Series, series: str) -> pd.DataFrame:
+    """Rows of one series: `odc`, `collective` (any process group) or `collective[shm]`."""
+    return table[(labels == series) if "[" in series else (table["engine"] == series)]
+
+
+def paired_ratios(tables: Mapping[str, pd.DataFrame], engine: str, baseline: str) -> pd.DataFrame:
+    """One row per pair: samples/s of both series and engine / baseline, labelled by results folder."""
+    if engine == baseline:
+        raise PairingError(f"engine and baseline are both {engine}; compare two different series")
+    pairs = []
+    for run, table in tables.items():
+        ok = table[table["status"] == "ok"].drop_duplicates(subset=["run_id"], keep="last")
+        if ok.empty:
+            continue
+        labels = _labels(ok)
+        sides = []
+        for series, column in ((engine, "engine_samples_per_s"), (baseline, "baseline_samples_per_s")):
+            rows = _pick(ok, labels, series)
+            doubled = rows[rows.duplicated(subset=KEY, keep=False)]
+            if not doubled.empty:
+                groups = sorted(set(labels[doubled.index]))
+                fix = (f"name one of {', '.join(groups)}" if len(groups) > 1 else
+                       "give a folder with one such run per seed (they differ in a setting pairs does not key on)")
+                raise PairingError(f"{run} holds {len(doubled)} {series} runs of the same workload, balancer and seed; "
+                                   f"{fix}")
+            sides.append(rows[KEY + ["samples_per_s"]].rename(columns={"samples_per_s": column}))
+        matched = sides[0].merge(sides[1], on=KEY)
+        if not matched.empty:
+            pairs.append(matched.assign(run=run, ratio=matched.engine_samples_per_s / matched.baseline_samples_per_s))
+    if not pairs:
+        raise PairingError(f"no workload and seed ran as both {engine} and {baseline} in one results folder; "
+                           "give the folders of a sweep that ran both (e.g. sweep=odc_engine_balanced)")
+    columns = ["run", "balancer", "seed", "baseline_samples_per_s", "engine_samples_per_s", "ratio"]
+    return pd.concat(pairs, ignore_index=True)[columns].sort_values(["run", "seed"], ignore_index=True)
+
+
+def summarize(pairs: pd.DataFrame, n_boot: int = 10_000, seed: int = 0) -> dict[str, float | int]:
+    """Median ratio over the pairs, its 95% interval (folders resampled, then pairs), and counts."""
+    ratios = pairs["ratio"].to_numpy(dtype=float)
+    medians = bootstrap(ratios, func=np.median, units=pairs["run"].to_numpy(), n_boot=n_boot, seed=seed)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return dict(median=float(np.median(ratios)), low=float(low), high=float(high), pairs=len(ratios),
+                runs=int(pairs["run"].nunique()), slower=int((ratios < 1).sum()))
+
+
+def print_pairs(pairs: pd.DataFrame, engine: str, baseline: str, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 100))
+    table = Table(title=escape(f"{engine} / {baseline}, pair by pair"))
+    for col in ("results", "balancer", "seed", f"{baseline} samples/s", f"{engine} samples/s", "ratio"):
+        table.add_column(escape(col), justify="left" if col in ("results", "balancer") else "right")
+    for _, r in pairs.iterrows():
+        table.add_row(escape(r.run), r.balancer, str(r.seed), f"{r.baseline_samples_per_s:.4g}",
+                      f"{r.engine_samples_per_s:.4g}", f"{r.ratio:.3f}")
+    console.print(table)
+    for run, rows in pairs.groupby("run", sort=False):
+        console.print(escape(f"{run}: median {rows.ratio.median():.3f} over {len(rows)} pairs"), soft_wrap=True)
+    s = summarize(pairs)
+    console.print(escape(
+        f"{engine} / {baseline}: median {s['median']:.3f} over {s['pairs']} pairs in {s['runs']} results folders, "
+        f"95% interval {s['low']:.3f}-{s['high']:.3f} (bootstrap over folders, then pairs); "
+        f"{engine} the slower in {s['slower']} of {s['pairs']} pairs"), soft_wrap=True)

@@ -1,0 +1,120 @@
+"""The results table: one row per run, appended atomically; traces saved beside it.
+
+Appends take an exclusive lock, rewrite the whole table to a temporary file in the same
+directory and rename it over the old one, so a reader or a killed writer never sees half a
+row. The table is small (one row per run), so rewriting it is cheap.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from odc_bench.config.fields import require
+from odc_bench.errors import TableError
+from odc_bench.files import atomic_write_text, locked, stale_temporaries
+from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+
+
+def _some(names: Sequence[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def check_table(path: Path) -> None:
+    """Refuse a runs.csv that is not this schema's: appending would misalign or mix rows."""
+    if not path.exists():
+        return
+    fix = "move it away or set results_dir to another folder"
+    if not path.is_file():
+        raise TableError(f"{path} is not a file; {fix}")
+    try:
+        table = pd.read_csv(path, dtype={"schema_version": str})
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TableError(f"{path} is not a readable results table ({reason}); {fix}") from None
+    if list(table.columns) != COLUMNS:
+        missing = [c for c in COLUMNS if c not in table.columns]
+        extra = [str(c) for c in table.columns if c not in COLUMNS]
+        diff = "; ".join(part for part in (f"missing {_some(missing)}" if missing else "",
+                                           f"unexpected {_some(extra)}" if extra else "") if part)
+        raise TableError(f"{path} does not have the columns of results schema version {SCHEMA_VERSION} "
+                         f"({diff or 'same columns in another order'}); {fix}")
+    versions = set(table["schema_version"].dropna())
+    if versions - {str(SCHEMA_VERSION)}:
+        raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}, this code writes "
+                         f"{SCHEMA_VERSION}; {fix}")
+
+
+def check_results_dir(results_dir: Path) -> None:
+    """Refuse a results folder that cannot take a run's row, before any rank starts.
+
+    A table of another schema is refused rather than appended to: pandas would align the
+    columns it can and leave the rest empty, and the figures would read garbage.
+    """
+    require(not results_dir.exists() or results_dir.is_dir(), f"results_dir {results_dir} is not a directory; "
+            f"set results_dir to a folder")
+    existing = results_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    require(existing.is_dir(), f"results_dir {results_dir} cannot be created: {existing} is not a directory; "
+            f"set results_dir to a folder")
+    require(os.access(existing, os.W_OK | os.X_OK), f"results_dir {results_dir} is not writable ({existing}); "
+            f"set results_dir to a folder you can write")
+    traces = results_dir / "traces"
+    require(not traces.exists() or traces.is_dir(), f"{traces} is not a directory; move it away or set "
+            f"results_dir to another folder")
+    check_table(results_dir / "runs.csv")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.read_csv(path)
+
+
+def append_row(path: Path, row: Mapping) -> None:
+    """Append one run's row to the table at `path` (a runs.csv), atomically."""
+    unknown = set(row) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
+    with locked(path):
+        for stale in stale_temporaries(path):  # under the lock no append is live: these are leftovers
+            stale.unlink(missing_ok=True)
+        check_table(path)
+        table = read_table(path)
+        new = pd.DataFrame([{c: row.get(c) for c in COLUMNS}], columns=COLUMNS)
+        table = new if table.empty else pd.concat([table, new], ignore_index=True)
+        atomic_write_text(path, table.to_csv(index=False))
+
+
+def append_rows(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
+    """Append rows to a table with its own schema (e.g. primitives.csv), atomically, all or none."""
+    for row in rows:
+        if set(row) != set(columns):
+            raise ValueError(f"row columns {sorted(row)} differ from the table's {sorted(columns)}")
+    with locked(path):
+        table = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=columns)
+        new = pd.DataFrame([{c: row[c] for c in columns} for row in rows], columns=columns)
+        table = new if table.empty else pd.concat([table, new], ignore_index=True)
+        atomic_write_text(path, table.to_csv(index=False))
+
+
+def write_trace(path: Path, events: pd.DataFrame) -> None:
+    # A trace has one writer, its run (a sweep never runs one config twice at once), so
+    # temporaries of the same name were left by a killed attempt at this run.
+    for stale in stale_temporaries(path):
+        stale.unlink(missing_ok=True)
+    atomic_write_text(path, events.to_csv(index=False))
+
+
+def completed_keys(path: Path) -> set[str]:
+    """Run keys that already have a successful row: a re-run sweep skips them."""
+    check_table(path)
+    table = read_table(path)
+    if table.empty:
+        return set()
+    return set(table.loc[table["status"] == "ok", "run_id"].astype(str))

@@ -1,0 +1,122 @@
+"""One rank of a run as a task of a SLURM job that submitit started (odc_bench/cli/slurm.py submits it).
+
+`run_task`, called inside each task: the torch.distributed environment comes from submitit's
+JobEnvironment (global rank, local rank, world size, the
+first node as master). Device selection is left alone: CUDA_VISIBLE_DEVICES is not touched
+and a rank picks cuda:local_rank among the devices it sees. Rank 0 hosts the rendezvous
+store on a port the kernel picks and publishes it in the job's folder (which submitit
+requires to be shared between nodes); every rank leaves its result or its error there, and
+rank 0 gathers them and writes the run's row. Nobody watches the ranks from outside, so each
+notices a dead peer through its own timeouts and heartbeats (odc_core/liveness.py); when
+rank 0 is the one that died, the first surviving rank to claim the report writes the row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import submitit
+import torch.distributed as dist
+
+from odc_bench.errors import RunFailed
+from odc_bench.files import atomic_write_text
+from odc_bench.plan.spec import RunSpec
+from odc_bench.run.worker import RankJob, run_rank, threads_per_rank
+from odc_core.liveness import PeerLost, one_line
+
+
+def in_task() -> bool:
+    """Whether this process is a task of a SLURM job that submitit started (one rank of a run)."""
+    return os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and "SLURM_PROCID" in os.environ
+
+
+def _wait_for_file(candidates: Sequence[Path], timeout_s: float, what: str) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for path in candidates:
+            if path.exists():
+                return path
+        if time.monotonic() > deadline:
+            raise RunFailed(f"waited {timeout_s:.0f}s for {what} ({candidates[0].parent}); it never arrived")
+        time.sleep(0.1)
+
+
+def _export_torch_env(env: submitit.JobEnvironment, port: int) -> None:
+    """torch.distributed's env:// variables, for code that reads them; devices are left alone."""
+    os.environ.update(MASTER_ADDR=env.hostnames[0], MASTER_PORT=str(port), RANK=str(env.global_rank),
+                      WORLD_SIZE=str(env.num_tasks), LOCAL_RANK=str(env.local_rank),
+                      LOCAL_WORLD_SIZE=str(env.num_tasks // env.num_nodes))
+
+
+def run_task(spec: RunSpec) -> list[dict] | None:
+    """Run this task's rank; rank 0 returns every rank's result, the other ranks None.
+
+    The job's time limit (hydra.launcher.timeout_min) bounds the run here, not deadline_s.
+    """
+    env = submitit.JobEnvironment()
+    world, rank, local_rank = env.num_tasks, env.global_rank, env.local_rank
+    if world != spec.world_size:
+        raise RunFailed(f"the SLURM job has {world} tasks but world_size={spec.world_size}; "
+                        f"set hydra.launcher.nodes x tasks_per_node = world_size")
+    timeout_s = spec.config.timeout_s
+    # One exchange folder per attempt: a requeued job must not find the last attempt's store address.
+    shared = Path(env.paths.folder) / f"ranks.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    shared.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # the store lives as long as this function, past every rank's end
+        store = dist.TCPStore(env.hostnames[0], 0, world, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout_s))
+        host, port = env.hostnames[0], store.port
+        atomic_write_text(shared / "store.json", json.dumps(dict(host=host, port=port, run_id=spec.run_id)))
+    else:
+        found = _wait_for_file([shared / "store.json"], timeout_s, "rank 0 to publish its store address")
+        info = json.loads(found.read_text())
+        if info["run_id"] != spec.run_id:
+            raise RunFailed(f"rank {rank} resolved run {spec.run_id} but rank 0 runs {info['run_id']}")
+        host, port = info["host"], int(info["port"])
+    _export_torch_env(env, port)
+    job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared),
+                  job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.suffix.lstrip('.')}",
+                  threads=threads_per_rank(spec, world // env.num_nodes), store_rank=0)
+    try:
+        run_rank(rank, job, local_rank)
+    except Exception as e:  # reported through the shared folder: rank 0 names the failing rank
+        atomic_write_text(shared / f"rank{rank}.error", one_line(e))
+        rank0_lost = isinstance(e, PeerLost) and 0 in e.peers
+        if (rank != 0 and not rank0_lost) or not _claim_report(shared):
+            return None
+        raise RunFailed(_first_error(shared) if rank == 0 else f"rank {rank} failed: {one_line(e)}") from None
+    if rank != 0:
+        atomic_write_text(shared / f"rank{rank}.done", "")
+        return None
+    for r in range(1, world):
+        got = _wait_for_file([shared / f"rank{r}.done", shared / f"rank{r}.error"], timeout_s, f"rank {r} to finish")
+        if got.suffix == ".error":
+            raise RunFailed(f"rank {r} failed: {got.read_text()}")
+    results = [json.loads((shared / f"rank{r}.json").read_text()) for r in range(world)]
+    shutil.rmtree(shared, ignore_errors=True)
+    return results
+
+
+def _claim_report(shared: Path) -> bool:
+    """Whether this rank writes the failed run's row: the first to create the claim file does."""
+    try:
+        (shared / "report").open("x").close()
+        return True
+    except FileExistsError:
+        return False
+
+
+def _first_error(shared: Path) -> str:
+    """The root cause among the ranks' errors: the earliest one (peers of a failed rank fail later,
+    when their waits on it time out or its connections close)."""
+    time.sleep(1.0)  # ranks failing together all get to write their errors
+    errors = sorted(shared.glob("rank*.error"), key=lambda p: p.stat().st_mtime)
+    if not errors:
+        return "rank 0 failed"
+    return f"rank {errors[0].stem.removeprefix('rank')} failed: {errors[0].read_text()}"

@@ -1,0 +1,158 @@
+"""Per-rank event trace with one monotonic clock per host.
+
+Compute is timed at each unit's boundaries by module hooks that `instrument` attaches after
+the engine has wrapped the model, so that every engine's communication falls outside:
+- forward opens after the engine's pre-forward hooks (gathers are done) and closes in a
+  forward hook placed before the engine's (before it reshards);
+- backward opens in a hook on the unit's output registered after the engine's own (its
+  pre-backward gather runs first) and closes in an identity autograd function on the unit's
+  input, which runs before the engine's post-backward work (pushes, reduce-scatters) on that
+  input.
+The output itself is left as the unit made it: FSDP2 refuses to hook a view reliably, so no
+marker wraps it. The spans measure pure compute whichever engine wraps the model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                 "fordblks", "keepcost")]
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+_mallinfo2 = getattr(_libc, "mallinfo2", None)
+if _mallinfo2 is not None:
+    _mallinfo2.restype = _MallInfo2
+
+
+def heap_in_use_bytes() -> int:
+    """Bytes malloc has handed out and not taken back: CPU tensors live here.
+
+    Unlike resident-set numbers this ignores pages shared copy-on-write with the forkserver,
+    memory malloc keeps cached after a free, and shared-memory segments mapped from peers
+    (the owner adds its own segments explicitly, its engine's heap_bytes, so each segment
+    counts once). Needs glibc >= 2.33.
+    """
+    if _mallinfo2 is None:
+        raise RuntimeError("peak memory on CPU needs glibc's mallinfo2 (glibc >= 2.33)")
+    info = _mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+@dataclass
+class Recorder:
+    rank: int
+    events: list[dict] = field(default_factory=list)
+    minibatch: int = -1
+    microbatch: int = -1
+    baseline_bytes: int = 0
+    peak_bytes: int = 0
+    # Units are timed only while this is set (the worker's measured loop).
+    enabled: bool = False
+    # Per unit: whether its current forward's input carries a gradient (its backward is timed).
+    timed_backward: dict[str, bool] = field(default_factory=dict)
+    _open: dict[tuple[str, str], float] = field(default_factory=dict)
+    _cuda: bool = False
+
+    def start(self, cuda: bool = False) -> None:
+        self._cuda = cuda
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self.baseline_bytes = torch.cuda.memory_allocated()
+        else:
+            self.baseline_bytes = heap_in_use_bytes()
+        self.peak_bytes = 0
+
+    def sample_memory(self) -> None:
+        if self._cuda:
+            used = torch.cuda.max_memory_allocated() - self.baseline_bytes
+        else:
+            used = heap_in_use_bytes() - self.baseline_bytes
+        self.peak_bytes = max(self.peak_bytes, used)
+
+    def add(self, kind: str, t0: float, t1: float, unit: str = "", **extra: object) -> None:
+        self.events.append(
+            dict(rank=self.rank, minibatch=self.minibatch, microbatch=self.microbatch,
+                 kind=kind, unit=unit, t0=t0, t1=t1, **extra)
+        )
+
+    def open(self, unit: str, phase: str) -> None:
+        self._open[(unit, phase)] = now()
+        self.sample_memory()
+
+    def close(self, unit: str, phase: str) -> None:
+        t0 = self._open.pop((unit, phase), None)
+        if t0 is not None:
+            self.add(phase, t0, now(), unit=unit)
+        self.sample_memory()
+
+
+class _Start(torch.autograd.Function):
+    """On a unit's input: backward closes the unit's backward span."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, recorder: Recorder, unit: str) -> torch.Tensor:
+        ctx.recorder, ctx.unit = recorder, unit
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.recorder.enabled:
+            ctx.recorder.close(ctx.unit, "bwd")
+        return grad, None, None
+
+
+def instrument(recorder: Recorder, named_units: Sequence[tuple[str, nn.Module]]) -> list[RemovableHandle]:
+    """Time every unit's forward and backward compute into `recorder` (after the engine wrapped it).
+
+    A unit whose input carries no gradient (the embeddings take token ids) has its forward
+    timed only: its backward runs after the last marker of the microbatch's backward.
+    """
+    handles = []
+    for name, module in named_units:
+        handles.append(module.register_forward_pre_hook(partial(_before_unit, recorder, name)))
+        handles.append(module.register_forward_hook(partial(_forward_done, recorder, name), prepend=True))
+        handles.append(module.register_forward_hook(partial(_mark_backward_start, recorder, name)))
+    return handles
+
+
+def _before_unit(recorder: Recorder, unit: str, _module: nn.Module, args: tuple) -> tuple | None:
+    if not recorder.enabled:
+        return None
+    recorder.open(unit, "fwd")
+    x = args[0] if args else None
+    timed_backward = torch.is_tensor(x) and x.requires_grad
+    recorder.timed_backward[unit] = timed_backward
+    return (_Start.apply(x, recorder, unit), *args[1:]) if timed_backward else None
+
+
+def _forward_done(recorder: Recorder, unit: str, _module: nn.Module, _args: tuple, _output: object) -> None:
+    if recorder.enabled:
+        recorder.close(unit, "fwd")
+
+
+def _mark_backward_start(recorder: Recorder, unit: str, _module: nn.Module, _args: tuple, output: object) -> None:
+    if recorder.enabled and recorder.timed_backward.get(unit) and torch.is_tensor(output) and output.requires_grad:
+        output.register_hook(partial(_backward_starts, recorder, unit))
+
+
+def _backward_starts(recorder: Recorder, unit: str, grad: torch.Tensor) -> None:
+    if recorder.enabled:
+        recorder.open(unit, "bwd")

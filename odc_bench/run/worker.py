@@ -1,0 +1,203 @@
+"""The per-rank training loop, written once for every engine.
+
+A rank receives its microbatches from the plan, runs forward and backward through the
+engine-wrapped model, and calls no collective itself between begin_minibatch() and
+finish_minibatch(). The loss of each microbatch is divided by the whole minibatch's labelled
+token count, so the summed gradient does not depend on how samples are spread over ranks.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from odc_bench.data.batches import packed_batch
+from odc_bench.data.tokens import sample_tokens
+from odc_bench.files import atomic_write_text
+from odc_bench.models.qwen2 import build_model
+from odc_bench.plan.spec import Minibatch, RunSpec
+from odc_bench.run import trace
+from odc_core.engine.base import DataParallelEngine, EngineContext
+from odc_core.engine.registry import make_engine
+from odc_core.liveness import Liveness, one_line
+from odc_core.transport.base import PeerTimeout
+
+# Store counter of minibatches rank 0 has finished: the launcher shows it as the run's progress.
+MINIBATCHES_DONE = "minibatches_done"
+
+
+@dataclass
+class RankJob:
+    spec: RunSpec
+    store_host: str
+    store_port: int
+    out_dir: str
+    # Unique per execution of a run: names the run's shared-memory segments.
+    job_id: str
+    # CPU threads each rank computes with (cuda ranks ignore it).
+    threads: int = 1
+    # Rank 0 also saves the final unsharded parameters (params.pt), for engine comparisons.
+    collect_params: bool = False
+    # The rank whose process hosts the store (SLURM: rank 0); None: the launcher hosts it.
+    store_rank: int | None = None
+
+
+def threads_per_rank(spec: RunSpec, ranks_on_host: int) -> int:
+    """CPU threads a rank computes with: the config's, the SLURM task's CPUs, or this host's
+    cores shared by its ranks."""
+    return (spec.config.threads_per_rank or int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
+            or max(1, (os.cpu_count() or 1) // ranks_on_host))
+
+
+def rank_device(spec: RunSpec, local_rank: int) -> torch.device:
+    if spec.device_type == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def my_microbatches(engine: DataParallelEngine, mb: Minibatch, rank: int, claim_base: int) -> Iterator[list[int]]:
+    """This rank's microbatches: its part of a static plan, or queue entries claimed at run time.
+
+    Claims go through the engine's shared counter, which no rank resets: every rank's last
+    claim of a minibatch fails (it ran past the queue), so minibatch k starts at the sum of
+    (queue length + world size) over earlier minibatches. No rank claims for k + 1 before
+    every rank has made its failing claim for k: that happens before the minibatch barrier.
+    """
+    if mb.queue is None:
+        yield from mb.plan[rank]
+        return
+    while (index := engine.claim() - claim_base) < len(mb.queue):
+        yield mb.queue[index]
+
+
+def connect_store(job: RankJob, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A client of the run's store; when it cannot be reached, the error names who hosts it."""
+    try:
+        return dist.TCPStore(job.store_host, job.store_port, world_size, is_master=False,
+                             timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        where = f"the run's store at {job.store_host}:{job.store_port}"
+        if job.store_rank is not None:
+            raise PeerTimeout(job.store_rank, where, timeout_s) from None
+        raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for the launcher: {where} "
+                           f"({one_line(e)})") from None
+
+
+def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
+    """Train this rank's share of the run. When a peer died, the error names it (see liveness.py)."""
+    spec, config = job.spec, job.spec.config
+    world = spec.world_size
+    device = rank_device(spec, rank if local_rank is None else local_rank)
+    if device.type == "cpu":
+        torch.set_num_threads(job.threads)
+    else:
+        torch.cuda.set_device(device)
+    timeout_s = config.timeout_s
+    store = connect_store(job, world, timeout_s)
+    # Connections of its own: a request the heap or gloo left pending on `store` cannot hold it up.
+    liveness = Liveness(connect_store(job, world, timeout_s), connect_store(job, world, timeout_s), rank, world,
+                        timeout_s, job.store_rank)
+    recorder = trace.Recorder(rank)
+    engine = None
+    finished = False
+    try:
+        liveness.rendezvous()
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout_s))
+        recorder.start(cuda=device.type == "cuda")
+        engine = make_engine(config.engine.name, EngineContext(device, store, job.job_id, timeout_s, config.precision),
+                             config.engine.options)
+        engine.trace = recorder.add
+        model = build_model(config.model, config.seed, device)
+        model = engine.wrap(model, model.units())
+        trace.instrument(recorder, model.named_units())
+        o = config.optim
+        opt = engine.optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        recorder.enabled = True
+        claim_base = 0
+        collect_garbage_between_minibatches()
+        for k, mb in enumerate(spec.minibatches):
+            recorder.minibatch, recorder.microbatch = k, -1
+            t_mb = trace.now()
+            engine.begin_minibatch()
+            loss_sum = torch.zeros((), device=device)
+            for j, micro in enumerate(my_microbatches(engine, mb, rank, claim_base)):
+                recorder.microbatch = j
+                docs = [sample_tokens(config.seed, mb.sample_ids[i], mb.lengths[i], config.model.vocab_size)
+                        for i in micro]
+                batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in packed_batch(docs).items()}
+                t0 = trace.now()
+                loss = model(**batch)
+                t1 = trace.now()
+                (loss * (engine.loss_scale / mb.labelled_tokens)).backward()
+                recorder.add("microbatch", t0, trace.now(), fwd_s=t1 - t0,
+                             tokens=sum(mb.lengths[i] for i in micro), samples=len(micro))
+                loss_sum += loss.detach()
+            if mb.queue is not None:
+                claim_base += len(mb.queue) + world
+            recorder.microbatch = -1
+            t0 = trace.now()
+            engine.finish_minibatch()
+            t1 = trace.now()
+            recorder.add("sync", t0, t1)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t2 = trace.now()
+            recorder.add("optimizer", t1, t2)
+            recorder.sample_memory()
+            recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
+            collect_garbage_between_minibatches()
+            recorder.add("gc", t2, trace.now())
+            if rank == 0:
+                store.add(MINIBATCHES_DONE, 1)
+        recorder.enabled = False
+        if job.collect_params:
+            params = engine.full_parameters()
+            if rank == 0:
+                torch.save(params, Path(job.out_dir) / "params.pt")
+        result = dict(rank=rank, events=recorder.events, peak_bytes=recorder.peak_bytes, heap_bytes=engine.heap_bytes)
+        atomic_write_text(Path(job.out_dir) / f"rank{rank}.json", json.dumps(result))
+        finished = True
+    except Exception as e:
+        explained = liveness.explain(e)
+        if explained is e:
+            raise
+        raise explained from e
+    finally:
+        gc.unfreeze()
+        gc.enable()
+        recorder.enabled = False
+        if engine is not None:
+            engine.close()  # also on failure: a heap's segments go, a prefetch thread stops
+        liveness.stop(finished)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def collect_garbage_between_minibatches() -> None:
+    """Collect now, then keep the collector out of the minibatch that follows.
+
+    Left automatic, Python's full collection (hundreds of thousands of objects in a rank) fell
+    inside a unit's forward, at the same place on every rank (they allocate in step), and no
+    model of the engines can predict it (docs/reliability.md). Collecting between minibatches
+    and freezing what survives (gc.freeze) keeps every pause out of the engines' timelines and
+    each collection small: it scans only what the last minibatch left, and its cycles are freed
+    before they are frozen.
+    """
+    gc.disable()
+    gc.collect()
+    gc.freeze()
+
+
+def rank_entry(rank: int, job: RankJob) -> None:
+    """Entry point of a locally spawned rank (torch.multiprocessing passes the rank first)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    run_rank(rank, job)

@@ -1,0 +1,123 @@
+"""Predicted plan quality of every balancer on a dataset profile, from cost models alone.
+
+`python -m odc_bench.tools.balancer_report` prints it for the paper's golden setting (LongAlign,
+8 ranks, minibatch 4 per rank, max tokens = the longest sample, the 1.5B quadratic cost,
+50 minibatches): each balancer's predicted time and bubble rate under collective and ODC
+semantics, next to the lower bound and its unavoidable bubble. Minibatches are drawn
+exactly as a run draws them (plan.spec.minibatch_samples), so the numbers match the
+predicted_bubble_rate column of a run with the same settings and no warm-up.
+
+`--plan-cost` plans with a different (wrong) cost model than the one that scores the plans
+(`--cost`, the stand-in for the truth): static plans keep their mistakes, while dynamic's
+claims are replayed under the true costs (its queue list-scheduled with them), which is
+what run-time claiming does. Cost models are written `linear`, `quadratic:1p5b`,
+`quadratic:7b`, or the path of a calibration file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from odc_bench.balancers.cost import CostModel, linear, load_calibration, quadratic
+from odc_bench.balancers.dynamic import scheduled
+from odc_bench.balancers.quality import SEMANTICS, Prediction, predict, run_bubble_rate
+from odc_bench.balancers.registry import BALANCERS, plan_minibatch
+from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
+from odc_bench.plan.spec import minibatch_samples
+
+
+@dataclass(frozen=True)
+class BalancerQuality:
+    balancer: str
+    semantics: str
+    time: float  # summed over minibatches
+    bound: float  # summed lower bounds
+    bubble_rate: float
+    bound_bubble_rate: float
+    microbatches_per_rank: float  # mean over ranks and minibatches
+
+    @property
+    def over_bound(self) -> float:
+        return self.time / self.bound - 1.0
+
+
+def parse_cost(spec: str) -> CostModel:
+    if spec == "linear":
+        return linear()
+    if spec.startswith("quadratic:"):
+        return quadratic(spec.split(":", 1)[1])
+    return load_calibration(Path(spec))
+
+
+def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size: int = 4,
+                 num_minibatches: int = 50, cost: CostModel | None = None, plan_cost: CostModel | None = None,
+                 packing_ratio: float = 1.0, length_scale: float = 1.0, seed: int = 0) -> list[BalancerQuality]:
+    """Every balancer's plans scored by `cost` (default quadratic:1p5b), planned with `plan_cost` (default: same)."""
+    cost = cost or quadratic("1p5b")
+    plan_cost = plan_cost or cost
+    lengths = profile_lengths(profile, length_scale, seed)
+    max_tokens = int(profile_max_len(profile, length_scale) * packing_ratio)
+    batches = [[int(lengths[i]) for i in ids]
+               for ids in minibatch_samples(len(lengths), world_size * minibatch_size, num_minibatches, seed)]
+    rows = []
+    for name, spec in BALANCERS.items():
+        preds: dict[str, list[Prediction]] = {s: [] for s in SEMANTICS}
+        microbatches = 0
+        options = spec.options()
+        for lens in batches:
+            plan, queue = plan_minibatch(spec, options, lens, world_size, max_tokens, plan_cost)
+            if queue is not None:  # claims at run time: the queue's entries go to whichever rank is free first
+                plan = scheduled(queue, lens, cost, world_size)
+            microbatches += sum(len(r) for r in plan)
+            for s in SEMANTICS:
+                preds[s].append(predict(plan, lens, world_size, max_tokens, cost, s))
+        for s in SEMANTICS:
+            if s == "collective" and not spec.equal_counts:
+                continue
+            p = preds[s]
+            rows.append(BalancerQuality(name, s, sum(x.time for x in p), sum(x.bound for x in p),
+                                        run_bubble_rate(p, world_size), run_bubble_rate(p, world_size, of_bound=True),
+                                        microbatches / (world_size * len(batches))))
+    return rows
+
+
+def format_table(rows: list[BalancerQuality]) -> str:
+    lines = [f"{'balancer':<11} {'semantics':<11} {'time':>9} {'bound':>9} {'over bound':>10} "
+             f"{'bubble':>7} {'bound bubble':>12} {'mb/rank':>7}"]
+    for r in rows:
+        lines.append(f"{r.balancer:<11} {r.semantics:<11} {r.time:>9.4g} {r.bound:>9.4g} {r.over_bound:>10.2%} "
+                     f"{r.bubble_rate:>7.1%} {r.bound_bubble_rate:>12.1%} {r.microbatches_per_rank:>7.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="longalign", choices=sorted(PROFILES))
+    parser.add_argument("--world-size", type=int, default=8)
+    parser.add_argument("--minibatch-size", type=int, default=4, help="samples per rank per minibatch")
+    parser.add_argument("--num-minibatches", type=int, default=50)
+    parser.add_argument("--cost", default="quadratic:1p5b", help="the cost model that scores plans (the truth)")
+    parser.add_argument("--plan-cost", default=None, help="the cost model balancers plan with (default: --cost)")
+    parser.add_argument("--packing-ratio", type=float, default=1.0)
+    parser.add_argument("--length-scale", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    cost = parse_cost(args.cost)
+    plan_cost = parse_cost(args.plan_cost) if args.plan_cost else cost
+    rows = plan_quality(args.profile, args.world_size, args.minibatch_size, args.num_minibatches, cost, plan_cost,
+                        args.packing_ratio, args.length_scale, args.seed)
+    print(f"{args.profile} x{args.length_scale:g}, {args.world_size} ranks, minibatch {args.minibatch_size} per rank, "
+          f"{args.num_minibatches} minibatches, packing ratio {args.packing_ratio:g}; planned with {plan_cost.label}, "
+          f"scored with {cost.label}; times summed over minibatches")
+    print(format_table(rows))
+    mini = next(r for r in rows if (r.balancer, r.semantics) == ("lb_mini", "odc"))
+    micro = next(r for r in rows if (r.balancer, r.semantics) == ("lb_micro", "collective"))
+    print(f"\ncollective+lb_micro bubble {micro.bubble_rate:.1%} | odc+lb_mini bubble {mini.bubble_rate:.1%} "
+          f"| lower bound's unavoidable bubble {mini.bound_bubble_rate:.1%} "
+          f"| lb_mini odc time {mini.over_bound:+.2%} over the bound")
+
+
+if __name__ == "__main__":
+    main()

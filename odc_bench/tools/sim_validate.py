@@ -1,0 +1,219 @@
+"""Validate the simulator against real CPU runs on this machine.
+
+`python -m odc_bench.tools.sim_validate` runs each validation config for real and in simulation,
+engine by engine, and writes
+
+- results/validation/sim-cpu.csv: one row per config and engine, measured and predicted
+  samples/s and bubble rate (and sim-cpu-ratios.csv: the odc/collective throughput ratios
+  when both engines ran);
+- docs/simulator_validation.md: the same as tables, with the provenance.
+
+The predictions come from the CPU profile fitted (odc_bench.tools.sim_calibrate) on calibration
+runs: LongAlign and SWE-smith at 4 samples per rank, configs the validation does not use
+(those have 1, 2 or 8 samples per rank and fresh seeds), so the prediction is out of sample.
+Before each validation config one more calibration run per engine is made (the two datasets
+alternating), and the profile is refitted on every calibration run made so far: pooling them
+averages out one run's noise (identical calibration runs differed by up to 13% on this machine),
+which a profile fitted on the latest run only passed on to every prediction. Every run, real
+or calibration, covers the same number of samples per rank (`--samples-per-rank`), so a run
+at 1 sample per rank is as long as one at 8 and no shorter run carries more of the machine's
+jitter; engines are interleaved so a ratio compares runs made side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from odc_bench.config.compose import compose_run
+from odc_bench.files import atomic_write_text
+from odc_bench.plan.spec import resolve
+from odc_bench.provenance import REPO_ROOT
+from odc_bench.record.row import timing
+from odc_bench.sim import simulate
+from odc_bench.tools.sim_calibrate import SIM_ENGINES, fit, run_real
+
+# (label, overrides): lengths from both dataset profiles, minibatch sizes the calibration
+# runs (size 4) did not use, and fresh seeds.
+VALIDATION_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("longalign mb1", ("dataset=longalign", "minibatch_size=1", "seed=11")),
+    ("longalign mb2", ("dataset=longalign", "minibatch_size=2", "seed=12")),
+    ("longalign mb8", ("dataset=longalign", "minibatch_size=8", "seed=13")),
+    ("swe_smith mb1", ("dataset=swe_smith", "minibatch_size=1", "seed=14")),
+    ("swe_smith mb2", ("dataset=swe_smith", "minibatch_size=2", "seed=15")),
+    ("swe_smith mb8", ("dataset=swe_smith", "minibatch_size=8", "seed=16")),
+)
+
+
+def simulate_row(overrides: list[str], calibration: Path) -> dict:
+    """The simulator's row for a config, with the CPU profile of the given calibration file."""
+    spec = resolve(compose_run([*overrides, "backend=sim", "backend/hardware=cpu",
+                                f"backend.hardware.calibration={calibration}"]))
+    return timing(spec, simulate(spec).events)
+
+
+def compare(label: str, overrides: list[str], engines: list[str], calibration: Path, results_dir: Path,
+            repeats: int = 1) -> list[dict]:
+    """Real runs of every engine (repeated, alternating the engines' order; the median counts)
+    beside the simulator's prediction."""
+    measured: dict[str, list[dict]] = {e: [] for e in engines}
+    self_error: dict[str, list[float]] = {e: [] for e in engines}
+    for k in range(repeats):
+        for engine in engines if k % 2 == 0 else engines[::-1]:
+            spec, events = run_real([*overrides, f"engine={engine}"], results_dir)
+            measured[engine].append(timing(spec, events))
+            # The model's own error, without the machine's drift: calibrated on this very run.
+            own = calibration.with_name(f"{calibration.stem}-self.json")
+            atomic_write_text(own, json.dumps(fit({engine: [(spec, events)]})))
+            self_error[engine].append(simulate_row([*overrides, f"engine={engine}"], own)["samples_per_s"]
+                                      / measured[engine][-1]["samples_per_s"] - 1)
+            own.unlink()
+    rows = []
+    for engine in engines:
+        predicted = simulate_row([*overrides, f"engine={engine}"], calibration)
+        med = pd.DataFrame(measured[engine]).median()
+        rows.append(dict(config=label, engine=engine, overrides=" ".join(overrides), repeats=repeats,
+                         measured_samples_per_s=med["samples_per_s"],
+                         predicted_samples_per_s=predicted["samples_per_s"],
+                         measured_bubble=med["bubble_rate"], predicted_bubble=predicted["bubble_rate"],
+                         self_calibrated_error=float(pd.Series(self_error[engine]).median()),
+                         runs_samples_per_s=" ".join(f"{r['samples_per_s']:.4f}" for r in measured[engine])))
+    return rows
+
+
+def ratios(table: pd.DataFrame) -> pd.DataFrame:
+    """odc/collective throughput, measured and predicted, for configs that ran both.
+
+    The measured ratio is the median over pairs of runs made side by side (the k-th run of
+    each engine): the machine's speed drifts over tens of seconds, and a pair shares it, where
+    the ratio of the two engines' medians may take its runs from different minutes."""
+    if "odc" not in table["engine"].values or "collective" not in table["engine"].values:
+        return pd.DataFrame()
+    wide = table.set_index(["config", "engine"])
+    rows = []
+    for config in dict.fromkeys(table["config"]):
+        odc, coll = wide.loc[(config, "odc")], wide.loc[(config, "collective")]
+        pairs = pd.Series([float(a) / float(b) for a, b in zip(odc["runs_samples_per_s"].split(),
+                                                                coll["runs_samples_per_s"].split(), strict=True)])
+        rows.append(dict(config=config, measured_ratio=pairs.median(), pair_min=pairs.min(), pair_max=pairs.max(),
+                         ratio_of_medians=odc["measured_samples_per_s"] / coll["measured_samples_per_s"],
+                         predicted_ratio=odc["predicted_samples_per_s"] / coll["predicted_samples_per_s"]))
+    out = pd.DataFrame(rows)
+    out["error"] = out["predicted_ratio"] / out["measured_ratio"] - 1
+    return out
+
+
+def repeatability(repeated: list[dict]) -> pd.DataFrame:
+    """How much the same real run's throughput moves between repetitions on this machine: the
+    calibration runs repeat one fixed config per dataset and engine."""
+    t = pd.DataFrame(repeated)
+    if t.empty:
+        return t
+    g = t.groupby(["config", "engine"])["samples_per_s"]
+    out = g.agg(["count", "min", "max", "mean", "std"]).reset_index()
+    out["cv"] = out["std"] / out["mean"]
+    return out
+
+
+def markdown(table: pd.DataFrame, ratio: pd.DataFrame, provenance: str, repeat: pd.DataFrame) -> str:
+    t = table.assign(error=table["predicted_samples_per_s"] / table["measured_samples_per_s"] - 1)
+    lines = ["# Simulator validation on this machine's CPU", "",
+             "Generated by `python -m odc_bench.tools.sim_validate`; do not edit by hand. " + provenance, "",
+             "## Throughput and bubble rate per engine", "",
+             "Error: predicted over measured samples/s, minus 1. Self-calibrated: the error when the profile is "
+             "fitted on the measured run itself (the model's error without the machine's drift between runs).", "",
+             "| config | engine | measured samples/s | predicted | error | self-calibrated error | measured bubble "
+             "| predicted bubble |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in t.itertuples():
+        lines.append(f"| {r.config} | {r.engine} | {r.measured_samples_per_s:.3f} | {r.predicted_samples_per_s:.3f} "
+                     f"| {r.error:+.1%} | {r.self_calibrated_error:+.1%} | {r.measured_bubble:.3f} "
+                     f"| {r.predicted_bubble:.3f} |")
+    if not repeat.empty:
+        lines += ["", "## Repeatability of the real runs themselves", "",
+                  "The same calibration config run again before every validated config: the spread a "
+                  "prediction cannot beat on this shared machine.", "",
+                  "| config | engine | runs | min samples/s | max | coefficient of variation |",
+                  "|---|---|---|---|---|---|"]
+        for r in repeat.itertuples():
+            lines.append(f"| {r.config} | {r.engine} | {r.count} | {r.min:.3f} | {r.max:.3f} | {r.cv:.1%} |")
+    lines += ["", "## odc / collective throughput ratio", ""]
+    if ratio.empty:
+        lines.append("Not measured: the real `odc` engine is not installed (odc_core.engine.ENGINES lacks it).")
+    else:
+        lines += ["Measured: the median over pairs of runs made side by side (one run of each engine), with "
+                  "the pairs' range; the ratio of the two engines' median throughputs beside it.", "",
+                  "| config | measured ratio | pairs' range | ratio of medians | predicted ratio | error |",
+                  "|---|---|---|---|---|---|"]
+        for r in ratio.itertuples():
+            lines.append(f"| {r.config} | {r.measured_ratio:.3f} | {r.pair_min:.3f}-{r.pair_max:.3f} "
+                         f"| {r.ratio_of_medians:.3f} | {r.predicted_ratio:.3f} | {r.error:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_length(samples_per_rank: int, minibatch_size: int) -> list[str]:
+    """Overrides for a run of about `samples_per_rank` measured samples on each rank, after 2
+    warm-up minibatches."""
+    return [f"num_minibatches={2 + -(-samples_per_rank // minibatch_size)}", "warmup_minibatches=2"]
+
+
+def minibatch_size_of(overrides: tuple[str, ...]) -> int:
+    return int(next(o.split("=")[1] for o in overrides if o.startswith("minibatch_size=")))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", nargs="+", default=["collective", "odc"], choices=SIM_ENGINES)
+    ap.add_argument("--samples-per-rank", type=int, default=96, help="measured samples per rank in every run")
+    ap.add_argument("--repeats", type=int, default=5, help="real runs per config and engine (median)")
+    ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "validation")
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "validation")
+    ap.add_argument("--docs", type=Path, default=REPO_ROOT / "docs" / "simulator_validation.md")
+    ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
+    args = ap.parse_args(argv)
+    base = ["threads_per_rank=1"]
+    calibration_base = [*base, "minibatch_size=4", *run_length(args.samples_per_rank, 4)]
+    calibration_runs: dict[str, list[tuple]] = {e: [] for e in args.engines}
+    calibration = args.out / "sim-cpu-calibration.json"
+    datasets = ("dataset=longalign", "dataset=swe_smith")
+    rows, loads, repeated = [], [], []
+    chosen = [(label, extra) for label, extra in VALIDATION_RUNS if args.only is None or label in args.only]
+    for i, (label, extra) in enumerate(chosen):
+        for k in ((0, 1) if i == 0 else (i % 2,)):
+            for engine in args.engines:
+                spec, events = run_real([*calibration_base, datasets[k], f"engine={engine}"],
+                                        args.results_dir / "calibration")
+                calibration_runs[engine].append((spec, events))
+                repeated.append(dict(config=f"calibration {datasets[k].split('=')[1]} mb4", engine=engine,
+                                     samples_per_s=timing(spec, events)["samples_per_s"]))
+        atomic_write_text(calibration, json.dumps(fit(calibration_runs), indent=2) + "\n")
+        loads.append(os.getloadavg()[0])
+        length = run_length(args.samples_per_rank, minibatch_size_of(extra))
+        rows += compare(label, [*base, *length, *extra], args.engines, calibration, args.results_dir, args.repeats)
+    table = pd.DataFrame(rows)
+    ratio = ratios(table)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    shown = calibration.relative_to(REPO_ROOT) if calibration.is_relative_to(REPO_ROOT) else calibration
+    provenance = (f"Machine {socket.gethostname()}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}; "
+                  f"last calibration {shown} (pooled, see the module's docstring); {args.samples_per_rank} "
+                  f"measured samples per rank in every run, after 2 warm-up minibatches; median of "
+                  f"{args.repeats} real run(s) per config and engine; 1-minute load average "
+                  f"{min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores.")
+    atomic_write_text(args.out / "sim-cpu.csv", table.to_csv(index=False))
+    if not ratio.empty:
+        atomic_write_text(args.out / "sim-cpu-ratios.csv", ratio.to_csv(index=False))
+    text = markdown(table, ratio, provenance, repeatability(repeated))
+    atomic_write_text(args.docs, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

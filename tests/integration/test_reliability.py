@@ -1,0 +1,205 @@
+"""A rank killed mid-minibatch ends the run fast and by name, with nothing left behind, under
+the local launcher and as plain ranks with nobody watching (SLURM); one seed gives one run."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from odc_bench import cli
+from odc_bench.jobs import train
+from odc_bench.jobs.train import execute
+from odc_bench.models.qwen2 import build_model
+from odc_bench.plan.spec import resolve
+from odc_bench.record.metrics import events_frame, minibatch_losses
+from odc_bench.results.table import read_table
+from odc_bench.run import slurm_task, worker
+from odc_bench.run.local import run_local
+from odc_bench.run.worker import RankJob, rank_entry
+from odc_core.engine.fsdp2 import CollectiveEngine
+from odc_core.engine.odc import OdcEngine
+from odc_core.transport.shm import list_segments, of_job, process_start_time
+from tests.helpers import run_config
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 5.0
+# Rank start-up (fork, model, heap), judging the peers' heartbeats, and writing the row.
+MARGIN_S = 15.0
+SMALL = ("model.num_layers=2", "world_size=2", "minibatch_size=2", "num_minibatches=3", "warmup_minibatches=0",
+         "dataset.length_scale=0.005", f"timeout_s={TIMEOUT_S}", "threads_per_rank=1")
+
+
+def _spec(engine: str, *overrides: str):
+    return resolve(run_config(f"engine={engine}", *SMALL, *overrides))
+
+
+def die_in_minibatch_1(rank: int, victim: int) -> None:
+    """Make `victim` SIGKILL itself as it loads its second sample of minibatch 1: its peers are
+    then inside minibatch 1 too, gathering from it, pushing to it or in a collective with it."""
+    if rank != victim:
+        return
+    state = {"minibatch": -1, "samples": 0}
+    for cls in (OdcEngine, CollectiveEngine):
+        def begin(self, _begin=cls.begin_minibatch):
+            _begin(self)
+            state["minibatch"] += 1
+            state["samples"] = 0
+        cls.begin_minibatch = begin
+    tokens = worker.sample_tokens
+
+    def sample(*args, **kwargs):
+        if state["minibatch"] == 1:
+            state["samples"] += 1
+            if state["samples"] == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return tokens(*args, **kwargs)
+
+    worker.sample_tokens = sample
+
+
+def killing_entry(folder: str, rank: int, job: RankJob) -> None:
+    """rank_entry that records its process and job in `folder` and, in runs with seed 0, kills
+    rank 1 in minibatch 1. Bind `folder` with functools.partial: the ranks unpickle it by name."""
+    (Path(folder) / f"rank{rank}").write_text(f"{os.getpid()} {process_start_time(os.getpid())} {job.job_id}")
+    if job.spec.config.seed == 0:
+        die_in_minibatch_1(rank, victim=1)
+    rank_entry(rank, job)
+
+
+def _segments_of(job_id: str) -> list[str]:
+    """This job's segments, its process groups' included (job ids are unique on the host: they
+    carry the store's port or the job number)."""
+    return [s for s in list_segments() if of_job(s, job_id)]
+
+
+@pytest.mark.parametrize("engine", ["odc", "collective"])
+def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(engine, results_dir, tmp_path):
+    spec = _spec(engine)
+    started = time.monotonic()
+    row = execute(spec, results_dir, launch=partial(run_local, entry=partial(killing_entry, str(tmp_path))))
+    elapsed = time.monotonic() - started
+    assert row["status"] == "failed"
+    assert row["error"] == "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
+    assert elapsed < TIMEOUT_S + MARGIN_S
+    table = read_table(results_dir / "runs.csv")
+    assert list(table["status"]) == ["failed"] and table["error"][0] == row["error"]
+    ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
+    assert _segments_of(ranks[0][2]) == [], "the launcher removed the dead and the killed ranks' segments"
+    assert all(process_start_time(int(pid)) != int(start) for pid, start, _ in ranks), "no rank process is left"
+
+
+def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    monkeypatch.setattr(train, "run_local", partial(run_local, entry=partial(killing_entry, str(tmp_path))))
+    monkeypatch.setattr(sys, "argv", ["odc_bench", "--multirun", "seed=0,1", *SMALL, f"results_dir={results}",
+                                      f"hydra.sweep.dir={tmp_path / 'multirun'}"])
+    cli.main()
+    table = read_table(results / "runs.csv")
+    assert list(table["seed"]) == [0, 1]
+    assert list(table["status"]) == ["failed", "ok"]
+    assert table["error"][0] == "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
+
+
+def plain_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str, job_number: str, victim: int) -> None:
+    """One task of a SLURM job as submitit runs it, minus sbatch: the job's execute() around
+    slurm_task.run_task, with no process watching the ranks."""
+    os.environ.update(SUBMITIT_EXECUTOR="slurm", SUBMITIT_FOLDER=folder, SLURM_JOB_ID=job_number,
+                      SLURM_NTASKS=str(world), SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0",
+                      SLURM_JOB_NODELIST="localhost", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank))
+    die_in_minibatch_1(rank, victim)
+    execute(spec, Path(results_dir), slurm_task.run_task)
+
+
+@pytest.mark.parametrize(("engine", "victim"), [("odc", 1), ("collective", 1), ("odc", 0)])
+def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, victim, tmp_path):
+    """Rank 0 hosts the store and writes the row, as on SLURM; when rank 0 is the one that dies,
+    the survivor writes it."""
+    spec = _spec(engine)
+    results = tmp_path / "results"
+    ctx = multiprocessing.get_context("forkserver")
+    job_number = str(os.getpid())  # unique on the host, like a SLURM job id
+    tasks = [ctx.Process(target=plain_slurm_task,
+                         args=(r, 2, spec, str(results), str(tmp_path / "job"), job_number, victim))
+             for r in range(2)]
+    for task in tasks:
+        task.start()
+    ended: dict[int, float] = {}
+    limit = time.monotonic() + 120
+    while len(ended) < len(tasks) and time.monotonic() < limit:
+        for r, task in enumerate(tasks):
+            if r not in ended and task.exitcode is not None:
+                ended[r] = time.monotonic()
+        time.sleep(0.05)
+    for task in tasks:
+        if task.is_alive():
+            task.kill()
+        task.join()
+    survivor = 1 - victim
+    assert tasks[victim].exitcode == -signal.SIGKILL
+    assert tasks[survivor].exitcode == 0, "the survivor recorded the failure and ended"
+    # Its waits on the dead rank time out after timeout_s, it watches heartbeats for 3 beats,
+    # and rank 0 gives its peers a second to leave their errors.
+    assert ended[survivor] - ended[victim] < TIMEOUT_S + 8
+    table = read_table(results / "runs.csv")
+    assert list(table["status"]) == ["failed"]
+    error = table["error"][0]
+    assert error.startswith(f"rank {survivor} failed: ") and f"rank {victim} is gone" in error, error
+    if engine == "odc":
+        assert f"waiting for rank {victim}" in error, error
+    job_id = f"{spec.run_id[:8]}-{job_number}-0"  # as slurm_task.run_task names it (attempt 0)
+    assert _segments_of(job_id) == [], "the survivor removed the dead rank's segments"
+
+
+# ---- determinism ---------------------------------------------------------------------
+
+def _plans(spec) -> list:
+    return [(mb.sample_ids, mb.lengths, mb.plan, mb.queue) for mb in spec.minibatches]
+
+
+@pytest.mark.parametrize(("engine", "balancer"), [("collective", "lb_micro"), ("odc", "lb_mini"), ("odc", "dynamic")])
+def test_one_seed_gives_one_plan_and_one_set_of_initial_weights(engine, balancer):
+    a, b = (_spec(engine, f"balancer={balancer}", "seed=3", "num_minibatches=4") for _ in range(2))
+    other = _spec(engine, f"balancer={balancer}", "seed=4", "num_minibatches=4")
+    assert _plans(a) == _plans(b)
+    assert _plans(a) != _plans(other)
+    weights = [build_model(s.config.model, s.config.seed, torch.device("cpu")).state_dict() for s in (a, b, other)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert not all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
+
+
+def _train(spec) -> tuple[list[float], dict[str, torch.Tensor]]:
+    results = run_local(spec, collect_params=True)
+    losses = minibatch_losses(events_frame(results), [mb.labelled_tokens for mb in spec.minibatches])
+    return losses, results[0]["params"]
+
+
+@pytest.mark.parametrize(("engine", "overrides"), [
+    ("collective", ("minibatch_size=3",)),
+    # Every gradient element of an ODC owner then gets exactly two pushes, one per rank, and
+    # a + b == b + a in floating point: the order they land in cannot change the sum.
+    ("odc", ("minibatch_size=1",)),
+])
+def test_two_runs_with_one_seed_train_bit_for_bit_alike(engine, overrides):
+    spec = _spec(engine, "num_minibatches=4", *overrides)
+    (losses, params), (again, params_again) = _train(spec), _train(spec)
+    assert losses == again
+    assert all(torch.equal(params[k], params_again[k]) for k in params)
+    assert losses[-1] != losses[0], "the runs trained"
+
+
+def test_odc_with_several_pushes_per_owner_differs_at_most_by_rounding():
+    """Three or more pushes into one accumulator land in arrival order, and fp32 addition is
+    not associative: losses after the first step may differ in the last bits (docs/reliability.md)."""
+    spec = _spec("odc", "num_minibatches=4", "minibatch_size=3")
+    (losses, _), (again, _) = _train(spec), _train(spec)
+    assert losses[0] == again[0], "the first minibatch runs on the seed's weights, before any push"
+    assert again == pytest.approx(losses, rel=1e-5, abs=0)

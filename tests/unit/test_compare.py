@@ -1,0 +1,121 @@
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from odc_bench.errors import PairingError
+from odc_bench.results.__main__ import main as results_main
+from odc_bench.results.compare import WORKLOAD, comparison, print_comparison
+from odc_bench.results.pairs import paired_ratios, summarize
+
+
+def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
+    workload = dict.fromkeys(WORKLOAD, 1) | {"backend": "local", "model": "tiny", "dataset": dataset}
+    config = None if group is None else f"engine:\n  name: {engine}\n  backend: {group}\n"
+    return workload | dict(run_id=run_id, engine=engine, balancer=balancer, seed=seed, status=status,
+                           samples_per_s=samples_per_s, bubble_rate=0.1, predicted_bubble_rate=0.05,
+                           peak_mem_mb=100.0, config=config)
+
+
+def test_speedups_are_against_collective_lb_micro_with_seeds_averaged():
+    table = pd.DataFrame([
+        _row("a", "collective", "lb_micro", 10.0, seed=0), _row("b", "collective", "lb_micro", 14.0, seed=1),
+        _row("c", "odc", "lb_mini", 18.0), _row("d", "collective", "local_sort", 6.0),
+        _row("e", "odc", "lb_mini", 99.0, status="failed"),
+    ])
+    rows = comparison(table).set_index(["engine", "balancer"])
+    assert rows.loc[("collective", "lb_micro"), "runs"] == 2
+    assert rows.loc[("odc", "lb_mini"), "speedup"] == pytest.approx(18.0 / 12.0)
+    assert rows.loc[("collective", "local_sort"), "speedup"] == pytest.approx(0.5)
+
+
+def test_without_lb_micro_the_baseline_is_collective_local_sort_per_workload():
+    table = pd.DataFrame([
+        _row("a", "collective", "local_sort", 5.0, dataset="aime"), _row("b", "odc", "local_sort", 7.5, dataset="aime"),
+        _row("c", "odc", "dynamic", 3.0, dataset="fixed"),
+    ])
+    rows = comparison(table)
+    aime = rows[rows.dataset == "aime"].set_index("engine")
+    assert aime.loc["odc", "speedup"] == pytest.approx(1.5)
+    assert rows[rows.dataset == "fixed"]["speedup"].isna().all(), "no collective run: nothing to compare with"
+    console = Console(record=True, width=120)
+    print_comparison(rows, console)
+    text = console.export_text()
+    assert "odc+local_sort" in text and "1.50x" in text and "speedup vs collective+local_sort" in text
+
+
+def test_fsdp2_on_two_process_groups_is_two_series_and_the_shared_memory_one_is_the_baseline():
+    table = pd.DataFrame([
+        _row("a", "collective", "local_sort", 5.0, group="gloo"),
+        _row("b", "collective", "local_sort", 8.0, group="shm"),
+        _row("c", "odc", "local_sort", 10.0),
+    ])
+    rows = comparison(table).set_index("series")
+    assert rows.loc["collective[shm]+local_sort", "speedup"] == pytest.approx(1.0)
+    assert rows.loc["collective[gloo]+local_sort", "speedup"] == pytest.approx(5.0 / 8.0)
+    assert rows.loc["odc+local_sort", "speedup"] == pytest.approx(10.0 / 8.0)
+    console = Console(record=True, width=120)
+    print_comparison(comparison(table), console)
+    assert "collective[gloo]+local_sort" in console.export_text(), "the group is printed, not eaten as markup"
+
+
+def test_one_process_group_is_not_named():
+    table = pd.DataFrame([_row("a", "collective", "local_sort", 5.0, group="shm"), _row("b", "odc", "local_sort", 6.0)])
+    assert set(comparison(table)["series"]) == {"collective+local_sort", "odc+local_sort"}
+
+
+def _pair_rows(prefix, ratios, baseline=10.0):
+    """odc and collective runs of seeds 0.. whose odc / collective ratios are `ratios`."""
+    return pd.DataFrame([r for seed, ratio in enumerate(ratios) for r in (
+        _row(f"{prefix}c{seed}", "collective", "local_sort", baseline + seed, seed=seed),
+        _row(f"{prefix}o{seed}", "odc", "local_sort", (baseline + seed) * ratio, seed=seed))])
+
+
+def test_pairs_are_the_same_seed_in_the_same_results_folder_never_across_folders():
+    only_odc = _pair_rows("x", [1.0, 1.0])
+    tables = {"a": _pair_rows("a", [1.1, 0.9], baseline=10.0), "b": _pair_rows("b", [1.0, 1.2], baseline=50.0),
+              "c": only_odc[only_odc.engine == "odc"]}
+    pairs = paired_ratios(tables, "odc", "collective").set_index(["run", "seed"])
+    assert sorted(pairs.index) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)], "folder c has no collective run to pair"
+    assert pairs["ratio"].to_dict() == pytest.approx({("a", 0): 1.1, ("a", 1): 0.9, ("b", 0): 1.0, ("b", 1): 1.2})
+    assert pairs.loc[("b", 1), "baseline_samples_per_s"] == pytest.approx(51.0)
+
+
+def test_the_summary_is_the_median_pair_with_an_interval_that_spans_disagreeing_folders():
+    pairs = paired_ratios({"a": _pair_rows("a", [1.0, 1.0, 1.0]), "b": _pair_rows("b", [1.2, 1.2, 1.2])},
+                          "odc", "collective")
+    s = summarize(pairs)
+    assert s["median"] == pytest.approx(1.1)
+    assert (s["pairs"], s["runs"], s["slower"]) == (6, 2, 0)
+    assert (s["low"], s["high"]) == pytest.approx((1.0, 1.2)), "either folder alone may be the whole resample"
+    agreeing = summarize(paired_ratios({"a": _pair_rows("a", [0.9, 0.9]), "b": _pair_rows("b", [0.9, 0.9])},
+                                       "odc", "collective"))
+    assert (agreeing["low"], agreeing["median"], agreeing["high"], agreeing["slower"]) == pytest.approx(
+        (0.9, 0.9, 0.9, 4))
+
+
+def test_fsdp2_on_two_process_groups_must_be_named_to_be_paired():
+    table = pd.DataFrame([_row("g", "collective", "local_sort", 5.0, group="gloo"),
+                          _row("s", "collective", "local_sort", 8.0, group="shm"),
+                          _row("o", "odc", "local_sort", 10.0)])
+    with pytest.raises(PairingError, match=r"2 collective runs of the same .*name one of collective\[gloo\], "
+                                           r"collective\[shm\]"):
+        paired_ratios({"fair": table}, "odc", "collective")
+    twice = pd.concat([table, pd.DataFrame([_row("o2", "odc", "local_sort", 11.0)])], ignore_index=True)
+    with pytest.raises(PairingError, match="2 odc runs of the same .*one such run per seed"):
+        paired_ratios({"prefetch": twice}, "odc", "collective[shm]")
+    pairs = paired_ratios({"fair": table}, "odc", "collective[shm]")
+    assert pairs["ratio"].tolist() == pytest.approx([10.0 / 8.0])
+
+
+def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one_line(tmp_path, capsys):
+    for name, ratios in (("a", [1.1, 0.9, 1.0]), ("b", [1.05])):
+        (tmp_path / name).mkdir()
+        _pair_rows(name, ratios).to_csv(tmp_path / name / "runs.csv", index=False)
+    assert results_main(["pairs", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "median 1.000 over 3 pairs" in out and "median 1.025 over 4 pairs in 2 results folders" in out
+    assert "odc the slower in 1 of 4 pairs" in out
+    assert results_main(["pairs", str(tmp_path / "a"), "--engine", "odc_lockstep"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("odc_bench.results: error: no workload and seed ran as both odc_lockstep and collective")
+    assert "\n" not in err

@@ -1,0 +1,91 @@
+from pathlib import Path
+
+import pytest
+
+from odc_bench.balancers.registry import BALANCERS
+from odc_bench.errors import ConfigError
+from odc_bench.jobs.primitives import plan_from_config
+from odc_bench.plan.spec import resolve
+from tests.helpers import REPO, run_cli, run_config
+from tests.helpers.real_data import write_hf_dataset, write_jsonl, write_tokenizer
+
+CONF = REPO / "odc_bench" / "conf"
+GROUP_OPTIONS = [(g.name, f.stem) for g in sorted(CONF.iterdir()) if g.is_dir() and g.name != "__pycache__"
+                 for f in sorted(g.glob("*.yaml"))]
+
+
+def required_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
+    """What an option needs besides itself: real data to load, an engine that can run it."""
+    if (group, option) == ("dataset", "jsonl"):
+        return [f"dataset.path={write_jsonl(tmp_path / 'd.jsonl', [300 + 40 * i for i in range(64)])}"]
+    if (group, option) == ("dataset", "hf_disk"):
+        data = write_hf_dataset(tmp_path / "ds", [50 + 5 * i for i in range(64)])
+        return [f"dataset.path={data}", f"dataset.tokenizer={write_tokenizer(tmp_path / 'tok')}"]
+    if group == "balancer" and not BALANCERS[option].equal_counts:
+        return ["engine=odc"]
+    return []
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
+def test_every_config_group_option_composes_and_resolves(group, option, tmp_path):
+    config = run_config(f"{group}={option}", "num_minibatches=2", "warmup_minibatches=0",
+                        *required_overrides(group, option, tmp_path))
+    if group == "task":
+        assert config.task == option
+        if option == "primitives":
+            assert plan_from_config(config).sizes, "the benchmark plan has sizes to measure"
+            return
+    spec = resolve(config)
+    if group not in ("task", "backend/hardware"):
+        assert getattr(spec.config, group).name == option
+    assert len(spec.minibatches) == 2
+
+
+def test_default_job_is_the_documented_one():
+    spec = resolve(run_config())
+    c = spec.config
+    assert (c.model.name, c.world_size, c.dataset.profile) == ("tiny", 2, "longalign")
+    assert c.dataset.length_scale < 1
+    assert all(len(mb.lengths) == c.world_size * c.minibatch_size for mb in spec.minibatches)
+
+
+def test_resolve_is_deterministic():
+    a, b = resolve(run_config()), resolve(run_config())
+    assert a.run_id == b.run_id
+    assert [(m.sample_ids, m.plan) for m in a.minibatches] == [(m.sample_ids, m.plan) for m in b.minibatches]
+
+
+def test_the_collective_process_group_is_resolved_so_auto_and_its_choice_are_one_run():
+    auto, shm, gloo = (resolve(run_config(f"engine.backend={b}")) for b in ("auto", "shm", "gloo"))
+    assert auto.config.engine.options.backend == "shm", "CPU: FSDP2 on the shared-memory group"
+    assert auto.run_id == shm.run_id != gloo.run_id
+    sim = resolve(run_config("backend=sim", "backend/hardware=a100", "model=qwen2_1p5b"))
+    assert sim.config.engine.options.backend == "auto", "the simulator models the transport itself"
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("world_size=0", "world_size must be at least 1"),
+    ("minibatch_size=0", "minibatch_size must be at least 1"),
+    ("max_tokens=64", "over the microbatch limit max_tokens=64"),
+    ("dataset.profile=nosuch", "unknown dataset profile 'nosuch'"),
+])
+def test_bad_input_is_a_config_error(override, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(run_config(override))
+
+
+@pytest.mark.parametrize("override", ["world_size=0", "minibatch_size=0", "max_tokens=64",
+                                      "dataset.profile=nosuch", "dataset=nosuch", "no_such_key=1",
+                                      "world_size=1,2", "world_size=[1,"])
+def test_bad_input_exits_2_with_one_line_and_no_row(override, results_dir):
+    proc = run_cli(override, f"results_dir={results_dir}")
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("odc_bench: error: "), proc.stderr
+    assert not (results_dir / "runs.csv").exists()
+
+
+def test_unknown_group_option_lists_the_choices(results_dir):
+    proc = run_cli("engine=nosuch", f"results_dir={results_dir}")
+    assert proc.returncode == 2
+    assert "unknown engine option 'nosuch'; choose one of collective, odc" in proc.stderr

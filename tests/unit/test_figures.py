@@ -1,0 +1,329 @@
+"""Each figure rendered from a small fixture results root, checked through its matplotlib objects."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+from matplotlib.container import BarContainer  # noqa: E402
+
+from odc_bench.data.profiles import PROFILES  # noqa: E402
+from paper_figures import (  # noqa: E402
+    cli,
+    fig1_timeline,
+    fig7_lengths,
+    fig8_throughput,
+    fig10_acceleration,
+    fig11_bandwidth,
+    series,
+    tables,
+    utilization,
+)
+from paper_figures.inputs import Skip, load  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
+from tests.helpers.figures import (  # noqa: E402
+    COSTS,
+    GOLDEN,
+    MINIBATCHES,
+    PRIM_SIZES,
+    PRIM_WORLDS,
+    SYNC_GAP,
+    UNITS,
+    VARIATIONS,
+    WARMUP,
+    results_root,
+    samples_per_s,
+    trace_events,
+)
+
+ALL_SERIES = ["Collective + LocalSort", "Collective + LB-Micro", "ODC + LB-Micro", "ODC + LB-Mini"]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    return load(results_root(tmp_path_factory.mktemp("results")))
+
+
+def _only(outputs: dict, prefix: str):
+    (item,) = [v for k, v in outputs.items() if k.startswith(prefix)]
+    if isinstance(item, Skip):
+        raise AssertionError(f"{prefix} was skipped: {item}")
+    return item
+
+
+def _spans(ax, gid: str) -> int:
+    return sum(len(c.get_paths()) for c in ax.collections if c.get_gid() == gid)
+
+
+def test_loader_tags_sources_and_leaves_out_failed_rows_and_the_scratch_folder(tmp_path):
+    root = results_root(tmp_path / "results")
+    runs = pd.read_csv(root / "cpu" / "runs.csv")
+    failed = runs.iloc[[0]].assign(run_id="broken", status="failed")
+    pd.concat([runs, failed]).to_csv(root / "cpu" / "runs.csv", index=False)
+    (root / "local").mkdir()
+    runs.to_csv(root / "local" / "runs.csv", index=False)
+    loaded = load(root)
+    assert set(loaded.runs["source"]) == {"cpu"}
+    assert len(loaded.runs) == len(runs)
+    assert any("1 failed run" in note for note in loaded.notes)
+    assert set(loaded.primitives["source"]) == {"primitives"}
+
+
+def test_loader_leaves_out_a_table_without_the_columns_figures_need(tmp_path):
+    root = results_root(tmp_path / "results")
+    (tmp_path / "results" / "old").mkdir()
+    pd.DataFrame({"run_id": ["x"], "status": ["ok"]}).to_csv(root / "old" / "runs.csv", index=False)
+    loaded = load(root)
+    assert set(loaded.runs["source"]) == {"cpu"}
+    assert any("old/runs.csv left out" in note and "engine" in note for note in loaded.notes)
+
+
+def test_loader_leaves_out_runs_of_a_diagnostic_engine_with_a_note(tmp_path):
+    root = results_root(tmp_path / "results")
+    runs = pd.read_csv(root / "cpu" / "runs.csv")
+    lockstep = runs[runs["engine"] == "odc"].assign(engine="odc_lockstep", run_id=lambda t: t["run_id"] + "-lockstep")
+    pd.concat([runs, lockstep]).to_csv(root / "cpu" / "runs.csv", index=False)
+    loaded = load(root)
+    assert len(lockstep) > 0 and len(loaded.runs) == len(runs)
+    assert set(loaded.runs["engine"]) == {"collective", "odc"}
+    assert any("runs of engine(s) odc_lockstep left out" in note for note in loaded.notes)
+
+
+def test_cli_refuses_a_missing_results_root(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--results", str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_fig1_draws_both_engines_and_marks_the_time_saved(inputs):
+    fig = _only(fig1_timeline.render(inputs), "fig1_timeline")
+    top, bottom = fig.axes[:2]
+    assert "Collective + LB-Micro" in top.get_title(loc="left") and "ODC + LB-Mini" in bottom.get_title(loc="left")
+    assert top.get_ylabel() == fig1_timeline.Y_LABEL and bottom.get_xlabel() == fig1_timeline.X_LABEL
+    phases = 2 * len(UNITS)
+    assert _spans(top, "compute") == phases * sum(len(c) for c in COSTS["collective"])
+    assert _spans(bottom, "compute") == phases * sum(len(c) for c in COSTS["odc"])
+    assert _spans(top, "sync") == _spans(bottom, "sync") == 2
+    assert [t.get_text() for t in fig.legends[0].texts] == [v[2] for v in fig1_timeline.KINDS.values()] + [
+        fig1_timeline.IDLE[1]]
+    # Collective waits for the slowest rank at every step; ODC only at the end.
+    collective = sum(max(step) for step in zip(*COSTS["collective"], strict=True)) + SYNC_GAP + 0.01
+    odc = max(sum(c) for c in COSTS["odc"]) + SYNC_GAP + 0.01
+    (note,) = [t for t in top.texts if t.get_text().startswith("time saved")]
+    assert f"{collective - odc:.3g} s" in note.get_text()
+    assert [a.get_gid() for a in top.patches].count("difference") == 1
+
+
+def test_fig1_says_so_when_the_second_run_is_slower():
+    fast, slow = pd.DataFrame(trace_events("odc")), pd.DataFrame(trace_events("collective"))
+    fig = fig1_timeline.plot([("A", fast), ("B", slow)], WARMUP)
+    top, bottom = fig.axes[:2]
+    assert not top.texts
+    (note,) = bottom.texts
+    assert note.get_text().startswith("no time saved: B takes")
+
+
+def test_fig1_with_one_engine_draws_it_alone_and_says_so(tmp_path):
+    fig = _only(fig1_timeline.render(load(results_root(tmp_path, engines=("collective",)))), "fig1_timeline")
+    assert len(fig.axes) == 1
+    assert "only Collective runs" in fig._suptitle.get_text()
+    assert not [t for t in fig.axes[0].texts if t.get_text().startswith("time saved")]
+
+
+def test_fig1_draws_the_first_measured_minibatch():
+    trace = pd.DataFrame(trace_events("odc"))
+    events, span = fig1_timeline.minibatch_spans(trace, WARMUP)
+    assert set(events["minibatch"]) == {WARMUP}
+    assert events["t0"].min() == pytest.approx(0.0)
+    assert span == pytest.approx(events["t1"].max())
+
+
+def test_fig7_has_one_histogram_per_profile_and_real_dataset(tmp_path):
+    np.save(tmp_path / "mine.npy", np.array([10, 20, 20, 30, 400]))
+    fig = _only(fig7_lengths.render(load(tmp_path / "nowhere", [tmp_path / "mine.npy"])), "fig7_lengths")
+    titles = [ax.get_title().split("\n")[0] for ax in fig.axes]
+    assert titles == [f"{p} (profile)" for p in fig7_lengths.PAPER_PROFILES] + ["mine (real)"]
+    assert set(fig7_lengths.PAPER_PROFILES) <= set(PROFILES)
+    for ax in fig.axes:
+        assert ax.get_xlabel() == fig7_lengths.X_LABEL and ax.get_ylabel() == fig7_lengths.Y_LABEL
+        assert len(ax.patches) == fig7_lengths.BINS
+    assert sum(p.get_height() for p in fig.axes[-1].patches) == 5
+
+
+def test_fig8_bars_are_the_throughput_of_each_series(inputs):
+    fig = _only(fig8_throughput.render(inputs), "fig8_throughput")
+    assert len(fig.axes) == 2  # longalign and swe_smith, one model
+    assert [t.get_text() for t in fig.legends[0].texts] == ALL_SERIES
+    for ax in fig.axes:
+        assert ax.get_ylabel() == fig8_throughput.Y_LABEL
+        bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+        assert len(bars) == len(ALL_SERIES)
+        assert all(len(c) == len(MINIBATCHES) for c in bars)
+        # The one-factor variations (other world size, packing, scale) are not averaged in.
+        odc_mini = [b.get_height() for b in bars[-1]]
+        assert odc_mini == pytest.approx([samples_per_s("odc", "lb_mini", mb) for mb in MINIBATCHES])
+    assert fig.axes[-1].get_xlabel() == fig8_throughput.X_LABEL
+    assert [t.get_text() for t in fig.axes[-1].get_xticklabels()] == [str(m) for m in MINIBATCHES]
+
+
+def _data_lines(ax):
+    return [line for line in ax.lines if line.get_gid() != "zero" and len(line.get_xdata()) > 0]
+
+
+def test_fig10_plots_the_acceleration_of_each_odc_series_per_factor(inputs):
+    fig = _only(fig10_acceleration.render(inputs), "fig10_acceleration")
+    axes = dict(zip(fig10_acceleration.FACTORS, fig.axes, strict=False))
+    assert [ax.get_xlabel() for ax in fig.axes] == list(fig10_acceleration.FACTORS.values())
+    assert all(ax.get_ylabel() == fig10_acceleration.Y_LABEL for ax in fig.axes)
+    # minibatch size: one sweep per dataset x two ODC series; every other factor: one sweep, two series.
+    assert len(_data_lines(axes["minibatch_size"])) == 4
+    points = {"max_length": 2, "packing_ratio": 3, "world_size": 2}
+    for factor, n in points.items():
+        lines = _data_lines(axes[factor])
+        assert len(lines) == 2
+        assert all(len(line.get_xdata()) == n for line in lines)
+    legend = [t.get_text() for t in axes["packing_ratio"].get_legend().texts]
+    assert legend == ["ODC + LB-Micro", "ODC + LB-Mini"]
+    mini = _data_lines(axes["packing_ratio"])[1]
+    bonus = {1: 1.0} | {c["packing_ratio"]: b for c, b in VARIATIONS if "packing_ratio" in c}
+    assert list(mini.get_xdata()) == [1, 2, 4]
+    assert list(mini.get_ydata()) == pytest.approx([100 * (1.3 * bonus[p] - 1) for p in (1, 2, 4)])
+
+
+def test_fig10_skips_without_odc_runs(tmp_path):
+    out = fig10_acceleration.render(load(results_root(tmp_path, engines=("collective",))))
+    assert isinstance(out["fig10_acceleration-cpu"], Skip)
+    assert "no odc runs" in str(out["fig10_acceleration-cpu"])
+
+
+def test_fig11_has_a_panel_per_world_size_with_every_primitive_and_the_memcpy_limit(inputs):
+    fig = _only(fig11_bandwidth.render(inputs), "fig11_bandwidth")
+    assert [ax.get_title() for ax in fig.axes] == [f"{w} ranks" for w in PRIM_WORLDS]
+    expected = ["gather (shm)", "scatter-accumulate (shm)", "all-gather (gloo)", "reduce-scatter (gloo)",
+                fig11_bandwidth.MEMCPY]
+    for ax in fig.axes:
+        assert ax.get_xlabel() == fig11_bandwidth.X_LABEL and ax.get_ylabel() == fig11_bandwidth.Y_LABEL
+        assert [t.get_text() for t in ax.get_legend().texts] == expected
+        lines = [line for line in ax.lines if len(line.get_xdata()) > 0]
+        assert len(lines) == 5 and all(len(line.get_xdata()) == len(PRIM_SIZES) for line in lines)
+        (memcpy,) = [line for line in lines if line.get_gid() == "memcpy"]
+        assert list(memcpy.get_ydata()) == [10.0] * len(PRIM_SIZES)
+
+
+def test_utilization_shows_per_rank_busy_fraction_and_predicted_vs_measured_bubble(inputs):
+    fig = _only(utilization.render(inputs), "utilization")
+    busy, rates, scatter = fig.axes[:3]
+    assert busy.get_xlabel() == utilization.RANK_LABEL and busy.get_ylabel() == utilization.BUSY_LABEL
+    assert [t.get_text() for t in busy.get_legend().texts] == ALL_SERIES
+    bars = [c for c in busy.containers if isinstance(c, BarContainer)]
+    assert len(bars) == len(ALL_SERIES) and all(len(c) == GOLDEN["world_size"] for c in bars)
+    # Synthetic ODC trace: both ranks compute the same 0.30 s per minibatch, so their fractions are equal.
+    odc_mini = [b.get_height() for b in bars[-1]]
+    assert odc_mini[0] == pytest.approx(odc_mini[1]) and 0 < odc_mini[0] < 1
+    assert [t.get_text() for t in rates.get_legend().texts] == ["measured", "predicted"]
+    measured, predicted = [c for c in rates.containers if isinstance(c, BarContainer)]
+    assert [b.get_height() for b in measured] == pytest.approx([0.5, 0.5, 0.2, 0.2])
+    assert scatter.get_xlabel().startswith("predicted") and scatter.get_ylabel().startswith("measured")
+    points = sum(len(c.get_offsets()) for c in scatter.collections if isinstance(c, PathCollection))
+    runs = inputs.runs
+    assert points == runs["predicted_bubble_rate"].notna().sum()
+
+
+def test_busy_fraction_matches_the_trace():
+    trace = pd.DataFrame(trace_events("collective"))
+    fractions = utilization.busy_fractions(trace, WARMUP).set_index("rank")["busy_fraction"]
+    measured = trace[trace["minibatch"] >= WARMUP]
+    whole = measured[measured["kind"] == "minibatch"]
+    window = whole["t1"].max() - whole["t0"].min()
+    per_minibatch = [sum(c) + 0.01 for c in COSTS["collective"]]
+    n = trace["minibatch"].max() + 1 - WARMUP
+    assert list(fractions) == pytest.approx([n * b / window for b in per_minibatch])
+
+
+def _markdown_rows(text: str) -> dict[str, dict[str, str]]:
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    header, rows = cells[0], cells[2:]
+    return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+
+
+def test_tables_hold_the_numbers_behind_the_figures(inputs):
+    out = tables.render(inputs)
+    golden = _markdown_rows(out["table1_golden-cpu"])
+    assert list(golden) == ALL_SERIES
+    speedup = "speedup over Collective + LB-Micro (%)"
+    assert float(golden["ODC + LB-Mini"][speedup]) == pytest.approx(30)
+    assert float(golden["Collective + LB-Micro"][speedup]) == pytest.approx(0)
+    table5 = out["table5_throughput-cpu"]
+    assert all(s in table5 for s in ALL_SERIES)
+    assert "best ODC over Collective + LB-Micro (%)" in table5
+    assert "acceleration (%)" in out["table_acceleration-cpu"]
+    bandwidth = out["table_bandwidth-primitives"]
+    assert "gather / all_gather" in bandwidth and "scatter_accumulate / reduce_scatter" in bandwidth
+
+
+def test_cli_skips_a_figure_without_inputs_and_renders_the_others(tmp_path, capsys):
+    root = results_root(tmp_path / "results", primitives=False)
+    out = tmp_path / "out"
+    assert cli.main(["--results", str(root), "--out", str(out), "--only", "fig11_bandwidth", "fig8_throughput"]) == 0
+    assert "skip fig11_bandwidth: no primitives.csv" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["fig8_throughput-cpu.pdf", "fig8_throughput-cpu.png"]
+
+
+def test_cli_docs_writes_small_pngs_only(tmp_path, monkeypatch):
+    root = results_root(tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    stale = tmp_path / cli.DOCS_DIR / "fig8_throughput-old.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"")
+    assert cli.main(["--results", str(root), "--docs", "--only", "fig8_throughput", "fig7_lengths"]) == 0
+    written = sorted(p.name for p in (tmp_path / cli.DOCS_DIR).iterdir())
+    assert written == ["fig7_lengths.png", "fig8_throughput-cpu.png"]
+
+
+def test_python_m_paper_figures_renders_without_torch(tmp_path):
+    """The figures read results files only: the entry point never even imports torch, so it cannot train."""
+    root = results_root(tmp_path / "results")
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['paper_figures', '--results', {str(root)!r}, '--out', {str(tmp_path / 'out')!r}]\n"
+        "try:\n"
+        "    runpy.run_module('paper_figures', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules, 'paper_figures imported torch'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "skip" not in done.stdout
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    for fig in ["fig1_timeline-cpu", "fig8_throughput-cpu", "fig10_acceleration-cpu", "utilization-cpu",
+                "fig11_bandwidth-primitives", "fig7_lengths"]:
+        assert {f"{fig}.png", f"{fig}.pdf"} <= names
+    tables = ["table1_golden-cpu", "table5_throughput-cpu", "table_acceleration-cpu", "table_bandwidth-primitives"]
+    assert {f"{t}.md" for t in tables} <= names
+
+
+def test_series_name_fsdp2s_process_group_only_where_a_table_has_several():
+    def row(engine, group=None):
+        config = f"engine:\n  name: {engine}\n" + (f"  backend: {group}\n" if group else "")
+        return dict(engine=engine, balancer="local_sort", backend="local", cost_model="linear", config=config)
+
+    both = pd.DataFrame([row("collective", "shm"), row("collective", "gloo"), row("odc")])
+    labels = list(series.label_series(both))
+    assert labels == ["Collective [shm] + LocalSort", "Collective [gloo] + LocalSort", "ODC + LocalSort"]
+    assert series.ordered(labels)[-1] == "ODC + LocalSort", "tagged series keep the paper's order: collective first"
+    colors = series.palette(labels)
+    assert colors["Collective [shm] + LocalSort"] == series.COLORS["Collective + LocalSort"]
+    assert colors["Collective [gloo] + LocalSort"] not in series.COLORS.values(), "gloo is drawn in grey"
+    one = pd.DataFrame([row("collective", "shm"), row("odc")])
+    assert list(series.label_series(one)) == ["Collective + LocalSort", "ODC + LocalSort"]

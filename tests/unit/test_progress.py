@@ -1,0 +1,125 @@
+"""The progress display: what it shows on a terminal, its time estimate, silence elsewhere."""
+
+import io
+import re
+
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from rich.console import Console
+
+from odc_bench.cli.progress import ProgressCallback, outcome_of
+from odc_bench.jobs import progress
+from odc_bench.plan.spec import resolve
+from odc_bench.run.local import run_local
+from tests.helpers import compose_config, run_config
+
+
+def _terminal() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=True, width=160), out
+
+
+def _shown(out: io.StringIO) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_terminal_shows_runs_done_current_run_and_its_minibatches():
+    console, out = _terminal()
+    bar = progress.start(3, console)
+    try:
+        bar.run_finished("skipped")
+        bar.run_started("minibatch_size=2")
+        bar.run_minibatches(2, 4)
+        bar._progress.refresh()
+    finally:
+        progress.stop()
+    shown = _shown(out)
+    assert "runs" in shown and "1/3" in shown and "1 skipped" in shown
+    assert "minibatch_size=2" in shown and "2/4" in shown
+
+
+def test_remaining_time_counts_only_runs_that_executed(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+    bar = progress.SweepProgress(4, Console(file=io.StringIO()))
+    bar.run_started("a")
+    bar.run_finished("skipped")
+    assert bar.remaining_s() is None, "no executed run yet: no estimate"
+    bar.run_started("b")
+    clock.t += 10
+    bar.run_finished("ok")
+    assert bar.remaining_s() == pytest.approx(20.0), "two runs left at 10 s each; the skip took no time"
+    bar.run_started("c")
+    clock.t += 4
+    assert bar.remaining_s() == pytest.approx(16.0), "minus the running one's elapsed time"
+
+
+def test_remaining_time_of_parallel_runs_follows_the_sweep_pace(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+    bar = progress.SweepProgress(5, Console(file=io.StringIO()))
+    bar.run_finished("skipped")
+    clock.t += 30
+    bar.run_finished("ok")  # SLURM jobs end without run_started: the launcher only sees them finish
+    bar.run_finished("failed")
+    assert bar.remaining_s() == pytest.approx(2 * 30 / 2), "15 s per executed run, two runs left"
+
+
+def test_quiet_when_output_is_not_a_terminal():
+    out = io.StringIO()
+    bar = progress.start(2, Console(file=out))
+    bar.run_started("x")
+    bar.run_minibatches(1, 2)
+    bar.run_finished("ok")
+    progress.stop()
+    assert out.getvalue() == ""
+
+
+def test_hydra_callback_knows_the_sweep_size_and_counts_outcomes():
+    cfg = compose_config("sweep=smoke", hydra=True)
+    cfg.hydra.overrides.task.append("minibatch_size=1,2")  # as `python -m odc_bench sweep=smoke minibatch_size=1,2`
+    callback = ProgressCallback()
+    callback.on_multirun_start(cfg)
+    try:
+        bar = progress.current()
+        assert bar is not None and bar.total == 2, "the command line narrowed the smoke sweep to two runs"
+        assert callback.varying == {"minibatch_size"}
+        for value in ({"status": "ok"}, None):
+            job = JobReturn(status=JobStatus.COMPLETED)
+            job.return_value = value
+            callback.on_job_start(cfg)
+            callback.on_job_end(cfg, job)
+        assert bar.finished == {"ok": 1, "failed": 0, "skipped": 1}
+    finally:
+        callback.on_multirun_end(cfg)
+    assert progress.current() is None
+
+
+@pytest.mark.slow
+def test_local_run_reports_its_minibatches():
+    spec = resolve(run_config("num_minibatches=3", "warmup_minibatches=1", "minibatch_size=1",
+                                  "dataset.length_scale=0.00390625"))
+    console, _ = _terminal()
+    bar = progress.start(1, console)
+    try:
+        bar.run_started("tiny")
+        run_local(spec, on_progress=bar.run_minibatches)
+        done = bar._progress.tasks[1]
+        assert (done.completed, done.total) == (3, 3), "rank 0's minibatch counter, read from the store"
+    finally:
+        progress.stop()
+
+
+def test_a_benchmark_job_returning_several_rows_counts_as_one_outcome():
+    done = JobReturn(status=JobStatus.COMPLETED, _return_value=[{"op": "gather"}, {"op": "memcpy"}])
+    assert outcome_of(done) == "ok"
+    failed = JobReturn(status=JobStatus.COMPLETED, _return_value={"status": "failed"})
+    assert outcome_of(failed) == "failed"

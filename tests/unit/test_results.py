@@ -1,0 +1,45 @@
+import multiprocessing
+
+import pandas as pd
+import pytest
+
+from odc_bench.plan.spec import run_key
+from odc_bench.record.row import COLUMNS
+from odc_bench.results.table import append_row, completed_keys
+
+
+def _append_many(path, start):
+    for i in range(start, start + 25):
+        append_row(path, {"run_id": f"r{i}", "status": "ok", "samples_per_s": float(i)})
+
+
+def test_concurrent_appends_lose_no_row(tmp_path):
+    path = tmp_path / "runs.csv"
+    procs = [multiprocessing.get_context("spawn").Process(target=_append_many, args=(path, s)) for s in (0, 100)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    table = pd.read_csv(path)
+    assert list(table.columns) == COLUMNS
+    assert sorted(table["run_id"]) == sorted([f"r{i}" for i in range(25)] + [f"r{i}" for i in range(100, 125)])
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary file may be left behind"
+
+
+def test_rows_outside_the_schema_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="outside the schema"):
+        append_row(tmp_path / "runs.csv", {"run_id": "x", "surprise": 1})
+
+
+def test_completed_keys_only_counts_successful_runs(tmp_path):
+    path = tmp_path / "runs.csv"
+    append_row(path, {"run_id": "good", "status": "ok"})
+    append_row(path, {"run_id": "bad", "status": "failed"})
+    assert completed_keys(path) == {"good"}
+
+
+def test_run_key_ignores_results_dir_and_key_order():
+    a = run_key({"world_size": 2, "model": {"name": "tiny"}, "results_dir": "x"})
+    b = run_key({"model": {"name": "tiny"}, "world_size": 2, "results_dir": "y"})
+    assert a == b
+    assert a != run_key({"model": {"name": "tiny"}, "world_size": 4})

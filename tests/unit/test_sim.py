@@ -1,0 +1,247 @@
+"""The simulator's timelines on small cases whose answer can be worked out by hand."""
+
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from odc_bench.app import main as run_job
+from odc_bench.plan.spec import resolve
+from odc_bench.record.row import COLUMNS
+from odc_bench.sim import claimed, simulate
+from odc_bench.sim.hardware import EngineCosts, Network
+from odc_bench.sim.layout import Layout
+from odc_bench.sim.timeline import collective, odc
+from odc_bench.tools.sim_validate import ratios
+from tests.helpers import compose_config, run_cli, run_config
+
+
+def costs(P: int, pre=0.0, tail=0.0, prep=0.0, ag=0.0, rs=0.0, gather=None, push=None, sync=0.0, opt=0.0,
+          barrier=0.0, network=None) -> EngineCosts:
+    def arr(x):
+        return np.broadcast_to(np.asarray(x, dtype=float), (P,)).copy()
+
+    return EngineCosts(pre=arr(pre), pre_tok=arr(0.0), tail=tail, tail_tok=0.0, prep=prep, ag=arr(ag), rs=arr(rs),
+                       gather_load=arr(0.0 if gather is None else gather),
+                       push_load=arr(0.0 if push is None else push), sync_s=sync, optimizer_s=opt,
+                       barrier_s=barrier, network=network)
+
+
+def no_tokens(comp: np.ndarray) -> np.ndarray:
+    """Token counts for timelines whose costs do not depend on them."""
+    return np.zeros(comp.shape[:3])
+
+
+def test_collective_minibatch_is_the_sum_of_per_step_maxima():
+    comp = np.array([[[[1.0, 2.0, 3.0], [4.0, 1.0, 1.0]],
+                      [[2.0, 1.0, 5.0], [1.0, 1.0, 2.0]]]])  # (M=1, R=2, J=2, P=3)
+    tl = collective(comp, np.array([[2, 2]]), no_tokens(comp), costs(3, opt=0.5))
+    # per-step maxima 2, 2, 5, 4, 1, 2 -> 16, then the optimizer step
+    assert tl.duration[0] == pytest.approx(16.5)
+    assert tl.start[0, 0, 1, 0] == tl.start[0, 1, 1, 0] == pytest.approx(9.0)
+
+
+def test_odc_minibatch_is_the_slowest_ranks_own_sum_plus_the_barriers():
+    comp = np.zeros((1, 2, 3, 2))
+    comp[0, 0, :3] = [[1.0, 2.0], [3.0, 1.0], [2.0, 2.0]]  # rank 0: three microbatches, 11 s
+    comp[0, 1, 0] = [5.0, 4.0]  # rank 1: one microbatch, 9 s
+    tl = odc(comp, np.array([[3, 1]]), no_tokens(comp), costs(2, barrier=0.5, opt=0.25))
+    # parameters visible (barrier), rank 0's 11 s, accumulation barrier, optimizer
+    assert tl.duration[0] == pytest.approx(0.5 + 11 + 0.5 + 0.25)
+    assert tl.sync_t0[0, 1] == pytest.approx(0.5 + 9)  # rank 1 waits from its own end
+    assert tl.mb_t1[0, 1, 0] == pytest.approx(9.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_without_communication_odc_is_never_slower_than_collective(ranks, micro, seed):
+    comp = np.random.default_rng(seed).exponential(size=(2, ranks, micro, 4))
+    nmb = np.full((2, ranks), micro)
+    c, tok = costs(4), no_tokens(comp)
+    assert (odc(comp, nmb, tok, c).duration <= collective(comp, nmb, tok, c).duration + 1e-9).all()
+
+
+def test_collective_prefetch_hides_all_gathers_behind_longer_compute():
+    comp = np.full((1, 2, 2, 3), 1.0)
+    nmb = np.array([[2, 2]])
+    # only the first all-gather is exposed when each is shorter than a position's compute
+    assert collective(comp, nmb, no_tokens(comp), costs(3, ag=0.4)).duration[0] == pytest.approx(0.4 + 6)
+    # longer all-gathers run back to back and compute waits for each
+    assert collective(comp, nmb, no_tokens(comp), costs(3, ag=1.5)).duration[0] == pytest.approx(6 * 1.5 + 1.0)
+
+
+def test_serial_gaps_add_per_position_and_microbatch():
+    comp = np.full((1, 2, 2, 3), 1.0)
+    tl = collective(comp, np.array([[2, 2]]), no_tokens(comp), costs(3, pre=[0.1, 0.2, 0.0], tail=0.5, prep=0.05))
+    assert tl.duration[0] == pytest.approx(2 * (0.05 + 0.1 + 0.2 + 0.5 + 3))
+
+
+def test_reduce_scatters_queue_behind_prefetched_all_gathers_and_end_the_microbatch():
+    comp = np.full((1, 1, 1, 2), 1.0)
+    # AG(0) [0, .2]; pos 0 [.2, 1.2] while AG(1) [.2, .4]; RS(0) [1.2, 1.5];
+    # pos 1 [1.2, 2.2]; RS(1) [2.2, 2.5]: the microbatch ends with its last reduce-scatter
+    tl = collective(comp, np.array([[1]]), no_tokens(comp), costs(2, ag=0.2, rs=0.3))
+    assert tl.mb_t1[0, 0, 0] == pytest.approx(2.5)
+
+
+def _gather_only(world: int, per_node: int, nic: float) -> tuple[EngineCosts, float]:
+    net = Network(world=world, gpus_per_node=per_node, link_Bps=1e30, nic_Bps=nic, latency_s=0.0)
+    nbytes = 4.0
+    return costs(3, gather=nbytes, network=net), (world - per_node) * nbytes / world / nic
+
+
+def test_two_ranks_reading_the_same_owners_at_once_take_twice_as_long():
+    # two nodes of two; the owners of the gathered shards sit in node 1, both readers in node 0
+    c, alone = _gather_only(world=4, per_node=2, nic=1.0)
+    comp = np.zeros((1, 4, 1, 3))
+    one = odc(comp, np.array([[1, 0, 0, 0]]), no_tokens(comp), c).duration[0]
+    both = odc(comp, np.array([[1, 1, 0, 0]]), no_tokens(comp), c).duration[0]
+    assert one == pytest.approx(3 * alone)
+    assert both == pytest.approx(2 * one)
+
+
+def test_a_rank_that_finishes_early_frees_the_bandwidth_it_shared():
+    c, alone = _gather_only(world=4, per_node=2, nic=1.0)
+    comp = np.zeros((1, 4, 2, 3))
+    tl = odc(comp, np.array([[2, 1, 0, 0]]), no_tokens(comp), c, passes=3)
+    # both gather one microbatch's three units at half speed, then rank 0 gathers alone
+    assert tl.mb_t1[0, 1, 0] == pytest.approx(3 * 2 * alone)
+    assert tl.mb_t1[0, 0, 1] == pytest.approx(3 * 2 * alone + 3 * alone)
+
+
+def test_within_one_node_owners_never_limit_a_symmetric_gather():
+    net = Network(world=4, gpus_per_node=4, link_Bps=1.0, nic_Bps=1.0, latency_s=0.0)
+    k = np.array([1, 2, 3, 4])
+    # each rank reads 3 shards through its own link; no owner serves more than 3 readers
+    assert net.transfer_time(4.0, k, k, k) == pytest.approx(np.full(4, 3.0))
+
+
+def test_the_dynamic_balancer_claims_in_queue_order_when_free():
+    layout = Layout(compose_model())
+    table = np.zeros((6, 3))
+    table[:, 1] = 1.0 / layout.positions  # one second per token per microbatch
+    c = costs(layout.positions)
+    lengths = [5, 3, 1, 1, 1]
+    ranks = claimed(lengths, [[0], [1], [2], [3], [4]], 2, table, c, layout)
+    # rank 0 takes 5 (busy until ~5); rank 1 takes 3, then 1 (free at 4), then 1 more (free at 5)
+    assert [[int(f[1]) for f, _ in r] for r in ranks] == [[5, 1], [3, 1, 1]]
+
+
+def compose_model():
+    return run_config().model
+
+
+def test_sim_job_writes_the_same_row_and_trace_schema(results_dir):
+    done = run_cli("backend=sim", "engine=odc", f"results_dir={results_dir}", "num_minibatches=3",
+                   "warmup_minibatches=1")
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(results_dir / "runs.csv")
+    assert list(table.columns) == COLUMNS
+    row = table.iloc[0]
+    assert row["backend"] == "sim" and row["engine"] == "odc" and row["samples_per_s"] > 0
+    assert 0 <= row["bubble_rate"] < 1
+    trace = pd.read_csv(results_dir / row["trace"])
+    assert set(trace["kind"]) == {"fwd", "bwd", "microbatch", "sync", "optimizer", "minibatch"}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("backend/hardware=cpu", "backend.hardware.calibration=/nonexistent/tiny.json"), "no calibration"),
+    (("backend.hardware.kind=tpu",), "backend.hardware.kind must be gpu or calibrated, got 'tpu'"),
+    (("world_size=12",), "whole nodes"),
+])
+def test_unusable_hardware_is_a_one_line_error(results_dir, capsys, overrides, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_job(compose_config("backend=sim", f"results_dir={results_dir}", *overrides))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("odc_bench: error:") and message in err and len(err.strip().splitlines()) == 1
+    assert not (results_dir / "runs.csv").exists()
+
+
+def test_a_paper_scale_run_simulates_every_rank():
+    """A quarter of the benchmark (`python -m odc_bench.tools.sim_bench` times the full one)."""
+    spec = resolve(run_config("backend=sim", "engine=odc", "model=qwen2_7b", "world_size=16",
+                                  "minibatch_size=4", "num_minibatches=25", "warmup_minibatches=0",
+                                  "dataset.length_scale=1", "precision=bf16"))
+    sim = simulate(spec)
+    assert sim.events["rank"].nunique() == 16
+
+
+def test_serial_gaps_grow_with_tokens_of_the_largest_microbatch_collective_or_own_odc():
+    comp = np.zeros((1, 2, 1, 2))
+    tokens = np.array([[[100.0], [300.0]]])
+    c = costs(2)
+    c = EngineCosts(**{**c.__dict__, "pre_tok": np.array([0.01, 0.0]), "tail_tok": 0.001})
+    # collective: every rank waits for the gap of the largest microbatch (300 tokens)
+    assert collective(comp, np.array([[1, 1]]), tokens, c).duration[0] == pytest.approx(3.0 + 0.3)
+    # ODC: each rank pays its own; the minibatch ends with the slower one
+    tl = odc(comp, np.array([[1, 1]]), tokens, c)
+    assert tl.mb_t1[0, :, 0] == pytest.approx([1.0 + 0.1, 3.0 + 0.3])
+
+
+def test_a_whole_microbatch_fit_splits_into_units_that_add_back_up():
+    from odc_bench.sim.hardware import split_microbatch_fit
+
+    layout = Layout(compose_model())
+    fit = {"a": 0.3, "b": 0.05, "c": 0.01, "unit": 1000}
+    table = split_microbatch_fit(fit, layout, recompute=False)
+    docs = [300, 700]
+    per_kind = table @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
+    total = per_kind[layout.position_cost_index].sum()
+    x = np.array(docs) / 1000
+    assert total == pytest.approx(0.3 * (x**2).sum() + 0.05 * x.sum() + 0.01)
+    # recompute adds one forward to every layer's backward
+    again = split_microbatch_fit(fit, layout, recompute=True) @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
+    assert again[3] - per_kind[3] == pytest.approx(per_kind[2] - fit["c"] / (layout.positions - 1))
+
+
+def test_compute_features_add_a_squared_excess_per_knot_and_document():
+    from odc_bench.sim.layout import doc_features
+
+    f = doc_features([100, 700, 1000], knots=(500.0, 900.0))
+    assert list(f) == [1.0, 1800.0, 100**2 + 700**2 + 1000**2, 200**2 + 500**2, 100**2]
+    assert list(doc_features([100, 700])) == [1.0, 800.0, 100**2 + 700**2]
+
+
+def test_the_cpu_fit_follows_a_cost_per_squared_token_that_rises_past_a_length():
+    """The shape this CPU shows (attention's matrix outgrowing the caches): a plain quadratic
+    fitted to it misses the short documents; the fit with knots recovers the cost."""
+    from odc_bench.sim.layout import doc_features
+    from odc_bench.tools.sim_calibrate import fit_compute
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(50, 2000, size=400)
+
+    def cost(n):
+        return 1e-3 + 2e-8 * n * n + 6e-8 * max(n - 600, 0) ** 2
+
+    def frame(knots):
+        f = np.array([doc_features([n], knots) for n in lens])
+        units = pd.DataFrame({f"f{i}": f[:, i] for i in range(f.shape[1])})
+        return units.assign(cost=2, run="r", rank=0, minibatch=np.arange(len(lens)), microbatch=0,
+                            dur=[cost(n) for n in lens])
+
+    def error_on_short(knots):
+        coef = np.array(fit_compute(frame(knots))["layer"]["fwd"])
+        short = [n for n in lens if n < 400]
+        predicted = np.array([coef @ doc_features([n], knots) for n in short])
+        return np.abs(predicted / [cost(n) for n in short] - 1).max()
+
+    assert error_on_short(()) > 0.2
+    assert error_on_short((300.0, 600.0, 1200.0)) < 0.01
+
+
+def test_validation_ratio_is_the_median_over_side_by_side_pairs():
+    # Pairs (odc/collective): 3/1, 4/4, 5/2 -> 3.0, 1.0, 2.5: median 2.5, while the ratio of
+    # the engines' medians (4/2) pairs runs made at different times.
+    table = pd.DataFrame([
+        dict(config="c", engine="collective", measured_samples_per_s=2.0, predicted_samples_per_s=2.0,
+             runs_samples_per_s="1 4 2"),
+        dict(config="c", engine="odc", measured_samples_per_s=4.0, predicted_samples_per_s=5.0,
+             runs_samples_per_s="3 4 5"),
+    ])
+    r = ratios(table).iloc[0]
+    assert r["measured_ratio"] == 2.5 and (r["pair_min"], r["pair_max"]) == (1.0, 3.0)
+    assert r["ratio_of_medians"] == 2.0 and r["predicted_ratio"] == 2.5 and r["error"] == 0.0
