@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(PY) -m odc_bench sweep=demo
 	$(PY) -m odc_bench.results compare results/local/demo
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
 figures: $(STAMP)
@@ -31,8 +31,11 @@ figures: $(STAMP)
 figures-docs: $(STAMP)
 	$(PY) -m paper_figures --docs
 
+# ruff, the shape contracts (pyproject's [tool.importlinter]) and the type checker.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

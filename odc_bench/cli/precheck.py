@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -37,7 +38,7 @@ def first_combination(overrides: Sequence[str]) -> list[str]:
         if o.is_sweep_override():
             out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
         else:
-            out.append(o.input_line)
+            out.append(str(o.input_line))
     return out
 
 
@@ -75,11 +76,17 @@ def overrides_of(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _is_group(name: str) -> bool:
+    """Whether `name` is a config group (Hydra's loader knows its repository; the public type does not say)."""
+    loader: Any = GlobalHydra.instance().config_loader()
+    return bool(loader.repository.group_exists(name))
+
+
 def _refuse_added_keys(parsed: Sequence[Override], combination: list[str]) -> None:
     """`+key=value` (and `++key=value`) may add any key; a key the config lacks is a typo
     that would otherwise ride along unused (and change the run's key)."""
     added = [o for o in parsed if (o.is_add() or o.is_force_add()) and not o.is_hydra_override()
-             and not GlobalHydra.instance().config_loader().repository.group_exists(o.key_or_group)]
+             and not _is_group(o.key_or_group)]
     if not added:
         return
     base = compose("config", overrides=[c for c, o in zip(combination, parsed, strict=True) if o not in added])

@@ -50,7 +50,7 @@ class ProgressCallback(Callback):
         self.varying: set[str] | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweeper = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
+        sweeper: Any = OmegaConf.to_container(config.hydra.sweeper, resolve=True)
         try:
             jobs = sweep_jobs(sweeper, list(config.hydra.overrides.task))
         except Exception:  # another sweeper's params (ranges, intervals): the sweep runs, size unknown

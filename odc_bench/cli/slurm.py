@@ -175,8 +175,9 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 else:
                     continue
                 del pending[i]
-                if bar is not None:
-                    bar.run_finished(outcome_of(returns[i]))
+                done = returns[i]
+                if bar is not None and done is not None:
+                    bar.run_finished(outcome_of(done))
             if bar is not None and states is not None:
                 running = sum(states.get(job.job_id) == "RUNNING" for job, _ in pending.values())
                 bar.note(f"SLURM: {running} running, {len(pending) - running} queued")

@@ -75,7 +75,9 @@ HardwareConfig = GpuHardwareConfig | CalibratedHardwareConfig
 def hardware_config(values: Mapping[str, Any]) -> HardwareConfig:
     kind = values.get("kind")
     require(kind in ("gpu", "calibrated"), f"backend.hardware.kind must be gpu or calibrated, got {kind!r}")
-    return build(GpuHardwareConfig if kind == "gpu" else CalibratedHardwareConfig, values, "backend.hardware.")
+    if kind == "gpu":
+        return build(GpuHardwareConfig, values, "backend.hardware.")
+    return build(CalibratedHardwareConfig, values, "backend.hardware.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

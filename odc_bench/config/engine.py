@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from odc_bench.config.fields import as_dict, build, require
+from odc_bench.config.fields import as_dict, build
 from odc_bench.errors import ConfigError
 from odc_core.engine.options import EngineOptions
 from odc_core.engine.registry import ENGINES, EngineSpec
@@ -36,6 +36,7 @@ class EngineConfig:
 def engine_config(values: Mapping[str, Any]) -> EngineConfig:
     """engine.* as composed: `name` picks the engine, every other key is one of its options."""
     name = values.get("name")
-    require(name in ENGINES, f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+    if not isinstance(name, str) or name not in ENGINES:
+        raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
     options = build(ENGINES[name].options, {k: v for k, v in values.items() if k != "name"}, "engine.")
     return EngineConfig(name=name, options=options)

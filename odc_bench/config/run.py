@@ -126,12 +126,13 @@ def run_config(values: Mapping[str, Any]) -> RunConfig:
 
 def load(cfg: DictConfig | Mapping[str, Any]) -> RunConfig:
     """run_config of a Hydra config (its `hydra` section, if any, is not the run's)."""
+    values: dict[str, Any]
     if isinstance(cfg, DictConfig):
         cfg = cfg.copy()
         with open_dict(cfg):
             cfg.pop("hydra", None)  # it holds interpolations only a running Hydra job resolves
-        values = OmegaConf.to_container(cfg, resolve=True)
+        container: Any = OmegaConf.to_container(cfg, resolve=True)
+        values = {str(k): v for k, v in container.items()}
     else:
-        values = {k: v for k, v in cfg.items() if k != "hydra"}
-    assert isinstance(values, dict)
+        values = {str(k): v for k, v in cfg.items() if k != "hydra"}
     return run_config(values)

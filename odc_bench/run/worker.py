@@ -117,7 +117,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                              config.engine.options)
         engine.trace = recorder.add
         model = build_model(config.model, config.seed, device)
-        model = engine.wrap(model, model.units())
+        wrapped = engine.wrap(model, model.units())
         trace.instrument(recorder, model.named_units())
         o = config.optim
         opt = engine.optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
@@ -135,7 +135,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                         for i in micro]
                 batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in packed_batch(docs).items()}
                 t0 = trace.now()
-                loss = model(**batch)
+                loss = wrapped(**batch)
                 t1 = trace.now()
                 (loss * (engine.loss_scale / mb.labelled_tokens)).backward()
                 recorder.add("microbatch", t0, trace.now(), fwd_s=t1 - t0,

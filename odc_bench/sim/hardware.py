@@ -171,20 +171,22 @@ class GpuProfile:
         param_bytes = 2 if precision == "bf16" else 4
         optimizer_s = self.hw.optimizer_overhead_s + float(layout.unit_params.sum()) / world * ADAMW_BYTES / (
             self.hw.hbm_gbps * GB * self.hw.memory_efficiency)
-        common = dict(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, sync_s=0.0,
-                      optimizer_s=optimizer_s,
-                      barrier_s=self.hw.barrier_s if world > 1 else 0.0)
+        barrier_s = self.hw.barrier_s if world > 1 else 0.0
         if engine == "collective":
             latency, step = self.hw.collective_latency_s, self.hw.ring_step_s
             ag = ring_time(params * param_bytes, world, bus, latency, step)
             rs = np.where(bwd, ring_time(params * 4, world, bus, latency, step), 0.0)
-            return EngineCosts(ag=ag, rs=rs, gather_load=zeros, push_load=zeros, **common)
+            return EngineCosts(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=ag, rs=rs,
+                               gather_load=zeros, push_load=zeros, sync_s=0.0, optimizer_s=optimizer_s,
+                               barrier_s=barrier_s)
         gather = params * odc_gather_bytes
         push = np.where(bwd, params * 4, 0.0)
         # In backward a rank's gathers and pushes, and its peers' into its shard, cross the same
         # links at the same time: both see the two loads together.
-        return EngineCosts(ag=zeros, rs=zeros, gather_load=np.where(bwd, gather + push, gather),
-                           push_load=np.where(bwd, gather + push, 0.0), network=net, **common)
+        return EngineCosts(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=zeros, rs=zeros,
+                           gather_load=np.where(bwd, gather + push, gather),
+                           push_load=np.where(bwd, gather + push, 0.0), sync_s=0.0, optimizer_s=optimizer_s,
+                           barrier_s=barrier_s, network=net)
 
 
 def _load_json(path: str) -> dict:

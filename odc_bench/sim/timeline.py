@@ -143,8 +143,8 @@ def odc(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, p
     """comp: (M, R, J, P) compute seconds; nmb: (M, R) microbatches per rank (may differ, may be 0);
     tokens: (M, R, J) per microbatch."""
     finish = np.where(nmb > 0, np.inf, -np.inf)
-    timeline = None
-    for _ in range(max(1, passes) if c.network is not None else 1):
+    timeline, finish = _odc_pass(comp, nmb, tokens, c, finish)
+    for _ in range(max(1, passes) - 1 if c.network is not None else 0):
         timeline, finish = _odc_pass(comp, nmb, tokens, c, finish)
     return timeline
 

@@ -169,7 +169,7 @@ def fit_engine(pairs: list[tuple[RunSpec, pd.DataFrame]], engine: str, layout: L
             samples[c] += s[c]
         for k, v in sc.items():
             scalars.setdefault(k, []).extend(v)
-    out = {}
+    out: dict[str, list[float] | float] = {}
     for c, name in enumerate(GAP_CLASSES):
         xy = np.array(samples[c], dtype=float).reshape(-1, 2)
         xy = xy[~np.isnan(xy).any(axis=1)]

@@ -39,7 +39,10 @@ def run(results_dir: Path) -> None:
 
 
 def sweeper(name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(SWEEPS / f"{name}.yaml"))["hydra"]["sweeper"]
+    sweep = OmegaConf.to_container(OmegaConf.load(SWEEPS / f"{name}.yaml"))
+    assert isinstance(sweep, dict)
+    settings: dict = sweep["hydra"]["sweeper"]
+    return settings
 
 
 def fig8_devices() -> dict[str, int]:

@@ -12,12 +12,14 @@ default is NCCL, the paper's baseline.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from odc_core.engine.base import EngineContext, TraceHook
 from odc_core.engine.options import Backend, CollectiveOptions
@@ -82,7 +84,8 @@ class CollectiveEngine:
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         assert self.model is not None
-        return {n: p.full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
+        # fully_shard made every parameter a DTensor sharded over the ranks.
+        return {n: cast(DTensor, p).full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
 
     @property
     def heap_bytes(self) -> int:

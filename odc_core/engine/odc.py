@@ -47,7 +47,7 @@ def _alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
     parameter views that autograd saved for backward: their values are meant to come back.
     """
     return torch.empty(0, dtype=storage_owner.dtype, device=storage_owner.device).set_(
-        storage_owner.untyped_storage(), 0, (numel,))
+        storage_owner.untyped_storage(), 0, (numel,), (1,))
 
 
 @dataclass
@@ -246,6 +246,7 @@ class OdcEngine:
         accumulated and (when it has one) the gradient of its input has left it."""
         if unit.grads_ready < len(unit.params) or (unit.takes_grad_input and not unit.input_done):
             return
+        assert unit.grad is not None, "_pre_backward gave the unit its flat gradient"
         t0 = _now()
         scatter_accumulate(self.heap, unit.acc_name, unit.grad, unit.layout)
         self._emit("push", t0, unit=unit.name)

@@ -260,9 +260,11 @@ class ShmHeap:
             except FileNotFoundError:
                 raise RuntimeError(f"rank {peer} removed its segment for {name!r} before rank {self.rank} "
                                    "mapped it (did it exit?)") from None
+        mapped = [buf for buf in ranks if buf is not None]
+        assert len(mapped) == self.world_size, "every peer's copy is mapped"
         if name == _CONTROL:
-            self._control_fds = [os.open(self._dir / buf.segment, os.O_RDWR) for buf in ranks]
-        self._buffers[name] = ranks
+            self._control_fds = [os.open(self._dir / buf.segment, os.O_RDWR) for buf in mapped]
+        self._buffers[name] = mapped
         # Second round: once it returns, every rank has mapped every copy, so a rank may unlink
         # its segments (close) at any time after without a peer failing to reach them.
         self._exchange(f"{key}/mapped", "1", what)
@@ -381,29 +383,30 @@ class ShmHeap:
                 backoff.wait()
             pending = deferred
 
-    def _word(self, name: str, peer: int, index: int) -> _Buffer:
+    def _word(self, name: str, peer: int, index: int) -> tuple[_Buffer, memoryview]:
         buf = self._get_buffer(name, peer)
         if buf.words is None:
             raise TypeError(f"buffer {name!r} is {buf.dtype}; flags and counters need torch.int64")
         self._check_range(buf, index, 1)
-        return buf
+        return buf, buf.words
 
     def fetch_add(self, name: str, peer: int, index: int, value: int = 1) -> int:
-        buf = self._word(name, peer, index)
+        buf, words = self._word(name, peer, index)
         with self._locked(buf, peer, index, index + 1):
-            old = buf.words[index]
-            buf.words[index] = old + value
+            old: int = words[index]
+            words[index] = old + value
         return old
 
     def store(self, name: str, index: int, value: int) -> None:
-        buf = self._word(name, self.rank, index)
+        buf, words = self._word(name, self.rank, index)
         with self._locked(buf, self.rank, index, index + 1):
-            buf.words[index] = value
+            words[index] = value
 
     def load(self, name: str, peer: int, index: int) -> int:
-        buf = self._word(name, peer, index)
+        buf, words = self._word(name, peer, index)
         with self._locked(buf, peer, index, index + 1, fcntl.F_RDLCK):
-            return buf.words[index]
+            value: int = words[index]
+        return value
 
     def wait_until(self, name: str, peer: int, index: int, at_least: int, timeout_s: float) -> None:
         backoff = _Backoff(peer, f"{name!r}[{index}] >= {at_least}", timeout_s)

@@ -42,7 +42,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
 from odc_core.transport.base import PeerTimeout
@@ -123,7 +123,7 @@ class ShmProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta,
                  options: ShmGroupOptions) -> None:
-        super().__init__(rank, world_size)
+        super().__init__(rank, world_size)  # type: ignore[call-arg]  # the Python trampoline's constructor
         self._rank, self._world_size = rank, world_size
         self.timeout_s = float(options.timeout_s)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world_size, timeout)
@@ -143,7 +143,7 @@ class ShmProcessGroup(dist.ProcessGroup):
     # -- the collectives FSDP2 uses -----------------------------------------------------
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: dist.AllgatherOptions | None = None) -> dist.Work:
+                          opts: object | None = None) -> dist.Work:
         self._all_gather(output, input)
         return _completed([output])
 
@@ -153,7 +153,7 @@ class ShmProcessGroup(dist.ProcessGroup):
         return _completed([output])
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                    opts: dist.AllgatherOptions | None = None) -> dist.Work:
+                                    opts: object | None = None) -> dist.Work:
         for output, input in zip(outputs, inputs, strict=True):
             self._all_gather(output, input)
         return _completed(outputs)
@@ -166,10 +166,11 @@ class ShmProcessGroup(dist.ProcessGroup):
         return _completed(outputs)
 
     # The names torch 2.13 deprecated; Python callers and the C++ trampoline may still use them.
+    # Their stubs name the arguments differently; the calls are positional.
     _allgather_base = all_gather_single
-    _reduce_scatter_base = reduce_scatter_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     def shutdown(self) -> None:
         self._slots.close()
@@ -195,6 +196,7 @@ class ShmProcessGroup(dist.ProcessGroup):
         seq = self._seq + 1
         self._slots.slot(seq, self._rank, nbytes, input.dtype).view(input.shape).copy_(input)
         heap = self._slots.heap
+        assert heap is not None, "ensure() opened the heap"
         heap.store(_ARRIVED, 0, seq)
         pending = [(self._rank + i) % self._world_size for i in range(1, self._world_size)]
         started = time.monotonic()
@@ -224,7 +226,7 @@ class ShmProcessGroup(dist.ProcessGroup):
             part = input.reshape(-1) if r == self._rank else self._slots.slot(seq, r, nbytes, input.dtype)
             flat[r * n:(r + 1) * n].copy_(part)
 
-    def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: dist.ReduceOp) -> None:
+    def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: object) -> None:
         kind = getattr(op, "op", op)  # options hold a ReduceOp; callers may pass its RedOpType
         if kind not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             raise ValueError(f"reduce_scatter over shared memory supports SUM and AVG, not {kind}")
