@@ -1,10 +1,11 @@
 """Find and read the results tables the figures are drawn from.
 
-A results root (default `results/`) holds one folder per set of results (`cpu/`, `sim/`,
-`primitives/`, ...). Every `runs.csv` and `primitives.csv` below the root is read and its
-rows tagged with `source`, the folder's path relative to the root. A source is one
-coherent experiment (one machine, one backend), so figures that plot absolute numbers draw
-each source separately instead of mixing paper-scale simulation with CPU runs.
+A results root (default `results/`) holds one folder per experiment (`cpu/`, `sim_paper/`,
+`primitives_cpu/`, ...), which may keep its runs in subfolders (one per sweep run, as
+`cpu_balanced/run_a/`). Every `runs.csv` and `primitives.csv` below the root is read and its
+rows tagged with `source`, the experiment folder's name. A source is one coherent experiment
+(one machine, one backend), so figures that plot absolute numbers draw each source separately
+instead of mixing paper-scale simulation with CPU runs: one set of figures per experiment.
 
 `local/` directly under the root is the scratch output of ad-hoc runs (not committed) and is
 left out, unless the root is that folder itself. Runs of engines the engine registry does not
@@ -43,9 +44,10 @@ class Inputs:
 
 
 def _source_name(root: Path, folder: Path) -> str:
+    """The experiment a table belongs to: its first folder below the root (the root's own name
+    for a table at the root)."""
     rel = folder.relative_to(root)
-    name = rel.as_posix() if rel.parts else root.resolve().name
-    return name.replace("/", "-")
+    return rel.parts[0] if rel.parts else root.resolve().name
 
 
 def _tables(root: Path, filename: str) -> list[Path]:

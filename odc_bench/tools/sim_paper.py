@@ -5,7 +5,7 @@
 
 `run` is the Hydra multiruns `python -m odc_bench sweep=fig8_sft` and `sweep=fig10` (the grids
 live in sweeps/*.yaml) with the paper's settings added: A100 profile, bf16 compute with fp32
-reduction, activation recomputation, no trace files; rows go to results/sim/paper/runs.csv.
+reduction, activation recomputation, no trace files; rows go to results/sim_paper/runs.csv.
 A sweep skips rows already there, so re-running `run` after a balancer lands adds only its
 rows; `table` compares whatever is there.
 """
@@ -24,7 +24,7 @@ from odc_bench.files import atomic_write_text
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.table import read_table
 
-RESULTS = REPO_ROOT / "results" / "sim" / "paper"
+RESULTS = REPO_ROOT / "results" / "sim_paper"
 DOCS = REPO_ROOT / "docs" / "simulator_paper.md"
 SWEEPS = REPO_ROOT / "sweeps"
 PAPER_SETTINGS = ("backend=sim", "backend/hardware=a100", "precision=bf16", "backend.recompute=true",
