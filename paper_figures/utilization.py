@@ -1,7 +1,7 @@
 """Utilization: how much of each rank's time goes to compute, and the bubble rate, predicted vs measured.
 
 Left: per-rank busy fraction (unit compute plus optimizer steps over the measured window,
-the definitions of odc_bench.metrics) for every series at the golden setting, from the traces.
+the definitions of odc_bench.record.metrics) for every series at the golden setting, from the traces.
 Middle: at the same setting, the bubble rate each series measured beside the one its balancer
 predicted from its cost model (absent when the run logged no prediction). Right: predicted
 against measured bubble rate over every run of the source; points on the diagonal mean the

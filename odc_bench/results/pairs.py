@@ -1,7 +1,7 @@
 """Two engines compared pair by pair: the reading for controls whose effect is near the noise.
 
 On a shared host the same run repeated an hour later can be 10-20% faster or slower, so
-averaging each engine's runs (odc_bench.compare) mixes that drift into a few-percent
+averaging each engine's runs (results/compare.py) mixes that drift into a few-percent
 comparison. The control sweeps therefore run the engines back to back, seed by seed; this
 module pairs those runs (same results folder, setting and balancer), takes each pair's
 throughput ratio and reads the median over the pairs. Its 95% interval comes from a

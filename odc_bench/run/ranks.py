@@ -1,7 +1,7 @@
 """Run a function on N local rank processes around one TCPStore and collect what each returns.
 
 For benchmarks and tests of the communication layer, which need real processes but not the
-training job's RunSpec (launch/local.py runs those).
+training job's RunSpec (run/local.py runs those).
 """
 
 from __future__ import annotations

@@ -187,10 +187,10 @@ def collect_garbage_between_minibatches() -> None:
 
     Left automatic, Python's full collection (hundreds of thousands of objects in a rank) fell
     inside a unit's forward, at the same place on every rank (they allocate in step), and no
-    model of the engines can predict it (docs/reliability.md). Collecting between minibatches
-    and freezing what survives (gc.freeze) keeps every pause out of the engines' timelines and
-    each collection small: it scans only what the last minibatch left, and its cycles are freed
-    before they are frozen.
+    model of the engines can predict it (measured: docs/simulator.md, validation run 6).
+    Collecting between minibatches and freezing what survives (gc.freeze) keeps every pause
+    out of the engines' timelines and each collection small: it scans only what the last
+    minibatch left, and its cycles are freed before they are frozen.
     """
     gc.disable()
     gc.collect()
