@@ -266,10 +266,8 @@ def _top_with_smallest(costs: np.ndarray, k: int) -> np.ndarray:
     Under heavy tails the largest items decide the heaviest set, and each should share its
     set with the smallest items, which LDM's contiguous chunks cannot arrange.
     """
-    order = np.argsort(-costs, kind="stable")
-    pad = -len(costs) % k
-    rest = np.concatenate([np.full(pad, -1, dtype=np.int64), order[k:][::-1]])
-    return np.hstack([order[:k].reshape(k, 1), rest.reshape(k, -1)])
+    ids = np.concatenate([np.argsort(-costs, kind="stable"), np.full(-len(costs) % k, -1, dtype=np.int64)])
+    return np.hstack([ids[:k].reshape(k, 1), ids[k:][::-1].reshape(k, -1)])
 
 
 def _lower_bound(costs: np.ndarray, k: int, equal_size: bool) -> float:
