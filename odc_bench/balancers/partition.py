@@ -46,13 +46,14 @@ _Set = tuple[float, list[int]]
 # Up to this many items x sets the classic pipeline runs (alone below _VECTOR_FROM): its cost
 # grows as n k log k, and it is the reference every faster answer is held against.
 _CLASSIC_UP_TO = 16_384
-_VECTOR_FROM = 256
+_VECTOR_FROM = 2048
 # Rounds of pairwise exchanges in the vectorised pipeline: each evens the load profile, and
 # the polish after them finishes what they leave. A polish step costs about k, so the step
 # budget shrinks with k to keep the whole near n log n.
 _ROUNDS = 32
 _POLISH_WORK = 65_536
 _POLISH_MIN = 16
+_POLISH_MAX = 256
 _WINDOW = 64
 
 
@@ -248,7 +249,7 @@ def _vectorised(costs: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
         for shift in range(_ROUNDS):
             if sets.loads.max() <= bound or not _pair_round(sets, shift) and shift:
                 break
-        for _ in range(max(_POLISH_MIN, _POLISH_WORK // k)):
+        for _ in range(min(_POLISH_MAX, max(_POLISH_MIN, _POLISH_WORK // k))):
             if sets.loads.max() <= bound or not (_polish_step(sets, heaviest=True)
                                                  or _polish_step(sets, heaviest=False)):
                 break
