@@ -193,7 +193,6 @@ class _Sets:
     """
 
     def __init__(self, costs: np.ndarray, items: np.ndarray, movable: bool) -> None:
-        self.costs = costs
         self.movable = movable
         self.items = items
         self.load_matrix = np.where(items >= 0, costs[np.maximum(items, 0)], 0.0)
@@ -247,6 +246,7 @@ def _vectorised(costs: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
     for start in (_chunked_differencing(costs, k), _top_with_smallest(costs, k)):
         sets = _Sets(costs, start, movable=not equal_size)
         for shift in range(_ROUNDS):
+            # An idle round ends them, except the first: shifted partners may still trade.
             if sets.loads.max() <= bound or not _pair_round(sets, shift) and shift:
                 break
         for _ in range(min(_POLISH_MAX, max(_POLISH_MIN, _POLISH_WORK // k))):
