@@ -1,16 +1,35 @@
 """Balanced k-way partitioning: Karmarkar-Karp's largest differencing method, then swaps.
 
-Balancers need to split a few dozen costs into k groups of nearly equal sum, fast enough to
-plan every minibatch of a sweep. The largest differencing method (LDM) does this well: it
-keeps partial solutions ("states" of k partial sets) and repeatedly combines the two states
-whose sets are most uneven, laying the heaviest set of one onto the lightest of the other,
-so large differences cancel first. A local search then swaps (and, without the equal-size
-constraint, moves) single items between the heaviest or lightest set and the others while
-that narrows the pair's gap, fixing the small misfits LDM leaves.
+Balancers split a minibatch's costs into k groups of nearly equal sum, once per minibatch,
+for k up to thousands of ranks, and packing splits one rank's few samples the same way many
+times over. Two pipelines serve the two ends; `balanced_partition` runs the classic one
+where it is cheap, the vectorised one where it is not, both in between, and keeps the best.
 
-With `equal_size`, every set gets the same number of items: the initial states are the
-sorted costs taken k at a time, one item per set, so every combination keeps sizes equal,
-and the local search only swaps.
+Classic (pure Python, quadratic in k): the largest differencing method (LDM) keeps partial
+solutions ("states" of k partial sets) and repeatedly combines the two states whose sets are
+most uneven, laying the heaviest set of one onto the lightest of the other, so large
+differences cancel first. A local search then swaps (and, without the equal-size
+constraint, moves) single items between the heaviest or lightest set and the others while
+that narrows the pair's gap. With `equal_size`, the initial states are the sorted costs
+taken k at a time, one item per set, so every combination keeps sizes equal, and the local
+search only swaps.
+
+Vectorised (numpy, near n log n): two starts, each a (k, n/k) matrix of item ids. One is
+the same LDM over those chunk states (zeros pad the lightest chunk without the equal-size
+constraint): n/k combinations instead of n. The other puts the k largest items one per set
+and gives the i-th largest the i-th run of the rest in ascending order, so under heavy tails
+the largest items share their sets with the smallest ones, which contiguous chunks cannot
+arrange. Rounds then pair the i-th heaviest set with the (i + shift)-th lightest and make
+every pair's best exchange at once, which evens the whole load profile; a polish gives the
+heaviest set, and the lightest, an exchange of one or two slots with the farthest set that
+can trade, for a step budget that shrinks with k. Empty slots are zero-cost items, so a
+swap with one is a move; with `equal_size` they take no part. Reaching the lower bound
+(max of total / k and the heaviest item with the fewest fillers) ends the search.
+
+Where both run, the classic answer is the floor: the vectorised one replaces it only when
+strictly better. Above _CLASSIC_UP_TO only the vectorised pipeline runs; on heavy-tailed
+costs it is at least as good as the classic one, on light-tailed ones it can come out a
+hair heavier (pairwise local searches end in different local optima).
 """
 
 from __future__ import annotations
@@ -19,8 +38,63 @@ import heapq
 import itertools
 from collections.abc import Sequence
 
-# A set of a state: (sum of costs, item indices).
+import numpy as np
+
+# A set of a classic state: (sum of costs, item indices).
 _Set = tuple[float, list[int]]
+
+# Up to this many items x sets the classic pipeline runs (alone below _VECTOR_FROM): its cost
+# grows as n k log k, and it is the reference every faster answer is held against.
+_CLASSIC_UP_TO = 16_384
+_VECTOR_FROM = 2048
+# Rounds of pairwise exchanges in the vectorised pipeline: each evens the load profile, and
+# the polish after them finishes what they leave. A polish step costs about k, so the step
+# budget shrinks with k to keep the whole near n log n.
+_ROUNDS = 32
+_POLISH_WORK = 65_536
+_POLISH_MIN = 16
+_POLISH_MAX = 256
+_WINDOW = 64
+
+
+def balanced_partition(costs: Sequence[float], k: int, equal_size: bool = False) -> list[list[int]]:
+    """k sets of nearly equal total cost, heaviest first, each listing item indices.
+
+    Better means a lower heaviest set, then a smaller spread; the answer is deterministic.
+    """
+    if k < 1:
+        raise ValueError(f"cannot partition into {k} sets")
+    if equal_size and len(costs) % k:
+        raise ValueError(f"equal-size partition of {len(costs)} items into {k} sets is impossible")
+    work = len(costs) * k
+    candidates = []
+    if work <= _CLASSIC_UP_TO:
+        candidates.append(_classic(costs, k, equal_size))
+    if work >= _VECTOR_FROM or not candidates:
+        candidates.append(_vectorised(np.asarray(costs, dtype=float), k, equal_size))
+    parts = min(candidates, key=lambda p: _quality(costs, p))
+    loads = [sum(costs[i] for i in p) for p in parts]
+    order = sorted(range(k), key=lambda p: (-loads[p], min(parts[p], default=len(costs))))
+    return [sorted(parts[p], key=lambda i: (-costs[i], i)) for p in order]
+
+
+def _quality(costs: Sequence[float], parts: list[list[int]]) -> tuple[float, float]:
+    loads = [sum(costs[i] for i in p) for p in parts]
+    return max(loads), max(loads) - min(loads)
+
+
+# --- classic pipeline ---------------------------------------------------------------------
+
+
+def _classic(costs: Sequence[float], k: int, equal_size: bool) -> list[list[int]]:
+    """LDM and swaps; without the equal-size constraint the equal-size start is tried as well
+    (when the count divides): on a few items LDM's greedy start can lose to the structured one."""
+    parts = _swap_refine(costs, largest_differencing(costs, k, equal_size), moves=not equal_size)
+    if not equal_size and costs and len(costs) % k == 0:
+        alt = _swap_refine(costs, largest_differencing(costs, k, True), moves=True)
+        if _quality(costs, alt) < _quality(costs, parts):
+            parts = alt
+    return parts
 
 
 def _spread(state: list[_Set]) -> float:
@@ -78,8 +152,8 @@ def _best_exchange(costs: Sequence[float], heavy: list[int], light: list[int], g
     return best
 
 
-def refine(costs: Sequence[float], parts: list[list[int]], moves: bool = False,
-           max_rounds: int = 10_000) -> list[list[int]]:
+def _swap_refine(costs: Sequence[float], parts: list[list[int]], moves: bool = False,
+                 max_rounds: int = 10_000) -> list[list[int]]:
     """Swap items between the heaviest (or lightest) set and the others while it helps."""
     parts = [list(p) for p in parts]
     loads = [sum(costs[i] for i in p) for p in parts]
@@ -108,25 +182,205 @@ def refine(costs: Sequence[float], parts: list[list[int]], moves: bool = False,
     return parts
 
 
-def _quality(costs: Sequence[float], parts: list[list[int]]) -> tuple[float, float]:
-    loads = [sum(costs[i] for i in p) for p in parts]
-    return max(loads), max(loads) - min(loads)
+# --- vectorised pipeline ------------------------------------------------------------------
 
 
-def balanced_partition(costs: Sequence[float], k: int, equal_size: bool = False) -> list[list[int]]:
-    """k sets of nearly equal total cost, heaviest first, each listing item indices.
+class _Sets:
+    """k sets as rows of a padded matrix: item ids (-1 marks an empty slot) and their costs.
 
-    Without the equal-size constraint the equal-size variant is tried as well (when the
-    count divides), and the better one kept: on a few items LDM's greedy start can lose to
-    the more structured one. Better means a lower heaviest set, then a smaller spread.
+    Without the equal-size constraint every row keeps a free slot, so a move is always a swap
+    with an empty slot and the search needs no special case for it.
     """
-    if k < 1:
-        raise ValueError(f"cannot partition into {k} sets")
-    parts = refine(costs, largest_differencing(costs, k, equal_size), moves=not equal_size)
-    if not equal_size and costs and len(costs) % k == 0:
-        alt = refine(costs, largest_differencing(costs, k, True), moves=True)
-        if _quality(costs, alt) < _quality(costs, parts):
-            parts = alt
-    loads = [sum(costs[i] for i in p) for p in parts]
-    order = sorted(range(k), key=lambda p: (-loads[p], min(parts[p], default=len(costs))))
-    return [sorted(parts[p], key=lambda i: (-costs[i], i)) for p in order]
+
+    def __init__(self, costs: np.ndarray, items: np.ndarray, movable: bool) -> None:
+        self.movable = movable
+        self.items = items
+        self.load_matrix = np.where(items >= 0, costs[np.maximum(items, 0)], 0.0)
+        self.loads = self.load_matrix.sum(axis=1)
+        self.eps = 1e-12 * max(1.0, float(np.abs(costs).sum()))
+        self._keep_free_slot()
+
+    def _keep_free_slot(self) -> None:
+        """Pack every row's items to the left and keep exactly one column past the fullest."""
+        if not self.movable or not (self.items[:, -1] >= 0).any():
+            return
+        packed = np.argsort(self.items < 0, axis=1, kind="stable")
+        self.items = np.take_along_axis(self.items, packed, axis=1)
+        self.load_matrix = np.take_along_axis(self.load_matrix, packed, axis=1)
+        width = int((self.items >= 0).sum(axis=1).max()) + 1
+        k, have = self.items.shape
+        if width > have:
+            self.items = np.hstack([self.items, np.full((k, width - have), -1, dtype=self.items.dtype)])
+            self.load_matrix = np.hstack([self.load_matrix, np.zeros((k, width - have))])
+        else:
+            self.items, self.load_matrix = self.items[:, :width], self.load_matrix[:, :width]
+
+    def usable(self, rows: np.ndarray) -> np.ndarray:
+        """Slots an exchange may use: every slot when moves are allowed, else real items."""
+        if self.movable:
+            return np.ones((len(rows), self.items.shape[1]), dtype=bool)
+        return self.items[rows] >= 0
+
+    def exchange(self, give: np.ndarray, give_slot: np.ndarray, take: np.ndarray, take_slot: np.ndarray) -> None:
+        """Swap slot give_slot of rows `give` with take_slot of rows `take` (disjoint rows)."""
+        items = self.items
+        a, b = items[give, give_slot], items[take, take_slot]
+        items[give, give_slot], items[take, take_slot] = b, a
+        ca, cb = self.load_matrix[give, give_slot], self.load_matrix[take, take_slot]
+        self.load_matrix[give, give_slot], self.load_matrix[take, take_slot] = cb, ca
+        self.loads[give] += cb - ca
+        self.loads[take] += ca - cb
+        self._keep_free_slot()
+
+    def parts(self) -> list[list[int]]:
+        return [[i for i in row if i >= 0] for row in self.items.tolist()]
+
+
+def _vectorised(costs: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
+    """Both starts, each evened by pair rounds and polished; the lower heaviest set wins.
+
+    The search stops early at the lower bound, where nothing can do better.
+    """
+    bound = _lower_bound(costs, k, equal_size)
+    best: _Sets | None = None
+    for start in (_chunked_differencing(costs, k), _top_with_smallest(costs, k)):
+        sets = _Sets(costs, start, movable=not equal_size)
+        for shift in range(_ROUNDS):
+            # An idle round ends them, except the first: shifted partners may still trade.
+            if sets.loads.max() <= bound or not _pair_round(sets, shift) and shift:
+                break
+        for _ in range(min(_POLISH_MAX, max(_POLISH_MIN, _POLISH_WORK // k))):
+            if sets.loads.max() <= bound or not (_polish_step(sets, heaviest=True)
+                                                 or _polish_step(sets, heaviest=False)):
+                break
+        if best is None or sets.loads.max() < best.loads.max():
+            best = sets
+        if best.loads.max() <= bound:
+            break
+    return best.parts()
+
+
+def _top_with_smallest(costs: np.ndarray, k: int) -> np.ndarray:
+    """The k largest items one per set, the i-th largest with the i-th run of the rest in
+    ascending order (zeros padding): (k, n / k) ids.
+
+    Under heavy tails the largest items decide the heaviest set, and each should share its
+    set with the smallest items, which LDM's contiguous chunks cannot arrange.
+    """
+    ids = np.concatenate([np.argsort(-costs, kind="stable"), np.full(-len(costs) % k, -1, dtype=np.int64)])
+    return np.hstack([ids[:k].reshape(k, 1), ids[k:][::-1].reshape(k, -1)])
+
+
+def _lower_bound(costs: np.ndarray, k: int, equal_size: bool) -> float:
+    """A load no set can stay under (so reaching it ends the search); -inf when costs can be
+    negative, which breaks the argument."""
+    if not costs.size or costs.min() < 0:
+        return -np.inf
+    per_set = len(costs) // k
+    heaviest = costs.max() + (np.sort(costs)[:per_set - 1].sum() if equal_size else 0.0)
+    return max(costs.sum() / k, heaviest)
+
+
+def _chunked_differencing(costs: np.ndarray, k: int) -> np.ndarray:
+    """LDM over states of k sorted items each (zeros pad the lightest chunk): (k, n / k) ids.
+
+    States keep loads sorted heaviest first, so combining lays one state reversed onto the
+    other; a stable sort keeps ties in a fixed order, which makes the result deterministic.
+    """
+    order = np.argsort(costs, kind="stable")
+    pad = -len(costs) % k
+    ids = np.concatenate([np.full(pad, -1, dtype=np.int64), order])
+    chunk_costs = np.concatenate([np.zeros(pad), costs[order]])
+    tie = itertools.count()
+    heap = []
+    for j in range(0, len(ids), k):
+        loads = chunk_costs[j:j + k][::-1].copy()
+        heap.append((loads[-1] - loads[0], next(tie), loads, ids[j:j + k][::-1].reshape(k, 1)))
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        _, _, loads_a, ids_a = heapq.heappop(heap)
+        _, _, loads_b, ids_b = heapq.heappop(heap)
+        loads = loads_a + loads_b[::-1]
+        order = np.argsort(-loads, kind="stable")
+        loads, ids = loads[order], np.hstack([ids_a, ids_b[::-1]])[order]
+        heapq.heappush(heap, (loads[-1] - loads[0], next(tie), loads, ids))
+    return heap[0][3].copy()
+
+
+def _pair_round(sets: _Sets, shift: int) -> bool:
+    """Pair the i-th heaviest set with the (i + shift)-th lightest and make every pair's
+    exchange that best halves its gap, all at once; False if no pair had one."""
+    k = len(sets.loads)
+    half = k // 2
+    if not half:
+        return False
+    order = np.argsort(sets.loads, kind="stable")
+    heavy = order[::-1][:half]
+    light = np.roll(order[:half], -(shift % half))
+    gap = sets.loads[heavy] - sets.loads[light]
+    d = sets.load_matrix[heavy][:, :, None] - sets.load_matrix[light][:, None, :]
+    ok = sets.usable(heavy)[:, :, None] & sets.usable(light)[:, None, :]
+    gap3 = gap[:, None, None]
+    err = np.where(ok & (d > sets.eps) & (d < gap3 - sets.eps), np.abs(gap3 - 2 * d), np.inf)
+    flat = err.reshape(half, -1)
+    best = flat.argmin(axis=1)
+    found = np.isfinite(flat[np.arange(half), best])
+    if not found.any():
+        return False
+    give_slot, take_slot = np.divmod(best[found], sets.items.shape[1])
+    sets.exchange(heavy[found], give_slot, light[found], take_slot)
+    return True
+
+
+def _polish_step(sets: _Sets, heaviest: bool) -> bool:
+    """The heaviest set's exchange with the lightest set that has one (or the lightest set's
+    with the heaviest that has one), halving their gap as well as it can; False if none.
+
+    Taking the farthest partner that can trade, as the classic search does, moves the most
+    load per step and keeps lowering the sets just under the top, which frees the heaviest
+    set to trade again later. Single slots are tried before pairs of slots, and the nearest
+    _WINDOW partners before the rest, which is where a trade is usually found.
+    """
+    order = np.argsort(sets.loads, kind="stable")
+    t = int(order[-1] if heaviest else order[0])
+    partners = order[:-1] if heaviest else order[1:][::-1]
+    width = sets.items.shape[1]
+    for window in (partners[:_WINDOW], partners[_WINDOW:]):
+        if not window.size:
+            continue
+        for group in (np.arange(width).reshape(width, 1), _slot_pairs(width)):
+            found = _first_trade(sets, t, window, group, heaviest)
+            if found is not None:
+                q, mine, theirs = found
+                for mine_slot, their_slot in zip(group[mine], group[theirs], strict=True):
+                    give, take = (t, q) if heaviest else (q, t)
+                    give_slot, take_slot = (mine_slot, their_slot) if heaviest else (their_slot, mine_slot)
+                    sets.exchange(np.array([give]), np.array([give_slot]), np.array([take]), np.array([take_slot]))
+                return True
+    return False
+
+
+def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
+                 heaviest: bool) -> tuple[int, int, int] | None:
+    """The first partner that can trade a slot group with set t, and the groups that best
+    halve their gap: (partner, t's group, partner's group), or None."""
+    rows = np.concatenate([[t], partners])
+    usable = sets.usable(rows)[:, group].all(axis=2)
+    group_load = sets.load_matrix[rows][:, group].sum(axis=2)
+    mine, theirs = group_load[0][:, None, None], group_load[1:][None, :, :]
+    # d: load moved from the heavier set of the pair to the lighter one.
+    d = mine - theirs if heaviest else theirs - mine
+    gap = sets.loads[t] - sets.loads[partners] if heaviest else sets.loads[partners] - sets.loads[t]
+    gap3 = gap[None, :, None]
+    valid = usable[0][:, None, None] & usable[1:][None, :, :] & (d > sets.eps) & (d < gap3 - sets.eps)
+    can = valid.any(axis=(0, 2))
+    if not can.any():
+        return None
+    other = int(can.argmax())
+    err = np.where(valid[:, other, :], np.abs(gap[other] - 2 * d[:, other, :]), np.inf)
+    mine_group, their_group = divmod(int(err.argmin()), len(group))
+    return int(partners[other]), mine_group, their_group
+
+
+def _slot_pairs(width: int) -> np.ndarray:
+    return np.array(list(itertools.combinations(range(width), 2)), dtype=np.int64).reshape(-1, 2)
