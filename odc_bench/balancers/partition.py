@@ -257,6 +257,7 @@ def _vectorised(costs: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
             best = sets
         if best.loads.max() <= bound:
             break
+    assert best is not None, "there is at least one start"
     return best.parts()
 
 
@@ -365,14 +366,14 @@ def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
     """The first partner that can trade a slot group with set t, and the groups that best
     halve their gap: (partner, t's group, partner's group), or None."""
     rows = np.concatenate([[t], partners])
-    usable = sets.usable(rows)[:, group].all(axis=2)
+    usable: np.ndarray = sets.usable(rows)[:, group].all(axis=2)
     group_load = sets.load_matrix[rows][:, group].sum(axis=2)
     mine, theirs = group_load[0][:, None, None], group_load[1:][None, :, :]
     # d: load moved from the heavier set of the pair to the lighter one.
     d = mine - theirs if heaviest else theirs - mine
     gap = sets.loads[t] - sets.loads[partners] if heaviest else sets.loads[partners] - sets.loads[t]
     gap3 = gap[None, :, None]
-    valid = usable[0][:, None, None] & usable[1:][None, :, :] & (d > sets.eps) & (d < gap3 - sets.eps)
+    valid: np.ndarray = usable[0][:, None, None] & usable[1:][None, :, :] & (d > sets.eps) & (d < gap3 - sets.eps)
     can = valid.any(axis=(0, 2))
     if not can.any():
         return None

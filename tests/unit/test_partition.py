@@ -1,4 +1,4 @@
-"""The rewritten partition against the one it replaced (tests/reference_partition.py).
+"""The rewritten partition against the one it replaced (tests/helpers/reference_partition.py).
 
 Every answer must place every item once (equal counts under equal_size) and its heaviest
 set must be no heavier than the reference's. Up to partition._CLASSIC_UP_TO items x sets
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from odc_bench.balancers import partition
 from odc_bench.balancers.partition import balanced_partition
-from tests import reference_partition as reference
+from tests.helpers import reference_partition as reference
 
 REL = 1e-9
 DISTRIBUTIONS = ("integers", "floats", "heavy", "ties", "zeros")
