@@ -366,7 +366,7 @@ def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
     """The first partner that can trade a slot group with set t, and the groups that best
     halve their gap: (partner, t's group, partner's group), or None."""
     rows = np.concatenate([[t], partners])
-    usable: np.ndarray = sets.usable(rows)[:, group].all(axis=2)
+    usable = np.asarray(sets.usable(rows)[:, group].all(axis=2))
     group_load = sets.load_matrix[rows][:, group].sum(axis=2)
     mine, theirs = group_load[0][:, None, None], group_load[1:][None, :, :]
     # d: load moved from the heavier set of the pair to the lighter one.
