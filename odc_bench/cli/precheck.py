@@ -110,6 +110,8 @@ def check_run(cfg: DictConfig) -> None:
     check_results_dir(Path(config.results_dir))
     if str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher"):
         job_parameters(cfg, spec)
+    else:  # ranks of this host: their memory is this host's
+        spec.check_fits()
 
 
 def precheck(argv: Sequence[str]) -> None:

@@ -34,7 +34,7 @@ from odc_bench.config.run import load
 from odc_bench.errors import ConfigError, fail
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import RunSpec, resolve
-from odc_bench.results.table import check_results_dir, completed_keys
+from odc_bench.results.table import check_results_dir, ok_runs
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 fail(e)
             table = Path(job_cfg.results_dir) / "runs.csv"
             idx = initial_job_idx + i
-            if spec.run_id in queued or spec.run_id in completed_keys(table):
+            if spec.run_id in queued or ok_runs(table).get(spec.run_id, 0) >= spec.config.repeat:
                 where = "queued by an earlier job of this sweep" if spec.run_id in queued else f"already in {table}"
                 print(f"odc_bench: run {spec.run_id} (#{idx}) {where}; skipped")
                 returns[i] = _job_return(overrides, JobStatus.COMPLETED, None)

@@ -19,7 +19,7 @@ _GPU_RANGES = {
     "unit_overhead_s": _SECONDS, "hbm_gbps": _POSITIVE, "memory_efficiency": _SHARE,
     "optimizer_overhead_s": _SECONDS, "link_gbps": _POSITIVE, "link_efficiency": _SHARE, "nic_gbps": _POSITIVE,
     "nic_efficiency": _SHARE, "collective_latency_s": _SECONDS, "ring_step_s": _SECONDS,
-    "p2p_latency_s": _SECONDS, "barrier_s": _SECONDS,
+    "p2p_latency_s": _SECONDS, "barrier_s": _SECONDS, "memory_gb": _POSITIVE,
 }
 
 
@@ -45,6 +45,7 @@ class GpuHardwareConfig:
     ring_step_s: float
     p2p_latency_s: float
     barrier_s: float
+    memory_gb: float  # device memory (GB of 1e9 bytes): what a rank may use
     # A cost-model calibration of this GPU (`python -m odc_bench.tools.calibrate` run on it):
     # compute then comes from its measured microbatch times instead of FLOPs x efficiency.
     compute_calibration: str | None = None

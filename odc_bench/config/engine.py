@@ -8,8 +8,7 @@ from typing import Any
 
 from odc_bench.config.fields import as_dict, build
 from odc_bench.errors import ConfigError
-from odc_core.engine.options import EngineOptions
-from odc_core.engine.registry import ENGINES, EngineSpec
+from odc_core.engine.registry import ENGINES, EngineOptions, EngineSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -72,10 +72,13 @@ class RunConfig:
     backend: BackendConfig
     task: Literal["train", "primitives"] = "train"
     primitives: PrimitivesConfig | None = None
+    # How many ok runs of this config the results table should hold (a measurement's repeats);
+    # not part of the run's key: raising it runs the config again.
+    repeat: int = 1
 
     def __post_init__(self) -> None:
         for key, least in (("world_size", 1), ("minibatch_size", 1), ("num_minibatches", 1),
-                           ("warmup_minibatches", 0), ("seed", 0)):
+                           ("warmup_minibatches", 0), ("seed", 0), ("repeat", 1)):
             value = getattr(self, key)
             require(value >= least, f"{key} must be at least {least}, got {value}; set {key}={least} or more")
         require(self.warmup_minibatches < self.num_minibatches,

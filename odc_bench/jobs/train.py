@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -21,7 +22,7 @@ from odc_bench.jobs import progress
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.record.metrics import events_frame
 from odc_bench.record.row import failed_row, run_row, sim_row
-from odc_bench.results.table import append_row, check_results_dir, completed_keys, write_trace
+from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
 from odc_bench.run.local import run_local
 from odc_bench.sim import simulate
@@ -35,12 +36,18 @@ def _local(spec: RunSpec) -> list[dict]:
     return run_local(spec, on_progress=display.run_minibatches if display is not None and display.enabled else None)
 
 
-def default_launcher() -> Launcher:
-    """SLURM's task side inside a job that submitit started, local processes otherwise."""
-    return slurm_task.run_task if slurm_task.in_task() else _local
+def default_launcher(repeat_index: int = 0) -> Launcher:
+    """SLURM's task side inside a job that submitit started (each repeat of the run meeting in a
+    folder of its own), local processes otherwise."""
+    return partial(slurm_task.run_task, repeat_index=repeat_index) if slurm_task.in_task() else _local
 
 
-def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None) -> dict | None:
+def _record(results_dir: Path, row: dict) -> dict:
+    row["attempt"] = append_row(results_dir / "runs.csv", row)
+    return row
+
+
+def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, repeat_index: int = 0) -> dict | None:
     """Run the ranks (or simulate them), summarise their traces, and record the row (failed runs too).
 
     Returns None in a SLURM task other than rank 0: rank 0 gathers the ranks and records the row.
@@ -48,19 +55,22 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None) ->
     if spec.config.simulated:
         return execute_sim(spec, results_dir)
     try:
-        results = (launch or default_launcher())(spec)
+        results = (launch or default_launcher(repeat_index))(spec)
     except RunFailed as e:
-        row = failed_row(spec, str(e))
-        append_row(results_dir / "runs.csv", row)
-        return row
+        return _record(results_dir, failed_row(spec, str(e)))
     if results is None:
         return None
     events = events_frame(results)
-    trace = Path("traces") / f"{spec.run_id}.csv"
+    trace = _trace_path(results_dir, spec)
     write_trace(results_dir / trace, events)
-    row = run_row(spec, results, events, str(trace))
-    append_row(results_dir / "runs.csv", row)
-    return row
+    return _record(results_dir, run_row(spec, results, events, str(trace)))
+
+
+def _trace_path(results_dir: Path, spec: RunSpec) -> Path:
+    """traces/<run_id>.csv, or <run_id>-<n>.csv for the n-th run of a config already in the table."""
+    traces = results_dir / "traces"
+    runs = sum(1 for _ in traces.glob(f"{spec.run_id}*.csv")) if traces.is_dir() else 0
+    return Path("traces") / (f"{spec.run_id}.csv" if runs == 0 else f"{spec.run_id}-{runs}.csv")
 
 
 def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
@@ -69,11 +79,9 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
     trace = ""
     backend = spec.config.backend
     if isinstance(backend, SimBackendConfig) and backend.write_trace:
-        trace = str(Path("traces") / f"{spec.run_id}.csv")
+        trace = str(_trace_path(results_dir, spec))
         write_trace(results_dir / trace, events)
-    row = sim_row(spec, events, trace)
-    append_row(results_dir / "runs.csv", row)
-    return row
+    return _record(results_dir, sim_row(spec, events, trace))
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
@@ -94,21 +102,29 @@ def print_row(row: dict) -> None:
         Console(stderr=True).print(f"run failed: {row['error']}", markup=False, highlight=False)
 
 
-def run_training(config: RunConfig, in_sweep: bool = False) -> dict | None:
-    """The task=train job: plan, skip a run already in the table, execute, print the row.
+def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict] | None:
+    """The task=train job: plan, run the config until the table holds `repeat` ok runs of it,
+    print each row.
 
-    ConfigError (bad input) before anything is written. A single run that failed exits with
-    status 1; in a sweep the next run goes on. Returns the row (None when skipped)."""
+    ConfigError (bad input) before anything is written. A single job with a failed run exits
+    with status 1; in a sweep the next job goes on. Returns the row, the rows of several
+    repeats, or None when the table already had them."""
     results_dir = Path(config.results_dir)
     spec = resolve(config)
     check_results_dir(results_dir)
-    if spec.run_id in completed_keys(results_dir / "runs.csv"):
-        print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'}; skipped")
+    done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
+    if done >= config.repeat:
+        print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'} "
+              f"({done} ok of repeat={config.repeat}); skipped")
         return None
-    row = execute(spec, results_dir)
-    if row is None:
-        return None
-    print_row(row)
-    if row["status"] != "ok" and not in_sweep:
+    if not slurm_task.in_task():  # a SLURM job's nodes are not this host
+        spec.check_fits()
+    rows = []
+    for index in range(done, config.repeat):
+        row = execute(spec, results_dir, repeat_index=index)
+        if row is not None:
+            print_row(row)
+            rows.append(row)
+    if any(r["status"] != "ok" for r in rows) and not in_sweep:
         sys.exit(1)
-    return row
+    return None if not rows else rows[0] if len(rows) == 1 else rows

@@ -21,12 +21,16 @@ from odc_bench.balancers.cost import CostModel, cost_model_for, device_tag
 from odc_bench.balancers.plan import Microbatch, Plan
 from odc_bench.balancers.quality import Prediction, predict, run_bubble_rate
 from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
+from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.errors import ConfigError
+from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_core.engine.registry import EngineSpec
+
+GB = 2**30
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ class RunSpec:
     device_type: str  # cpu or cuda, chosen once here
     cost_model: CostModel
     balancer_options: Any  # the balancer's own options object (balancers/registry.py)
+    memory: MemoryEstimate  # per rank (models/memory.py)
+    # Bytes a rank may use: a simulated GPU's memory, a local CUDA device's, or this host's
+    # available memory shared by the run's ranks; None where nothing bounds it (the CPU profile).
+    memory_limit: int | None
     minibatches: list[Minibatch] = field(default_factory=list)
 
     @property
@@ -71,10 +79,28 @@ class RunSpec:
         """The cost model's bubble rate over the measured minibatches."""
         return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size)
 
+    def length_stats(self) -> dict[str, float]:
+        """The sample lengths the run trains on (every minibatch, after dataset.length_scale)."""
+        lengths = np.array([n for mb in self.minibatches for n in mb.lengths])
+        p50, p99 = np.percentile(lengths, [50, 99])
+        return dict(samples=int(lengths.size), len_mean=float(lengths.mean()), len_p50=float(p50),
+                    len_p99=float(p99), len_max=int(lengths.max()))
+
+    def check_fits(self) -> None:
+        """ConfigError when the memory estimate is over the limit (a run of local ranks only: a
+        SLURM job's nodes are not this host)."""
+        if self.memory_limit is None or self.memory.total <= self.memory_limit:
+            return
+        m = self.memory
+        raise ConfigError(
+            f"a rank would need about {m.total / GB:.1f} GiB (owned shards {m.owned / GB:.1f}, working units "
+            f"{m.working / GB:.1f}, activations of {self.max_tokens} tokens {m.activations / GB:.1f}), over the "
+            f"{self.memory_limit / GB:.1f} GiB it has; lower max_tokens or the model's size, or add ranks")
+
 
 def run_key(config: Mapping[str, Any]) -> str:
-    """A stable hash of a run's config, minus where results go."""
-    keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra"}}
+    """A stable hash of a run's config, minus where results go and how often to repeat it."""
+    keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra", "repeat"}}
     blob = json.dumps(keyed, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -145,4 +171,22 @@ def resolve(config: RunConfig) -> RunSpec:
                     f"balancer {balancer.name} gave ranks different microbatch counts {sorted(counts)} in minibatch "
                     f"{k}; engine={engine.name} needs equal counts, use engine=odc")
         minibatches.append(Minibatch(ids, lens, plan, predict(plan, lens, world, max_tokens, cost, semantics), queue))
-    return RunSpec(resolved, run_key(resolved.to_dict()), device_type, cost, options, minibatches)
+    recompute = isinstance(config.backend, SimBackendConfig) and config.backend.recompute
+    on_cpu = not config.simulated and device_type == "cpu"
+    longest = max((max(mb.lengths) for mb in minibatches), default=0)
+    memory = estimate(config.model, world, config.precision, max_tokens, recompute,
+                      cpu_longest=longest if on_cpu else None)
+    return RunSpec(resolved, run_key(resolved.to_dict()), device_type, cost, options, memory,
+                   memory_limit(config, device_type), minibatches)
+
+
+def memory_limit(config: RunConfig, device_type: str) -> int | None:
+    """What bounds a rank's memory (see RunSpec.memory_limit)."""
+    if isinstance(config.backend, SimBackendConfig):
+        hw = config.backend.hardware
+        return int(hw.memory_gb * 1e9) if isinstance(hw, GpuHardwareConfig) else None
+    if device_type == "cuda":
+        return int(torch.cuda.mem_get_info()[1])
+    with open("/proc/meminfo") as f:
+        available_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    return available_kib * 1024 // config.world_size

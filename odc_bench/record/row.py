@@ -17,17 +17,19 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import git_commit
 from odc_bench.record.metrics import minibatch_losses, summarize
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# The tidy columns every row has, in order.
+# The tidy columns every row has, in order (results/README.md defines each).
 COLUMNS = [
-    "run_id", "schema_version", "status", "error", "timestamp", "commit", "host",
+    "run_id", "schema_version", "attempt", "status", "error", "timestamp", "commit", "host",
     "backend", "engine", "balancer", "cost_model", "model", "dataset", "world_size", "minibatch_size",
     "num_minibatches", "warmup_minibatches", "max_tokens", "packing_ratio", "length_scale",
-    "precision", "seed", "samples_per_s", "tokens_per_s", "bubble_rate", "predicted_bubble_rate",
-    "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "wall_s", "loss_first", "loss_last",
-    "trace", "config",
+    "precision", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
+    "samples_per_s", "tokens_per_s", "bubble_rate", "predicted_bubble_rate",
+    "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "mem_estimate_mb", "mem_limit_mb", "wall_s",
+    "loss_first", "loss_last", "trace", "config",
 ]
+MB = 2**20
 
 
 def base_row(spec: RunSpec) -> dict[str, Any]:
@@ -40,7 +42,9 @@ def base_row(spec: RunSpec) -> dict[str, Any]:
         world_size=c.world_size, minibatch_size=c.minibatch_size, num_minibatches=c.num_minibatches,
         warmup_minibatches=c.warmup_minibatches, max_tokens=spec.max_tokens, packing_ratio=c.packing_ratio,
         length_scale=c.dataset.length_scale, precision=c.precision, seed=c.seed,
-        predicted_bubble_rate=spec.predicted_bubble_rate(),
+        predicted_bubble_rate=spec.predicted_bubble_rate(), **spec.length_stats(),
+        mem_estimate_mb=spec.memory.total / MB,
+        mem_limit_mb=spec.memory_limit / MB if spec.memory_limit is not None else None,
         config=yaml.safe_dump(c.to_dict(), sort_keys=False).strip(),
     )
 
@@ -60,8 +64,8 @@ def run_row(spec: RunSpec, rank_results: list[dict], events: pd.DataFrame, trace
     """The row of a real run that finished: timing, memory and the loss curve's ends."""
     losses = minibatch_losses(events, [mb.labelled_tokens for mb in spec.minibatches])
     return {**base_row(spec), **timing(spec, events), "status": "ok", "error": "",
-            "peak_mem_mb": max(r["peak_bytes"] + r["heap_bytes"] for r in rank_results) / 2**20,
-            "heap_mb": max(r["heap_bytes"] for r in rank_results) / 2**20,
+            "peak_mem_mb": max(r["peak_bytes"] + r["heap_bytes"] for r in rank_results) / MB,
+            "heap_mb": max(r["heap_bytes"] for r in rank_results) / MB,
             "loss_first": losses[0], "loss_last": losses[-1], "trace": trace}
 
 

@@ -1,8 +1,9 @@
-"""`python -m odc_bench.results collect|compare|pairs DIR...`: the results tables on the command line.
+"""`python -m odc_bench.results collect|compare|pairs|migrate DIR...`: the results tables on the command line.
 
 `collect` merges the tables under some folders into one tidy table for the figures; `compare`
 prints every series beside the collective baseline (what `make demo` shows); `pairs` reads a
-control sweep's back-to-back runs pair by pair (results/pairs.py).
+control sweep's back-to-back runs pair by pair (results/pairs.py); `migrate` brings tables of
+an earlier schema to this one (results/migrate.py).
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import pandas as pd
-
-from odc_bench.errors import PairingError
-from odc_bench.results.collect import collect
+from odc_bench.errors import PairingError, TableError
+from odc_bench.results.collect import collect, merged, tables_under
 from odc_bench.results.compare import comparison, print_comparison
+from odc_bench.results.migrate import migrate
 from odc_bench.results.pairs import paired_ratios, print_pairs
 from odc_bench.results.table import read_table
 
@@ -27,40 +27,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     col = commands.add_parser("collect", help="merge runs.csv tables (searched recursively) into one tidy table")
-    col.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    col.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="results folders or tables")
     col.add_argument("--out", type=Path, default=Path("results/collected.csv"),
                      help="the merged CSV (default: %(default)s); a .parquet beside it when pyarrow is installed")
     cmp = commands.add_parser("compare", help="print every series of a table beside the collective baseline")
-    cmp.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    cmp.add_argument("dirs", nargs="+", type=Path, metavar="PATH",
+                     help="results folders (searched recursively) or tables, e.g. what `collect` wrote")
     par = commands.add_parser("pairs", help="one engine against another, run by run within each results folder: "
                               "the median ratio and its 95%% interval")
-    par.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    par.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="results folders or tables")
     par.add_argument("--engine", default="odc", help="the numerator series (default: %(default)s)")
     par.add_argument("--baseline", default="collective",
                      help="the denominator series; collective[shm] names FSDP2's process group (default: %(default)s)")
+    mig = commands.add_parser("migrate", help="rewrite the runs.csv tables (searched recursively) of an earlier "
+                              "schema in this one")
+    mig.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
     args = parser.parse_args(argv)
-    missing = [str(d) for d in args.dirs if not d.is_dir()]
+    missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
-        print(f"{PROG}: error: not a directory: {', '.join(missing)}", file=sys.stderr)
+        print(f"{PROG}: error: no such folder or table: {', '.join(missing)}", file=sys.stderr)
         return 2
-    if args.command == "collect":
-        try:
-            rows = collect(args.dirs, args.out)
-        except FileNotFoundError as e:
-            print(f"{PROG}: error: {e}; give the folders that hold the results (results_dir)", file=sys.stderr)
-            return 2
-        ok = int((rows["status"] == "ok").sum())
-        print(f"{len(rows)} runs ({ok} ok) -> {args.out}")
-        return 0
-    tables = {str(p.parent): read_table(p) for d in args.dirs for p in sorted(d.rglob("runs.csv"))}
-    if args.command == "compare":
-        print_comparison(comparison(pd.concat(tables.values(), ignore_index=True)) if tables else pd.DataFrame())
-        return 0
     try:
-        pairs = paired_ratios(tables, args.engine, args.baseline)
-    except PairingError as e:
+        return _run(args)
+    except (TableError, PairingError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "migrate":
+        for path, rows in migrate(args.dirs).items():
+            print(f"{path}: {f'{rows} rows migrated' if rows else 'already in this schema'}")
+        return 0
+    if args.command == "collect":
+        rows = collect(args.dirs, args.out)
+        print(f"{len(rows)} runs ({int((rows['status'] == 'ok').sum())} ok) -> {args.out}")
+        return 0
+    tables = tables_under(args.dirs)
+    if args.command == "compare":
+        rows = comparison(merged(tables))
+        if rows.empty:
+            raise TableError(f"no successful run in {', '.join(map(str, args.dirs))} to compare")
+        print_comparison(rows)
+        return 0
+    pairs = paired_ratios({str(t.parent if t.name == "runs.csv" else t): read_table(t) for t in tables},
+                          args.engine, args.baseline)
     print_pairs(pairs, args.engine, args.baseline)
     return 0
 

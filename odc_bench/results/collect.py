@@ -1,5 +1,8 @@
 """Merging the runs.csv tables under some folders (local runs, SLURM sweeps, simulations) into
-one tidy table for the figures: `python -m odc_bench.results collect DIR... [--out FILE]`."""
+one tidy table for the figures: `python -m odc_bench.results collect DIR... [--out FILE]`.
+
+A merged table is itself a results table (the same schema), so every results command and the
+figures read it as they read a folder's."""
 
 from __future__ import annotations
 
@@ -10,29 +13,46 @@ from pathlib import Path
 
 import pandas as pd
 
+from odc_bench.errors import TableError
 from odc_bench.files import atomic_path, atomic_write_text
-from odc_bench.results.table import read_table
+from odc_bench.results.table import check_table, read_table
 
 
-def collect(dirs: Sequence[Path], out: Path) -> pd.DataFrame:
-    """Merge every runs.csv under `dirs` into one table at `out` (and out.parquet with pyarrow).
+def tables_under(paths: Sequence[Path]) -> list[Path]:
+    """Every runs.csv below the folders (or the tables named), each once, in one order whatever
+    the arguments' order; TableError when there is none."""
+    found = {(p if p.is_file() else q).resolve() for p in map(Path, paths)
+             for q in ([p] if p.is_file() else p.rglob("runs.csv"))}
+    if not found:
+        raise TableError(f"no runs.csv under {', '.join(map(str, paths))}; give the folders that hold the "
+                         f"results (results_dir) or a table that `results collect` wrote")
+    for path in found:
+        check_table(path)
+    return sorted(found)
 
-    One row per run_id: its latest ok row, or its latest row when it never succeeded (so
-    failures stay visible). Trace paths are rewritten relative to `out`'s folder.
-    """
+
+def merged(tables: Sequence[Path], relative_to: Path | None = None) -> pd.DataFrame:
+    """The rows of the tables, every repeat kept, ordered by time, then run and host; a run's
+    `attempt` is its place among the run's rows across all of them. Trace paths are rewritten
+    relative to `relative_to` (else made absolute)."""
     frames = []
-    for table_path in sorted({p.resolve() for d in dirs for p in Path(d).rglob("runs.csv")}):
+    for table_path in tables:
         frame = read_table(table_path)
-        if "trace" in frame:
-            frame["trace"] = [os.path.relpath(table_path.parent / t, out.parent.resolve()) if isinstance(t, str) else t
-                              for t in frame["trace"]]
+        base = relative_to.resolve() if relative_to is not None else None
+        frame["trace"] = [(os.path.relpath(table_path.parent / t, base) if base is not None
+                           else str(table_path.parent / t)) if isinstance(t, str) and t else t
+                          for t in frame["trace"]]
         frames.append(frame)
-    if not frames:
-        raise FileNotFoundError(f"no runs.csv under {', '.join(map(str, dirs))}")
     rows = pd.concat([f for f in frames if not f.empty] or frames, ignore_index=True)
-    rows["_ok"] = rows["status"] == "ok"
-    rows = rows.sort_values(["_ok", "timestamp"], kind="stable").drop_duplicates("run_id", keep="last")
-    rows = rows.drop(columns="_ok").sort_values("timestamp", kind="stable").reset_index(drop=True)
+    rows = rows.sort_values(["timestamp", "run_id", "host", "attempt"], kind="stable").reset_index(drop=True)
+    rows["attempt"] = rows.groupby("run_id").cumcount()
+    return rows
+
+
+def collect(paths: Sequence[Path], out: Path) -> pd.DataFrame:
+    """Merge every runs.csv under `paths` into one table at `out` (and out.parquet with pyarrow),
+    every row kept (repeats and failures too). TableError for a table that is not this schema's."""
+    rows = merged(tables_under(paths), relative_to=out.parent)
     atomic_write_text(out, rows.to_csv(index=False))
     if importlib.util.find_spec("pyarrow") is not None:
         with atomic_path(out.with_suffix(".parquet")) as tmp:

@@ -3,7 +3,8 @@
 Runs are grouped by their workload (results/series.py); within a workload every series is set
 against the paper's strongest collective baseline, the baseline engine with LB-Micro (or
 LocalSort when that is all there is), in the engine's preferred variant (FSDP2 on shared
-memory or NCCL before gloo). Seeds are averaged. This is what `make demo` prints.
+memory or NCCL before gloo). Seeds and repeats are averaged, and their spread shown: single
+runs of one config on a shared CPU host differ by 10-20%. This is what `make demo` prints.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from odc_bench.results.series import (
 
 def comparison(table: pd.DataFrame) -> pd.DataFrame:
     """One row per workload and series: mean throughput, bubbles, memory, and the speedup."""
-    ok = table[table["status"] == "ok"].drop_duplicates(subset=["run_id"], keep="last")
+    ok = table[table["status"] == "ok"]
     if ok.empty:
         return pd.DataFrame()
     ok = ok.assign(variant=engine_variants(ok))
     means = (ok.groupby([*WORKLOAD, "engine", "variant", "balancer"], dropna=False)
              .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "mean"),
+                  slowest=("samples_per_s", "min"), fastest=("samples_per_s", "max"),
                   bubble_rate=("bubble_rate", "mean"), predicted_bubble_rate=("predicted_bubble_rate", "mean"),
                   peak_mem_mb=("peak_mem_mb", "mean"))
              .reset_index())
@@ -58,11 +60,13 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
         title = (f"{first.model} on {first.dataset}, {first.world_size} ranks, minibatch {first.minibatch_size}/rank "
                  f"({first.backend}); speedup vs {first.get('baseline', 'no collective baseline')}")
         table = Table(title=escape(title))
-        for col in ("series", "samples/s", "speedup", "bubble", "predicted", "peak MB", "runs"):
+        for col in ("series", "samples/s", "runs' range", "speedup", "bubble", "predicted", "peak MB", "runs"):
             table.add_column(col, justify="left" if col == "series" else "right")
         for _, r in group.iterrows():
             speedup = f"{r.speedup:.2f}x" if "speedup" in r and pd.notna(r.speedup) else "-"
             predicted = "-" if pd.isna(r.predicted_bubble_rate) else f"{r.predicted_bubble_rate:.0%}"
-            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", speedup, f"{r.bubble_rate:.0%}",
-                          predicted, f"{r.peak_mem_mb:.0f}", str(r.runs))
+            spread = f"{r.slowest:.3g}-{r.fastest:.3g}" if r.runs > 1 else "-"
+            memory = "-" if pd.isna(r.peak_mem_mb) else f"{r.peak_mem_mb:.0f}"
+            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", spread, speedup, f"{r.bubble_rate:.0%}",
+                          predicted, memory, str(r.runs))
         console.print(table)

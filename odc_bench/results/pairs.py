@@ -23,7 +23,8 @@ from seaborn.algorithms import bootstrap
 from odc_bench.errors import PairingError
 from odc_bench.results.series import SETTING, engine_variants
 
-KEY = [*SETTING, "balancer"]
+# A pair: the same setting, balancer and repeat of the two series, in one results folder.
+KEY = [*SETTING, "balancer", "attempt"]
 
 
 def _labels(table: pd.DataFrame) -> pd.Series:

@@ -36,6 +36,9 @@ def check_table(path: Path) -> None:
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TableError(f"{path} is not a readable results table ({reason}); {fix}") from None
+    if "schema_version" in table and set(table["schema_version"].dropna()) == {"1"}:
+        raise TableError(f"{path} holds rows of results schema 1, this code writes {SCHEMA_VERSION}; bring it to "
+                         f"this schema with `python -m odc_bench.results migrate {path.parent}`, or {fix}")
     if list(table.columns) != COLUMNS:
         missing = [c for c in COLUMNS if c not in table.columns]
         extra = [str(c) for c in table.columns if c not in COLUMNS]
@@ -76,8 +79,9 @@ def read_table(path: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def append_row(path: Path, row: Mapping) -> None:
-    """Append one run's row to the table at `path` (a runs.csv), atomically."""
+def append_row(path: Path, row: Mapping) -> int:
+    """Append one run's row to the table at `path` (a runs.csv), atomically; return its attempt:
+    how many rows of the same run (the same run_id) the table held before it."""
     unknown = set(row) - set(COLUMNS)
     if unknown:
         raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
@@ -86,9 +90,11 @@ def append_row(path: Path, row: Mapping) -> None:
             stale.unlink(missing_ok=True)
         check_table(path)
         table = read_table(path)
-        new = pd.DataFrame([{c: row.get(c) for c in COLUMNS}], columns=COLUMNS)
+        attempt = int((table["run_id"].astype(str) == str(row["run_id"])).sum()) if not table.empty else 0
+        new = pd.DataFrame([{**{c: row.get(c) for c in COLUMNS}, "attempt": attempt}], columns=COLUMNS)
         table = new if table.empty else pd.concat([table, new], ignore_index=True)
         atomic_write_text(path, table.to_csv(index=False))
+    return attempt
 
 
 def append_rows(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> None:
@@ -111,10 +117,11 @@ def write_trace(path: Path, events: pd.DataFrame) -> None:
     atomic_write_text(path, events.to_csv(index=False))
 
 
-def completed_keys(path: Path) -> set[str]:
-    """Run keys that already have a successful row: a re-run sweep skips them."""
+def ok_runs(path: Path) -> dict[str, int]:
+    """How many successful rows each run key has: a re-run sweep runs a config only until it
+    has `repeat` of them."""
     check_table(path)
     table = read_table(path)
     if table.empty:
-        return set()
-    return set(table.loc[table["status"] == "ok", "run_id"].astype(str))
+        return {}
+    return {str(k): int(n) for k, n in table.loc[table["status"] == "ok", "run_id"].value_counts().items()}

@@ -54,10 +54,11 @@ def _export_torch_env(env: submitit.JobEnvironment, port: int) -> None:
                       LOCAL_WORLD_SIZE=str(env.num_tasks // env.num_nodes))
 
 
-def run_task(spec: RunSpec) -> list[dict] | None:
+def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
     """Run this task's rank; rank 0 returns every rank's result, the other ranks None.
 
     The job's time limit (hydra.launcher.timeout_min) bounds the run here, not deadline_s.
+    `repeat_index` tells the repeats of one job apart (each meets its peers in a folder of its own).
     """
     env = submitit.JobEnvironment()
     world, rank, local_rank = env.num_tasks, env.global_rank, env.local_rank
@@ -66,7 +67,7 @@ def run_task(spec: RunSpec) -> list[dict] | None:
                         f"set hydra.launcher.nodes x tasks_per_node = world_size")
     timeout_s = spec.config.timeout_s
     # One exchange folder per attempt: a requeued job must not find the last attempt's store address.
-    shared = Path(env.paths.folder) / f"ranks.{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    shared = Path(env.paths.folder) / f"ranks.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{repeat_index}"
     shared.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # the store lives as long as this function, past every rank's end
         store = dist.TCPStore(env.hostnames[0], 0, world, is_master=True, wait_for_workers=False,
@@ -81,7 +82,7 @@ def run_task(spec: RunSpec) -> list[dict] | None:
         host, port = info["host"], int(info["port"])
     _export_torch_env(env, port)
     job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared),
-                  job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.suffix.lstrip('.')}",
+                  job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.name.removeprefix('ranks.')}",
                   threads=threads_per_rank(spec, world // env.num_nodes), store_rank=0)
     try:
         run_rank(rank, job, local_rank)

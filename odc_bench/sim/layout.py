@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from odc_bench.config.model import ModelConfig
-from odc_bench.models.flops import layer_linear_params
+from odc_bench.models.memory import unit_params
 
 KINDS = ("embed", "layer", "head")
 PHASES = ("fwd", "bwd")
@@ -44,12 +44,7 @@ class Layout:
     @cached_property
     def unit_params(self) -> np.ndarray:
         """Parameters of every unit: what FSDP shards, gathers and reduces per unit."""
-        c = self.cfg
-        kv = c.num_kv_heads * c.head_dim
-        layer = layer_linear_params(c) + c.hidden_size + 2 * kv + 2 * c.hidden_size  # qkv biases, two norms
-        embed = c.vocab_size * c.hidden_size
-        head = c.vocab_size * c.hidden_size + c.hidden_size
-        return np.array([embed] + [layer] * c.num_layers + [head], dtype=np.float64)
+        return np.array(unit_params(self.cfg), dtype=np.float64)
 
     @cached_property
     def position_unit(self) -> np.ndarray:

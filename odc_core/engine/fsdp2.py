@@ -22,7 +22,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from odc_core.engine.base import EngineContext, TraceHook
-from odc_core.engine.options import Backend, CollectiveOptions
+from odc_core.engine.registry import Backend, CollectiveOptions
 
 
 class CollectiveEngine:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_core.engine.base import EngineContext, TraceHook
-from odc_core.engine.options import OdcOptions
+from odc_core.engine.registry import OdcOptions
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import SymmetricHeap
 from odc_core.transport.registry import make_heap

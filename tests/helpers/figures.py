@@ -48,7 +48,7 @@ def samples_per_s(engine: str, balancer: str, minibatch_size: int, bonus: float 
 
 def _row(engine: str, balancer: str, run_id: str, trace: str | None, bonus: float = 1.0, **setting) -> dict:
     row = {c: None for c in COLUMNS}
-    row.update(run_id=run_id, schema_version=1, status="ok", backend="local", engine=engine, balancer=balancer,
+    row.update(run_id=run_id, schema_version=2, status="ok", backend="local", engine=engine, balancer=balancer,
                cost_model="linear", precision="fp32", seed=0, num_minibatches=NUM_MINIBATCHES,
                warmup_minibatches=WARMUP, trace=trace, **setting)
     row["samples_per_s"] = samples_per_s(engine, balancer, setting["minibatch_size"], bonus)

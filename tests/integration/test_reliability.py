@@ -155,7 +155,7 @@ def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, vic
     assert error.startswith(f"rank {survivor} failed: ") and f"rank {victim} is gone" in error, error
     if engine == "odc":
         assert f"waiting for rank {victim}" in error, error
-    job_id = f"{spec.run_id[:8]}-{job_number}-0"  # as slurm_task.run_task names it (attempt 0)
+    job_id = f"{spec.run_id[:8]}-{job_number}-0.0"  # as slurm_task.run_task names it (restart 0, repeat 0)
     assert _segments_of(job_id) == [], "the survivor removed the dead rank's segments"
 
 

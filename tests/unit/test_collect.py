@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from odc_bench.results.__main__ import main
 from odc_bench.results.collect import collect
@@ -15,26 +16,43 @@ def _row(run_id, status, timestamp, **extra):
     return dict(run_id=run_id, status=status, timestamp=timestamp, trace=f"traces/{run_id}.csv", **extra)
 
 
-def test_collect_keeps_the_latest_ok_row_of_each_run(tmp_path):
+def _tables(tmp_path):
     local, cluster = tmp_path / "local", tmp_path / "slurm" / "sweep1"
     append_row(local / "runs.csv", _row("a", "failed", "2026-01-01T10:00:00", error="rank 1 died"))
     append_row(local / "runs.csv", _row("a", "ok", "2026-01-01T11:00:00", samples_per_s=1.0))
     append_row(cluster / "runs.csv", _row("a", "ok", "2026-01-02T09:00:00", samples_per_s=2.0))
-    append_row(cluster / "runs.csv", _row("a", "failed", "2026-01-03T09:00:00", error="later failure"))
     append_row(cluster / "runs.csv", _row("b", "ok", "2026-01-01T12:00:00", samples_per_s=3.0))
-    append_row(local / "runs.csv", _row("c", "failed", "2026-01-01T09:00:00", error="first"))
-    append_row(local / "runs.csv", _row("c", "failed", "2026-01-01T13:00:00", error="second"))
+    return local, cluster
 
+
+def test_collect_keeps_every_run_of_every_config_as_a_repeat(tmp_path):
+    local, cluster = _tables(tmp_path)
     out = tmp_path / "merged" / "all.csv"
-    rows = collect([tmp_path], out).set_index("run_id")
-    assert sorted(rows.index) == ["a", "b", "c"]
-    assert rows.loc["a", "samples_per_s"] == 2.0, "the latest ok row, not a later failure"
-    assert rows.loc["b", "status"] == "ok"
-    assert (rows.loc["c", "status"], rows.loc["c", "error"]) == ("failed", "second"), "never ok: its latest row"
-    assert rows.loc["a", "trace"] == "../slurm/sweep1/traces/a.csv", "trace paths follow the merged table"
+    rows = collect([tmp_path], out)
+    a = rows[rows["run_id"] == "a"]
+    assert list(a["status"]) == ["failed", "ok", "ok"], "a failure and two repeats, oldest first"
+    assert list(a["samples_per_s"].dropna()) == [1.0, 2.0]
+    assert list(a["attempt"]) == [0, 1, 2], "attempts count the run's rows across every table"
+    assert list(rows.loc[rows["run_id"] == "a", "trace"])[2] == "../slurm/sweep1/traces/a.csv", \
+        "trace paths follow the merged table"
     on_disk = pd.read_csv(out)
-    assert len(on_disk) == 3
+    assert len(on_disk) == 4
     pd.testing.assert_frame_equal(pd.read_parquet(out.with_suffix(".parquet")), on_disk, check_dtype=False)
+
+
+def test_collect_does_not_depend_on_the_order_of_its_arguments(tmp_path):
+    local, cluster = _tables(tmp_path)
+    one = collect([local, cluster], tmp_path / "one.csv")
+    other = collect([cluster, local, local], tmp_path / "other.csv")
+    pd.testing.assert_frame_equal(one, other)
+
+
+def test_what_collect_writes_is_a_results_table_every_command_reads(tmp_path, capsys):
+    _tables(tmp_path)
+    out = tmp_path / "all.csv"
+    collect([tmp_path], out)
+    assert main(["collect", str(out), "--out", str(tmp_path / "again.csv")]) == 0
+    assert len(pd.read_csv(tmp_path / "again.csv")) == 4
 
 
 def test_collect_cli_writes_the_table(tmp_path):
@@ -46,10 +64,15 @@ def test_collect_cli_writes_the_table(tmp_path):
     assert "1 runs (1 ok)" in ok.stdout and pd.read_csv(out)["run_id"].tolist() == ["a"]
 
 
-def test_collect_refuses_folders_without_results_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["collect", "compare", "pairs"])
+def test_missing_empty_or_malformed_inputs_are_refused_in_one_line(tmp_path, capsys, command):
     (tmp_path / "empty").mkdir()
-    for bad in (tmp_path / "missing", tmp_path / "empty"):
-        assert main(["collect", str(bad), "--out", str(tmp_path / "all.csv")]) == 2
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "runs.csv").write_text('a,b\n"unterminated\n')
+    (tmp_path / "other.csv").write_text("x,y\n1,2\n")
+    for bad in (tmp_path / "missing", tmp_path / "empty", tmp_path / "bad", tmp_path / "other.csv"):
+        extra = ["--out", str(tmp_path / "all.csv")] if command == "collect" else []
+        assert main([command, str(bad), *extra]) == 2, bad
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("odc_bench.results: error: "), lines
     assert not (tmp_path / "all.csv").exists()

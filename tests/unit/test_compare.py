@@ -3,15 +3,17 @@ import pytest
 from rich.console import Console
 
 from odc_bench.errors import PairingError
+from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.__main__ import main as results_main
-from odc_bench.results.compare import WORKLOAD, comparison, print_comparison
+from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.pairs import paired_ratios, summarize
+from odc_bench.results.series import WORKLOAD
 
 
 def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
     workload = dict.fromkeys(WORKLOAD, 1) | {"backend": "local", "model": "tiny", "dataset": dataset}
     config = None if group is None else f"engine:\n  name: {engine}\n  backend: {group}\n"
-    return workload | dict(run_id=run_id, engine=engine, balancer=balancer, seed=seed, status=status,
+    return workload | dict(run_id=run_id, attempt=0, engine=engine, balancer=balancer, seed=seed, status=status,
                            samples_per_s=samples_per_s, bubble_rate=0.1, predicted_bubble_rate=0.05,
                            peak_mem_mb=100.0, config=config)
 
@@ -110,7 +112,8 @@ def test_fsdp2_on_two_process_groups_must_be_named_to_be_paired():
 def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one_line(tmp_path, capsys):
     for name, ratios in (("a", [1.1, 0.9, 1.0]), ("b", [1.05])):
         (tmp_path / name).mkdir()
-        _pair_rows(name, ratios).to_csv(tmp_path / name / "runs.csv", index=False)
+        table = _pair_rows(name, ratios).assign(schema_version=SCHEMA_VERSION).reindex(columns=COLUMNS)
+        table.to_csv(tmp_path / name / "runs.csv", index=False)
     assert results_main(["pairs", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "median 1.000 over 3 pairs" in out and "median 1.025 over 4 pairs in 2 results folders" in out

@@ -18,7 +18,7 @@ import torch
 
 from odc_bench.cli.precheck import precheck
 from odc_bench.errors import ConfigError
-from odc_bench.record.row import COLUMNS
+from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from tests.helpers import REPO
 
 ERRORS_DOC = REPO / "docs" / "errors.md"
@@ -47,7 +47,8 @@ def _empty_dir(tmp: Path) -> None:
 
 
 HEADER = ",".join(COLUMNS)
-ROW_V2 = ",".join("2" if c == "schema_version" else "x" for c in COLUMNS)
+OTHER_VERSION = SCHEMA_VERSION + 1
+ROW_OTHER = ",".join(str(OTHER_VERSION) if c == "schema_version" else "x" for c in COLUMNS)
 
 # case -> (command line, the message it must give, set-up of the files it names)
 TWO_NODES = ["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1"]
@@ -130,10 +131,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
                               _file),
     "results-dir-under-a-file": (["results_dir={tmp}/file/sub"], "cannot be created", _file),
     "runs-csv-is-a-folder": ([], "runs.csv is not a file", _runs_csv(None)),
-    "runs-csv-other-columns": ([], "does not have the columns of results schema version 1 (missing ",
+    "runs-csv-other-columns": ([], f"does not have the columns of results schema version {SCHEMA_VERSION} (missing ",
                                _runs_csv("run_id,status,samples_per_s\nabc,ok,1.0\n")),
-    "runs-csv-other-schema-version": ([], "holds rows of schema_version 2, this code writes 1",
-                                      _runs_csv(f"{HEADER}\n{ROW_V2}\n")),
+    "runs-csv-other-schema-version": ([], f"holds rows of schema_version {OTHER_VERSION}, this code writes "
+                                          f"{SCHEMA_VERSION}", _runs_csv(f"{HEADER}\n{ROW_OTHER}\n")),
     "runs-csv-not-csv": ([], "is not a readable results table", _runs_csv('a,b\n"unterminated\n')),
 }
 

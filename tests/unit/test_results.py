@@ -5,7 +5,7 @@ import pytest
 
 from odc_bench.plan.spec import run_key
 from odc_bench.record.row import COLUMNS
-from odc_bench.results.table import append_row, completed_keys
+from odc_bench.results.table import append_row, ok_runs, read_table
 
 
 def _append_many(path, start):
@@ -31,15 +31,17 @@ def test_rows_outside_the_schema_are_refused(tmp_path):
         append_row(tmp_path / "runs.csv", {"run_id": "x", "surprise": 1})
 
 
-def test_completed_keys_only_counts_successful_runs(tmp_path):
+def test_ok_runs_counts_successful_rows_and_attempts_count_every_row(tmp_path):
     path = tmp_path / "runs.csv"
-    append_row(path, {"run_id": "good", "status": "ok"})
-    append_row(path, {"run_id": "bad", "status": "failed"})
-    assert completed_keys(path) == {"good"}
+    attempts = [append_row(path, {"run_id": run, "status": status})
+                for run, status in (("good", "ok"), ("bad", "failed"), ("good", "ok"), ("bad", "ok"))]
+    assert attempts == [0, 0, 1, 1]
+    assert ok_runs(path) == {"good": 2, "bad": 1}
+    assert list(read_table(path)["attempt"]) == [0, 0, 1, 1]
 
 
-def test_run_key_ignores_results_dir_and_key_order():
-    a = run_key({"world_size": 2, "model": {"name": "tiny"}, "results_dir": "x"})
-    b = run_key({"model": {"name": "tiny"}, "world_size": 2, "results_dir": "y"})
+def test_run_key_ignores_results_dir_repeat_and_key_order():
+    a = run_key({"world_size": 2, "model": {"name": "tiny"}, "results_dir": "x", "repeat": 1})
+    b = run_key({"model": {"name": "tiny"}, "world_size": 2, "results_dir": "y", "repeat": 3})
     assert a == b
     assert a != run_key({"model": {"name": "tiny"}, "world_size": 4})

@@ -1,0 +1,85 @@
+"""How much memory a rank needs: the model's shards, the unit it is computing, and activations.
+
+An estimate, per rank, in bytes, for the sharded layouts both engines use (FSDP's flat
+parameters, ZeRO-3: every rank owns 1/world of every unit):
+
+- owned shards: fp32 master parameters, the fp32 gradient accumulator and AdamW's two fp32
+  moments (16 bytes per owned parameter), plus with bf16 compute a bf16 copy of the shard
+  (ODC's gather source; FSDP2 keeps its own);
+- working units: the unit being computed and the one prefetched, unsharded in the compute
+  dtype, and the unit's flat gradient (three units' worth at the largest unit);
+- activations of one microbatch of max_tokens tokens, what autograd saves for backward:
+  every decoder layer's tensors, or with recomputation only each layer's input plus one
+  layer's tensors; the loss head is counted as fused cross-entropy kernels run it (logits a
+  chunk at a time), since a full fp32 logits tensor at 64K tokens and a 152K vocabulary
+  (40 GB) is what no long-context trainer keeps. Attention is flash attention's (linear in
+  the tokens) on GPUs; on CPU, torch's attention keeps each document's score matrix: at most
+  max_tokens x the longest document's length of scores per head.
+
+What it leaves out: the framework's own buffers and fragmentation (a few percent on GPUs).
+The harness's own model (models/qwen2.py) keeps the full fp32 logits; runs of it are estimated
+with them (`fused_loss=False`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from odc_bench.config.model import ModelConfig
+from odc_bench.models.flops import layer_linear_params
+
+# AdamW on fp32 shards: master parameters, gradient accumulator, two moments.
+OWNED_BYTES = 16
+# Logits the fused loss keeps at once (tokens): what a chunked cross-entropy holds.
+LOSS_CHUNK_TOKENS = 4096
+
+
+def unit_params(cfg: ModelConfig) -> list[int]:
+    """Parameters of every unit (embed, each layer, head): what FSDP shards, gathers and reduces."""
+    kv = cfg.num_kv_heads * cfg.head_dim
+    layer = layer_linear_params(cfg) + cfg.hidden_size + 2 * kv + 2 * cfg.hidden_size  # qkv biases, two norms
+    embed = cfg.vocab_size * cfg.hidden_size
+    head = cfg.vocab_size * cfg.hidden_size + cfg.hidden_size
+    return [embed, *([layer] * cfg.num_layers), head]
+
+
+def layer_activation_bytes(cfg: ModelConfig, tokens: int, itemsize: int, longest: int | None = None) -> int:
+    """What one decoder layer saves for backward on `tokens` tokens. Counted tensor by tensor:
+    the two norms' inputs and outputs, q, k and v, the attention output and its log-sum-exp,
+    o_proj's input, the MLP's gate, up, their activation and product. Without flash attention
+    (`longest`: the longest document) also every head's attention probabilities, whose sum of
+    squared document lengths is at most tokens x longest."""
+    h, i, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_kv_heads * cfg.head_dim
+    per_token = 4 * h + (h + 2 * kv) + h + h + 4 * i
+    scores = 0 if longest is None else cfg.num_heads * tokens * min(tokens, longest) * itemsize
+    return tokens * (per_token * itemsize + 4 * cfg.num_heads) + scores
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    owned: int
+    working: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.owned + self.working + self.activations
+
+
+def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
+             recompute: bool = False, cpu_longest: int | None = None) -> MemoryEstimate:
+    """Per-rank bytes of a run that shards every unit over `world_size` ranks. For the harness's
+    model on CPU (models/qwen2.py), give `cpu_longest`, the longest document: attention then
+    keeps its score matrices and the head the full fp32 logits and their gradient."""
+    itemsize = 2 if precision == "bf16" else 4
+    units = unit_params(cfg)
+    owned_per_param = OWNED_BYTES + (itemsize if itemsize < 4 else 0)
+    owned = sum(-(-p // world_size) for p in units) * owned_per_param
+    working = 3 * max(units) * itemsize
+    layer = layer_activation_bytes(cfg, max_tokens, itemsize, cpu_longest)
+    hidden = max_tokens * cfg.hidden_size * itemsize
+    layers = cfg.num_layers * hidden + layer if recompute else cfg.num_layers * layer
+    logits = min(max_tokens, LOSS_CHUNK_TOKENS) if cpu_longest is None else 2 * max_tokens
+    head = hidden + logits * cfg.vocab_size * 4
+    inputs = max_tokens * 3 * 8  # token ids, positions and labels, int64
+    return MemoryEstimate(owned=owned, working=working, activations=layers + head + inputs)

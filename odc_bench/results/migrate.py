@@ -1,0 +1,70 @@
+"""Bring runs.csv tables of an earlier schema to this one: `python -m odc_bench.results migrate DIR...`.
+
+Schema 1 -> 2 adds `attempt` (the row's place among its run's rows, in file order), the
+lengths that ran (`samples`, `len_mean`, `len_p50`, `len_p99`, `len_max`) and the memory
+estimate and limit (`mem_estimate_mb`, `mem_limit_mb`). The lengths and the estimate are
+recomputed from the row's own config (planning it again, which reads its dataset); a row
+whose config no longer plans (a retired engine, data that has moved) keeps them empty, and so
+does the limit of a real run, which depended on the host it ran on. Every other value is kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from odc_bench.config.run import run_config
+from odc_bench.errors import ConfigError, TableError
+from odc_bench.files import atomic_write_text, locked
+from odc_bench.plan.spec import resolve
+from odc_bench.provenance import REPO_ROOT
+from odc_bench.record.row import COLUMNS, MB, SCHEMA_VERSION
+
+HARDWARE_DIR = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
+
+
+def _with_hardware_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """A simulated row's hardware profile with the keys it gained since (from the profile's file)."""
+    hardware = config.get("backend", {}).get("hardware")
+    if isinstance(hardware, dict) and (HARDWARE_DIR / f"{hardware.get('name')}.yaml").is_file():
+        current = yaml.safe_load((HARDWARE_DIR / f"{hardware['name']}.yaml").read_text())
+        config["backend"]["hardware"] = {**current, **hardware}
+    return config
+
+
+def _recomputed(config_yaml: object) -> dict[str, float | None]:
+    """What schema 2 adds that the row's config determines; empty when it no longer plans."""
+    try:
+        config = run_config(_with_hardware_defaults(yaml.safe_load(str(config_yaml)) or {}))
+        spec = resolve(config)
+    except (ConfigError, ValueError, TypeError, KeyError):
+        return {}
+    limit = spec.memory_limit if config.simulated else None
+    return {**spec.length_stats(), "mem_estimate_mb": spec.memory.total / MB,
+            "mem_limit_mb": limit / MB if limit is not None else None}
+
+
+def migrate_table(path: Path) -> int:
+    """Rewrite one runs.csv in this schema, atomically; return how many rows changed."""
+    with locked(path):
+        table = pd.read_csv(path, dtype={"schema_version": str})
+        versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
+        if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
+            return 0
+        if versions - {"1", str(SCHEMA_VERSION)}:
+            raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
+                             f"migrates schema 1 only")
+        added = pd.DataFrame([_recomputed(c) for c in table["config"]], index=table.index)
+        for column in added.columns:
+            table[column] = added[column]
+        table["attempt"] = table.groupby("run_id").cumcount()
+        table["schema_version"] = SCHEMA_VERSION
+        atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
+    return len(table)
+
+
+def migrate(dirs: list[Path]) -> dict[Path, int]:
+    return {path: migrate_table(path) for d in dirs for path in sorted(Path(d).rglob("runs.csv"))}
