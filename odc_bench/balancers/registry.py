@@ -14,6 +14,7 @@ from odc_bench.balancers.lb_micro import LbMicroOptions, lb_micro
 from odc_bench.balancers.lb_mini import LbMiniOptions, lb_mini
 from odc_bench.balancers.local_sort import LocalSortOptions, local_sort
 from odc_bench.balancers.plan import Microbatch, Plan, check_plan
+from odc_bench.balancers.verl import VerlOptions, verl
 from odc_bench.config.fields import build, require
 
 # (lengths, world_size, max_tokens, cost, options) -> what the balancer makes of one minibatch
@@ -39,6 +40,7 @@ BALANCERS: dict[str, BalancerSpec] = {
     "lb_micro": BalancerSpec("lb_micro", "LB-Micro", LbMicroOptions, equal_counts=True, plan=lb_micro),
     "lb_mini": BalancerSpec("lb_mini", "LB-Mini", LbMiniOptions, equal_counts=False, plan=lb_mini),
     "dynamic": BalancerSpec("dynamic", "Dynamic", DynamicOptions, equal_counts=False, queue=dynamic_queue),
+    "verl": BalancerSpec("verl", "verl", VerlOptions, equal_counts=True, plan=verl),
 }
 
 

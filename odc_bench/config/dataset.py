@@ -23,6 +23,9 @@ class DatasetConfig:
     length_scale: float = 1.0
     num_samples: int | None = None
     cache_dir: str | None = None
+    # What the samples' token ids are (data/tokens.py): synthetic progressions, or walks on a
+    # seeded Markov chain whose loss floor is known (data/learnable.py), for loss curves.
+    tokens: Literal["synthetic", "learnable"] = "synthetic"
 
     def __post_init__(self) -> None:
         require(self.length_scale > 0, f"dataset.length_scale must be a positive number, got {self.length_scale!r}")

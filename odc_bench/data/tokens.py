@@ -8,6 +8,8 @@ index, length), never on which rank processes the sample.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -19,3 +21,16 @@ def sample_tokens(seed: int, sample_index: int, length: int, vocab_size: int) ->
     noise = torch.rand(length, generator=gen) < 0.1
     ids[noise] = torch.randint(vocab_size, (int(noise.sum()),), generator=gen)
     return ids
+
+
+# (seed, sample index, length, vocabulary size) -> the sample's token ids
+TokenSource = Callable[[int, int, int, int], torch.Tensor]
+
+
+def token_source(name: str) -> TokenSource:
+    """The ids dataset.tokens names: `synthetic` (above) or `learnable` (data/learnable.py)."""
+    if name == "learnable":
+        from odc_bench.data.learnable import learnable_tokens
+
+        return learnable_tokens
+    return sample_tokens

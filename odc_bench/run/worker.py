@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from odc_bench.data.batches import packed_batch
-from odc_bench.data.tokens import sample_tokens
+from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
 from odc_bench.models.qwen2 import build_model
 from odc_bench.plan.spec import Minibatch, RunSpec
@@ -122,6 +122,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         o = config.optim
         opt = engine.optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         recorder.enabled = True
+        tokens_of = token_source(config.dataset.tokens)
         claim_base = 0
         collect_garbage_between_minibatches()
         for k, mb in enumerate(spec.minibatches):
@@ -131,7 +132,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             loss_sum = torch.zeros((), device=device)
             for j, micro in enumerate(my_microbatches(engine, mb, rank, claim_base)):
                 recorder.microbatch = j
-                docs = [sample_tokens(config.seed, mb.sample_ids[i], mb.lengths[i], config.model.vocab_size)
+                docs = [tokens_of(config.seed, mb.sample_ids[i], mb.lengths[i], config.model.vocab_size)
                         for i in micro]
                 batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in packed_batch(docs).items()}
                 t0 = trace.now()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from odc_bench.data.batches import packed_batch
-from odc_bench.data.tokens import sample_tokens
+from odc_bench.data.tokens import token_source
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import build_model
 
@@ -17,12 +17,12 @@ def train_single_process(spec: RunSpec) -> tuple[dict[str, torch.Tensor], list[f
     model = build_model(config.model, config.seed, torch.device("cpu"))
     o = config.optim
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    vocab, seed = config.model.vocab_size, config.seed
+    vocab, seed, tokens_of = config.model.vocab_size, config.seed, token_source(config.dataset.tokens)
     losses = []
     for mb in spec.minibatches:
         total = 0.0
         for i, sid in enumerate(mb.sample_ids):
-            loss = model(**packed_batch([sample_tokens(seed, sid, mb.lengths[i], vocab)]))
+            loss = model(**packed_batch([tokens_of(seed, sid, mb.lengths[i], vocab)]))
             (loss / mb.labelled_tokens).backward()
             total += float(loss.detach())
         opt.step()

@@ -119,3 +119,14 @@ def test_bf16_compute_matches_fsdp2_mixed_precision_and_gathers_half_the_bytes()
     # fp32: master + accumulator, 8 bytes per shard element (plus a few flag words); bf16 adds
     # a 2-byte shadow per element, which is what peers gather.
     assert bf16_heap - fp32_heap == pytest.approx(fp32_heap / 4, rel=0.01)
+
+
+def test_the_learnable_token_source_reaches_the_ranks():
+    """dataset.tokens=learnable: the ranks train on the ids the reference trains on (were they the
+    synthetic ones, the parameters would part after the first step)."""
+    spec = _spec("odc", "num_minibatches=3", "dataset.tokens=learnable")
+    reference, losses = train_single_process(spec)
+    odc = run_local(spec, collect_params=True)
+    assert relative_error(odc[0]["params"], reference) < 1e-5
+    run = minibatch_losses(events_frame(odc), [mb.labelled_tokens for mb in spec.minibatches])
+    assert run == pytest.approx(losses, rel=1e-5)

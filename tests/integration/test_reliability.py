@@ -54,16 +54,21 @@ def die_in_minibatch_1(rank: int, victim: int) -> None:
             state["minibatch"] += 1
             state["samples"] = 0
         cls.begin_minibatch = begin
-    tokens = worker.sample_tokens
+    source = worker.token_source
 
-    def sample(*args, **kwargs):
-        if state["minibatch"] == 1:
-            state["samples"] += 1
-            if state["samples"] == 2:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return tokens(*args, **kwargs)
+    def killing_source(name: str):
+        tokens = source(name)
 
-    worker.sample_tokens = sample
+        def sample(*args, **kwargs):
+            if state["minibatch"] == 1:
+                state["samples"] += 1
+                if state["samples"] == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return tokens(*args, **kwargs)
+
+        return sample
+
+    worker.token_source = killing_source
 
 
 def killing_entry(folder: str, rank: int, job: RankJob) -> None:

@@ -1,0 +1,69 @@
+"""How fast a model learns the learnable token source: one process, no engine, no balancer.
+
+    python -m odc_bench.data.learnable_curve [--steps 300] [--docs 4] [--min-len 100] [--max-len 300]
+
+prints the loss per labelled token every 25 steps beside log(vocab) and the source's floor
+(data/learnable.py), and the first step at which the loss fell below log(vocab) / 2. It
+trains the `tiny` model's shape (conf/model/tiny.yaml) with AdamW at the harness's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from odc_bench.config.compose import compose_run
+from odc_bench.config.model import ModelConfig
+from odc_bench.data.batches import labelled_tokens, packed_batch
+from odc_bench.data.learnable import entropy_rate, learnable_tokens
+from odc_bench.models.qwen2 import Qwen2Model, init_weights
+
+TINY = compose_run(["model=tiny"]).model
+
+
+def train_curve(steps: int, docs: int = 4, min_len: int = 100, max_len: int = 300, seed: int = 0,
+                cfg: ModelConfig = TINY, lr: float = 1e-3) -> list[float]:
+    """Loss per labelled token at each step; step k packs `docs` fresh documents into one microbatch."""
+    torch.manual_seed(seed)
+    model = Qwen2Model(cfg)
+    init_weights(model, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for step in range(steps):
+        lens = torch.randint(min_len, max_len + 1, (docs,), generator=gen).tolist()
+        batch = packed_batch([learnable_tokens(seed, step * docs + i, n, cfg.vocab_size)
+                              for i, n in enumerate(lens)])
+        loss = model(**batch) / labelled_tokens(lens)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--docs", type=int, default=4)
+    parser.add_argument("--min-len", type=int, default=100)
+    parser.add_argument("--max-len", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    losses = train_curve(args.steps, args.docs, args.min_len, args.max_len, args.seed)
+    half = math.log(TINY.vocab_size) / 2
+    print(f"log(vocab) {2 * half:.3f}  half {half:.3f}  floor {entropy_rate():.3f} nats/token")
+    for k in range(0, args.steps, 25):
+        window = losses[k:k + 25]
+        print(f"steps {k:4d}-{k + len(window) - 1:4d}: mean {sum(window) / len(window):.3f}  last {window[-1]:.3f}")
+    below = next((k for k, v in enumerate(losses) if v < half), None)
+    print(f"first step below log(vocab)/2: {below}")
+    print(f"mean of the last 25 steps: {sum(losses[-25:]) / len(losses[-25:]):.3f} "
+          f"({sum(losses[-25:]) / len(losses[-25:]) - entropy_rate():.3f} above the floor)")
+
+
+if __name__ == "__main__":
+    main()
