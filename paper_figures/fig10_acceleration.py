@@ -1,4 +1,5 @@
-"""Fig. 10 analog: acceleration of ODC over Collective + LB-Micro as one factor varies.
+"""Fig. 10 analog: acceleration of ODC over Collective + LB-Micro as one factor varies (SFT runs;
+RL runs are Fig. 9's).
 
 Acceleration at a setting = ODC samples/s / (Collective + LB-Micro) samples/s - 1, for every
 ODC balancer present (one line each), comparing runs of the same setting and seed. Four
@@ -18,6 +19,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
+from odc_bench.results.series import is_rl
 from paper_figures.inputs import Inputs, Skip, per_source
 from paper_figures.series import BALANCER_NAMES, BASELINE, ENGINE_NAMES, SETTING, ordered, palette, with_series
 
@@ -101,6 +103,9 @@ def plot(table: pd.DataFrame) -> Figure:
 
 
 def draw(runs: pd.DataFrame) -> Figure:
+    runs = runs[~is_rl(runs)]
+    if runs.empty:
+        raise Skip("only RL runs here (Fig. 9 draws them)")
     engines = sorted(runs["engine"].dropna().unique())
     if "odc" not in engines:
         raise Skip(f"no odc runs (engines found: {', '.join(engines)})")

@@ -1,7 +1,7 @@
 """Fig. 8 analog: training throughput (samples/s) by model and minibatch size, one bar per series.
 
-Panels: one row per dataset, one column per model; bars: engine x balancer. Within a
-dataset x model panel only the most common world size, packing ratio and length scale are
+SFT runs only (RL runs are Fig. 9's). Panels: one row per dataset, one column per model; bars:
+engine x balancer. Within a dataset x model panel only the most common world size, packing ratio and length scale are
 drawn (the Fig. 10 sweeps vary those and would otherwise be averaged into the bars); the
 panel title says which. Repeated seeds are averaged, with their standard deviation as error bars.
 """
@@ -14,6 +14,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
+from odc_bench.results.series import is_rl
 from paper_figures.inputs import Inputs, Skip, per_source
 from paper_figures.series import ordered, palette, with_series
 
@@ -58,6 +59,9 @@ def plot(runs: pd.DataFrame) -> Figure:
 
 def render(inputs: Inputs) -> dict[str, object]:
     def draw(runs: pd.DataFrame) -> Figure:
+        runs = runs[~is_rl(runs)]
+        if runs.empty:
+            raise Skip("only RL runs here (Fig. 9 draws them)")
         if runs["samples_per_s"].dropna().empty:
             raise Skip("no run has a samples_per_s value")
         return plot(runs[runs["samples_per_s"].notna()])

@@ -66,8 +66,8 @@ def ordered(labels: pd.Series | list[str]) -> list[str]:
 # Blues for collective, oranges to reds for ODC; the paper's headline pair in the strongest shades.
 COLORS = {
     "Collective + LocalSort": "#9ecae1", "Collective + LB-Micro": "#2171b5", "Collective + LB-Mini": "#08306b",
-    "Collective + Dynamic": "#6baed6", "ODC + LocalSort": "#fdae6b", "ODC + LB-Micro": "#e6550d",
-    "ODC + LB-Mini": "#a50f15", "ODC + Dynamic": "#756bb1",
+    "Collective + Dynamic": "#6baed6", "Collective + verl": "#41b6c4", "ODC + LocalSort": "#fdae6b",
+    "ODC + LB-Micro": "#e6550d", "ODC + LB-Mini": "#a50f15", "ODC + Dynamic": "#756bb1",
 }
 
 

@@ -1,6 +1,6 @@
 """The numbers behind the figures, as Markdown tables.
 
-- table1_golden: the paper's Table 1 analog: every series at the golden setting (see
+- table1_golden: the paper's Table 1 analog (SFT runs): every series at the golden setting (see
   paper_figures.series.golden) with throughput, speedup over the baseline, bubble rates and memory;
 - table5_throughput: samples/s of every series at every setting (the Fig. 8 numbers), with the
   best ODC series' speedup over Collective + LB-Micro where both ran;
@@ -14,6 +14,7 @@ import sys
 
 import pandas as pd
 
+from odc_bench.results.series import is_rl
 from paper_figures.fig10_acceleration import acceleration
 from paper_figures.fig11_bandwidth import OP_NAMES
 from paper_figures.inputs import Inputs, Skip, by_source
@@ -113,7 +114,8 @@ def render(inputs: Inputs) -> dict[str, object]:
         out["table1_golden"] = Skip("no runs.csv tables found below the results root")
     else:
         for source, runs in by_source(inputs.runs).items():
-            out[f"table1_golden-{source}"] = table1(runs)
+            sft = runs[~is_rl(runs)]
+            out[f"table1_golden-{source}"] = table1(sft) if not sft.empty else Skip("only RL runs (see fig9_rl)")
             out[f"table5_throughput-{source}"] = table5(runs)
             try:
                 out[f"table_acceleration-{source}"] = table_acceleration(runs)

@@ -6,7 +6,8 @@ each token has `len(BRANCH_PROBS)` distinct successors, taken with the probabili
 BRANCH_PROBS. Every row of the table has the same probabilities, so whatever the current
 token, the next one carries exactly H(BRANCH_PROBS) nats of surprise; a model that has
 learned the table reaches that cross-entropy and no model can go lower. `entropy_rate()`
-returns it (about 1.03 nats for the default, against log(2048) = 7.62 for a uniform guess).
+(data/chain.py, beside BRANCH_PROBS) returns it (about 1.03 nats for the default, against
+log(2048) = 7.62 for a uniform guess).
 
 The successor maps are permutations of the vocabulary (the k-th successor of every token is
 perm_k[token]), so every token has as many ways in as out: the uniform distribution is
@@ -19,19 +20,11 @@ Ids depend only on (seed, sample index, length, vocabulary), never on which rank
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import torch
 
-# Probabilities of a token's 1st, 2nd, ... successor: skewed, so the floor is far below
-# log(vocab) and the most likely successor alone is right most of the time.
-BRANCH_PROBS: tuple[float, ...] = (0.6, 0.25, 0.1, 0.05)
-
-
-def entropy_rate(probs: tuple[float, ...] = BRANCH_PROBS) -> float:
-    """Nats per labelled token that a perfect model still pays: the entropy of one row."""
-    return -sum(p * math.log(p) for p in probs if p > 0)
+from odc_bench.data.chain import BRANCH_PROBS
 
 
 def _no_repeats(perm: torch.Tensor, earlier: list[torch.Tensor], gen: torch.Generator) -> torch.Tensor:

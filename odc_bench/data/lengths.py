@@ -1,4 +1,8 @@
-"""The pool of sample lengths a run draws its minibatches from: a profile's draw or real data."""
+"""The pool of sample lengths a run draws its minibatches from, and which samples each minibatch takes.
+
+The pool is a profile's draw, real data, or a GRPO workload's groups; minibatches are a seeded
+permutation of the pool read in order, or, for GRPO, whole groups (data/rl.py).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from odc_bench.config.dataset import DatasetConfig
 from odc_bench.config.fields import require
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
 from odc_bench.data.real import load_lengths
+from odc_bench.data.rl import group_minibatches, grpo_lengths, grpo_max_len
 
 
 def dataset_lengths(ds: DatasetConfig, seed: int) -> np.ndarray:
@@ -16,6 +21,9 @@ def dataset_lengths(ds: DatasetConfig, seed: int) -> np.ndarray:
         require(ds.profile in PROFILES,
                 f"unknown dataset profile {ds.profile!r}; choose one of {', '.join(sorted(PROFILES))}")
         return profile_lengths(str(ds.profile), ds.length_scale, seed, ds.num_samples)
+    if ds.loader == "grpo":
+        assert ds.grpo is not None, "DatasetConfig refuses loader=grpo without its section"
+        return grpo_lengths(seed, ds.grpo, ds.length_scale)
     raw = load_lengths(ds.loader, ds.path, field=ds.field, text_field=ds.text_field, tokenizer=ds.tokenizer,
                        split=ds.split, cache_dir=ds.cache_dir)
     return np.maximum(2, np.rint(raw[:ds.num_samples] * ds.length_scale)).astype(np.int64)
@@ -25,4 +33,33 @@ def dataset_max_len(ds: DatasetConfig, lengths: np.ndarray) -> int:
     """The longest sample the dataset can hold: the paper's default microbatch limit."""
     if ds.loader == "profile":
         return profile_max_len(str(ds.profile), ds.length_scale)
+    if ds.loader == "grpo":
+        assert ds.grpo is not None
+        return grpo_max_len(ds.grpo, ds.length_scale)
     return int(lengths.max())
+
+
+def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_minibatches: int,
+                      seed: int) -> list[list[int]]:
+    """Sample ids of each minibatch; ConfigError when a minibatch cannot be drawn from the pool.
+
+    A seeded permutation of the pool, read in order and wrapping around; for GRPO whole groups
+    (a PPO minibatch is prompts x G, GRPO's advantages being normalised within a group).
+    """
+    if ds.loader == "grpo":
+        assert ds.grpo is not None
+        g, prompts = ds.grpo.group_size, ds.grpo.num_prompts
+        require(global_size % g == 0,
+                f"dataset=grpo draws whole groups of dataset.grpo.group_size={g} responses, but a minibatch of "
+                f"world_size x minibatch_size = {global_size} samples is not a multiple of {g}; choose minibatch_size "
+                f"so that world_size x minibatch_size divides by {g}")
+        require(global_size // g <= prompts,
+                f"a minibatch of {global_size} samples needs {global_size // g} prompts, more than "
+                f"dataset.grpo.num_prompts={prompts}; raise dataset.grpo.num_prompts or lower minibatch_size")
+        return group_minibatches(prompts, g, global_size // g, num_minibatches, seed)
+    require(pool_size >= global_size,
+            f"the dataset has {pool_size} usable samples, fewer than one minibatch of world_size x minibatch_size "
+            f"= {global_size}; lower minibatch_size or world_size, or use more data (dataset.num_samples)")
+    order = np.random.default_rng(seed + 1).permutation(pool_size)
+    return [[int(order[(k * global_size + j) % pool_size]) for j in range(global_size)]
+            for k in range(num_minibatches)]

@@ -9,8 +9,10 @@ about 9K tokens and a plot (Fig. 7), not the lengths. A sample is one prompt plu
 |---------------------------------|--------------|---------------------------------------------------|
 | mean sample (prompt + response) | 9,000 tokens | the paper ("about 9K")                            |
 | group size G (rollout.n)        | 16           | verl's DAPO recipe for AIME; paper: not published |
-| prompts per PPO minibatch       | 32           | verl's DAPO recipe (of 512 per training batch);   |
-|                                 |              | paper: not published                              |
+| prompts in the pool             | 512          | one training batch of verl's DAPO recipe; paper:  |
+|                                 |              | not published                                     |
+| prompts per PPO minibatch       | derived      | world_size x minibatch_size / G in the harness;   |
+|                                 |              | 32 in verl's DAPO recipe; paper: not published    |
 | generation limit                | 16,384       | ours, as profiles.py's aime; DAPO: 20,480;        |
 |                                 |              | paper: not published                              |
 | share of responses cut there    | 10%          | ours; not published                               |
@@ -26,15 +28,19 @@ difficulty shared by its G responses and each response its own noise, split so t
 marginal stays that log-normal and a fraction `group_correlation` of the log-variance is shared.
 Responses at or beyond the limit become exactly the limit (a point mass, as in verl when
 generation stops at max_response_length).
+
+Every value is a config key, `dataset.grpo.*` (conf/dataset/grpo.yaml, config/dataset.py's
+GrpoConfig); the harness draws PPO minibatches of whole groups (`group_minibatches`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+
+from odc_bench.config.dataset import GrpoConfig
 
 _NORMAL = NormalDist()
 
@@ -64,51 +70,35 @@ def fit_response(mean: float, clip_fraction: float, limit: int) -> tuple[float, 
     return math.log(limit) - sigma * z, sigma
 
 
-@dataclass(frozen=True)
-class GRPOSpec:
-    """One GRPO workload's length distribution and batch shape; defaults and sources above."""
-
-    group_size: int = 16
-    prompts_per_minibatch: int = 32
-    num_prompts: int = 512
-    mean_sample: float = 9_000
-    max_response_length: int = 16_384
-    clip_fraction: float = 0.10
-    group_correlation: float = 0.5
-    prompt_median: float = 160
-    prompt_sigma: float = 0.4
-    min_prompt_length: int = 32
-    max_prompt_length: int = 1_024
-
-    def mean_prompt(self) -> float:
-        """The prompt's mean after bounding (by quadrature: a few thousand points suffice)."""
-        q = (np.arange(4096) + 0.5) / 4096
-        z = np.array([_NORMAL.inv_cdf(float(p)) for p in q])
-        x = np.clip(self.prompt_median * np.exp(self.prompt_sigma * z), self.min_prompt_length,
-                    self.max_prompt_length)
-        return float(x.mean())
-
-    def response_fit(self) -> tuple[float, float]:
-        return fit_response(self.mean_sample - self.mean_prompt(), self.clip_fraction, self.max_response_length)
+def mean_prompt(spec: GrpoConfig) -> float:
+    """The prompt's mean after bounding (by quadrature: a few thousand points suffice)."""
+    q = (np.arange(4096) + 0.5) / 4096
+    z = np.array([_NORMAL.inv_cdf(float(p)) for p in q])
+    x = np.clip(spec.prompt_median * np.exp(spec.prompt_sigma * z), spec.min_prompt_length, spec.max_prompt_length)
+    return float(x.mean())
 
 
-AIME = GRPOSpec()
+def response_fit(spec: GrpoConfig) -> tuple[float, float]:
+    return fit_response(spec.mean_sample - mean_prompt(spec), spec.clip_fraction, spec.max_response_length)
 
 
-def grpo_draw(seed: int, spec: GRPOSpec = AIME, num_prompts: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+AIME = GrpoConfig()
+
+
+def grpo_draw(seed: int, spec: GrpoConfig = AIME, num_prompts: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Full-scale prompt lengths [prompts] and response lengths [prompts, G] of one pool."""
     prompts = num_prompts or spec.num_prompts
     rng = np.random.default_rng(seed)
     prompt = np.clip(np.rint(spec.prompt_median * np.exp(spec.prompt_sigma * rng.standard_normal(prompts))),
                      spec.min_prompt_length, spec.max_prompt_length).astype(np.int64)
-    mu, sigma = spec.response_fit()
+    mu, sigma = response_fit(spec)
     shared = math.sqrt(spec.group_correlation) * rng.standard_normal((prompts, 1))
     own = math.sqrt(1 - spec.group_correlation) * rng.standard_normal((prompts, spec.group_size))
     response = np.clip(np.rint(np.exp(mu + sigma * (shared + own))), 1, spec.max_response_length)
     return prompt, response.astype(np.int64)
 
 
-def grpo_lengths(seed: int, spec: GRPOSpec = AIME, length_scale: float = 1.0,
+def grpo_lengths(seed: int, spec: GrpoConfig = AIME, length_scale: float = 1.0,
                  num_prompts: int | None = None) -> np.ndarray:
     """Sample lengths (prompt + response), group by group: samples g*G .. g*G + G-1 share prompt g.
 
@@ -119,7 +109,7 @@ def grpo_lengths(seed: int, spec: GRPOSpec = AIME, length_scale: float = 1.0,
     return np.maximum(2, np.rint(lengths * length_scale)).astype(np.int64)
 
 
-def grpo_max_len(spec: GRPOSpec = AIME, length_scale: float = 1.0) -> int:
+def grpo_max_len(spec: GrpoConfig = AIME, length_scale: float = 1.0) -> int:
     """The longest possible sample after scaling: the default microbatch limit."""
     return max(2, round((spec.max_prompt_length + spec.max_response_length) * length_scale))
 

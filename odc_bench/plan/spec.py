@@ -25,7 +25,7 @@ from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
-from odc_bench.data.lengths import dataset_lengths, dataset_max_len
+from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
 from odc_bench.errors import ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_core.engine.registry import EngineSpec
@@ -117,13 +117,6 @@ def hardware_tag(device_type: str) -> str:
     return device_tag(device_type, torch.cuda.get_device_name(0) if device_type == "cuda" else "")
 
 
-def minibatch_samples(pool_size: int, global_size: int, num_minibatches: int, seed: int) -> list[list[int]]:
-    """Sample ids of each minibatch: a seeded permutation of the pool, read in order, wrapping around."""
-    order = np.random.default_rng(seed + 1).permutation(pool_size)
-    return [[int(order[(k * global_size + j) % pool_size]) for j in range(global_size)]
-            for k in range(num_minibatches)]
-
-
 def _check_combination(engine: EngineSpec, balancer: BalancerSpec, config: RunConfig) -> None:
     require(not (engine.equal_microbatch_counts and not balancer.equal_counts),
             f"balancer {balancer.name} gives ranks different microbatch counts, which engine={engine.name} "
@@ -133,8 +126,12 @@ def _check_combination(engine: EngineSpec, balancer: BalancerSpec, config: RunCo
                 f"the simulator does not model engine={engine.name}; use backend=local")
 
 
-def resolve(config: RunConfig) -> RunSpec:
-    """Plan every minibatch of the run; ConfigError (one line) for input that cannot run."""
+def resolve(config: RunConfig, lengths: np.ndarray | None = None) -> RunSpec:
+    """Plan every minibatch of the run; ConfigError (one line) for input that cannot run.
+
+    `lengths` replaces the dataset's pool (studies that vary the length distribution itself,
+    tools/sensitivity.py); the run's key still names the dataset, so such specs are not recorded.
+    """
     world, per_rank = config.world_size, config.minibatch_size
     device_type = "cpu" if config.simulated else device_type_of(config)
     engine = config.engine if config.simulated else config.engine.for_device(device_type)
@@ -143,10 +140,9 @@ def resolve(config: RunConfig) -> RunSpec:
     options = balancer_options(balancer.name, config.balancer.options)
     cost = cost_model_for(config.balancer, config.model, hardware_tag(device_type))
 
-    lengths = dataset_lengths(config.dataset, config.seed)
-    require(len(lengths) >= world * per_rank,
-            f"the dataset has {len(lengths)} usable samples, fewer than one minibatch of world_size x minibatch_size "
-            f"= {world * per_rank}; lower minibatch_size or world_size, or use more data (dataset.num_samples)")
+    if lengths is None:
+        lengths = dataset_lengths(config.dataset, config.seed)
+    drawn = minibatch_samples(config.dataset, len(lengths), world * per_rank, config.num_minibatches, config.seed)
     max_tokens = config.max_tokens
     if max_tokens is None:
         max_tokens = int(dataset_max_len(config.dataset, lengths) * config.packing_ratio)
@@ -155,7 +151,7 @@ def resolve(config: RunConfig) -> RunSpec:
     resolved = replace(config, max_tokens=max_tokens, engine=engine)
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"
     minibatches = []
-    for k, ids in enumerate(minibatch_samples(len(lengths), world * per_rank, config.num_minibatches, config.seed)):
+    for k, ids in enumerate(drawn):
         lens = [int(lengths[i]) for i in ids]
         longest = max(lens)
         require(longest <= max_tokens,

@@ -62,6 +62,32 @@ def series_names(table: pd.DataFrame, variants: pd.Series | None = None, pretty:
     return table["engine"] + ("[" + shown + "]").where(shown != "", "") + "+" + table["balancer"]
 
 
+def config_value(table: pd.DataFrame, path: str) -> pd.Series:
+    """Each row's value of a dotted config key (`dataset.loader`), read from its `config` column;
+    None where the row has no config or the key is absent."""
+    if table.empty or "config" not in table:
+        return pd.Series([None] * len(table), index=table.index, dtype=object)
+    parsed: dict[str, object] = {}
+
+    def lookup(config: object) -> object:
+        if not isinstance(config, str):
+            return None
+        if config not in parsed:
+            value: object = yaml.safe_load(config) or {}
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            parsed[config] = value
+        return parsed[config]
+
+    return table["config"].map(lookup).astype(object)
+
+
+def is_rl(table: pd.DataFrame) -> pd.Series:
+    """Rows of an RL workload (dataset=grpo: prompts x groups of responses), which Fig. 9 draws
+    and the SFT figures leave out."""
+    return config_value(table, "dataset.loader") == "grpo"
+
+
 def is_baseline_engine(engine: str) -> bool:
     spec = ENGINES.get(engine)
     return spec is not None and spec.baseline

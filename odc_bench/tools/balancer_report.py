@@ -4,7 +4,7 @@
 8 ranks, minibatch 4 per rank, max tokens = the longest sample, the 1.5B quadratic cost,
 50 minibatches): each balancer's predicted time and bubble rate under collective and ODC
 semantics, next to the lower bound and its unavoidable bubble. Minibatches are drawn
-exactly as a run draws them (plan.spec.minibatch_samples), so the numbers match the
+exactly as a run draws them (data.lengths.minibatch_samples), so the numbers match the
 predicted_bubble_rate column of a run with the same settings and no warm-up.
 
 `--plan-cost` plans with a different (wrong) cost model than the one that scores the plans
@@ -24,8 +24,9 @@ from odc_bench.balancers.cost import CostModel, linear, load_calibration, quadra
 from odc_bench.balancers.dynamic import scheduled
 from odc_bench.balancers.quality import SEMANTICS, Prediction, predict, run_bubble_rate
 from odc_bench.balancers.registry import BALANCERS, plan_minibatch
+from odc_bench.config.dataset import DatasetConfig
+from odc_bench.data.lengths import minibatch_samples
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
-from odc_bench.plan.spec import minibatch_samples
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size
     lengths = profile_lengths(profile, length_scale, seed)
     max_tokens = int(profile_max_len(profile, length_scale) * packing_ratio)
     batches = [[int(lengths[i]) for i in ids]
-               for ids in minibatch_samples(len(lengths), world_size * minibatch_size, num_minibatches, seed)]
+               for ids in minibatch_samples(DatasetConfig(name=profile, profile=profile), len(lengths),
+                                            world_size * minibatch_size, num_minibatches, seed)]
     rows = []
     for name, spec in BALANCERS.items():
         preds: dict[str, list[Prediction]] = {s: [] for s in SEMANTICS}

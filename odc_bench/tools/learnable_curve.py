@@ -17,7 +17,8 @@ import torch
 from odc_bench.config.compose import compose_run
 from odc_bench.config.model import ModelConfig
 from odc_bench.data.batches import labelled_tokens, packed_batch
-from odc_bench.data.learnable import entropy_rate, learnable_tokens
+from odc_bench.data.chain import entropy_rate
+from odc_bench.data.learnable import learnable_tokens
 from odc_bench.models.qwen2 import Qwen2Model, init_weights
 
 TINY = compose_run(["model=tiny"]).model

@@ -1,10 +1,10 @@
-"""The paper's SFT experiments (Figs. 8 and 10) in simulation, and their table beside the paper.
+"""The paper's experiments (Figs. 8, 9 and 10) in simulation, and their table beside the paper.
 
-    python -m odc_bench.tools.sim_paper run     # the sweeps fig8_sft and fig10 at the paper's settings
+    python -m odc_bench.tools.sim_paper run     # the sweeps fig8_sft, fig10 and fig9_rl at the paper's settings
     python -m odc_bench.tools.sim_paper table   # write docs/simulator_paper.md from their rows
 
-`run` is the Hydra multiruns `python -m odc_bench sweep=fig8_sft` and `sweep=fig10` (the grids
-live in sweeps/*.yaml) with the paper's settings added: A100 profile, bf16 compute with fp32
+`run` is the Hydra multiruns `python -m odc_bench sweep=fig8_sft`, `sweep=fig10` and
+`sweep=fig9_rl` (the grids live in sweeps/*.yaml) with the paper's settings added: A100 profile, bf16 compute with fp32
 reduction, activation recomputation, no trace files; rows go to results/sim_paper/runs.csv.
 A sweep skips rows already there, so re-running `run` after a balancer lands adds only its
 rows; `table` compares whatever is there.
@@ -18,21 +18,24 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from omegaconf import OmegaConf
 
 from odc_bench.files import atomic_write_text
 from odc_bench.provenance import REPO_ROOT
+from odc_bench.results.paper import FIG10_TRENDS, RL_RANGE_TEXT, SFT_BUBBLE, SFT_SPEEDUP
 from odc_bench.results.table import read_table
 
 RESULTS = REPO_ROOT / "results" / "sim_paper"
 DOCS = REPO_ROOT / "docs" / "simulator_paper.md"
 SWEEPS = REPO_ROOT / "sweeps"
+SWEEPS_RUN = ("fig8_sft", "fig10", "fig9_rl")
 PAPER_SETTINGS = ("backend=sim", "backend/hardware=a100", "precision=bf16", "backend.recompute=true",
                   "backend.write_trace=false")
 
 
 def run(results_dir: Path) -> None:
-    for sweep in ("fig8_sft", "fig10"):
+    for sweep in SWEEPS_RUN:
         cmd = [sys.executable, "-m", "odc_bench", f"sweep={sweep}", *PAPER_SETTINGS, f"results_dir={results_dir}"]
         print("+", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=REPO_ROOT, check=True)
@@ -65,15 +68,6 @@ def fig10_setting() -> tuple[dict, dict[str, list]]:
     return golden, factors
 
 
-# What the shared paper notes (/work/shared/PAPER.md) report, keyed by setting and comparison.
-PAPER = {
-    ("qwen2_14b", "longalign", 4, "odc+lb_mini vs collective+lb_micro"): "+36% (45.1 -> 61.4)",
-    ("qwen2_14b", "longalign", 4, "odc+lb_micro vs collective+lb_micro"): "+28%",
-    ("qwen2_1p5b", "longalign", 4, "odc+lb_mini vs collective+lb_micro"): "+34%",
-    ("qwen2_1p5b", "longalign", 4, "odc+lb_micro vs collective+lb_micro"): "+16%",
-    ("qwen2_32b", "longalign", 2, "odc+lb_mini vs collective+lb_micro"): "-2% (17.3 -> 17.0)",
-}
-PAPER_BUBBLE = {("qwen2_14b", "longalign", 4): "collective+lb_micro 57%, odc+lb_mini 14%"}
 COMPARISONS = (("odc", "local_sort", "collective", "local_sort"), ("odc", "lb_micro", "collective", "lb_micro"),
                ("odc", "lb_mini", "collective", "lb_micro"))
 
@@ -88,43 +82,86 @@ def fig8_table(t: pd.DataFrame) -> list[str]:
     lines = ["## Fig. 8: SFT throughput, simulated (A100)", "",
              "Samples/s per series, speedup of each ODC series over its collective baseline, and bubble rates. "
              "Paper column: what the shared paper notes report for that cell (blank: not reported there).", ""]
-    present = [c for c in COMPARISONS if {f"{c[0]}+{c[1]}", f"{c[2]}+{c[3]}"} <= set(t["series"])]
+    devices = fig8_devices()
+    params = sweeper("fig8_sft")["params"]
+    sizes = [int(x) for x in str(params["minibatch_size"]).split(",")]
+    datasets = [x.strip() for x in str(params["dataset"]).split(",")]
+    f8 = t[t["model"].isin(devices) & (t["packing_ratio"] == 1) & (t["length_scale"] == 1)
+           & t["minibatch_size"].isin(sizes) & t["dataset"].isin(datasets)]
+    f8 = f8[f8["world_size"] == f8["model"].map(devices)]
+    series = sorted(set(f8["series"]))
+    present = [c for c in COMPARISONS if {f"{c[0]}+{c[1]}", f"{c[2]}+{c[3]}"} <= set(series)]
     head = ["model", "devices", "dataset", "mb/device"]
-    head += [f"{s} samples/s" for s in sorted(set(t["series"]))]
+    head += [f"{s} samples/s" for s in series]
     head += [f"{a}+{b} vs {c}+{d}" for a, b, c, d in present]
-    head += [f"bubble {s}" for s in sorted(set(t["series"]))]
+    head += [f"bubble {s}" for s in series]
     head += ["paper"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    devices = fig8_devices()
-    sizes = [int(x) for x in str(sweeper("fig8_sft")["params"]["minibatch_size"]).split(",")]
-    f8 = t[t["model"].isin(devices) & (t["packing_ratio"] == 1) & (t["length_scale"] == 1)
-           & t["minibatch_size"].isin(sizes)]
-    f8 = f8[f8["world_size"] == f8["model"].map(devices)]
     order = {m: i for i, m in enumerate(devices)}
     f8 = f8.sort_values(["model", "dataset", "minibatch_size"], key=lambda c: c.map(order) if c.name == "model" else c)
     for (model, dataset, mb), g in f8.groupby(["model", "dataset", "minibatch_size"], sort=False):
         s = g.set_index("series")
         cells = [model, str(devices[model]), dataset, str(mb)]
-        cells += [f"{s.loc[x, 'samples_per_s']:.3f}" if x in s.index else "" for x in sorted(set(t["series"]))]
-        for a, b, c, d in present:
-            x, y = f"{a}+{b}", f"{c}+{d}"
-            ok = x in s.index and y in s.index
-            cells.append(f"{s.loc[x, 'samples_per_s'] / s.loc[y, 'samples_per_s'] - 1:+.1%}" if ok else "")
-        cells += [f"{s.loc[x, 'bubble_rate']:.0%}" if x in s.index else "" for x in sorted(set(t["series"]))]
-        notes = [f"{cmp}: {v}" for (m2, d2, mb2, cmp), v in PAPER.items() if (m2, d2, mb2) == (model, dataset, mb)]
-        if (model, dataset, mb) in PAPER_BUBBLE:
-            notes.append("bubble " + PAPER_BUBBLE[(model, dataset, mb)])
+        cells += [f"{s.loc[x, 'samples_per_s']:.3f}" if x in s.index else "" for x in series]
+        cells += [_speedup(s, f"{a}+{b}", f"{c}+{d}") for a, b, c, d in present]
+        cells += [f"{s.loc[x, 'bubble_rate']:.0%}" if x in s.index else "" for x in series]
+        notes = [f"{cmp}: {v}" for (m2, d2, mb2, cmp), v in SFT_SPEEDUP.items()
+                 if (m2, d2, mb2) == (model, dataset, mb)]
+        if (model, dataset, mb) in SFT_BUBBLE:
+            notes.append("bubble " + SFT_BUBBLE[(model, dataset, mb)])
         cells.append("; ".join(notes))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-FIG10_PAPER = {
-    "minibatch_size": "peaks at a moderate minibatch size; about equal at 1",
-    "dataset.length_scale": "about +25% at 8K rising to about +35% at 128K",
-    "packing_ratio": "falls with packing ratio, about +15% at ratio 8",
-    "world_size": "rises with the device count (up to 32)",
-}
+def _speedup(s: pd.DataFrame, x: str, y: str) -> str:
+    """Series x's samples/s over series y's, minus 1, from rows indexed by series ("" if either is missing)."""
+    if x not in s.index or y not in s.index:
+        return ""
+    return f"{s.loc[x, 'samples_per_s'] / s.loc[y, 'samples_per_s'] - 1:+.1%}"
+
+
+# Fig. 9's series (sweeps/fig9_rl.yaml): ODC's two against both collective ones.
+RL_COMPARISONS = (("odc+lb_mini", "collective+verl"), ("odc+lb_mini", "collective+lb_micro"),
+                  ("odc+lb_micro", "collective+verl"), ("odc+lb_micro", "collective+lb_micro"),
+                  ("collective+lb_micro", "collective+verl"))
+
+
+def fig9_table(t: pd.DataFrame) -> list[str]:
+    """Samples/s and speedups of the RL sweep (dataset=grpo rows), with the range of ODC's speedups."""
+    rl = t[t["dataset"] == "grpo"]
+    lines = ["## Fig. 9: RL (GRPO) throughput, simulated (A100)", "",
+             "Samples/s per series (odc+lb_mini with equal sample counts per rank, as verl dispatches), "
+             "speedups and bubble rates; a PPO minibatch holds world_size x mb/device samples in whole groups "
+             f"(dataset.grpo.group_size responses per prompt). Paper: {RL_RANGE_TEXT}, per setting not published.", ""]
+    if rl.empty:
+        return lines + ["No dataset=grpo rows: run `python -m odc_bench.tools.sim_paper run`."]
+    series = sorted(set(rl["series"]))
+    present = [c for c in RL_COMPARISONS if set(c) <= set(series)]
+    head = ["model", "devices", "mb/device", "prompts per minibatch", *(f"{s} samples/s" for s in series),
+            *(f"{x} vs {y}" for x, y in present), *(f"bubble {s}" for s in series)]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    order = {m: i for i, m in enumerate(fig8_devices())}
+    rl = rl.sort_values(["model", "minibatch_size"], key=lambda c: c.map(order) if c.name == "model" else c)
+    best = []
+    for (model, devices, mb), g in rl.groupby(["model", "world_size", "minibatch_size"], sort=False):
+        s = g.set_index("series")
+        group = (yaml.safe_load(g["config"].iloc[0]) or {}).get("dataset", {}).get("grpo", {}).get("group_size")
+        cells = [model, str(devices), str(mb), f"{devices * mb // group}" if group else ""]
+        cells += [f"{s.loc[x, 'samples_per_s']:.3f}" if x in s.index else "" for x in series]
+        cells += [_speedup(s, x, y) for x, y in present]
+        cells += [f"{s.loc[x, 'bubble_rate']:.0%}" if x in s.index else "" for x in series]
+        lines.append("| " + " | ".join(cells) + " |")
+        odc = s[s.index.str.startswith("odc+")]["samples_per_s"]
+        coll = s[s.index.str.startswith("collective+")]["samples_per_s"]
+        if not odc.empty and not coll.empty:
+            best.append(odc.max() / coll.max() - 1)
+    if best:
+        lines += ["", f"The best ODC series over the best collective series, per setting: {min(best):+.1%} to "
+                      f"{max(best):+.1%} (paper: {RL_RANGE_TEXT})."]
+    return lines
+
+
 FIG10_COLUMN = {"minibatch_size": "minibatch_size", "dataset.length_scale": "length_scale",
                 "packing_ratio": "packing_ratio", "world_size": "world_size"}
 
@@ -138,7 +175,7 @@ def fig10_table(t: pd.DataFrame) -> list[str]:
     for key, values in factors.items():
         col = FIG10_COLUMN[key]
         label = "max length (K tokens)" if key == "dataset.length_scale" else col
-        lines += [f"### {label} (paper: {FIG10_PAPER[key]})", ""]
+        lines += [f"### {label} (paper: {FIG10_TRENDS[key]})", ""]
         series = sorted(set(g["series"]))
         head = [label, *(f"{a}+{b} vs {c}+{d}" for a, b, c, d in present), *(f"bubble {s}" for s in series)]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -148,10 +185,7 @@ def fig10_table(t: pd.DataFrame) -> list[str]:
                     & (g["packing_ratio"] == point["packing_ratio"])
                     & (g["length_scale"] == point["dataset.length_scale"])].set_index("series")
             cells = [f"{64 * v:g}" if key == "dataset.length_scale" else str(v)]
-            for a, b, c, d in present:
-                x, y = f"{a}+{b}", f"{c}+{d}"
-                ok = x in sel.index and y in sel.index
-                cells.append(f"{sel.loc[x, 'samples_per_s'] / sel.loc[y, 'samples_per_s'] - 1:+.1%}" if ok else "")
+            cells += [_speedup(sel, f"{a}+{b}", f"{c}+{d}") for a, b, c, d in present]
             cells += [f"{sel.loc[x, 'bubble_rate']:.0%}" if x in sel.index else "" for x in series]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -160,12 +194,15 @@ def fig10_table(t: pd.DataFrame) -> list[str]:
 
 def table(results_dir: Path, docs: Path) -> str:
     t = _key_columns(read_table(results_dir / "runs.csv"))
-    lines = ["# The paper's SFT experiments in simulation", "",
+    source = results_dir.resolve() / "runs.csv"
+    shown = source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source
+    lines = ["# The paper's experiments in simulation", "",
              "Generated by `python -m odc_bench.tools.sim_paper table` from "
-             f"`{(results_dir / 'runs.csv').relative_to(REPO_ROOT)}`; do not edit by hand. "
-             "Settings: the sweeps fig8_sft and fig10 with " + ", ".join(f"`{x}`" for x in PAPER_SETTINGS) + ". "
+             f"`{shown}`; do not edit by hand. "
+             "Settings: the sweeps " + ", ".join(SWEEPS_RUN) + " with "
+             + ", ".join(f"`{x}`" for x in PAPER_SETTINGS) + ". "
              "The model and why the numbers differ from the paper's: docs/simulator.md.", ""]
-    lines += fig8_table(t) + [""] + fig10_table(t)
+    lines += fig8_table(t) + [""] + fig10_table(t) + [""] + fig9_table(t)
     text = "\n".join(lines) + "\n"
     atomic_write_text(docs, text)
     return text

@@ -15,12 +15,14 @@ GROUP_OPTIONS = [(g.name, f.stem) for g in sorted(CONF.iterdir()) if g.is_dir() 
 
 
 def required_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
-    """What an option needs besides itself: real data to load, an engine that can run it."""
+    """What an option needs besides itself: real data to load, an engine that can run it, whole groups."""
     if (group, option) == ("dataset", "jsonl"):
         return [f"dataset.path={write_jsonl(tmp_path / 'd.jsonl', [300 + 40 * i for i in range(64)])}"]
     if (group, option) == ("dataset", "hf_disk"):
         data = write_hf_dataset(tmp_path / "ds", [50 + 5 * i for i in range(64)])
         return [f"dataset.path={data}", f"dataset.tokenizer={write_tokenizer(tmp_path / 'tok')}"]
+    if (group, option) == ("dataset", "grpo"):
+        return ["minibatch_size=8"]  # 2 ranks x 8 = one prompt's group of 16 responses
     if group == "balancer" and not BALANCERS[option].equal_counts:
         return ["engine=odc"]
     return []

@@ -4,7 +4,8 @@ from collections import Counter
 import pytest
 import torch
 
-from odc_bench.data.learnable import BRANCH_PROBS, entropy_rate, learnable_tokens, successor_table
+from odc_bench.data.chain import BRANCH_PROBS, entropy_rate
+from odc_bench.data.learnable import learnable_tokens, successor_table
 from odc_bench.tools.learnable_curve import train_curve
 
 

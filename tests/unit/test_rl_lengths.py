@@ -3,7 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from odc_bench.data.rl import AIME, GRPOSpec, fit_response, group_minibatches, grpo_draw, grpo_lengths, grpo_max_len
+from odc_bench.config.dataset import GrpoConfig
+from odc_bench.data.rl import AIME, fit_response, group_minibatches, grpo_draw, grpo_lengths, grpo_max_len
 
 # Many prompts, so that pool statistics sit close to the targets: with a group correlation of
 # 0.5 the group means vary by about 30%, so the pool mean's standard error is about
@@ -48,7 +49,7 @@ def test_group_members_share_their_prompts_difficulty():
     total = logs.var()
     # Clipping flattens the top, so the shared share is near, not at, group_correlation.
     assert 0.35 < 1 - within / total < 0.6
-    independent = grpo_draw(1, GRPOSpec(group_correlation=0.0), num_prompts=PROMPTS)[1]
+    independent = grpo_draw(1, GrpoConfig(group_correlation=0.0), num_prompts=PROMPTS)[1]
     assert abs(1 - np.log(independent).var(axis=1, ddof=1).mean() / np.log(independent).var()) < 0.05
 
 

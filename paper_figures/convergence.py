@@ -1,0 +1,181 @@
+"""Appendix analog: loss curves of every series on the learnable token source, against the step
+and against wall-clock time, and the largest per-step gap between series.
+
+Only runs on `dataset.tokens=learnable` are drawn (random ids give a loss curve that says nothing;
+data/learnable.py): the loss of a minibatch is read from the run's trace, its ranks' `loss_sum`
+over its labelled tokens (every token but the last of each document, counted from the trace's
+microbatch events), every minibatch warm-up included; its time is when its last rank finished,
+from the start of the run's first minibatch. The source's floor, its entropy rate
+(data/chain.py), is drawn as a dashed line.
+
+Runs that computed the same minibatches (one setting: workload, precision and seed) share a row
+of panels; one line per series. A series is engine x balancer, with any engine or balancer option
+whose value differs between the row's runs (say `engine.staleness`), so variants of an engine
+appear side by side without this module knowing them (every run of that engine is labelled
+with the option, so the legend reads alike in every panel). The table gives, per setting, each series'
+largest absolute and relative per-step gap from the baseline (Collective + LB-Micro where it ran,
+else the first series), at which step, and the final losses.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from odc_bench.data.chain import entropy_rate
+from odc_bench.results.series import SETTING, config_value
+from paper_figures.inputs import Inputs, Skip, by_source, read_trace, with_traces
+from paper_figures.series import BALANCER_NAMES, BASELINE, ENGINE_NAMES, describe_setting, ordered, palette, with_series
+
+NAME = "convergence"
+STEP_LABEL = "step (minibatch)"
+TIME_LABEL = "wall-clock time (s)"
+Y_LABEL = "loss (nats per token)"
+BASELINE_LABEL = f"{ENGINE_NAMES[BASELINE[0]]} + {BALANCER_NAMES[BASELINE[1]]}"
+
+
+def loss_curve(trace: pd.DataFrame) -> pd.DataFrame:
+    """step, loss and time of every minibatch in a run's trace (see the module's docstring)."""
+    mbs = trace[trace["kind"] == "minibatch"]
+    micro = trace[trace["kind"] == "microbatch"]
+    labelled = (micro["tokens"] - micro["samples"]).groupby(micro["minibatch"]).sum()
+    loss_sum = mbs.groupby("minibatch")["loss_sum"].sum()
+    end = mbs.groupby("minibatch")["t1"].max()
+    start = mbs.loc[mbs["minibatch"] == mbs["minibatch"].min(), "t0"].min()
+    steps = sorted(loss_sum.index)
+    return pd.DataFrame({"step": steps, "loss": [loss_sum[k] / labelled[k] for k in steps],
+                         "time": [end[k] - start for k in steps]})
+
+
+def _options(runs: pd.DataFrame, section: str, owner: str) -> pd.Series:
+    """`key=value, ...` of the `section` options (engine, balancer.options) that differ between
+    runs of the same `owner` (engine, balancer); "" where none do."""
+    values = config_value(runs, section).map(lambda v: v if isinstance(v, dict) else {})
+    out = pd.Series("", index=runs.index, dtype=object)
+    for _, idx in runs.groupby(owner).groups.items():
+        opts = values.loc[idx]
+        keys = sorted({k for d in opts for k in d if k != "name"})
+        differ = [k for k in keys if len({repr(d.get(k)) for d in opts}) > 1]
+        out.loc[idx] = opts.map(lambda d, differ=differ: ", ".join(f"{k}={d.get(k)}" for k in differ))
+    return out
+
+
+def label(runs: pd.DataFrame) -> pd.Series:
+    """Series labels: engine + balancer, and the options that tell this setting's runs apart."""
+    base = with_series(runs)["series"]
+    extra = _options(runs, "engine", "engine").str.cat(_options(runs, "balancer.options", "balancer"),
+                                                       sep=", ").str.strip(", ")
+    return base.where(extra == "", base + " [" + extra + "]")
+
+
+def learnable_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs on the learnable token source with a trace, each with its setting key."""
+    if runs.empty:
+        return runs
+    runs = runs[config_value(runs, "dataset.tokens") == "learnable"]
+    runs = with_traces(runs)
+    if runs.empty:
+        return runs
+    cols = [c for c in SETTING if c in runs]
+    return runs.assign(setting=runs[cols].astype(str).agg("|".join, axis=1))
+
+
+def curves(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run and step: setting, series, step, loss, time (repeats of a series averaged)."""
+    frames = []
+    labels = label(runs)
+    for i, row in runs.iterrows():
+        frames.append(loss_curve(read_trace(row)).assign(setting=row["setting"], series=labels[i]))
+    data = pd.concat(frames, ignore_index=True)
+    return data.groupby(["setting", "series", "step"], as_index=False)[["loss", "time"]].mean()
+
+
+def gaps(data: pd.DataFrame) -> pd.DataFrame:
+    """Per setting and non-baseline series: the largest per-step gap from the baseline series."""
+    rows = []
+    for setting, part in data.groupby("setting", sort=True):
+        loss = part.pivot(index="step", columns="series", values="loss")
+        series = ordered(loss.columns)
+        base = BASELINE_LABEL if BASELINE_LABEL in series else series[0]
+        for s in series:
+            if s == base:
+                continue
+            both = loss[[s, base]].dropna()
+            diff = (both[s] - both[base]).abs()
+            if diff.empty:
+                continue
+            worst = int(diff.idxmax())
+            rows.append({"setting": setting, "series": s, "baseline": base, "steps": len(both),
+                         "max |gap|": float(diff.max()), "at step": worst,
+                         "max relative gap": float((diff / both[base].abs()).max()),
+                         "mean |gap|": float(diff.mean()), "final loss": float(both[s].iloc[-1]),
+                         "baseline final loss": float(both[base].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+def plot(data: pd.DataFrame, titles: dict[str, str]) -> Figure:
+    """Two panels per setting: loss against step and against wall-clock time."""
+    settings = sorted(data["setting"].unique())
+    fig = Figure(figsize=(11, 3.6 * len(settings)))
+    axes = fig.subplots(len(settings), 2, squeeze=False)
+    hue_order = ordered(data["series"])
+    colors = palette(hue_order)
+    floor = entropy_rate()
+    for (ax_step, ax_time), setting in zip(axes, settings, strict=True):
+        part = data[data["setting"] == setting]
+        for s in hue_order:
+            line = part[part["series"] == s].sort_values("step")
+            if line.empty:
+                continue
+            ax_step.plot(line["step"], line["loss"], label=s, color=colors[s], lw=1.2)
+            ax_time.plot(line["time"], line["loss"], label=s, color=colors[s], lw=1.2)
+        for ax, xlabel in ((ax_step, STEP_LABEL), (ax_time, TIME_LABEL)):
+            ax.axhline(floor, color="black", ls="--", lw=0.8, gid="floor")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(Y_LABEL)
+            ax.set_title(titles[setting], fontsize=9)
+        ax_step.legend(fontsize=7)
+    fig.suptitle(f"Loss on the learnable token source (floor {floor:.2f} nats, dashed)")
+    fig.tight_layout()
+    return fig
+
+
+def table_text(table: pd.DataFrame, titles: dict[str, str]) -> str:
+    shown = table.assign(setting=table["setting"].map(titles))
+    body = shown.to_markdown(index=False, floatfmt=".4g")
+    return ("## Convergence: the largest per-step loss gap between series\n\n"
+            "Per setting, each series against the baseline on the same minibatches: the largest absolute "
+            "difference of the minibatch loss (nats per labelled token) over all steps, where it falls, the "
+            f"largest relative difference, the mean absolute one and both final losses; floor {entropy_rate():.3f}.\n\n"
+            f"{body}\n")
+
+
+def _title(row: pd.Series) -> str:
+    return f"{describe_setting(row)}, {row.get('precision')}, seed {row.get('seed')}"
+
+
+def render(inputs: Inputs) -> dict[str, object]:
+    if inputs.runs.empty:
+        raise Skip("no runs.csv tables found below the results root")
+    out: dict[str, object] = {}
+    for source, part in by_source(inputs.runs).items():
+        runs = learnable_runs(part)
+        if runs.empty:
+            continue
+        titles = {r["setting"]: _title(r) for _, r in runs.drop_duplicates("setting").iterrows()}
+        data = curves(runs)
+        out[f"{NAME}-{source}"] = plot(data, titles)
+        table = gaps(data)
+        out[f"{NAME}_gap-{source}"] = table_text(table, titles) if not table.empty else Skip(
+            "one series per setting: no gap to report")
+    if not out:
+        raise Skip("no run on dataset.tokens=learnable with a trace: run sweep=convergence")
+    return out
+
+
+if __name__ == "__main__":
+    from paper_figures.cli import main
+
+    sys.exit(main(only=NAME))
