@@ -61,14 +61,12 @@ def first_fit_decreasing(samples: Sequence[int], lengths: Sequence[int], max_tok
 
 
 def pack_fewest(samples: Sequence[int], lengths: Sequence[int], cost: CostModel, max_tokens: int) -> list[Microbatch]:
-    """As few microbatches as the token limit allows (no more than first-fit decreasing needs),
-    cost-balanced when a balanced split fits, first-fit decreasing's own packing only when none
-    does, even at its count (it fills the first bins and leaves the last ones light)."""
+    """As few microbatches as the token limit allows (no more than first-fit decreasing needs)."""
     if not samples:
         return []
     fallback = first_fit_decreasing(samples, lengths, max_tokens)
     fewest = max(1, math.ceil(sum(lengths[i] for i in samples) / max_tokens))
-    for k in range(fewest, len(fallback) + 1):
+    for k in range(fewest, len(fallback)):
         found = split_into(samples, lengths, cost, max_tokens, k)
         if found is not None:
             return heaviest_first(found, lengths, cost)

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from odc_bench.balancers.cost import CostModel, linear, quadratic
 from odc_bench.balancers.dynamic import DynamicOptions, dynamic_queue, scheduled
-from odc_bench.balancers.packing import first_fit_decreasing, pack_equal_counts, pack_exactly, pack_fewest
+from odc_bench.balancers.packing import pack_equal_counts, pack_exactly, pack_fewest
 from odc_bench.balancers.partition import balanced_partition, largest_differencing
 from odc_bench.balancers.plan import check_plan
 from odc_bench.balancers.quality import collective_time, lower_bound, odc_time
@@ -141,16 +141,6 @@ def test_pack_fewest_uses_the_fewest_microbatches_that_fit():
     assert len(mbs) == 3 and all(sum(lengths[i] for i in m) <= 100 for m in mbs)
     costs = [sum(lengths[i] for i in m) for m in mbs]
     assert costs == sorted(costs, reverse=True)
-
-
-def test_pack_fewest_balances_at_first_fit_decreasings_own_count():
-    # Two microbatches cannot hold these under 10 tokens; first-fit decreasing needs three and
-    # makes them [6, 3], [6], [5]. A cost-balanced split into three that fits is better for every
-    # engine that waits on its slowest microbatch: [6], [6], [5, 3].
-    lengths = [6, 6, 5, 3]
-    assert first_fit_decreasing(range(4), lengths, 10) == [[0, 3], [1], [2]]
-    mbs = pack_fewest(list(range(4)), lengths, linear(), 10)
-    assert sorted(sorted(lengths[i] for i in m) for m in mbs) == [[3, 5], [6], [6]]
 
 
 def test_pack_exactly_splits_until_the_count_is_reached():
