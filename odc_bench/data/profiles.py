@@ -1,18 +1,32 @@
 """Sequence-length profiles of the paper's datasets.
 
 The paper publishes summary numbers and plots (Fig. 7), not the per-sample lengths, so each
-profile is a log-normal fitted to those numbers and bounded to the dataset's range. The
-shape parameter (sigma) is our assumption, chosen to match the published plots' skew; load
-the real data (odc_bench.data.real) when exact lengths matter.
+profile is a log-normal fitted to the published mean and bounded to the dataset's published
+range; its spread (sigma) is our assumption. Load the real data (odc_bench.data.real) when
+exact lengths matter. Every published fact, with its source: docs/length_facts.md.
 
-| profile   | source numbers                                   | fitted here                          |
-|-----------|--------------------------------------------------|--------------------------------------|
-| longalign | LongAlign-10k: mean ~16.5K tokens, max 64K       | sigma 0.60, truncated to [1K, 64K]   |
-| swe_smith | SWE-smith trajectories: mean ~34.7K, mode ~18K,  | sigma 0.66, truncated to [2K, 128K]  |
-|           | long tail past 100K                              |                                      |
-| aime      | AIME RL rollouts: mean ~9K, less long-tailed;    | sigma 0.45, clipped to [512, 16K]:   |
-|           | responses stop at the generation limit           | overlong responses pile up at 16K    |
-| fixed     | (control) every sample at LongAlign's 64K maximum | no spread: the balanced workload     |
+| profile   | published, with its source                                  | fitted here                        |
+|-----------|-------------------------------------------------------------|------------------------------------|
+| longalign | mean ~16.5K and max 64K in the paper's counting (the paper; | log-normal, sigma 0.60 (assumed),  |
+|           | the reference's preprocess_dataset.py: R1-Distill tokenizer,| truncated to [8K, 64K]             |
+|           | chat template; its --max_token_len 65536); "8k to 64k" in   |                                    |
+|           | ChatGLM tokens (LongAlign, arXiv 2401.18058, section 3.2)   |                                    |
+| swe_smith | mean ~34.7K (the paper; the reference tokenizes the stored  | log-normal, sigma 0.66 (assumed),  |
+|           | messages string); SWE-smith's own fine-tuning cut at 32K    | truncated to [2K, 128K] (assumed)  |
+|           | (its configs/train), so longer trajectories exist; no max   |                                    |
+|           | or percentile published                                     |                                    |
+| aime      | RL rollouts: mean ~9K, less long-tailed (the paper);        | log-normal, sigma 0.45, clipped to |
+|           | responses stop at the generation limit (verl). i.i.d.;      | [512, 16K]: overlong responses     |
+|           | dataset=grpo draws prompts x groups instead (data/rl.py)    | pile up at 16K                     |
+| fixed     | (control) every sample at LongAlign's 64K maximum           | no spread: the balanced workload   |
+
+LongAlign's floor is 8K since the sensitivity study (tools/sensitivity.py, docs/sensitivity.md):
+the profile before it reached down to 1K, which put 18% of samples below the dataset's published
+8K. With the published floor the simulator gives the paper's collective and LB-Mini bubbles and
+LB-Mini's speedup at its 14B cell (bubble rates read as idle over busy time), which the 1K floor
+did not, and the best match of every profile tried that keeps the published facts; ODC +
+LB-Micro's speedup stays about half the paper's under all of them. SWE-smith's range is not
+published: its [2K, 128K] and sigma are assumptions.
 """
 
 from __future__ import annotations
@@ -34,6 +48,11 @@ class LengthProfile:
     # "truncate": draws outside the range are redrawn (SFT corpora filtered by length);
     # "clip": draws above the range are cut to max_len (RL responses hitting the limit).
     bound: str = "truncate"
+    # A share of samples drawn uniformly from [peak_from, max_len] instead of the log-normal
+    # (documents cut at the maximum, or a second mode of long ones); the log-normal's mean is
+    # fitted so that the whole draw keeps `mean`.
+    peak_fraction: float = 0.0
+    peak_from: int | None = None
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         if self.sigma == 0:
@@ -46,14 +65,32 @@ class LengthProfile:
         while out.size < n:
             x = rng.lognormal(mu, self.sigma, 2 * n)
             out = np.concatenate([out, x[(x >= self.min_len) & (x <= self.max_len)]])
-        return np.rint(out[:n]).astype(np.int64)
+        out = out[:n]
+        if self.peak_fraction > 0:
+            peak = rng.random(n) < self.peak_fraction
+            out[peak] = rng.uniform(self._peak_from, self.max_len, int(peak.sum()))
+        return np.rint(out).astype(np.int64)
+
+    @property
+    def _peak_from(self) -> int:
+        return self.max_len if self.peak_from is None else self.peak_from
+
+    def body_mean(self) -> float:
+        """The log-normal part's mean: what is left of `mean` after the mass near the maximum."""
+        p = self.peak_fraction
+        return (self.mean - p * (self._peak_from + self.max_len) / 2) / (1 - p)
 
     def _fit_mu(self) -> float:
         """The log-mean whose bounded distribution has the published mean (bisection)."""
         lo, hi = math.log(self.min_len), math.log(self.max_len)
+        target = self.body_mean()
+        if not self.min_len < target < self.max_len:
+            raise ValueError(f"profile {self.name}: a mean of {self.mean} cannot hold {self.peak_fraction:.1%} of "
+                             f"samples in [{self._peak_from}, {self.max_len}] with the rest in "
+                             f"[{self.min_len}, {self.max_len}]")
         for _ in range(60):
             mid = (lo + hi) / 2
-            if self._bounded_mean(mid) < self.mean:
+            if self._bounded_mean(mid) < target:
                 lo = mid
             else:
                 hi = mid
@@ -70,7 +107,7 @@ class LengthProfile:
 
 
 PROFILES: dict[str, LengthProfile] = {
-    "longalign": LengthProfile("longalign", mean=16_500, sigma=0.60, min_len=1_024, max_len=65_536,
+    "longalign": LengthProfile("longalign", mean=16_500, sigma=0.60, min_len=8_192, max_len=65_536,
                                num_samples=10_000),
     "swe_smith": LengthProfile("swe_smith", mean=34_700, sigma=0.66, min_len=2_048, max_len=131_072,
                                num_samples=5_000),
