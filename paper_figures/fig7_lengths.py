@@ -1,7 +1,8 @@
 """Fig. 7 analog: sequence-length distributions of the datasets.
 
 The paper's dataset profiles are metadata, not training, so they are drawn directly from
-odc_bench.data.profiles at paper scale (length_scale 1, seed 0). Real datasets' cached
+odc_bench.data.profiles at paper scale (length_scale 1, seed 0), and the RL panel from the GRPO
+workload Fig. 9 trains on (odc_bench.data.rl, its default pool: prompts x groups of 16). Real datasets' cached
 lengths (`lengths/*.npy` below the results root, or `--lengths FILE.npy`) get a panel each.
 The long right tails are what makes fixed packing leave devices idle.
 """
@@ -16,18 +17,22 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from odc_bench.data.profiles import PROFILES, profile_lengths
+from odc_bench.data.rl import grpo_lengths
 from paper_figures.inputs import Inputs
 
 NAME = "fig7_lengths"
 X_LABEL = "sequence length (tokens)"
 Y_LABEL = "samples"
 BINS = 50
-# The paper's datasets (Fig. 7); other profiles (controls such as fixed lengths) are left out.
-PAPER_PROFILES = ("longalign", "swe_smith", "aime")
+# The paper's SFT datasets (Fig. 7); other profiles (controls such as fixed lengths, and aime,
+# whose i.i.d. samples the GRPO workload replaces) are left out.
+PAPER_PROFILES = ("longalign", "swe_smith")
+RL_PANEL = "grpo (workload)"
 
 
 def profiles(seed: int = 0) -> dict[str, np.ndarray]:
-    return {name: profile_lengths(name, 1.0, seed) for name in PAPER_PROFILES if name in PROFILES}
+    drawn = {f"{name} (profile)": profile_lengths(name, 1.0, seed) for name in PAPER_PROFILES if name in PROFILES}
+    return drawn | {RL_PANEL: grpo_lengths(seed)}
 
 
 def _tokens(n: float) -> str:
@@ -42,8 +47,7 @@ def plot(lengths: dict[str, np.ndarray], real: frozenset[str] = frozenset()) -> 
         sns.histplot(x=values, bins=BINS, ax=ax, color="#4c72b0" if name not in real else "#dd8452")
         mean = float(np.mean(values))
         ax.axvline(mean, color="black", ls="--", lw=1, gid="mean")
-        label = name if name in real else f"{name} (profile)"
-        ax.set_title(f"{label}\nmean {_tokens(mean)}, max {_tokens(values.max())}, n={len(values)}")
+        ax.set_title(f"{name}\nmean {_tokens(mean)}, max {_tokens(values.max())}, n={len(values)}")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens(v)))
         ax.set_xlabel(X_LABEL)
         ax.set_ylabel(Y_LABEL)

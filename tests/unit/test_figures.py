@@ -152,7 +152,7 @@ def test_fig7_has_one_histogram_per_profile_and_real_dataset(tmp_path):
     np.save(tmp_path / "mine.npy", np.array([10, 20, 20, 30, 400]))
     fig = _only(fig7_lengths.render(load(tmp_path / "nowhere", [tmp_path / "mine.npy"])), "fig7_lengths")
     titles = [ax.get_title().split("\n")[0] for ax in fig.axes]
-    assert titles == [f"{p} (profile)" for p in fig7_lengths.PAPER_PROFILES] + ["mine (real)"]
+    assert titles == [f"{p} (profile)" for p in fig7_lengths.PAPER_PROFILES] + [fig7_lengths.RL_PANEL, "mine (real)"]
     assert set(fig7_lengths.PAPER_PROFILES) <= set(PROFILES)
     for ax in fig.axes:
         assert ax.get_xlabel() == fig7_lengths.X_LABEL and ax.get_ylabel() == fig7_lengths.Y_LABEL
