@@ -33,8 +33,6 @@ from odc_bench.config.model import ModelConfig
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import train_flops
 
-COST_MODELS = ("linear", "quadratic", "flops", "calibrated")
-
 # The reference implementation's fits of measured time, with x = length / 32000.
 QUADRATIC_FITS: dict[str, tuple[float, float]] = {
     "1p5b": (1.982122, 2.611821),

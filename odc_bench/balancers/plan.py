@@ -27,7 +27,3 @@ def check_plan(plan: Plan, lengths: Sequence[int], world_size: int, max_tokens: 
             tokens = sum(lengths[i] for i in mb)
             if tokens > max_tokens:
                 raise ValueError(f"rank {r} has a microbatch of {tokens} tokens over the limit {max_tokens}")
-
-
-def microbatch_counts(plan: Plan) -> list[int]:
-    return [len(rank) for rank in plan]

@@ -5,7 +5,7 @@ these, so adding a balancer is its module, one entry below and one config file
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from odc_bench.balancers.cost import CostModel
@@ -52,10 +52,6 @@ def balancer_spec(name: str) -> BalancerSpec:
 def balancer_options(name: str, values: Mapping[str, Any]) -> Any:
     """balancer.options.* as the balancer's options object; ConfigError naming a bad key."""
     return build(balancer_spec(name).options, values, "balancer.options.")
-
-
-def option_values(options: Any) -> dict[str, Any]:
-    return asdict(options)
 
 
 def plan_minibatch(spec: BalancerSpec, options: Any, lengths: Sequence[int], world_size: int, max_tokens: int,
