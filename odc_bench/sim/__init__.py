@@ -2,13 +2,14 @@
 
 It takes the same RunSpec as real ranks (the balancer's plan for every minibatch), computes
 every rank's timeline from a hardware profile, and returns the same event trace, so the run's
-row comes from metrics.summarize exactly as for a real run. The model and its assumptions:
+row comes from the same metrics as a real run's. The model and its assumptions:
 docs/simulator.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ import pandas as pd
 from odc_bench.balancers.schedule import list_schedule
 from odc_bench.config.backend import SimBackendConfig
 from odc_bench.plan.spec import RunSpec
-from odc_bench.sim.events import trace_frame
+from odc_bench.sim.events import totals, trace_frame
 from odc_bench.sim.hardware import EngineCosts, load_profile
 from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.timeline import Timeline, collective, odc
@@ -24,15 +25,31 @@ from odc_bench.sim.timeline import Timeline, collective, odc
 
 @dataclass
 class Simulation:
-    events: pd.DataFrame
+    """A simulated run: its timeline, compute per (unit kind, direction) column (M, R, J, K;
+    layout.position_cost_index names each position's), microbatch counts (M, R), tokens and
+    samples per microbatch (M, R, J)."""
+
+    layout: Layout
     timeline: Timeline
     comp: np.ndarray
     nmb: np.ndarray
+    tokens: np.ndarray
+    samples: np.ndarray
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """The run's trace, as real ranks write it (needs simulate(..., trace=True))."""
+        return trace_frame(self.layout, self.timeline, self.comp, self.nmb, self.tokens, self.samples)
+
+    def totals(self, warmup: int) -> dict[str, float]:
+        """What the row's timing columns come from (record.metrics.summary), without the trace."""
+        return totals(self.layout, self.timeline, self.comp, self.nmb, warmup)
 
 
 def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: Layout, knots: tuple[float, ...] = ()
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Compute seconds (M, R, J, P), microbatch counts (M, R), tokens and samples (M, R, J)."""
+    """Compute seconds per (kind, phase) column (M, R, J, 6), microbatch counts (M, R), tokens
+    and samples (M, R, J)."""
     world = spec.world_size
     plans: list[list[list[tuple[np.ndarray, int]]]] = []
     for mb in spec.minibatches:
@@ -50,9 +67,7 @@ def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: La
             for j, (f, n) in enumerate(rank):
                 feats[m, r, j] = f
                 samples[m, r, j] = n
-    per_kind = feats @ table.T  # (M, R, J, 6): seconds per (kind, phase)
-    comp = per_kind[..., layout.position_cost_index]
-    return comp, nmb, feats[..., 1], samples
+    return feats @ table.T, nmb, feats[..., 1], samples
 
 
 def _micro(lengths: list[int], micro: list[int], knots: tuple[float, ...]) -> tuple[np.ndarray, int]:
@@ -79,8 +94,9 @@ def claimed(lengths: list[int], queue: list[list[int]], world: int, table: np.nd
     return [[micros[i] for i in rank] for rank in list_schedule(seconds, world)]
 
 
-def simulate(spec: RunSpec) -> Simulation:
-    """Every rank's events for the whole run, as a real run's trace."""
+def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
+    """Every rank's timeline for the whole run; with `trace`, also what its event trace needs
+    (Simulation.events): per-position start times, (M, R, J, P)."""
     config = spec.config
     backend = config.backend
     assert isinstance(backend, SimBackendConfig)
@@ -89,10 +105,12 @@ def simulate(spec: RunSpec) -> Simulation:
     layout = Layout(config.model)
     profile = load_profile(backend.hardware, config.model.name)
     table = profile.compute_table(layout, backend.recompute)
-    costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes)
+    costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
+                                 config.engine.options.shard, backend.odc_fetch)
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)
+    columns = layout.position_cost_index
     if timeline == "collective":
-        tl = collective(comp, nmb, tokens, costs)
+        tl = collective(comp, nmb, tokens, costs, columns=columns)
     else:
-        tl = odc(comp, nmb, tokens, costs, passes=backend.contention_passes)
-    return Simulation(trace_frame(layout, tl, comp, nmb, tokens, samples), tl, comp, nmb)
+        tl = odc(comp, nmb, tokens, costs, passes=backend.contention_passes, columns=columns, record=trace)
+    return Simulation(layout, tl, comp, nmb, tokens, samples)
