@@ -51,28 +51,33 @@ def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: La
     """Compute seconds per (kind, phase) column (M, R, J, 6), microbatch counts (M, R), tokens
     and samples (M, R, J)."""
     world = spec.world_size
-    plans: list[list[list[tuple[np.ndarray, int]]]] = []
+    plans: list[list[list[list[int]]]] = []
     for mb in spec.minibatches:
         if mb.queue is not None:
             plans.append(claimed(mb.lengths, mb.queue, world, table, costs, layout, knots))
         else:
-            plans.append([[_micro(mb.lengths, micro, knots) for micro in rank] for rank in mb.plan])
+            plans.append(mb.plan)
     M, J = len(plans), max((len(rank) for plan in plans for rank in plan), default=0)
-    feats = np.zeros((M, world, max(J, 1), table.shape[1]))
-    samples = np.zeros((M, world, max(J, 1)))
-    nmb = np.zeros((M, world), dtype=np.int64)
-    for m, plan in enumerate(plans):
+    J = max(J, 1)
+    nmb = np.array([[len(rank) for rank in plan] for plan in plans], dtype=np.int64).reshape(M, world)
+    # Every document once, with the flat (m, r, j) slot of its microbatch: the features of all
+    # microbatches are then sums over slots (layout.doc_features, vectorised).
+    docs, slots = [], []
+    for m, (plan, mb) in enumerate(zip(plans, spec.minibatches, strict=True)):
+        lengths = mb.lengths
         for r, rank in enumerate(plan):
-            nmb[m, r] = len(rank)
-            for j, (f, n) in enumerate(rank):
-                feats[m, r, j] = f
-                samples[m, r, j] = n
-    return feats @ table.T, nmb, feats[..., 1], samples
-
-
-def _micro(lengths: list[int], micro: list[int], knots: tuple[float, ...]) -> tuple[np.ndarray, int]:
-    """A microbatch's compute features (layout.doc_features) and its number of samples."""
-    return doc_features([lengths[i] for i in micro], knots), len(micro)
+            base = (m * world + r) * J
+            for j, micro in enumerate(rank):
+                docs.extend(lengths[i] for i in micro)
+                slots.extend([base + j] * len(micro))
+    lens = np.asarray(docs, dtype=float)
+    slot = np.asarray(slots, dtype=np.int64)
+    size = M * world * J
+    columns = [np.bincount(slot, minlength=size).astype(float), np.bincount(slot, lens, size),
+               np.bincount(slot, lens * lens, size)]
+    columns += [np.bincount(slot, np.maximum(lens - k, 0.0) ** 2, size) for k in knots]
+    feats = np.stack([(columns[0] > 0).astype(float), *columns[1:]], axis=-1).reshape(M, world, J, -1)
+    return feats @ table.T, nmb, feats[..., 1], columns[0].reshape(M, world, J)
 
 
 def microbatch_estimate(features: np.ndarray, table: np.ndarray, costs: EngineCosts, layout: Layout) -> float:
@@ -85,13 +90,12 @@ def microbatch_estimate(features: np.ndarray, table: np.ndarray, costs: EngineCo
 
 
 def claimed(lengths: list[int], queue: list[list[int]], world: int, table: np.ndarray,
-            costs: EngineCosts, layout: Layout, knots: tuple[float, ...] = ()
-            ) -> list[list[tuple[np.ndarray, int]]]:
+            costs: EngineCosts, layout: Layout, knots: tuple[float, ...] = ()) -> list[list[list[int]]]:
     """The dynamic balancer at run time: each rank claims the queue's next microbatch as soon
     as it is free, so microbatch k goes to the rank that frees up first."""
-    micros = [_micro(lengths, micro, knots) for micro in queue]
-    seconds = [microbatch_estimate(f, table, costs, layout) for f, _ in micros]
-    return [[micros[i] for i in rank] for rank in list_schedule(seconds, world)]
+    seconds = [microbatch_estimate(doc_features([lengths[i] for i in micro], knots), table, costs, layout)
+               for micro in queue]
+    return [[queue[i] for i in rank] for rank in list_schedule(seconds, world)]
 
 
 def simulate(spec: RunSpec, trace: bool = True) -> Simulation:

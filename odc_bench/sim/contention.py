@@ -4,8 +4,9 @@ The ODC timeline (timeline.py) is a fixed point: each pass times transfers by th
 working at that moment according to the pass before (all of them in the first). Those counts
 are step functions of time with one step per rank finishing, so a pass tabulates them once per
 minibatch and each batch of transfers looks them up with one sorted search: O(M R log R) to
-build and O(M R g) per lookup for M minibatches, R ranks and g ranks per node (the counts of a
-rank's own node and rail are summed over its node's ranks directly), whatever the node count.
+build and O(M R (log R + g)) per lookup for M minibatches, R ranks and g ranks per node (the
+counts of a rank's own node and rail are summed over its node's ranks directly), whatever the
+node count; lookups before a minibatch's first rank finishes need no search.
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ class Contention:
         self.stride = self.horizon + 3.0
         order = np.argsort(f, axis=1)
         self.keys = (np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None]).ravel()
-        self.node_finish = f.reshape(M, net.nodes, 1, g)
-        self.rail_finish = f.reshape(M, net.nodes, 1, g // net.rails, net.rails)
+        rank = np.arange(R)
+        local = rank % g
+        self.node_group = (np.arange(M)[:, None] * net.nodes + rank // g).ravel()  # (M * R,): row of node_finish
+        self.node_finish = f.reshape(M * net.nodes, g)
+        per_rail = g // net.rails
+        self.rail_group = self.node_group * net.rails + np.tile(local % net.rails, M)
+        self.rail_finish = np.swapaxes(f.reshape(M, net.nodes, per_rail, net.rails), 2, 3).reshape(-1, per_rail)
         # The most finished ranks in any node, and in any node but that one, after k ranks have
         # finished (k = 0..R): each finish raises its node's count by one, to its rank among
         # the node's finishes (`occ`); the largest count so far is a running maximum of occ,
@@ -63,32 +69,57 @@ class Contention:
         self.most = np.concatenate([zero, np.maximum.accumulate(occ, axis=1)], axis=1).ravel()
         self.second = np.concatenate([zero, np.maximum.accumulate(np.where(arrival > 1, occ, 0), axis=1)],
                                      axis=1).ravel()
+        # Until a minibatch's first rank finishes, only the ranks without work count as done:
+        # most queries fall there, and take the counts tabulated here instead of a search.
+        idle = f == -1.0
+        working = np.where(idle, np.inf, f)
+        self.first = working.min(axis=1)
+        idle_count = idle.sum(axis=1)
+        idle_in_node = idle.reshape(M, net.nodes, g).sum(axis=2).repeat(g, axis=1)
+        by_rail = idle.reshape(M, net.nodes, per_rail, net.rails)
+        idle_on_rail = np.broadcast_to(by_rail.sum(axis=2, keepdims=True), by_rail.shape).reshape(M, R)
+        row = np.arange(M) * (R + 1) + idle_count
+        self.early_loc = g - idle_in_node
+        self.early_tot = (R - idle_count)[:, None]
+        self.early_min_remote = g - np.where(idle_in_node == self.most[row, None], self.second[row, None],
+                                             self.most[row, None])
+        self.early_rail = per_rail - idle_on_rail
 
-    def transfer(self, nbytes: float, at: np.ndarray, from_peer: float | np.ndarray = 0.0) -> np.ndarray:
+    def transfer(self, nbytes: float, at: np.ndarray, from_peer: float | np.ndarray = 0.0,
+                 needed: np.ndarray | None = None) -> np.ndarray:
         """Seconds of every rank's transfer of `nbytes` starting at `at` (M, R); `from_peer`
-        bytes of it taken from a rank of the node (Network.transfer_time)."""
+        bytes of it taken from a rank of the node (Network.transfer_time). Where `needed` is
+        False (a rank past its last microbatch) the result is not used, and not searched for."""
         net = self.net
         if net.nodes == 1:
             one = np.ones(at.shape)
             return net.transfer_time(nbytes, one, one, one)
         M, R = self.shape
         g = net.gpus_per_node
-        m = np.arange(M)[:, None]
         query = np.minimum(at, self.horizon + 0.5)
-        k = np.searchsorted(self.keys, (query + self.stride * m).ravel(), side="right").reshape(M, R) - m * R
-        row = (m * (R + 1) + k).ravel()
-        node_done = (self.node_finish <= query.reshape(M, net.nodes, g, 1)).sum(axis=-1).reshape(M, R)
+        late = query >= self.first[:, None]
+        late = np.flatnonzero(late if needed is None else late & needed)
         # A rank is busy at its own transfer even if the previous pass had it finish earlier.
         self_done = self.finish <= at
-        k_loc = (g - node_done) + self_done
-        k_tot = (R - k) + self_done
-        most, second = self.most[row].reshape(M, R), self.second[row].reshape(M, R)
-        k_min_remote = g - np.where(node_done == most, second, most)
-        k_rail = None
-        if net.rails > 1:
-            per_rail = g // net.rails
-            q = query.reshape(M, net.nodes, per_rail, net.rails)[:, :, :, None, :]
-            k_rail = (per_rail - (self.rail_finish <= q).sum(axis=3)).reshape(M, R) + self_done
+        k_loc = self.early_loc + self_done
+        k_tot = self.early_tot + self_done
+        k_min_remote = self.early_min_remote
+        k_rail = None if net.rails == 1 else self.early_rail + self_done
+        if late.size:
+            q = query.ravel()[late]
+            m = late // R
+            k = np.searchsorted(self.keys, q + self.stride * m, side="right") - m * R
+            node_done = (self.node_finish[self.node_group[late]] <= q[:, None]).sum(axis=1)
+            row = m * (R + 1) + k
+            most, second = self.most[row], self.second[row]
+            done = self_done.ravel()[late]
+            k_loc.ravel()[late] = (g - node_done) + done
+            k_tot.ravel()[late] = (R - k) + done
+            k_min_remote = k_min_remote.copy()
+            k_min_remote.ravel()[late] = g - np.where(node_done == most, second, most)
+            if k_rail is not None:
+                rail_done = (self.rail_finish[self.rail_group[late]] <= q[:, None]).sum(axis=1)
+                k_rail.ravel()[late] = (g // net.rails - rail_done) + done
         if self.weight is not None:
             w = self.weight
             k_loc = 1 + w * (k_loc - 1)

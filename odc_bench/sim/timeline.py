@@ -150,10 +150,11 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
     units = np.concatenate([np.arange(P // 2), np.arange(P // 2)[::-1]])
     serial = bool(np.any(c.pre) or np.any(c.pre_tok))
 
-    def transfer(nbytes: float, at: np.ndarray, from_peer: float | np.ndarray = 0.0) -> np.ndarray | float:
+    def transfer(nbytes: float, at: np.ndarray, needed: np.ndarray, from_peer: float | np.ndarray = 0.0
+                 ) -> np.ndarray | float:
         if nbytes <= 0 or contention is None:
             return 0.0
-        return contention.transfer(nbytes, at, from_peer)
+        return contention.transfer(nbytes, at, from_peer, needed)
 
     start = np.zeros((M, R, J, P)) if record else None
     hold_s, hold_e = (np.zeros((M, R, J, P)), np.zeros((M, R, J, P))) if holds else (None, None)
@@ -161,7 +162,7 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
     mb_t0, mb_t1 = np.zeros((M, R, J)), np.zeros((M, R, J))
     g_chan, p_chan = np.zeros((M, R)), np.zeros((M, R))
     t = np.full((M, R), c.barrier_s)  # parameters of the last optimizer step become visible
-    g_end = t + transfer(c.gather_load[0], t)
+    g_end = t + transfer(c.gather_load[0], t, nmb > 0)
     g_chan[:] = g_end
     peer = np.zeros((M, R), bool)  # whether the gather now arriving came from a rank of the node
     for j in range(J):
@@ -177,11 +178,11 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
             nxt_act = act if p + 1 < P else (j + 1 < nmb)
             g_start = np.maximum(b, g_chan)
             q = (p + 1) % P
-            took = transfer(c.gather_load[q], g_start)
+            took = transfer(c.gather_load[q], g_start, nxt_act)
             was_peer = peer
             if holders is not None and c.gather_bytes is not None and c.gather_load[q] > 0:
                 held = holders.held(int(units[q]), g_start)
-                via_peer = transfer(c.gather_load[q], g_start, float(c.gather_bytes[q]))
+                via_peer = transfer(c.gather_load[q], g_start, nxt_act, float(c.gather_bytes[q]))
                 peer = held & (via_peer < took)
                 took = np.where(peer, via_peer, took)
                 gathers += nxt_act.sum(axis=1)
@@ -197,7 +198,7 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
                 p_start = np.maximum(e, p_chan)
                 gathered = 0.0 if holders is None or c.gather_bytes is None else np.where(
                     was_peer, c.gather_bytes[p], 0.0)
-                p_chan = np.where(act, p_start + transfer(c.push_load[p], p_start, gathered), p_chan)
+                p_chan = np.where(act, p_start + transfer(c.push_load[p], p_start, act, gathered), p_chan)
             prev_end = e
         end = prev_end + c.tail + c.tail_tok * tok if c.tail or c.tail_tok else prev_end
         mb_t1[:, :, j] = end
