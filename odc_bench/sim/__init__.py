@@ -62,7 +62,8 @@ def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: La
     nmb = np.array([[len(rank) for rank in plan] for plan in plans], dtype=np.int64).reshape(M, world)
     # Every document once, with the flat (m, r, j) slot of its microbatch: the features of all
     # microbatches are then sums over slots (layout.doc_features, vectorised).
-    docs, slots = [], []
+    docs: list[int] = []
+    slots: list[int] = []
     for m, (plan, mb) in enumerate(zip(plans, spec.minibatches, strict=True)):
         lengths = mb.lengths
         for r, rank in enumerate(plan):
@@ -70,7 +71,7 @@ def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: La
             for j, micro in enumerate(rank):
                 docs.extend(lengths[i] for i in micro)
                 slots.extend([base + j] * len(micro))
-    lens = np.asarray(docs, dtype=float)
+    lens = np.asarray(docs, dtype=np.float64)
     slot = np.asarray(slots, dtype=np.int64)
     size = M * world * J
     columns = [np.bincount(slot, minlength=size).astype(float), np.bincount(slot, lens, size),
