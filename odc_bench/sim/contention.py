@@ -21,14 +21,11 @@ class Contention:
 
     finish: (M, R) seconds from the minibatch's start; +inf where not known yet (a rank with
     work in the first pass: active throughout), -inf for a rank without work (never active).
-    `weight` (M,) in [0, 1] scales the other ranks' counts: the share of their transfers that
-    cross the network (topology-aware fetch serves the others within the node).
     """
 
-    def __init__(self, net: Network, finish: np.ndarray, weight: np.ndarray | None = None) -> None:
+    def __init__(self, net: Network, finish: np.ndarray) -> None:
         M, R = finish.shape
         self.net, self.shape = net, (M, R)
-        self.weight = None if weight is None else np.asarray(weight, dtype=float)[:, None]
         if net.nodes == 1:
             return
         g = net.gpus_per_node
@@ -99,8 +96,9 @@ class Contention:
         query = np.minimum(at, self.horizon + 0.5)
         late = query >= self.first[:, None]
         late = np.flatnonzero(late if needed is None else late & needed)
-        # A rank is busy at its own transfer even if the previous pass had it finish earlier.
-        self_done = self.finish <= at
+        # A rank is busy at its own transfer even if the previous pass had it finish earlier
+        # (counted as done by the same clipped time as the others).
+        self_done = self.finish <= query
         k_loc = self.early_loc + self_done
         k_tot = self.early_tot + self_done
         k_min_remote = self.early_min_remote
@@ -120,11 +118,6 @@ class Contention:
             if k_rail is not None:
                 rail_done = (self.rail_finish[self.rail_group[late]] <= q[:, None]).sum(axis=1)
                 k_rail.ravel()[late] = (g // net.rails - rail_done) + done
-        if self.weight is not None:
-            w = self.weight
-            k_loc = 1 + w * (k_loc - 1)
-            k_tot = k_min_remote + 1 + w * (k_tot - k_min_remote - 1)
-            k_rail = None if k_rail is None else 1 + w * (k_rail - 1)
         return net.transfer_time(nbytes, k_loc, k_tot, k_min_remote, k_rail, from_peer)
 
 

@@ -10,8 +10,10 @@ Collective (FSDP2): every position is a barrier. Its compute starts on all ranks
 slowest rank has finished the previous position (plus the serial overhead `pre`) and its
 all-gather has arrived. All-gathers are prefetched one position ahead (issued when the
 previous position starts) and reduce-scatters issued when a backward position ends; both
-share one FIFO channel, as NCCL runs a process group's collectives in issue order. A
-microbatch ends when its last reduce-scatter is done.
+share one FIFO channel, as NCCL runs a process group's collectives in issue order. With
+hybrid sharding each reduce-scatter (within the node) is followed by an all-reduce of the
+unit's gradient shard across nodes, on a second FIFO channel (another process group). A
+microbatch ends when its last reduce-scatter (and all-reduce) is done.
 
 ODC: each rank runs alone: a position's compute waits only for its own previous compute and
 its gather, prefetched one position ahead on the rank's own gather channel; pushes
@@ -19,9 +21,10 @@ its gather, prefetched one position ahead on the rank's own gather channel; push
 depend on how many ranks are communicating at that moment (hardware.Network); which ranks
 are still working is taken from the previous pass's finish times, starting from "all of
 them", for a few fixed-point passes (contention.py). At the end of its microbatches a rank
-waits until every rank's pushes have landed (one barrier), then steps the optimizer. With
-topology-aware fetch, a gather takes its remote shards from a rank of its own node that holds
-the unit at that moment (again from the previous pass), when that is faster.
+waits until every rank's pushes have landed (one barrier), then (hybrid sharding) all-reduces
+its shard's gradient across nodes, then steps the optimizer. With topology-aware fetch, a
+gather takes its remote shards from a rank of its own node that holds the unit at that moment
+(whose hold intervals come from the previous pass, as the counts do), when that is faster.
 
 Compute comes per (unit kind, direction) column, `comp` (M, R, J, K), with `columns` (P,)
 naming each position's column: every decoder layer costs the same, so the (M, R, J, P) array
@@ -127,26 +130,25 @@ def odc(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, p
     net = c.network
     # Within one node the counts never change a transfer (Network), so one pass is the fixed point.
     n = max(1, passes) if net is not None and (net.nodes > 1 or c.fetch_nearest) else 1
-    holders, weight = None, None
+    holders = None
     for i in range(n):
         last = i == n - 1
-        timeline, finish, held = _odc_pass(comp, cols, nmb, tokens, c, finish, holders, weight,
+        timeline, finish, held = _odc_pass(comp, cols, nmb, tokens, c, finish, holders,
                                            record=record and last, holds=c.fetch_nearest and not last)
         if held is not None:
             assert net is not None
-            holders, weight = Holders(net, *held[:2], nmb), held[2]
+            holders = Holders(net, *held, nmb)
     return timeline
 
 
 def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts,
-              finish: np.ndarray, holders: Holders | None, weight: np.ndarray | None, record: bool, holds: bool
-              ) -> tuple[Timeline, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+              finish: np.ndarray, holders: Holders | None, record: bool, holds: bool
+              ) -> tuple[Timeline, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """One pass; with `holds` also when each rank held each position's unit (from its gather's
-    end to its compute's end, (M, R, J, P) each) and the share of gathers that crossed the
-    network per minibatch, for the next pass's topology-aware fetch."""
+    end to its compute's end, (M, R, J, P) each), for the next pass's topology-aware fetch."""
     M, R, J, _ = comp.shape
     P = cols.size
-    contention = Contention(c.network, finish, weight) if c.network is not None else None
+    contention = Contention(c.network, finish) if c.network is not None else None
     units = np.concatenate([np.arange(P // 2), np.arange(P // 2)[::-1]])
     serial = bool(np.any(c.pre) or np.any(c.pre_tok))
 
@@ -158,7 +160,6 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
 
     start = np.zeros((M, R, J, P)) if record else None
     hold_s, hold_e = (np.zeros((M, R, J, P)), np.zeros((M, R, J, P))) if holds else (None, None)
-    gathers, remote = np.zeros(M), np.zeros(M)
     mb_t0, mb_t1 = np.zeros((M, R, J)), np.zeros((M, R, J))
     g_chan, p_chan = np.zeros((M, R)), np.zeros((M, R))
     t = np.full((M, R), c.barrier_s)  # parameters of the last optimizer step become visible
@@ -185,8 +186,6 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
                 via_peer = transfer(c.gather_load[q], g_start, nxt_act, float(c.gather_bytes[q]))
                 peer = held & (via_peer < took)
                 took = np.where(peer, via_peer, took)
-                gathers += nxt_act.sum(axis=1)
-                remote += (nxt_act & ~peer).sum(axis=1)
             g_end_next = g_start + took
             g_chan = np.where(nxt_act, g_end_next, g_chan)
             e = b + comp[:, :, j, cols[p]]
@@ -210,7 +209,4 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
     finish = np.where(nmb > 0, np.maximum(done, g_chan), -np.inf)
     timeline = Timeline(start=start, mb_t0=mb_t0, mb_t1=mb_t1, sync_t0=t, sync_t1=sync_t1, opt_t1=opt_t1,
                         duration=opt_t1[:, 0].copy())
-    if hold_s is None or hold_e is None:
-        return timeline, finish, None
-    weight = np.where(gathers > 0, remote / np.maximum(gathers, 1), 1.0) if holders is not None else np.ones(M)
-    return timeline, finish, (hold_s, hold_e, weight)
+    return timeline, finish, None if hold_s is None or hold_e is None else (hold_s, hold_e)
