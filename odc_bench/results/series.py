@@ -43,6 +43,28 @@ def engine_variants(table: pd.DataFrame) -> pd.Series:
     return table.apply(variant, axis=1).astype(str)
 
 
+# How a run laid out and fetched its shards (engine.shard, backend.odc_fetch), when not the
+# default (every unit sharded over all ranks, shards read from their owners): runs of different
+# layouts are different workloads, drawn and compared apart.
+LAYOUTS = {"": "full sharding", "hybrid": "hybrid sharding", "nearest": "topology-aware fetch"}
+
+
+def layouts(table: pd.DataFrame) -> pd.Series:
+    """Each row's layout: "hybrid" (engine.shard=hybrid), "nearest" (backend.odc_fetch=nearest
+    with full sharding), or "" (the default, and every row from before these keys)."""
+    def layout(config: object) -> str:
+        if not isinstance(config, str) or "shard: hybrid" not in config and "odc_fetch: nearest" not in config:
+            return ""
+        parsed = yaml.safe_load(config) or {}
+        if (parsed.get("engine") or {}).get("shard") == "hybrid":
+            return "hybrid"
+        return "nearest" if (parsed.get("backend") or {}).get("odc_fetch") == "nearest" else ""
+
+    if table.empty or "config" not in table:
+        return pd.Series("", dtype=str, index=table.index)
+    return table["config"].map(layout).astype(str)
+
+
 def known_engines(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The rows of engines the registry knows, and the names of the others (retired diagnostics)."""
     known = table["engine"].isin(list(ENGINES))
