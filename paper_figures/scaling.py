@@ -64,8 +64,6 @@ def plot(table: pd.DataFrame) -> Figure:
 
 
 def draw(runs: pd.DataFrame) -> Figure:
-    if not layouts(runs).isin(["hybrid", "nearest"]).any():
-        raise Skip("no hybrid-sharding or topology-aware-fetch runs (the sim_scaling sweep)")
     table = acceleration(runs)
     if table.empty:
         raise Skip("no odc + lb_mini run shares a setting (and seed) with a collective + lb_micro run of its layout")
@@ -75,11 +73,15 @@ def draw(runs: pd.DataFrame) -> Figure:
 
 
 def render(inputs: Inputs) -> dict[str, object]:
+    """One figure per source holding a scaling study (runs of hybrid sharding or topology-aware fetch)."""
     runs = inputs.runs
-    if runs.empty:
-        raise Skip("no runs.csv tables found below the results root")
+    studies = {} if runs.empty else {source: part for source, part in runs.groupby("source", sort=True)
+                                     if layouts(part).isin(["hybrid", "nearest"]).any()}
+    if not studies:
+        raise Skip("no hybrid-sharding or topology-aware-fetch runs below the results root "
+                   "(python -m odc_bench sweep=sim_scaling)")
     out: dict[str, object] = {}
-    for source, part in runs.groupby("source", sort=True):
+    for source, part in studies.items():
         try:
             out[f"{NAME}-{source}"] = draw(part)
         except Skip as skip:
