@@ -102,3 +102,12 @@ def test_the_scaling_table_marks_settings_over_memory(root):
     assert cells[4] == f"{expected('hybrid', 32):+.1f}%*"
     assert cells[5] == f"{expected('nearest', 32):+.1f}%"
     assert "No rows yet" in scaling_table(root / "nowhere")[2]
+
+
+def test_results_compare_sets_each_layout_against_its_own_baseline(root):
+    from odc_bench.results.compare import comparison
+
+    rows = comparison(pd.read_csv(root / "sim_scaling" / "runs.csv"))
+    odc = rows[(rows["engine"] == "odc") & (rows["model"] == "small") & (rows["world_size"] == 32)].set_index("layout")
+    for layout, key in (("", "full"), ("hybrid", "hybrid"), ("nearest", "nearest")):
+        assert odc.loc[layout, "speedup"] == pytest.approx(1 + expected(key, 32) / 100)
