@@ -75,13 +75,14 @@ def _trace_path(results_dir: Path, spec: RunSpec) -> Path:
 
 def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
     """The simulator's row, with its trace when the backend writes one."""
-    events = simulate(spec).events
-    trace = ""
     backend = spec.config.backend
-    if isinstance(backend, SimBackendConfig) and backend.write_trace:
+    with_trace = isinstance(backend, SimBackendConfig) and backend.write_trace
+    sim = simulate(spec, trace=with_trace)
+    trace = ""
+    if with_trace:
         trace = str(_trace_path(results_dir, spec))
-        write_trace(results_dir / trace, events)
-    return _record(results_dir, sim_row(spec, events, trace))
+        write_trace(results_dir / trace, sim.events)
+    return _record(results_dir, sim_row(spec, sim, trace))
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
