@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from odc_bench.results.series import known_engines
+from odc_bench.results.series import in_layout, known_engines, layouts
 
 SCRATCH = "local"
 # Columns the figures cannot do without; a table lacking any is left out with a note.
@@ -116,15 +116,21 @@ def load(root: Path, lengths_files: list[Path] = ()) -> Inputs:
 
 
 def by_source(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """One table per source; a source that mixes backends (real and simulated) is split by backend."""
+    """One table per source; a source that mixes backends (real and simulated) is split by
+    backend, and one that mixes shard layouts (series.layouts: full, hybrid sharding,
+    topology-aware fetch) by layout, each with its baselines (series.in_layout)."""
     out: dict[str, pd.DataFrame] = {}
     for source, part in table.groupby("source", sort=True):
         backends = part["backend"].dropna().unique() if "backend" in part else []
-        if len(backends) > 1:
-            for backend, sub in part.groupby("backend", sort=True):
-                out[f"{source}-{backend}"] = sub
-        else:
-            out[str(source)] = part
+        parts = {f"{source}-{b}": sub for b, sub in part.groupby("backend", sort=True)} if len(backends) > 1 \
+            else {str(source): part}
+        for name, sub in parts.items():
+            present = sorted(set(layouts(sub)))
+            if len(present) > 1:
+                for value in present:
+                    out[f"{name}-{value or 'full'}"] = sub[in_layout(sub, value)]
+            else:
+                out[name] = sub
     return out
 
 

@@ -37,6 +37,9 @@ class GpuHardwareConfig:
     memory_efficiency: float
     optimizer_overhead_s: float
     gpus_per_node: int
+    # NICs per node, each nic_gbps / nic_rails (a rail-optimised network: a GPU's traffic
+    # across nodes leaves through its rail's NIC; 1: one NIC shared by the node's GPUs).
+    nic_rails: int = 1
     link_gbps: float
     link_efficiency: float
     nic_gbps: float
@@ -58,6 +61,8 @@ class GpuHardwareConfig:
                     "a positive number" if strict else "a number of seconds >= 0")
             require(inside, f"backend.hardware.{key} must be {what}, got {value!r}")
         require(self.gpus_per_node >= 1, f"backend.hardware.gpus_per_node must be at least 1, got {self.gpus_per_node}")
+        require(self.nic_rails >= 1 and self.gpus_per_node % self.nic_rails == 0,
+                f"backend.hardware.nic_rails must divide gpus_per_node ({self.gpus_per_node}), got {self.nic_rails}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,6 +107,10 @@ class SimBackendConfig:
     contention_passes: int = 3
     # False: the row only, no trace file (paper-scale sweeps hold millions of spans).
     write_trace: bool = True
+    # Where an ODC gather takes a shard held by a rank of another node: from its owner, or
+    # (topology-aware) from a rank of its own node that holds the whole unit at that moment,
+    # when that is faster (docs/simulator.md, "Topology-aware fetch").
+    odc_fetch: Literal["owner", "nearest"] = "owner"
 
     def __post_init__(self) -> None:
         require(self.odc_gather_bytes in (1, 2, 4, 8),

@@ -75,13 +75,14 @@ def _trace_path(results_dir: Path, spec: RunSpec) -> Path:
 
 def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
     """The simulator's row, with its trace when the backend writes one."""
-    events = simulate(spec).events
-    trace = ""
     backend = spec.config.backend
-    if isinstance(backend, SimBackendConfig) and backend.write_trace:
+    with_trace = isinstance(backend, SimBackendConfig) and backend.write_trace
+    sim = simulate(spec, trace=with_trace)
+    trace = ""
+    if with_trace:
         trace = str(_trace_path(results_dir, spec))
-        write_trace(results_dir / trace, events)
-    return _record(results_dir, sim_row(spec, events, trace))
+        write_trace(results_dir / trace, sim.events)
+    return _record(results_dir, sim_row(spec, sim, trace))
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
@@ -117,10 +118,7 @@ def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict]
         print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'} "
               f"({done} ok of repeat={config.repeat}); skipped")
         return None
-    # Only local ranks are refused: a SLURM job's nodes are not this host, and a simulated run's
-    # row records its estimate beside the simulated device's memory (the paper ran cells the
-    # estimate puts over 80 GB: 32B LongAlign, packing ratio 8).
-    if not config.simulated and not slurm_task.in_task():
+    if not slurm_task.in_task():  # a SLURM job's nodes are not this host
         spec.check_fits()
     rows = []
     for index in range(done, config.repeat):

@@ -1,7 +1,8 @@
 """How much memory a rank needs: the model's shards, the unit it is computing, and activations.
 
 An estimate, per rank, in bytes, for the sharded layouts both engines use (FSDP's flat
-parameters, ZeRO-3: every rank owns 1/world of every unit):
+parameters, ZeRO-3: every rank owns 1/world of every unit; with hybrid sharding, 1/group of
+every unit for the ranks of one node, `shard_over`, each node holding a replica):
 
 - owned shards: fp32 master parameters, the fp32 gradient accumulator and AdamW's two fp32
   moments (16 bytes per owned parameter), plus with bf16 compute a bf16 copy of the shard
@@ -15,6 +16,11 @@ parameters, ZeRO-3: every rank owns 1/world of every unit):
   (40 GB) is what no long-context trainer keeps. Attention is flash attention's (linear in
   the tokens) on GPUs; on CPU, torch's attention keeps each document's score matrix: at most
   max_tokens x the longest document's length of scores per head.
+
+Hybrid sharding keeps the optimizer states with the shards (FSDP2's HSDP; the paper's section
+6.1 also spreads them over the nodes, which this layout does not) and reduces the gradients
+across nodes in place (NCCL's all-reduce of the reduce-scatter's output, or of ODC's
+accumulator), so only the owned part changes: every term else is per unit or per token.
 
 What it leaves out: the framework's own buffers and fragmentation (a few percent on GPUs).
 The harness's own model (models/qwen2.py) keeps the full fp32 logits; runs of it are estimated
@@ -67,14 +73,17 @@ class MemoryEstimate:
 
 
 def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
-             recompute: bool = False, cpu_longest: int | None = None) -> MemoryEstimate:
-    """Per-rank bytes of a run that shards every unit over `world_size` ranks. For the harness's
-    model on CPU (models/qwen2.py), give `cpu_longest`, the longest document: attention then
-    keeps its score matrices and the head the full fp32 logits and their gradient."""
+             recompute: bool = False, cpu_longest: int | None = None, shard_over: int | None = None
+             ) -> MemoryEstimate:
+    """Per-rank bytes of a run that shards every unit over `world_size` ranks (or, with hybrid
+    sharding, over the `shard_over` ranks of a node). For the harness's model on CPU
+    (models/qwen2.py), give `cpu_longest`, the longest document: attention then keeps its
+    score matrices and the head the full fp32 logits and their gradient."""
     itemsize = 2 if precision == "bf16" else 4
     units = unit_params(cfg)
+    group = world_size if shard_over is None else shard_over
     owned_per_param = OWNED_BYTES + (itemsize if itemsize < 4 else 0)
-    owned = sum(-(-p // world_size) for p in units) * owned_per_param
+    owned = sum(-(-p // group) for p in units) * owned_per_param
     working = 3 * max(units) * itemsize
     layer = layer_activation_bytes(cfg, max_tokens, itemsize, cpu_longest)
     hidden = max_tokens * cfg.hidden_size * itemsize

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from odc_bench.balancers.cost import CostModel, cost_model_for, device_tag
+from odc_bench.balancers.cost import CostModel, calibration_path, cost_model_for, device_tag
 from odc_bench.balancers.plan import Microbatch, Plan
 from odc_bench.balancers.quality import Prediction, predict, run_bubble_rate
 from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
@@ -86,10 +87,16 @@ class RunSpec:
         return dict(samples=int(lengths.size), len_mean=float(lengths.mean()), len_p50=float(p50),
                     len_p99=float(p99), len_max=int(lengths.max()))
 
+    @property
+    def fits(self) -> bool:
+        """Whether the memory estimate is within the limit (or nothing bounds it)."""
+        return self.memory_limit is None or self.memory.total <= self.memory_limit
+
     def check_fits(self) -> None:
-        """ConfigError when the memory estimate is over the limit (a run of local ranks only: a
-        SLURM job's nodes are not this host)."""
-        if self.memory_limit is None or self.memory.total <= self.memory_limit:
+        """ConfigError when the memory estimate is over the limit, for ranks of this host (a
+        SLURM job's nodes are not this host; a simulated run is answered anyway, its row
+        flagging that it would not fit: mem_estimate_mb over mem_limit_mb)."""
+        if self.memory_limit is None or self.fits or self.config.simulated:
             return
         m = self.memory
         raise ConfigError(
@@ -117,6 +124,14 @@ def hardware_tag(device_type: str) -> str:
     return device_tag(device_type, torch.cuda.get_device_name(0) if device_type == "cuda" else "")
 
 
+def plan_digest(spec: RunSpec) -> str:
+    """A short hash of every minibatch's samples and plan: equal digests, equal plans."""
+    h = hashlib.sha256()
+    for mb in spec.minibatches:
+        h.update(json.dumps([mb.sample_ids, mb.plan, mb.queue]).encode())
+    return h.hexdigest()[:16]
+
+
 def _check_combination(engine: EngineSpec, balancer: BalancerSpec, config: RunConfig) -> None:
     require(not (engine.equal_microbatch_counts and not balancer.equal_counts),
             f"balancer {balancer.name} gives ranks different microbatch counts, which engine={engine.name} "
@@ -124,16 +139,66 @@ def _check_combination(engine: EngineSpec, balancer: BalancerSpec, config: RunCo
     if config.simulated:
         require(engine.simulated_as is not None,
                 f"the simulator does not model engine={engine.name}; use backend=local")
+    if config.engine.options.shard == "hybrid":
+        require(config.simulated, f"engine.shard=hybrid is simulated only so far (backend=sim): engine={engine.name} "
+                                  f"shards every unit over all ranks; set engine.shard=full")
+        require(isinstance(config.backend, SimBackendConfig)
+                and isinstance(config.backend.hardware, GpuHardwareConfig),
+                "engine.shard=hybrid needs nodes: a GPU hardware profile (backend/hardware=a100 or h100), not the "
+                "calibrated CPU one (one host)")
 
 
-def resolve(config: RunConfig, lengths: np.ndarray | None = None) -> RunSpec:
+def shard_group(config: RunConfig) -> int:
+    """How many ranks share a unit's shards: all of them, or with hybrid sharding one node's."""
+    backend = config.backend
+    if (config.engine.options.shard == "hybrid" and isinstance(backend, SimBackendConfig)
+            and isinstance(backend.hardware, GpuHardwareConfig)):
+        return min(backend.hardware.gpus_per_node, config.world_size)
+    return config.world_size
+
+
+# The last run planned, by its config and the files planning read: the command line's
+# precheck plans the run, then the Hydra job plans the same run again in the same process.
+_planned: tuple[str, RunSpec] | None = None
+
+
+def _plan_key(config: RunConfig, device_type: str) -> str:
+    """The config as a string, with the size and time of every file planning reads (real data,
+    a cost-model calibration), so that a changed file plans again."""
+    paths = [config.dataset.path]
+    if config.balancer.cost_model == "calibrated":
+        paths.append(str(calibration_path(config.model.name, hardware_tag(device_type), config.balancer.calibration)))
+    stamps = []
+    for path in paths:
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        stamps.append(None if st is None else (path, st.st_mtime_ns, st.st_size))
+    return json.dumps([config.to_dict(), device_type, stamps], sort_keys=True, default=str)
+
+
+def resolve(config: RunConfig, reuse: bool = True, lengths: np.ndarray | None = None) -> RunSpec:
     """Plan every minibatch of the run; ConfigError (one line) for input that cannot run.
 
-    `lengths` replaces the dataset's pool (studies that vary the length distribution itself,
-    tools/sensitivity.py); the run's key still names the dataset, so such specs are not recorded.
-    """
-    world, per_rank = config.world_size, config.minibatch_size
+    Planning the run just planned (same config, same files) returns that plan, unless
+    `reuse` is False: a job after the command line's precheck plans once. `lengths` replaces
+    the dataset's pool (studies that vary the length distribution itself, tools/sensitivity.py);
+    such a spec is never reused, and its key still names the dataset, so it is not recorded."""
+    global _planned
     device_type = "cpu" if config.simulated else device_type_of(config)
+    if lengths is not None:
+        return _resolve(config, device_type, lengths)
+    key = _plan_key(config, device_type)
+    if reuse and _planned is not None and _planned[0] == key:
+        return _planned[1]
+    spec = _resolve(config, device_type)
+    _planned = (key, spec)
+    return spec
+
+
+def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = None) -> RunSpec:
+    world, per_rank = config.world_size, config.minibatch_size
     engine = config.engine if config.simulated else config.engine.for_device(device_type)
     balancer = balancer_spec(config.balancer.name)
     _check_combination(engine.spec, balancer, config)
@@ -171,7 +236,7 @@ def resolve(config: RunConfig, lengths: np.ndarray | None = None) -> RunSpec:
     on_cpu = not config.simulated and device_type == "cpu"
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
     memory = estimate(config.model, world, config.precision, max_tokens, recompute,
-                      cpu_longest=longest if on_cpu else None)
+                      cpu_longest=longest if on_cpu else None, shard_over=shard_group(config))
     return RunSpec(resolved, run_key(resolved.to_dict()), device_type, cost, options, memory,
                    memory_limit(config, device_type), minibatches)
 

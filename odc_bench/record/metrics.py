@@ -20,22 +20,33 @@ def events_frame(rank_results: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([e for r in rank_results for e in r["events"]])
 
 
-def summarize(events: pd.DataFrame, world_size: int, warmup: int, samples: int, tokens: int) -> dict:
+def window_totals(events: pd.DataFrame, warmup: int) -> dict[str, float]:
+    """The measured window (wall_s) and the busy, compute and sync seconds summed over ranks in it."""
     measured = events[events["minibatch"] >= warmup]
-    spans = measured[measured["kind"] == "minibatch"]
-    wall = float(spans["t1"].max() - spans["t0"].min())
-    busy = measured[measured["kind"].isin(BUSY_KINDS)]
-    busy_s = float((busy["t1"] - busy["t0"]).sum())
-    compute = measured[measured["kind"].isin(("fwd", "bwd"))]
-    sync = measured[measured["kind"] == "sync"]
+    kind = measured["kind"]
+    spans = measured[kind == "minibatch"]
+    seconds = measured["t1"] - measured["t0"]
+    return dict(wall_s=float(spans["t1"].max() - spans["t0"].min()),
+                busy_s=float(seconds[kind.isin(BUSY_KINDS)].sum()),
+                compute_s=float(seconds[kind.isin(("fwd", "bwd"))].sum()),
+                sync_s=float(seconds[kind == "sync"].sum()))
+
+
+def summary(totals: dict[str, float], world_size: int, samples: int, tokens: int) -> dict:
+    """The row's timing columns from a run's window_totals (or the simulator's, computed without a trace)."""
+    wall = totals["wall_s"]
     return dict(
         wall_s=wall,
         samples_per_s=samples / wall,
         tokens_per_s=tokens / wall,
-        bubble_rate=max(0.0, 1.0 - busy_s / (world_size * wall)),
-        compute_s=float((compute["t1"] - compute["t0"]).sum()) / world_size,
-        sync_s=float((sync["t1"] - sync["t0"]).sum()) / world_size,
+        bubble_rate=max(0.0, 1.0 - totals["busy_s"] / (world_size * wall)),
+        compute_s=totals["compute_s"] / world_size,
+        sync_s=totals["sync_s"] / world_size,
     )
+
+
+def summarize(events: pd.DataFrame, world_size: int, warmup: int, samples: int, tokens: int) -> dict:
+    return summary(window_totals(events, warmup), world_size, samples, tokens)
 
 
 def minibatch_losses(events: pd.DataFrame, labelled_tokens: list[int]) -> list[float]:

@@ -15,7 +15,8 @@ import yaml
 
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import git_commit
-from odc_bench.record.metrics import minibatch_losses, summarize
+from odc_bench.record.metrics import minibatch_losses, summarize, summary
+from odc_bench.sim import Simulation
 
 SCHEMA_VERSION = 2
 
@@ -49,11 +50,19 @@ def base_row(spec: RunSpec) -> dict[str, Any]:
     )
 
 
+def _measured_work(spec: RunSpec) -> dict[str, int]:
+    measured = spec.measured
+    return dict(samples=sum(len(mb.lengths) for mb in measured), tokens=sum(sum(mb.lengths) for mb in measured))
+
+
 def timing(spec: RunSpec, events: pd.DataFrame) -> dict[str, float]:
     """The row's timing columns from a trace, real or simulated alike."""
-    measured = spec.measured
-    return summarize(events, spec.world_size, spec.config.warmup_minibatches,
-                     samples=sum(len(mb.lengths) for mb in measured), tokens=sum(sum(mb.lengths) for mb in measured))
+    return summarize(events, spec.world_size, spec.config.warmup_minibatches, **_measured_work(spec))
+
+
+def sim_timing(spec: RunSpec, sim: Simulation) -> dict[str, float]:
+    """The same columns from a simulated timeline, without building its trace."""
+    return summary(sim.totals(spec.config.warmup_minibatches), spec.world_size, **_measured_work(spec))
 
 
 def failed_row(spec: RunSpec, error: str) -> dict[str, Any]:
@@ -69,6 +78,7 @@ def run_row(spec: RunSpec, rank_results: list[dict], events: pd.DataFrame, trace
             "loss_first": losses[0], "loss_last": losses[-1], "trace": trace}
 
 
-def sim_row(spec: RunSpec, events: pd.DataFrame, trace: str) -> dict[str, Any]:
-    """The simulator's row: the same columns; no losses or memory, which it does not model."""
-    return {**base_row(spec), **timing(spec, events), "status": "ok", "error": "", "trace": trace}
+def sim_row(spec: RunSpec, sim: Simulation, trace: str) -> dict[str, Any]:
+    """The simulator's row: the same columns; no losses or measured memory, which it does not
+    model (the estimate, mem_estimate_mb, is every row's)."""
+    return {**base_row(spec), **sim_timing(spec, sim), "status": "ok", "error": "", "trace": trace}

@@ -16,9 +16,11 @@ from rich.table import Table
 
 from odc_bench.results.series import (
     BASELINE_BALANCERS,
+    LAYOUTS,
     WORKLOAD,
     engine_variants,
     is_baseline_engine,
+    layouts,
     series_names,
     variant_rank,
 )
@@ -29,24 +31,31 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return pd.DataFrame()
-    ok = ok.assign(variant=engine_variants(ok))
-    means = (ok.groupby([*WORKLOAD, "engine", "variant", "balancer"], dropna=False)
+    # Runs of another shard layout (hybrid sharding, topology-aware fetch) are another workload.
+    ok = ok.assign(variant=engine_variants(ok), layout=layouts(ok))
+    means = (ok.groupby([*WORKLOAD, "layout", "engine", "variant", "balancer"], dropna=False)
              .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "mean"),
                   slowest=("samples_per_s", "min"), fastest=("samples_per_s", "max"),
                   bubble_rate=("bubble_rate", "mean"), predicted_bubble_rate=("predicted_bubble_rate", "mean"),
                   peak_mem_mb=("peak_mem_mb", "mean"))
              .reset_index())
     parts = []
-    for _, rows in means.groupby(WORKLOAD, dropna=False):
-        rows = rows.assign(series=series_names(rows, rows["variant"]))
-        for balancer in BASELINE_BALANCERS:
-            base = rows[rows.engine.map(is_baseline_engine) & (rows.balancer == balancer)]
-            if not base.empty:
-                best = base.iloc[int(base.apply(lambda r: variant_rank(r.engine, r.variant), axis=1).argmin())]
-                rows["baseline"] = best.series
-                rows["speedup"] = rows["samples_per_s"] / float(best.samples_per_s)
-                break
-        parts.append(rows.sort_values("samples_per_s"))
+    for _, workload in means.groupby(WORKLOAD, dropna=False):
+        for layout in sorted(set(workload["layout"])):
+            # Topology-aware fetch is on-demand fetching's option: the baseline runs without it.
+            own = workload["layout"] == layout
+            if layout == "nearest":
+                own |= (workload["layout"] == "") & workload.engine.map(is_baseline_engine)
+            rows = workload[own].assign(layout=layout)
+            rows = rows.assign(series=series_names(rows, rows["variant"]))
+            for balancer in BASELINE_BALANCERS:
+                base = rows[rows.engine.map(is_baseline_engine) & (rows.balancer == balancer)]
+                if not base.empty:
+                    best = base.iloc[int(base.apply(lambda r: variant_rank(r.engine, r.variant), axis=1).argmin())]
+                    rows["baseline"] = best.series
+                    rows["speedup"] = rows["samples_per_s"] / float(best.samples_per_s)
+                    break
+            parts.append(rows.sort_values("samples_per_s"))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -55,10 +64,13 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
     if rows.empty:
         console.print("no successful runs to compare")
         return
-    for _, group in rows.groupby(WORKLOAD, dropna=False):
+    for _, group in rows.groupby([*WORKLOAD, "layout"], dropna=False):
         first = group.iloc[0]
+        layout = f", {LAYOUTS[first.layout]}" if first.layout else ""
+        baseline = first.get("baseline")
+        baseline = baseline if isinstance(baseline, str) else "no collective baseline"
         title = (f"{first.model} on {first.dataset}, {first.world_size} ranks, minibatch {first.minibatch_size}/rank "
-                 f"({first.backend}); speedup vs {first.get('baseline', 'no collective baseline')}")
+                 f"({first.backend}{layout}); speedup vs {baseline}")
         table = Table(title=escape(title))
         for col in ("series", "samples/s", "runs' range", "speedup", "bubble", "predicted", "peak MB", "runs"):
             table.add_column(col, justify="left" if col == "series" else "right")

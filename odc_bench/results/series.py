@@ -43,6 +43,47 @@ def engine_variants(table: pd.DataFrame) -> pd.Series:
     return table.apply(variant, axis=1).astype(str)
 
 
+# How a run laid out and fetched its shards (engine.shard, backend.odc_fetch), when not the
+# default (every unit sharded over all ranks, shards read from their owners): runs of different
+# layouts are different workloads, drawn and compared apart.
+LAYOUTS = {"": "full sharding", "hybrid": "hybrid sharding", "nearest": "topology-aware fetch"}
+
+
+def _fetches_on_demand(engine: object) -> bool:
+    spec = ENGINES.get(str(engine))
+    return spec is not None and spec.simulated_as == "odc"
+
+
+def layouts(table: pd.DataFrame) -> pd.Series:
+    """Each row's layout: "hybrid" (engine.shard=hybrid), "nearest" (a run of an engine that
+    fetches on demand, ODC, with backend.odc_fetch=nearest and full sharding; other engines
+    ignore the option), or "" (the default, and every row from before these keys)."""
+    def layout(engine: object, config: object) -> str:
+        if not isinstance(config, str) or "shard: hybrid" not in config and "odc_fetch: nearest" not in config:
+            return ""
+        parsed = yaml.safe_load(config) or {}
+        if (parsed.get("engine") or {}).get("shard") == "hybrid":
+            return "hybrid"
+        nearest = (parsed.get("backend") or {}).get("odc_fetch") == "nearest"
+        return "nearest" if nearest and _fetches_on_demand(engine) else ""
+
+    if table.empty or "config" not in table:
+        return pd.Series("", dtype=str, index=table.index)
+    return pd.Series([layout(e, c) for e, c in zip(table["engine"], table["config"], strict=True)],
+                     index=table.index, dtype=str)
+
+
+def in_layout(table: pd.DataFrame, layout: str) -> pd.Series:
+    """The rows a comparison within `layout` reads: its own, and for topology-aware fetch (an
+    option of on-demand fetching alone) also the full-sharding rows of the other engines, the
+    baselines it is compared with."""
+    found = layouts(table)
+    own = found == layout
+    if layout != "nearest":
+        return own
+    return own | ((found == "") & ~table["engine"].map(_fetches_on_demand).astype(bool))
+
+
 def known_engines(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The rows of engines the registry knows, and the names of the others (retired diagnostics)."""
     known = table["engine"].isin(list(ENGINES))

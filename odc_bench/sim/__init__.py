@@ -2,13 +2,14 @@
 
 It takes the same RunSpec as real ranks (the balancer's plan for every minibatch), computes
 every rank's timeline from a hardware profile, and returns the same event trace, so the run's
-row comes from metrics.summarize exactly as for a real run. The model and its assumptions:
+row comes from the same metrics as a real run's. The model and its assumptions:
 docs/simulator.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -16,7 +17,7 @@ import pandas as pd
 from odc_bench.balancers.schedule import list_schedule
 from odc_bench.config.backend import SimBackendConfig
 from odc_bench.plan.spec import RunSpec
-from odc_bench.sim.events import trace_frame
+from odc_bench.sim.events import totals, trace_frame
 from odc_bench.sim.hardware import EngineCosts, load_profile
 from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.timeline import Timeline, collective, odc
@@ -24,40 +25,60 @@ from odc_bench.sim.timeline import Timeline, collective, odc
 
 @dataclass
 class Simulation:
-    events: pd.DataFrame
+    """A simulated run: its timeline, compute per (unit kind, direction) column (M, R, J, K;
+    layout.position_cost_index names each position's), microbatch counts (M, R), tokens and
+    samples per microbatch (M, R, J)."""
+
+    layout: Layout
     timeline: Timeline
     comp: np.ndarray
     nmb: np.ndarray
+    tokens: np.ndarray
+    samples: np.ndarray
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """The run's trace, as real ranks write it (needs simulate(..., trace=True))."""
+        return trace_frame(self.layout, self.timeline, self.comp, self.nmb, self.tokens, self.samples)
+
+    def totals(self, warmup: int) -> dict[str, float]:
+        """What the row's timing columns come from (record.metrics.summary), without the trace."""
+        return totals(self.layout, self.timeline, self.comp, self.nmb, warmup)
 
 
 def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: Layout, knots: tuple[float, ...] = ()
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Compute seconds (M, R, J, P), microbatch counts (M, R), tokens and samples (M, R, J)."""
+    """Compute seconds per (kind, phase) column (M, R, J, 6), microbatch counts (M, R), tokens
+    and samples (M, R, J)."""
     world = spec.world_size
-    plans: list[list[list[tuple[np.ndarray, int]]]] = []
+    plans: list[list[list[list[int]]]] = []
     for mb in spec.minibatches:
         if mb.queue is not None:
             plans.append(claimed(mb.lengths, mb.queue, world, table, costs, layout, knots))
         else:
-            plans.append([[_micro(mb.lengths, micro, knots) for micro in rank] for rank in mb.plan])
+            plans.append(mb.plan)
     M, J = len(plans), max((len(rank) for plan in plans for rank in plan), default=0)
-    feats = np.zeros((M, world, max(J, 1), table.shape[1]))
-    samples = np.zeros((M, world, max(J, 1)))
-    nmb = np.zeros((M, world), dtype=np.int64)
-    for m, plan in enumerate(plans):
+    J = max(J, 1)
+    nmb = np.array([[len(rank) for rank in plan] for plan in plans], dtype=np.int64).reshape(M, world)
+    # Every document once, with the flat (m, r, j) slot of its microbatch: the features of all
+    # microbatches are then sums over slots (layout.doc_features, vectorised).
+    docs: list[int] = []
+    slots: list[int] = []
+    for m, (plan, mb) in enumerate(zip(plans, spec.minibatches, strict=True)):
+        lengths = mb.lengths
         for r, rank in enumerate(plan):
-            nmb[m, r] = len(rank)
-            for j, (f, n) in enumerate(rank):
-                feats[m, r, j] = f
-                samples[m, r, j] = n
-    per_kind = feats @ table.T  # (M, R, J, 6): seconds per (kind, phase)
-    comp = per_kind[..., layout.position_cost_index]
-    return comp, nmb, feats[..., 1], samples
-
-
-def _micro(lengths: list[int], micro: list[int], knots: tuple[float, ...]) -> tuple[np.ndarray, int]:
-    """A microbatch's compute features (layout.doc_features) and its number of samples."""
-    return doc_features([lengths[i] for i in micro], knots), len(micro)
+            base = (m * world + r) * J
+            for j, micro in enumerate(rank):
+                docs.extend(lengths[i] for i in micro)
+                slots.extend([base + j] * len(micro))
+    lens = np.asarray(docs, dtype=np.float64)
+    slot = np.asarray(slots, dtype=np.int64)
+    size = M * world * J
+    columns = [np.bincount(slot, minlength=size).astype(float), np.bincount(slot, lens, size),
+               np.bincount(slot, lens * lens, size)]
+    columns += [np.bincount(slot, np.maximum(lens - k, 0.0) ** 2, size) for k in knots]
+    feats = np.stack([(columns[0] > 0).astype(float), *columns[1:]], axis=-1).reshape(M, world, J, -1)
+    return feats @ table.T, nmb, feats[..., 1], columns[0].reshape(M, world, J)
 
 
 def microbatch_estimate(features: np.ndarray, table: np.ndarray, costs: EngineCosts, layout: Layout) -> float:
@@ -70,17 +91,17 @@ def microbatch_estimate(features: np.ndarray, table: np.ndarray, costs: EngineCo
 
 
 def claimed(lengths: list[int], queue: list[list[int]], world: int, table: np.ndarray,
-            costs: EngineCosts, layout: Layout, knots: tuple[float, ...] = ()
-            ) -> list[list[tuple[np.ndarray, int]]]:
+            costs: EngineCosts, layout: Layout, knots: tuple[float, ...] = ()) -> list[list[list[int]]]:
     """The dynamic balancer at run time: each rank claims the queue's next microbatch as soon
     as it is free, so microbatch k goes to the rank that frees up first."""
-    micros = [_micro(lengths, micro, knots) for micro in queue]
-    seconds = [microbatch_estimate(f, table, costs, layout) for f, _ in micros]
-    return [[micros[i] for i in rank] for rank in list_schedule(seconds, world)]
+    seconds = [microbatch_estimate(doc_features([lengths[i] for i in micro], knots), table, costs, layout)
+               for micro in queue]
+    return [[queue[i] for i in rank] for rank in list_schedule(seconds, world)]
 
 
-def simulate(spec: RunSpec) -> Simulation:
-    """Every rank's events for the whole run, as a real run's trace."""
+def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
+    """Every rank's timeline for the whole run; with `trace`, also what its event trace needs
+    (Simulation.events): per-position start times, (M, R, J, P)."""
     config = spec.config
     backend = config.backend
     assert isinstance(backend, SimBackendConfig)
@@ -89,10 +110,12 @@ def simulate(spec: RunSpec) -> Simulation:
     layout = Layout(config.model)
     profile = load_profile(backend.hardware, config.model.name)
     table = profile.compute_table(layout, backend.recompute)
-    costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes)
+    costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
+                                 config.engine.options.shard, backend.odc_fetch)
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)
+    columns = layout.position_cost_index
     if timeline == "collective":
-        tl = collective(comp, nmb, tokens, costs)
+        tl = collective(comp, nmb, tokens, costs, columns=columns)
     else:
-        tl = odc(comp, nmb, tokens, costs, passes=backend.contention_passes)
-    return Simulation(trace_frame(layout, tl, comp, nmb, tokens, samples), tl, comp, nmb)
+        tl = odc(comp, nmb, tokens, costs, passes=backend.contention_passes, columns=columns, record=trace)
+    return Simulation(layout, tl, comp, nmb, tokens, samples)

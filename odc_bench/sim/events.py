@@ -16,9 +16,13 @@ def trace_frame(layout: Layout, tl: Timeline, comp: np.ndarray, nmb: np.ndarray,
                 samples: np.ndarray) -> pd.DataFrame:
     """Events of every rank; minibatch m starts when minibatch m-1 ends (at 0 for the first).
 
-    comp: (M, R, J, P) compute seconds; nmb: (M, R); tokens, samples: (M, R, J).
+    comp: (M, R, J, K) compute seconds per (unit kind, direction), layout.position_cost_index
+    naming each position's; nmb: (M, R); tokens, samples: (M, R, J). The timeline must have
+    recorded its start times.
     """
-    M, R, J, P = comp.shape
+    assert tl.start is not None, "the timeline was computed without start times (record=False)"
+    column = layout.position_cost_index
+    M, R, J, _ = comp.shape
     offset = np.concatenate([[0.0], np.cumsum(tl.duration)[:-1]])
     has_mb = np.arange(J)[None, None, :] < nmb[:, :, None]
 
@@ -28,13 +32,13 @@ def trace_frame(layout: Layout, tl: Timeline, comp: np.ndarray, nmb: np.ndarray,
     t0 = offset[m] + tl.start[m, r, j, p]
     unit = layout.position_unit[p]
     parts = [dict(rank=r, minibatch=m, microbatch=j, kind=layout.position_phase[p], unit=unit, t0=t0,
-                  t1=t0 + comp[m, r, j, p])]
+                  t1=t0 + comp[m, r, j, column[p]])]
 
     # Microbatches: forward plus backward, communication included.
     m, r, j = np.nonzero(has_mb)
     head_fwd = layout.units - 1
     mb0 = offset[m] + tl.mb_t0[m, r, j]
-    fwd_end = offset[m] + tl.start[m, r, j, head_fwd] + comp[m, r, j, head_fwd]
+    fwd_end = offset[m] + tl.start[m, r, j, head_fwd] + comp[m, r, j, column[head_fwd]]
     parts.append(dict(rank=r, minibatch=m, microbatch=j, kind=2, t0=mb0, t1=offset[m] + tl.mb_t1[m, r, j],
                       fwd_s=fwd_end - mb0, tokens=tokens[m, r, j], samples=samples[m, r, j]))
 
@@ -66,3 +70,23 @@ def trace_frame(layout: Layout, tl: Timeline, comp: np.ndarray, nmb: np.ndarray,
     frame["unit"] = pd.Categorical.from_codes(np.where(unit < 0, len(layout.unit_names), unit),
                                               [*layout.unit_names, ""])
     return frame
+
+
+def totals(layout: Layout, tl: Timeline, comp: np.ndarray, nmb: np.ndarray, warmup: int) -> dict[str, float]:
+    """What metrics.summarize reads from the trace, straight from the timeline (no events):
+    the measured window, and the busy, compute and sync seconds summed over ranks in it.
+
+    A trace of R ranks holds R x J x P unit spans per minibatch; at thousands of ranks that is
+    billions of rows, so runs without a trace file (backend.write_trace=false) summarise here,
+    in O(M R J) (tests check it against the trace's summary).
+    """
+    M, R, J, K = comp.shape
+    offset = np.concatenate([[0.0], np.cumsum(tl.duration)[:-1]])
+    measured = slice(warmup, M)
+    ends = offset[measured, None] + tl.opt_t1[measured]
+    traced = np.bincount(layout.position_cost_index[layout.traced], minlength=K).astype(float)
+    has_mb = np.arange(J)[None, None, :] < nmb[measured, :, None]
+    compute = float((comp[measured] @ traced)[has_mb].sum())
+    optimizer = float((tl.opt_t1[measured] - tl.sync_t1[measured]).sum())
+    return dict(wall_s=float(ends.max() - offset[measured].min()), busy_s=compute + optimizer, compute_s=compute,
+                sync_s=float((tl.sync_t1[measured] - tl.sync_t0[measured]).sum()))

@@ -37,10 +37,13 @@ ENGINE_KEYS = (*GAP_CLASSES, "prep", "sync", "optimizer_per_param")
 class Network:
     """Point-to-point transfers of one unit between a rank and the shards' owners.
 
-    A unit of `nbytes` is sharded evenly over `world` ranks, `gpus_per_node` to a node. A
-    transfer moves one shard between this rank and every other owner. Its time is the largest
-    load over the resources it crosses, each shared evenly by the ranks active at that moment:
-    this rank's link, the busiest owner's link, this node's NIC and the busiest remote NIC.
+    A unit of `nbytes` is sharded evenly over `world` ranks, `gpus_per_node` to a node (with
+    hybrid sharding `world` is one node's ranks: its shard group). A transfer moves one shard
+    between this rank and every other owner. Its time is the largest load over the resources
+    it crosses, each shared evenly by the ranks active at that moment: this rank's link, the
+    busiest owner's link, this rank's NIC and the busiest remote NIC. A node has `rails` NICs
+    of nic_Bps / rails each; a rank's traffic across nodes leaves through its rail's NIC (local
+    index mod rails), shared with the other active ranks of its node on that rail.
     """
 
     world: int
@@ -48,6 +51,7 @@ class Network:
     link_Bps: float
     nic_Bps: float
     latency_s: float
+    rails: int = 1
 
     @property
     def nodes(self) -> int:
@@ -57,9 +61,15 @@ class Network:
         return np.arange(self.world) // self.gpus_per_node
 
     def transfer_time(self, nbytes: float | np.ndarray, k_loc: np.ndarray, k_tot: np.ndarray,
-                      k_min_remote: np.ndarray) -> np.ndarray:
+                      k_min_remote: np.ndarray, k_rail: np.ndarray | None = None,
+                      from_peer: float | np.ndarray = 0.0) -> np.ndarray:
         """Seconds for one rank's transfer with k_loc active ranks in its node (itself included),
-        k_tot active in all, and k_min_remote active in the least busy other node."""
+        k_rail of them on its rail, k_tot active in all, and k_min_remote active in the least
+        busy other node.
+
+        `from_peer` bytes of the transfer (a gather's) take their remote shards from a rank of
+        this node that holds the whole unit: through this rank's link instead of the NICs.
+        """
         n, g = self.world, self.gpus_per_node
         if n == 1:
             return np.zeros(np.shape(k_loc))
@@ -69,9 +79,13 @@ class Network:
         # one all but itself.
         served = np.where(k_loc < g, k_loc, k_loc - 1) if g > 1 else np.zeros_like(k_loc)
         owner_link = served * share / self.link_Bps
+        if np.any(from_peer):
+            own_link = own_link + (n - g) * (from_peer / n) / self.link_Bps
+            share = share - from_peer / n
         t = np.maximum(own_link, owner_link)
         if n > g:
-            own_nic = k_loc * (n - g) * share / self.nic_Bps
+            k_nic = k_loc if self.rails == 1 or k_rail is None else k_rail
+            own_nic = k_nic * (n - g) * share * self.rails / self.nic_Bps
             remote_nic = (k_tot - k_min_remote) * g * share / self.nic_Bps
             t = np.maximum(t, np.maximum(own_nic, remote_nic))
         return self.latency_s + t
@@ -87,8 +101,14 @@ class EngineCosts:
     its first;
     ag/rs: collective all-gather before, reduce-scatter after each position (seconds), running
     beside compute; zero on CPU, where they are part of `pre`;
+    ar: collective with hybrid sharding: the all-reduce across nodes after each position's
+    reduce-scatter (seconds), on a channel of its own (another process group);
     gather_load/push_load: bytes an ODC gather before / push after each position moves through
-    `network`, beside compute (none on CPU).
+    `network`, beside compute (none on CPU); gather_bytes: the gather's own part of
+    gather_load (in backward the load also counts the pushes crossing the same links), which
+    topology-aware fetch (`fetch_nearest`) may take from a rank of the node instead;
+    sync_s: after the minibatch's barrier, before the optimizer (ODC with hybrid sharding: the
+    gradient all-reduce across nodes).
     """
 
     pre: np.ndarray
@@ -104,6 +124,9 @@ class EngineCosts:
     optimizer_s: float
     barrier_s: float
     network: Network | None = None
+    ar: np.ndarray | None = None
+    gather_bytes: np.ndarray | None = None
+    fetch_nearest: bool = False
 
 
 def ring_time(nbytes: np.ndarray, n: int, bus_Bps: float, base_s: float, step_s: float) -> np.ndarray:
@@ -111,6 +134,15 @@ def ring_time(nbytes: np.ndarray, n: int, bus_Bps: float, base_s: float, step_s:
     if n == 1:
         return np.zeros_like(nbytes)
     return base_s + (n - 1) * step_s + (n - 1) / n * nbytes / bus_Bps
+
+
+def allreduce_time(nbytes: np.ndarray | float, n: int, bus_Bps: float, base_s: float, step_s: float
+                   ) -> np.ndarray:
+    """A ring all-reduce (a reduce-scatter, then an all-gather): 2(n-1)/n of the bytes, 2(n-1) hops."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    if n == 1:
+        return np.zeros_like(nbytes)
+    return base_s + 2 * (n - 1) * step_s + 2 * (n - 1) / n * nbytes / bus_Bps
 
 
 @dataclass(frozen=True)
@@ -159,34 +191,53 @@ class GpuProfile:
             raise ConfigError(f"world_size {world} does not fill whole nodes of {self.hw.gpus_per_node} GPUs; "
                               f"use a multiple of {self.hw.gpus_per_node}")
         return Network(world, g, self.hw.link_gbps * GB * self.hw.link_efficiency,
-                       self.hw.nic_gbps * GB * self.hw.nic_efficiency, self.hw.p2p_latency_s)
+                       self.hw.nic_gbps * GB * self.hw.nic_efficiency, self.hw.p2p_latency_s,
+                       rails=min(self.hw.nic_rails, g))
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
-                     odc_gather_bytes: int) -> EngineCosts:
+                     odc_gather_bytes: int, shard: str = "full", fetch: str = "owner") -> EngineCosts:
+        """Communication of the engine's timeline. With hybrid sharding a unit is sharded over
+        the ranks of one node (`group`): gathers, pushes, all-gathers and reduce-scatters stay
+        inside it, and the replicas in the other nodes reduce their gradients across nodes:
+        FSDP2 (HSDP) all-reduces each unit's gradient shard after every reduce-scatter, ODC
+        all-reduces its whole accumulated shard once per minibatch, after the barrier."""
         net = self.network(world)
+        hybrid = shard == "hybrid" and net.nodes > 1
+        group = net.gpus_per_node if hybrid else world
+        if hybrid:  # the shard group: one node, its ranks as many as the node has
+            net = Network(group, group, net.link_Bps, net.nic_Bps, net.latency_s)
         params = layout.unit_params[layout.position_unit]
         bwd = layout.position_phase == 1
         zeros = np.zeros(layout.positions)
-        bus = net.link_Bps if world <= net.gpus_per_node else net.nic_Bps
+        bus = net.link_Bps if group <= net.gpus_per_node else net.nic_Bps
         param_bytes = 2 if precision == "bf16" else 4
-        optimizer_s = self.hw.optimizer_overhead_s + float(layout.unit_params.sum()) / world * ADAMW_BYTES / (
+        optimizer_s = self.hw.optimizer_overhead_s + float(layout.unit_params.sum()) / group * ADAMW_BYTES / (
             self.hw.hbm_gbps * GB * self.hw.memory_efficiency)
         barrier_s = self.hw.barrier_s if world > 1 else 0.0
+        latency, step = self.hw.collective_latency_s, self.hw.ring_step_s
+        nodes = world // group
+        # Across nodes each rank reduces with its replicas (the ranks of its local index), all of
+        # a node's ranks at once: each gets 1/group of the node's NIC bandwidth (the same with
+        # rails: a rail's NIC serves its share of the node's ranks).
+        replica_Bps = self.hw.nic_gbps * GB * self.hw.nic_efficiency / group
         if engine == "collective":
-            latency, step = self.hw.collective_latency_s, self.hw.ring_step_s
-            ag = ring_time(params * param_bytes, world, bus, latency, step)
-            rs = np.where(bwd, ring_time(params * 4, world, bus, latency, step), 0.0)
+            ag = ring_time(params * param_bytes, group, bus, latency, step)
+            rs = np.where(bwd, ring_time(params * 4, group, bus, latency, step), 0.0)
+            ar = np.where(bwd, allreduce_time(params * 4 / group, nodes, replica_Bps, latency, step), 0.0)
             return EngineCosts(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=ag, rs=rs,
                                gather_load=zeros, push_load=zeros, sync_s=0.0, optimizer_s=optimizer_s,
-                               barrier_s=barrier_s)
+                               barrier_s=barrier_s, ar=ar if hybrid else None)
         gather = params * odc_gather_bytes
         push = np.where(bwd, params * 4, 0.0)
+        owned = float(layout.unit_params.sum()) / group * 4
+        sync_s = float(allreduce_time(owned, nodes, replica_Bps, latency, step)) if hybrid else 0.0
         # In backward a rank's gathers and pushes, and its peers' into its shard, cross the same
         # links at the same time: both see the two loads together.
         return EngineCosts(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=zeros, rs=zeros,
                            gather_load=np.where(bwd, gather + push, gather),
-                           push_load=np.where(bwd, gather + push, 0.0), sync_s=0.0, optimizer_s=optimizer_s,
-                           barrier_s=barrier_s, network=net)
+                           push_load=np.where(bwd, gather + push, 0.0), sync_s=sync_s, optimizer_s=optimizer_s,
+                           barrier_s=barrier_s, network=net, gather_bytes=gather,
+                           fetch_nearest=fetch == "nearest" and not hybrid and net.nodes > 1)
 
 
 def _load_json(path: str) -> dict:
@@ -255,7 +306,9 @@ class CalibratedProfile:
         return np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
-                     odc_gather_bytes: int) -> EngineCosts:
+                     odc_gather_bytes: int, shard: str = "full", fetch: str = "owner") -> EngineCosts:
+        """The measured gaps; one host, so hybrid sharding and fetch policies do not apply (the
+        config refuses hybrid sharding with this profile)."""
         e = self.data.get("engines", {}).get(engine)
         if e is None:
             raise ConfigError(f"{self.path} has no {engine} timings; run `python -m odc_bench.tools.sim_calibrate "

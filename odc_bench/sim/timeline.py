@@ -10,16 +10,26 @@ Collective (FSDP2): every position is a barrier. Its compute starts on all ranks
 slowest rank has finished the previous position (plus the serial overhead `pre`) and its
 all-gather has arrived. All-gathers are prefetched one position ahead (issued when the
 previous position starts) and reduce-scatters issued when a backward position ends; both
-share one FIFO channel, as NCCL runs a process group's collectives in issue order. A
-microbatch ends when its last reduce-scatter is done.
+share one FIFO channel, as NCCL runs a process group's collectives in issue order. With
+hybrid sharding each reduce-scatter (within the node) is followed by an all-reduce of the
+unit's gradient shard across nodes, on a second FIFO channel (another process group). A
+microbatch ends when its last reduce-scatter (and all-reduce) is done.
 
 ODC: each rank runs alone: a position's compute waits only for its own previous compute and
 its gather, prefetched one position ahead on the rank's own gather channel; pushes
 (scatter-accumulate) run on a push channel after each backward position. Transfer times
 depend on how many ranks are communicating at that moment (hardware.Network); which ranks
 are still working is taken from the previous pass's finish times, starting from "all of
-them", for a few fixed-point passes. At the end of its microbatches a rank waits until every
-rank's pushes have landed (one barrier), then steps the optimizer.
+them", for a few fixed-point passes (contention.py). At the end of its microbatches a rank
+waits until every rank's pushes have landed (one barrier), then (hybrid sharding) all-reduces
+its shard's gradient across nodes, then steps the optimizer. With topology-aware fetch, a
+gather takes its remote shards from a rank of its own node that holds the unit at that moment
+(whose hold intervals come from the previous pass, as the counts do), when that is faster.
+
+Compute comes per (unit kind, direction) column, `comp` (M, R, J, K), with `columns` (P,)
+naming each position's column: every decoder layer costs the same, so the (M, R, J, P) array
+is never built. Per-position start times, (M, R, J, P), are kept only when the trace needs
+them (`record`).
 """
 
 from __future__ import annotations
@@ -28,14 +38,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from odc_bench.sim.hardware import EngineCosts, Network
+from odc_bench.sim.contention import Contention, Holders
+from odc_bench.sim.hardware import EngineCosts
 
 
 @dataclass
 class Timeline:
-    """Times relative to each minibatch's start; shapes (M, R, J, P), (M, R, J), (M, R), (M,)."""
+    """Times relative to each minibatch's start; shapes (M, R, J, P) (None unless recorded),
+    (M, R, J), (M, R), (M,)."""
 
-    start: np.ndarray
+    start: np.ndarray | None
     mb_t0: np.ndarray
     mb_t1: np.ndarray
     sync_t0: np.ndarray
@@ -44,10 +56,18 @@ class Timeline:
     duration: np.ndarray
 
 
-def collective(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts) -> Timeline:
-    """comp: (M, R, J, P) compute seconds; nmb: (M, R) microbatches per rank (equal across ranks);
+def _columns(comp: np.ndarray, columns: np.ndarray | None) -> np.ndarray:
+    return np.arange(comp.shape[3]) if columns is None else np.asarray(columns)
+
+
+def collective(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, *,
+               columns: np.ndarray | None = None) -> Timeline:
+    """comp: (M, R, J, K) compute seconds per column, position p reading columns[p] (default:
+    one column per position); nmb: (M, R) microbatches per rank (equal across ranks);
     tokens: (M, R, J) per microbatch."""
-    M, R, J, P = comp.shape
+    cols = _columns(comp, columns)
+    M, R, J, _ = comp.shape
+    P = cols.size
     D = comp.max(axis=1)
     most = tokens.max(axis=1)
     nj = nmb.max(axis=1)
@@ -58,6 +78,7 @@ def collective(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineC
     ag_end = np.full(M, c.ag[0])  # the minibatch's first all-gather, issued at its start
     chan[:] = ag_end
     rs_done = np.zeros(M)
+    ar_chan, ar_done = np.zeros(M), np.zeros(M)
     for j in range(J):
         act = j < nj
         begin = t + c.prep
@@ -73,13 +94,21 @@ def collective(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineC
                 chan = np.where(nxt_act, ag_end, chan)
             else:
                 ag_end = np.zeros(M)
-            e = b + D[:, j, p]
+            e = b + D[:, j, cols[p]]
             if c.rs[p] > 0:
                 rs_end = np.maximum(e, chan) + c.rs[p]
                 chan = np.where(act, rs_end, chan)
                 rs_done = np.where(act, rs_end, rs_done)
+                if c.ar is not None and c.ar[p] > 0:
+                    # The replicas' all-reduce runs on its own process group, in issue order.
+                    ar_end = np.maximum(rs_end, ar_chan) + c.ar[p]
+                    ar_chan = np.where(act, ar_end, ar_chan)
+                    ar_done = np.where(act, ar_end, ar_done)
             prev_end = e
-        end = np.maximum(prev_end, rs_done) + c.tail + c.tail_tok * most[:, j]
+        end = np.maximum(prev_end, rs_done)
+        if c.ar is not None:
+            end = np.maximum(end, ar_done)
+        end = end + c.tail + c.tail_tok * most[:, j]
         mb_t1[:, j] = end
         t = np.where(act, end, t)
     sync_t1 = t + c.sync_s
@@ -92,97 +121,85 @@ def collective(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineC
                     opt_t1=np.broadcast_to(opt_t1[:, None], rep), duration=opt_t1)
 
 
-class _Contention:
-    """Counts of ranks still working at given times, from a previous pass's finish times.
-
-    The counts are step functions of time with one step per rank finishing, so they are
-    tabulated once per pass (per minibatch: active ranks per node after k ranks finished) and
-    looked up with one sorted search per batch of queries. Within one node the owners' links
-    never limit a symmetric gather (see hardware.Network), so only multi-node runs count.
-    """
-
-    def __init__(self, net: Network, finish: np.ndarray) -> None:
-        M, R = finish.shape
-        self.net, self.node = net, net.node_of()
-        finite = finish[np.isfinite(finish)]
-        # Queries are clipped to just past the last finite finish, so that ranks without a
-        # finish time yet (the first pass) stay active, and ranks without work (finished
-        # "before time 0") never count; rows of the flat search keys then never overlap.
-        self.horizon = float(finite.max()) if finite.size else 0.0
-        f = np.where(finish == -np.inf, -1.0, np.where(finish == np.inf, self.horizon + 1.0, finish))
-        self.finish = f
-        self.stride = self.horizon + 3.0
-        order = np.argsort(f, axis=1)
-        self.keys = (np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None]).ravel()
-        onehot = np.eye(net.nodes, dtype=np.int64)[self.node[order]]  # (M, R, nodes)
-        done = np.concatenate([np.zeros((M, 1, net.nodes), np.int64), np.cumsum(onehot, 1)], 1)
-        active = (net.gpus_per_node - done).reshape(M * (R + 1), net.nodes)  # after k ranks finished
-        self.active, self.total = active, active.sum(1)
-        ranked = np.sort(active, axis=1)
-        self.min1, self.min2 = ranked[:, 0], ranked[:, min(1, net.nodes - 1)]
-        self.argmin1 = np.argmin(active, axis=1)
-
-    def transfer(self, nbytes: float, at: np.ndarray) -> np.ndarray:
-        if self.net.nodes == 1:
-            one = np.ones(at.shape)
-            return self.net.transfer_time(nbytes, one, one, one)
-        M, R = at.shape
-        m = np.arange(M)[:, None]
-        query = np.minimum(at, self.horizon + 0.5) + self.stride * m
-        k = np.searchsorted(self.keys, query.ravel(), side="right").reshape(M, R) - m * R
-        row = m * (R + 1) + k
-        # A rank is busy at its own transfer even if the previous pass had it finish earlier.
-        self_done = self.finish <= at
-        k_loc = self.active[row, self.node[None, :]] + self_done
-        k_tot = self.total[row] + self_done
-        k_min_remote = np.where(self.argmin1[row] == self.node[None, :], self.min2[row], self.min1[row])
-        return self.net.transfer_time(nbytes, k_loc, k_tot, k_min_remote)
-
-
-def odc(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, passes: int = 3) -> Timeline:
-    """comp: (M, R, J, P) compute seconds; nmb: (M, R) microbatches per rank (may differ, may be 0);
-    tokens: (M, R, J) per microbatch."""
+def odc(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, passes: int = 3, *,
+        columns: np.ndarray | None = None, record: bool = True) -> Timeline:
+    """comp: (M, R, J, K) compute seconds per column (see `collective`); nmb: (M, R)
+    microbatches per rank (may differ, may be 0); tokens: (M, R, J) per microbatch."""
+    cols = _columns(comp, columns)
     finish = np.where(nmb > 0, np.inf, -np.inf)
-    timeline, finish = _odc_pass(comp, nmb, tokens, c, finish)
-    for _ in range(max(1, passes) - 1 if c.network is not None else 0):
-        timeline, finish = _odc_pass(comp, nmb, tokens, c, finish)
+    net = c.network
+    # Within one node the counts never change a transfer (Network), so one pass is the fixed point.
+    n = max(1, passes) if net is not None and (net.nodes > 1 or c.fetch_nearest) else 1
+    holders = None
+    for i in range(n):
+        last = i == n - 1
+        timeline, finish, held = _odc_pass(comp, cols, nmb, tokens, c, finish, holders,
+                                           record=record and last, holds=c.fetch_nearest and not last)
+        if held is not None:
+            assert net is not None
+            holders = Holders(net, *held, nmb)
     return timeline
 
 
-def _odc_pass(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts,
-              finish: np.ndarray) -> tuple[Timeline, np.ndarray]:
-    M, R, J, P = comp.shape
-    contention = _Contention(c.network, finish) if c.network is not None else None
+def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts,
+              finish: np.ndarray, holders: Holders | None, record: bool, holds: bool
+              ) -> tuple[Timeline, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """One pass; with `holds` also when each rank held each position's unit (from its gather's
+    end to its compute's end, (M, R, J, P) each), for the next pass's topology-aware fetch."""
+    M, R, J, _ = comp.shape
+    P = cols.size
+    contention = Contention(c.network, finish) if c.network is not None else None
+    units = np.concatenate([np.arange(P // 2), np.arange(P // 2)[::-1]])
+    serial = bool(np.any(c.pre) or np.any(c.pre_tok))
 
-    def transfer(nbytes: float, at: np.ndarray) -> np.ndarray | float:
+    def transfer(nbytes: float, at: np.ndarray, needed: np.ndarray, from_peer: float | np.ndarray = 0.0
+                 ) -> np.ndarray | float:
         if nbytes <= 0 or contention is None:
             return 0.0
-        return contention.transfer(nbytes, at)
+        return contention.transfer(nbytes, at, from_peer, needed)
 
-    start = np.zeros((M, R, J, P))
+    start = np.zeros((M, R, J, P)) if record else None
+    hold_s, hold_e = (np.zeros((M, R, J, P)), np.zeros((M, R, J, P))) if holds else (None, None)
     mb_t0, mb_t1 = np.zeros((M, R, J)), np.zeros((M, R, J))
     g_chan, p_chan = np.zeros((M, R)), np.zeros((M, R))
     t = np.full((M, R), c.barrier_s)  # parameters of the last optimizer step become visible
-    g_end = t + transfer(c.gather_load[0], t)
+    g_end = t + transfer(c.gather_load[0], t, nmb > 0)
     g_chan[:] = g_end
+    peer = np.zeros((M, R), bool)  # whether the gather now arriving came from a rank of the node
     for j in range(J):
         act = j < nmb
         begin = t + c.prep
         mb_t0[:, :, j] = begin
         prev_end = begin
+        tok = tokens[:, :, j]
         for p in range(P):
-            b = np.maximum(prev_end + c.pre[p] + c.pre_tok[p] * tokens[:, :, j], g_end)
-            start[:, :, j, p] = b
+            b = np.maximum(prev_end + c.pre[p] + c.pre_tok[p] * tok, g_end) if serial else np.maximum(prev_end, g_end)
+            if start is not None:
+                start[:, :, j, p] = b
             nxt_act = act if p + 1 < P else (j + 1 < nmb)
             g_start = np.maximum(b, g_chan)
-            g_end = g_start + transfer(c.gather_load[(p + 1) % P], g_start)
-            g_chan = np.where(nxt_act, g_end, g_chan)
-            e = b + comp[:, :, j, p]
+            q = (p + 1) % P
+            took = transfer(c.gather_load[q], g_start, nxt_act)
+            was_peer = peer
+            if holders is not None and c.gather_bytes is not None and c.gather_load[q] > 0:
+                held = holders.held(int(units[q]), g_start)
+                via_peer = transfer(c.gather_load[q], g_start, nxt_act, float(c.gather_bytes[q]))
+                peer = held & (via_peer < took)
+                took = np.where(peer, via_peer, took)
+            g_end_next = g_start + took
+            g_chan = np.where(nxt_act, g_end_next, g_chan)
+            e = b + comp[:, :, j, cols[p]]
+            if hold_s is not None and hold_e is not None:
+                hold_s[:, :, j, p] = g_end
+                hold_e[:, :, j, p] = e
+            g_end = g_end_next
             if c.push_load[p] > 0:
                 p_start = np.maximum(e, p_chan)
-                p_chan = np.where(act, p_start + transfer(c.push_load[p], p_start), p_chan)
+                gathered = 0.0 if holders is None or c.gather_bytes is None else np.where(
+                    was_peer, c.gather_bytes[p], 0.0)
+                p_chan = np.where(act, p_start + transfer(c.push_load[p], p_start, act, gathered), p_chan)
             prev_end = e
-        end = prev_end + c.tail + c.tail_tok * tokens[:, :, j]
+        end = prev_end + c.tail + c.tail_tok * tok if c.tail or c.tail_tok else prev_end
         mb_t1[:, :, j] = end
         t = np.where(act, end, t)
     done = np.maximum(t, p_chan)
@@ -190,5 +207,6 @@ def _odc_pass(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCo
     sync_t1 = np.broadcast_to(sync_t1, (M, R))
     opt_t1 = sync_t1 + c.optimizer_s
     finish = np.where(nmb > 0, np.maximum(done, g_chan), -np.inf)
-    return Timeline(start=start, mb_t0=mb_t0, mb_t1=mb_t1, sync_t0=t, sync_t1=sync_t1, opt_t1=opt_t1,
-                    duration=opt_t1[:, 0].copy()), finish
+    timeline = Timeline(start=start, mb_t0=mb_t0, mb_t1=mb_t1, sync_t0=t, sync_t1=sync_t1, opt_t1=opt_t1,
+                        duration=opt_t1[:, 0].copy())
+    return timeline, finish, None if hold_s is None or hold_e is None else (hold_s, hold_e)

@@ -47,7 +47,7 @@ from odc_bench.data.profiles import PROFILES, LengthProfile
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
-from odc_bench.record.row import timing
+from odc_bench.record.row import sim_timing
 from odc_bench.results.paper import CELL_14B, SFT_SPEEDUP
 from odc_bench.sim import simulate
 from odc_bench.tools.sim_paper import PAPER_SETTINGS
@@ -192,8 +192,8 @@ def run_point(point: Point, seed: int, minibatches: int = MINIBATCHES, warmup: i
            "share_over_half_max": float((lengths > top / 2).mean()),
            "share_top_eighth": float((lengths >= top * 7 / 8).mean())}
     for label, engine, balancer in SERIES:
-        spec = resolve(point_config(point, engine, balancer, seed, minibatches, warmup), lengths)
-        result = timing(spec, simulate(spec).events)
+        spec = resolve(point_config(point, engine, balancer, seed, minibatches, warmup), lengths=lengths)
+        result = sim_timing(spec, simulate(spec, trace=False))
         row[f"{label}_samples_per_s"] = result["samples_per_s"]
         row[f"{label}_bubble"] = result["bubble_rate"]
         row[f"{label}_predicted_bubble"] = spec.predicted_bubble_rate()

@@ -10,7 +10,7 @@ config, reading a results table or drawing a figure never imports torch.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from odc_core.transport.registry import TRANSPORTS, transport_for
@@ -19,8 +19,19 @@ if TYPE_CHECKING:
     from odc_core.engine.base import DataParallelEngine, EngineContext
 
 
+# How a unit is sharded: over every rank (FSDP, ZeRO-3), or within a node and replicated
+# across nodes (hybrid sharding, FSDP2's HSDP; the paper's section 6.1). Only the simulator
+# models `hybrid` so far; the real engines shard over every rank.
+Shard = Literal["full", "hybrid"]
+
+
 class EngineOptions(Protocol):
     """An engine's options: a frozen dataclass whose fields are its config keys (engine.*)."""
+
+    @property
+    def shard(self) -> Shard:
+        """How the engine lays out its shards (every engine has the key)."""
+        ...
 
     def for_device(self, device_type: str) -> EngineOptions:
         """The options as they run on `device_type` (what `auto` values become); ValueError,
@@ -43,13 +54,13 @@ class CollectiveOptions:
     reshard_after_forward: bool = True
     # The process group FSDP2's all-gathers and reduce-scatters run on.
     backend: Backend = "auto"
+    shard: Shard = "full"
 
     def for_device(self, device_type: str) -> CollectiveOptions:
         """The options as they run on `device_type`: `auto` replaced by the group it picks, so a
         row names the baseline that ran; ValueError (one line) for a group the device cannot use."""
         if self.backend == "auto":
-            return CollectiveOptions(reshard_after_forward=self.reshard_after_forward,
-                                     backend="nccl" if device_type == "cuda" else "shm")
+            return replace(self, backend="nccl" if device_type == "cuda" else "shm")
         if (self.backend == "nccl") != (device_type == "cuda"):
             fit = "nccl" if device_type == "cuda" else "shm or gloo"
             raise ValueError(f"engine.backend={self.backend} cannot run on {device_type} tensors; use {fit} or auto")
@@ -71,6 +82,7 @@ class OdcOptions:
     prefetch: bool = True
     # The symmetric heap's transport (odc_core/transport/registry.py); auto picks one for the device.
     transport: str = "auto"
+    shard: Shard = "full"
 
     def __post_init__(self) -> None:
         if self.transport != "auto" and self.transport not in TRANSPORTS:
@@ -83,7 +95,7 @@ class OdcOptions:
             name = transport_for(self.transport, device_type).name
         except ValueError as e:
             raise ValueError(f"engine=odc: {e}") from None
-        return OdcOptions(prefetch=self.prefetch, transport=name)
+        return replace(self, transport=name)
 
     def host_bound(self) -> tuple[str, str] | None:
         spec = TRANSPORTS.get(self.transport)

@@ -89,10 +89,19 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
                        "no calibration at", None),
     "bad-packing-ratio": (["packing_ratio=0.5"], "packing_ratio must be a number >= 1, got 0.5", None),
     "bad-length-scale": (["dataset.length_scale=0"], "dataset.length_scale must be a positive number", None),
+    "bad-shard": (["engine.shard=partial"], "engine.shard must be one of full, hybrid, got 'partial'", None),
+    "bad-odc-fetch": (["backend=sim", "backend.odc_fetch=random"],
+                      "backend.odc_fetch must be one of owner, nearest, got 'random'", None),
+    "bad-nic-rails": (["backend=sim", "backend.hardware.nic_rails=3"],
+                      "backend.hardware.nic_rails must divide gpus_per_node (8), got 3", None),
     # combinations that cannot run
     "lb-mini-on-collective": (["balancer=lb_mini"], "balancer lb_mini gives ranks different microbatch counts, "
                               "which engine=collective cannot run", None),
     "dynamic-on-collective": (["balancer=dynamic"], "balancer dynamic gives ranks different microbatch counts", None),
+    "hybrid-on-local-ranks": (["engine.shard=hybrid"], "engine.shard=hybrid is simulated only so far (backend=sim): "
+                              "engine=collective shards every unit over all ranks; set engine.shard=full", None),
+    "hybrid-on-the-cpu-profile": (["backend=sim", "backend/hardware=cpu", "engine.shard=hybrid"],
+                                  "engine.shard=hybrid needs nodes: a GPU hardware profile", None),
     # sizes that must divide or fit
     "heads-do-not-divide": (["model.num_heads=3"], "hidden_size 128 must divide by num_heads 3", None),
     "slurm-nodes-do-not-divide": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "world_size=3"],

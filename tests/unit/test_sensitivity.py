@@ -9,7 +9,7 @@ import pytest
 from odc_bench.config.compose import compose_run
 from odc_bench.data.profiles import PROFILES
 from odc_bench.plan.spec import resolve
-from odc_bench.record.row import timing
+from odc_bench.record.row import sim_timing
 from odc_bench.sim import simulate
 from odc_bench.tools import sensitivity as S
 
@@ -29,7 +29,7 @@ def test_a_point_on_the_datasets_own_profile_is_the_harness_run():
                               "dataset.length_scale=1", f"engine={engine}", f"balancer={balancer}", "seed=3",
                               f"num_minibatches={MB}", f"warmup_minibatches={WARMUP}"])
         spec = resolve(config)
-        assert row[f"{label}_samples_per_s"] == pytest.approx(timing(spec, simulate(spec).events)["samples_per_s"])
+        assert row[f"{label}_samples_per_s"] == pytest.approx(sim_timing(spec, simulate(spec))["samples_per_s"])
         assert row[f"{label}_predicted_bubble"] == pytest.approx(spec.predicted_bubble_rate())
 
 

@@ -94,6 +94,18 @@ def test_fig10_varies_the_four_factors_one_at_a_time():
     assert len(jobs) == len({tuple(sorted(j.items())) for j in jobs})
 
 
+def test_sim_scaling_runs_every_layout_from_one_node_to_128():
+    jobs = jobs_of("sim_scaling")
+    layout = {(j["engine"], j.get("engine.shard", "full"), j.get("backend.odc_fetch", "owner")) for j in jobs}
+    assert layout == {("collective", "full", "owner"), ("collective", "hybrid", "owner"), ("odc", "full", "owner"),
+                      ("odc", "hybrid", "owner"), ("odc", "full", "nearest")}
+    assert {j["world_size"] for j in jobs} == {str(8 * 2**i) for i in range(8)}
+    assert {(j["model"], j["dataset"]) for j in jobs} == {(m, d) for m in ("qwen2_1p5b", "qwen2_32b")
+                                                          for d in ("longalign", "swe_smith")}
+    assert {(j["engine"], j["balancer"]) for j in jobs} == {("collective", "lb_micro"), ("odc", "lb_mini")}
+    assert len(jobs) == 160 == len({tuple(sorted(j.items())) for j in jobs})
+
+
 def test_primitives_runs_the_primitives_task_on_two_and_four_ranks():
     jobs = jobs_of("primitives")
     assert {j["task"] for j in jobs} == {"primitives"}

@@ -1,0 +1,173 @@
+"""How many ranks share the network at a moment of an ODC minibatch, from a previous pass.
+
+The ODC timeline (timeline.py) is a fixed point: each pass times transfers by the ranks still
+working at that moment according to the pass before (all of them in the first). Those counts
+are step functions of time with one step per rank finishing, so a pass tabulates them once per
+minibatch and each batch of transfers looks them up with one sorted search: O(M R log R) to
+build and O(M R (log R + g)) per lookup for M minibatches, R ranks and g ranks per node (the
+counts of a rank's own node and rail are summed over its node's ranks directly), whatever the
+node count; lookups before a minibatch's first rank finishes need no search.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from odc_bench.sim.hardware import Network
+
+
+class Contention:
+    """Active-rank counts at given times, from each rank's finish time in the previous pass.
+
+    finish: (M, R) seconds from the minibatch's start; +inf where not known yet (a rank with
+    work in the first pass: active throughout), -inf for a rank without work (never active).
+    """
+
+    def __init__(self, net: Network, finish: np.ndarray) -> None:
+        M, R = finish.shape
+        self.net, self.shape = net, (M, R)
+        if net.nodes == 1:
+            return
+        g = net.gpus_per_node
+        finite = finish[np.isfinite(finish)]
+        # Queries are clipped to just past the last finite finish, so that ranks without a
+        # finish time yet stay active, and ranks without work (finished "before time 0")
+        # never count; rows of the flat search keys then never overlap.
+        self.horizon = float(finite.max()) if finite.size else 0.0
+        f = np.where(finish == -np.inf, -1.0, np.where(finish == np.inf, self.horizon + 1.0, finish))
+        self.finish = f
+        self.stride = self.horizon + 3.0
+        order = np.argsort(f, axis=1)
+        self.keys = (np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None]).ravel()
+        rank = np.arange(R)
+        local = rank % g
+        self.node_group = (np.arange(M)[:, None] * net.nodes + rank // g).ravel()  # (M * R,): row of node_finish
+        self.node_finish = f.reshape(M * net.nodes, g)
+        per_rail = g // net.rails
+        self.rail_group = self.node_group * net.rails + np.tile(local % net.rails, M)
+        self.rail_finish = np.swapaxes(f.reshape(M, net.nodes, per_rail, net.rails), 2, 3).reshape(-1, per_rail)
+        # The most finished ranks in any node, and in any node but that one, after k ranks have
+        # finished (k = 0..R): each finish raises its node's count by one, to its rank among
+        # the node's finishes (`occ`); the largest count so far is a running maximum of occ,
+        # the second largest (another node's) a running maximum of the occ values that a
+        # second node has reached.
+        node = net.node_of()[order]
+        by_node = np.argsort(node, axis=1, kind="stable")
+        sorted_node = np.take_along_axis(node, by_node, 1)
+        first = np.concatenate([np.ones((M, 1), bool), sorted_node[:, 1:] != sorted_node[:, :-1]], axis=1)
+        occ = np.empty((M, R), np.int64)
+        np.put_along_axis(occ, by_node, _rank_in_group(first), 1)
+        by_occ = np.argsort(occ, axis=1, kind="stable")
+        sorted_occ = np.take_along_axis(occ, by_occ, 1)
+        first = np.concatenate([np.ones((M, 1), bool), sorted_occ[:, 1:] != sorted_occ[:, :-1]], axis=1)
+        arrival = np.empty((M, R), np.int64)
+        np.put_along_axis(arrival, by_occ, _rank_in_group(first), 1)
+        zero = np.zeros((M, 1), np.int64)
+        self.most = np.concatenate([zero, np.maximum.accumulate(occ, axis=1)], axis=1).ravel()
+        self.second = np.concatenate([zero, np.maximum.accumulate(np.where(arrival > 1, occ, 0), axis=1)],
+                                     axis=1).ravel()
+        # Until a minibatch's first rank finishes, only the ranks without work count as done:
+        # most queries fall there, and take the counts tabulated here instead of a search.
+        idle = f == -1.0
+        working = np.where(idle, np.inf, f)
+        self.first = working.min(axis=1)
+        idle_count = idle.sum(axis=1)
+        idle_in_node = idle.reshape(M, net.nodes, g).sum(axis=2).repeat(g, axis=1)
+        by_rail = idle.reshape(M, net.nodes, per_rail, net.rails)
+        idle_on_rail = np.broadcast_to(by_rail.sum(axis=2, keepdims=True), by_rail.shape).reshape(M, R)
+        row = np.arange(M) * (R + 1) + idle_count
+        self.early_loc = g - idle_in_node
+        self.early_tot = (R - idle_count)[:, None]
+        self.early_min_remote = g - np.where(idle_in_node == self.most[row, None], self.second[row, None],
+                                             self.most[row, None])
+        self.early_rail = per_rail - idle_on_rail
+
+    def transfer(self, nbytes: float, at: np.ndarray, from_peer: float | np.ndarray = 0.0,
+                 needed: np.ndarray | None = None) -> np.ndarray:
+        """Seconds of every rank's transfer of `nbytes` starting at `at` (M, R); `from_peer`
+        bytes of it taken from a rank of the node (Network.transfer_time). Where `needed` is
+        False (a rank past its last microbatch) the result is not used, and not searched for."""
+        net = self.net
+        if net.nodes == 1:
+            one = np.ones(at.shape)
+            return net.transfer_time(nbytes, one, one, one)
+        M, R = self.shape
+        g = net.gpus_per_node
+        query = np.minimum(at, self.horizon + 0.5)
+        late = query >= self.first[:, None]
+        late = np.flatnonzero(late if needed is None else late & needed)
+        # A rank is busy at its own transfer even if the previous pass had it finish earlier
+        # (counted as done by the same clipped time as the others).
+        self_done = self.finish <= query
+        k_loc = self.early_loc + self_done
+        k_tot = self.early_tot + self_done
+        k_min_remote = self.early_min_remote
+        k_rail = None if net.rails == 1 else self.early_rail + self_done
+        if late.size:
+            q = query.ravel()[late]
+            m = late // R
+            k = np.searchsorted(self.keys, q + self.stride * m, side="right") - m * R
+            node_done = (self.node_finish[self.node_group[late]] <= q[:, None]).sum(axis=1)
+            row = m * (R + 1) + k
+            most, second = self.most[row], self.second[row]
+            done = self_done.ravel()[late]
+            k_loc.ravel()[late] = (g - node_done) + done
+            k_tot.ravel()[late] = (R - k) + done
+            k_min_remote = k_min_remote.copy()
+            k_min_remote.ravel()[late] = g - np.where(node_done == most, second, most)
+            if k_rail is not None:
+                rail_done = (self.rail_finish[self.rail_group[late]] <= q[:, None]).sum(axis=1)
+                k_rail.ravel()[late] = (g // net.rails - rail_done) + done
+        return net.transfer_time(nbytes, k_loc, k_tot, k_min_remote, k_rail, from_peer)
+
+
+def _rank_in_group(first: np.ndarray) -> np.ndarray:
+    """1-based position of each element in its run of equal keys (`first` marks each run's start), per row."""
+    idx = np.broadcast_to(np.arange(first.shape[1]), first.shape)
+    start = np.maximum.accumulate(np.where(first, idx, 0), axis=1)
+    return idx - start + 1
+
+
+class Holders:
+    """Which ranks hold a unit's whole parameters when, from a previous pass (topology-aware fetch).
+
+    A rank holds the unit of a position from the end of its gather to the end of that
+    position's compute (the engine frees it after, as FSDP reshards after forward). Positions
+    run embed, layers, head forward and back again, so unit u is at positions u and P-1-u.
+    Per unit, the intervals of every rank are sorted per (minibatch, node); the ranks of a node
+    holding a unit at a time are the intervals begun by then minus those ended by then (two
+    sorted searches for a batch of queries).
+    """
+
+    def __init__(self, net: Network, hold_s: np.ndarray, hold_e: np.ndarray, nmb: np.ndarray) -> None:
+        M, R, J, P = hold_s.shape
+        g, U = net.gpus_per_node, P // 2
+        self.shape, self.nodes, self.g = (M, R), net.nodes, g
+        empty = np.arange(J)[None, None, :, None] >= nmb[:, :, None, None]
+        self.horizon = float(hold_e[~np.broadcast_to(empty, hold_e.shape)].max(initial=0.0))
+        self.stride = self.horizon + 3.0
+        never = self.horizon + 2.0
+        s = np.where(empty, never, hold_s)
+        e = np.where(empty, never, np.maximum(hold_e, hold_s))
+        at = np.stack([np.arange(U), P - 1 - np.arange(U)], axis=1)  # (U, 2): the positions of each unit
+        self.own_s = s[:, :, :, at]  # (M, R, J, U, 2)
+        self.own_e = e[:, :, :, at]
+        offsets = self.stride * np.arange(M * net.nodes)[:, None]
+
+        def grouped(x: np.ndarray) -> np.ndarray:  # (U, M * nodes * g * J * 2), sorted per (minibatch, node)
+            per_unit = np.moveaxis(x, 3, 0).reshape(U, M * net.nodes, g * J * 2)
+            return (np.sort(per_unit, axis=-1) + offsets).reshape(U, -1)
+
+        self.starts, self.ends = grouped(self.own_s), grouped(self.own_e)
+
+    def held(self, unit: int, at: np.ndarray) -> np.ndarray:
+        """(M, R): whether another rank of the node holds `unit` at `at`."""
+        M, R = self.shape
+        query = np.minimum(at, self.horizon + 0.5)
+        group = np.arange(M)[:, None] * self.nodes + np.arange(R)[None, :] // self.g
+        key = (query + self.stride * group).ravel()
+        begun = np.searchsorted(self.starts[unit], key, side="right")
+        ended = np.searchsorted(self.ends[unit], key, side="right")
+        q = query[:, :, None, None]
+        own = ((self.own_s[:, :, :, unit] <= q) & (q < self.own_e[:, :, :, unit])).sum(axis=(2, 3))
+        return (begun - ended).reshape(M, R) - own > 0

@@ -1,0 +1,57 @@
+"""The per-rank memory estimate (models/memory.py): hybrid sharding, and the committed CPU runs."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from odc_bench.config.fields import build
+from odc_bench.config.model import ModelConfig
+from odc_bench.models.memory import OWNED_BYTES, estimate, unit_params
+from odc_bench.plan.spec import resolve
+from odc_bench.record.row import MB
+from tests.helpers import REPO, run_config
+
+
+def test_hybrid_sharding_owns_a_nodes_share_and_nothing_else_changes():
+    """32 ranks in nodes of 8: a rank owns 1/8 of every unit (as on 8 ranks), not 1/32; the
+    working units and the activations are per unit and per token, the same either way."""
+    cfg = run_config("model=qwen2_7b").model
+    full = estimate(cfg, 32, "bf16", 65536, recompute=True)
+    hybrid = estimate(cfg, 32, "bf16", 65536, recompute=True, shard_over=8)
+    assert hybrid.owned == estimate(cfg, 8, "bf16", 65536, recompute=True).owned
+    assert hybrid.owned == sum(-(-p // 8) for p in unit_params(cfg)) * (OWNED_BYTES + 2)
+    assert hybrid.owned == pytest.approx(4 * full.owned, rel=1e-6)
+    assert (hybrid.working, hybrid.activations) == (full.working, full.activations)
+
+
+def test_a_simulated_hybrid_run_is_estimated_per_node_and_flagged_when_it_does_not_fit():
+    """14B at 64K tokens on A100s (80 GB): sharded over 16 ranks a rank owns 1/16 of 14.8B
+    parameters x 18 bytes (17 GB; 69 GB in all with 48 GB of activations) and fits; sharded
+    within nodes of 8 it owns 1/8 (33 GB; 86 GB in all) and does not."""
+    base = ("backend=sim", "model=qwen2_14b", "world_size=16", "dataset.length_scale=1", "precision=bf16",
+            "backend.recompute=true", "num_minibatches=3")
+    full = resolve(run_config(*base))
+    hybrid = resolve(run_config(*base, "engine.shard=hybrid"))
+    assert hybrid.memory.owned == pytest.approx(2 * full.memory.owned, rel=1e-6)
+    assert full.memory.total < full.memory_limit < hybrid.memory.total
+
+
+def _cpu_rows() -> pd.DataFrame:
+    tables = [pd.read_csv(p) for p in sorted(Path(REPO, "results").glob("cpu*/**/runs.csv"))]
+    rows = pd.concat(tables, ignore_index=True)
+    return rows[(rows["status"] == "ok") & (rows["backend"] == "local") & rows["mem_estimate_mb"].notna()]
+
+
+def test_the_full_sharding_estimate_of_the_committed_cpu_runs_is_unchanged():
+    """What the CPU validation compares with measured peaks (docs/simulator.md): every committed
+    local run's estimate, recomputed from its config, is the one its row recorded."""
+    rows = _cpu_rows()
+    assert len(rows) > 50
+    for _, row in rows.iterrows():
+        config = yaml.safe_load(row["config"])
+        model = build(ModelConfig, config["model"], "model.")
+        got = estimate(model, int(row["world_size"]), row["precision"], int(row["max_tokens"]),
+                       cpu_longest=int(row["len_max"])).total / MB
+        assert got == pytest.approx(row["mem_estimate_mb"], rel=1e-9), row["run_id"]
