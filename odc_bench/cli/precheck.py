@@ -23,11 +23,12 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from odc_bench.cli.slurm import job_parameters
+from odc_bench.cli.slurm import check_slurm_available, job_parameters
 from odc_bench.config.run import load
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import resolve
 from odc_bench.results.table import check_results_dir
+from odc_bench.sim import check_hardware
 
 
 def first_combination(overrides: Sequence[str]) -> list[str]:
@@ -108,8 +109,11 @@ def check_run(cfg: DictConfig) -> None:
         return
     spec = resolve(config)
     check_results_dir(Path(config.results_dir))
+    if config.simulated:
+        check_hardware(spec)
     if str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher"):
         job_parameters(cfg, spec)
+        check_slurm_available()
     else:  # ranks of this host: their memory is this host's
         spec.check_fits()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import time
@@ -59,6 +60,13 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
                           f"({world_size}): one SLURM task per rank; {fix}")
     check_placement(spec, params)
     return params
+
+
+def check_slurm_available() -> None:
+    """ConfigError when this machine cannot submit SLURM jobs (no sbatch on PATH)."""
+    require(shutil.which("sbatch") is not None and shutil.which("squeue") is not None,
+            "hydra/launcher=slurm needs SLURM's sbatch and squeue on PATH, and this machine has none; submit from a "
+            "SLURM login node, or leave out hydra/launcher=slurm to run on this machine")
 
 
 def check_placement(spec: RunSpec, params: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.errors import ConfigError
-from odc_bench.models.memory import MemoryEstimate, estimate
+from odc_bench.models.memory import MemoryEstimate, estimate, host_available_bytes
 from odc_core.engine.registry import EngineSpec
 
 GB = 2**30
@@ -86,16 +86,44 @@ class RunSpec:
         return dict(samples=int(lengths.size), len_mean=float(lengths.mean()), len_p50=float(p50),
                     len_p99=float(p99), len_max=int(lengths.max()))
 
+    def memory_at(self, tokens: int) -> MemoryEstimate:
+        """The per-rank estimate with a microbatch limit of `tokens` (samples no longer than that)."""
+        c = self.config
+        recompute = isinstance(c.backend, SimBackendConfig) and c.backend.recompute
+        on_cpu = not c.simulated and self.device_type == "cpu"
+        return estimate(c.model, self.world_size, c.precision, tokens, recompute,
+                        cpu_longest=tokens if on_cpu else None)
+
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit (a run of local ranks only: a
-        SLURM job's nodes are not this host)."""
+        SLURM job's nodes are not this host), with the fix that can work: a lower microbatch
+        limit, shorter samples, or a smaller model or more ranks."""
         if self.memory_limit is None or self.memory.total <= self.memory_limit:
             return
-        m = self.memory
-        raise ConfigError(
-            f"a rank would need about {m.total / GB:.1f} GiB (owned shards {m.owned / GB:.1f}, working units "
-            f"{m.working / GB:.1f}, activations of {self.max_tokens} tokens {m.activations / GB:.1f}), over the "
-            f"{self.memory_limit / GB:.1f} GiB it has; lower max_tokens or the model's size, or add ranks")
+        m, limit = self.memory, self.memory_limit
+        need = (f"a rank would need about {m.total / GB:.1f} GiB (owned shards {m.owned / GB:.1f}, working units "
+                f"{m.working / GB:.1f}, activations of {self.max_tokens} tokens {m.activations / GB:.1f}), over the "
+                f"{limit / GB:.1f} GiB it has")
+        longest = max(self.length_stats()["len_max"], 2)
+        fitting = self.longest_fitting(limit)
+        if fitting < 2:
+            raise ConfigError(f"{need}; the model alone does not fit: use a smaller model or add ranks")
+        if fitting >= longest:
+            raise ConfigError(f"{need}; lower max_tokens (to {fitting} or less: the longest sample has {longest}), "
+                              f"or add ranks")
+        raise ConfigError(f"{need}; a sample of {longest} tokens cannot fit, samples up to about {fitting} tokens "
+                          f"do: drop or truncate the longer ones (or lower dataset.length_scale), or use a smaller "
+                          f"model or more ranks")
+
+    def longest_fitting(self, limit: int) -> int:
+        """The largest microbatch limit whose estimate is within `limit` bytes (below 2: none)."""
+        low, high = 1, max(self.max_tokens, 2)
+        if self.memory_at(high).total <= limit:
+            return high
+        while high - low > 1:  # the estimate grows with the tokens
+            mid = (low + high) // 2
+            low, high = (mid, high) if self.memory_at(mid).total <= limit else (low, mid)
+        return low
 
 
 def run_key(config: Mapping[str, Any]) -> str:
@@ -187,6 +215,4 @@ def memory_limit(config: RunConfig, device_type: str) -> int | None:
         return int(hw.memory_gb * 1e9) if isinstance(hw, GpuHardwareConfig) else None
     if device_type == "cuda":
         return int(torch.cuda.mem_get_info()[1])
-    with open("/proc/meminfo") as f:
-        available_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-    return available_kib * 1024 // config.world_size
+    return host_available_bytes() // config.world_size
