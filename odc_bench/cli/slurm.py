@@ -29,7 +29,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.core.utils import JobPaths
 
-from odc_bench.cli.progress import outcome_of
+from odc_bench.cli.sweeper import outcome_of
 from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.errors import ConfigError, fail

@@ -20,15 +20,14 @@ import torch
 from odc_bench.balancers.cost import CostModel, cost_model_for, device_tag
 from odc_bench.balancers.plan import Microbatch, Plan
 from odc_bench.balancers.quality import Prediction, predict, run_bubble_rate
-from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
+from odc_bench.balancers.registry import balancer_options, balancer_spec, plan_minibatch
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
-from odc_bench.errors import ConfigError
+from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate, host_available_bytes
-from odc_core.engine.registry import EngineSpec
 
 GB = 2**30
 
@@ -152,13 +151,16 @@ def minibatch_samples(pool_size: int, global_size: int, num_minibatches: int, se
             for k in range(num_minibatches)]
 
 
-def _check_combination(engine: EngineSpec, balancer: BalancerSpec, config: RunConfig) -> None:
-    require(not (engine.equal_microbatch_counts and not balancer.equal_counts),
-            f"balancer {balancer.name} gives ranks different microbatch counts, which engine={engine.name} "
-            f"cannot run (every layer is a barrier); use engine=odc")
-    if config.simulated:
-        require(engine.simulated_as is not None,
-                f"the simulator does not model engine={engine.name}; use backend=local")
+def check_combination(config: RunConfig) -> None:
+    """CombinationError when the engine, balancer and backend cannot run together."""
+    engine, balancer = config.engine.spec, balancer_spec(config.balancer.name)
+    if engine.equal_microbatch_counts and not balancer.equal_counts:
+        raise CombinationError(f"balancer {balancer.name} gives ranks different microbatch counts, which "
+                               f"engine={engine.name} cannot run (every layer is a barrier); use engine=odc",
+                               ("engine", "balancer"))
+    if config.simulated and engine.simulated_as is None:
+        raise CombinationError(f"the simulator does not model engine={engine.name}; use backend=local",
+                               ("engine", "backend"))
 
 
 def resolve(config: RunConfig) -> RunSpec:
@@ -167,7 +169,7 @@ def resolve(config: RunConfig) -> RunSpec:
     device_type = "cpu" if config.simulated else device_type_of(config)
     engine = config.engine if config.simulated else config.engine.for_device(device_type)
     balancer = balancer_spec(config.balancer.name)
-    _check_combination(engine.spec, balancer, config)
+    check_combination(config)
     options = balancer_options(balancer.name, config.balancer.options)
     cost = cost_model_for(config.balancer, config.model, hardware_tag(device_type))
 
