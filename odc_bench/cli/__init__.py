@@ -3,6 +3,7 @@ the SLURM launcher's driver side (slurm.py) and the progress callback (progress.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -12,11 +13,22 @@ from odc_bench.config.compose import register_sweeps
 from odc_bench.errors import ConfigError, fail
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (kill, scancel) unwinds like Ctrl-C: ranks are stopped, temporaries removed, and
+    SLURM jobs this command submitted cancelled."""
+    sys.exit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m odc_bench`: every bad input ends in one line and exit status 2 before Hydra runs."""
+    """`python -m odc_bench` (the `odc-bench` script): every bad input ends in one line and exit
+    status 2 before Hydra runs; Ctrl-C ends it with status 130 and no traceback."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     register_sweeps()
     try:
         precheck(sys.argv[1:] if argv is None else argv)
     except ConfigError as e:
         fail(e)
-    hydra_main()
+    try:
+        hydra_main()
+    except KeyboardInterrupt:
+        sys.exit(130)
