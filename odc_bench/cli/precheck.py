@@ -11,7 +11,6 @@ folder). docs/errors.md lists them.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,12 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.cli.slurm import check_slurm_available, job_parameters
+from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.plan.spec import check_combination, resolve
@@ -39,20 +39,6 @@ def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
                else [str(o.input_line)] for o in parsed]
     for combination in itertools.product(*choices):
         yield list(combination)
-
-
-def _one_line(error: Exception) -> str:
-    unknown_key = re.match(r"Could not override '([^']+)'", str(error))
-    if unknown_key:
-        return (f"unknown config key {unknown_key.group(1)!r}; check its spelling "
-                f"(`python -m odc_bench --cfg job` prints every key)")
-    if isinstance(error, MissingConfigException) and error.options:
-        group = (error.missing_cfg_file or "").rsplit("/", 1)
-        if len(group) == 2:
-            return (f"unknown {group[0]} option {group[1]!r}; choose one of {', '.join(sorted(error.options))}")
-    first = str(error).strip().splitlines()
-    text = " ".join(line.strip() for line in first[:2] if line.strip())
-    return text or type(error).__name__
 
 
 # Flags that ask Hydra for information rather than a run: only the command line is checked.
@@ -147,5 +133,5 @@ def precheck(argv: Sequence[str]) -> None:
             else:
                 raise ConfigError(f"no combination of the sweep can run, e.g.: {cannot_run}")
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_one_line(e)) from None
+        raise ConfigError(hydra_error_line(e)) from None
     check_run(cfg)

@@ -20,7 +20,7 @@ import torch
 from odc_bench.balancers.cost import CostModel, cost_model_for, device_tag
 from odc_bench.balancers.plan import Microbatch, Plan
 from odc_bench.balancers.quality import Prediction, predict, run_bubble_rate
-from odc_bench.balancers.registry import balancer_options, balancer_spec, plan_minibatch
+from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
@@ -163,6 +163,27 @@ def check_combination(config: RunConfig) -> None:
                                ("engine", "backend"))
 
 
+# Plans are pure functions of these inputs, so a process that resolves several runs over the same
+# minibatches (the series of a what-if or of a sweep, which differ only in the engine) plans each
+# minibatch once. Plans are never modified after planning.
+_PLANS: dict[tuple, tuple[Plan, list[Microbatch] | None]] = {}
+_PLANS_KEPT = 4096
+
+
+def _planned(balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
+             cost: CostModel) -> tuple[Plan, list[Microbatch] | None]:
+    try:
+        key = (balancer.name, options, cost, world, max_tokens, tuple(lengths))
+        hash(key)
+    except TypeError:  # options holding a mutable value: plan without the memo
+        return plan_minibatch(balancer, options, lengths, world, max_tokens, cost)
+    if key not in _PLANS:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.clear()
+        _PLANS[key] = plan_minibatch(balancer, options, lengths, world, max_tokens, cost)
+    return _PLANS[key]
+
+
 def resolve(config: RunConfig) -> RunSpec:
     """Plan every minibatch of the run; ConfigError (one line) for input that cannot run."""
     world, per_rank = config.world_size, config.minibatch_size
@@ -192,7 +213,7 @@ def resolve(config: RunConfig) -> RunSpec:
                 f"minibatch {k} has a sample of {longest} tokens, over the microbatch limit max_tokens={max_tokens}; "
                 f"raise max_tokens (or packing_ratio) or lower dataset.length_scale")
         try:
-            plan, queue = plan_minibatch(balancer, options, lens, world, max_tokens, cost)
+            plan, queue = _planned(balancer, options, lens, world, max_tokens, cost)
         except ValueError as e:
             raise ConfigError(f"balancer {balancer.name} cannot plan minibatch {k}: {e}") from None
         if engine.spec.equal_microbatch_counts:

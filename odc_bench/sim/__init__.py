@@ -100,7 +100,12 @@ def check_hardware(spec: RunSpec) -> None:
                 f"here, but model {config.model.name} would need about {local.total / 2**30:.1f} GiB per rank, over "
                 f"the {per_rank / 2**30:.1f} GiB this host has for each; simulate it on a GPU profile "
                 f"(backend/hardware=a100 or h100)")
-    load_profile(hw, config.model.name)
+    profile = load_profile(hw, config.model.name)
+    layout = Layout(config.model)
+    timeline = config.engine.spec.simulated_as
+    assert timeline is not None, "resolve() refuses engines the simulator does not model"
+    profile.compute_table(layout, backend.recompute)
+    profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes)
 
 
 def simulate(spec: RunSpec) -> Simulation:
