@@ -1,5 +1,6 @@
-"""The command line: checks before Hydra starts (precheck.py), the sweeps' sweeper (sweeper.py),
-the SLURM launcher's driver side (slurm.py) and the progress callback (progress.py)."""
+"""The command line: its help (help.py), checks before Hydra starts (precheck.py), the sweeps'
+sweeper (sweeper.py), the SLURM launcher's driver side (slurm.py, submissions.py) and the
+progress callback (progress.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from odc_bench.app import main as hydra_main
+from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import register_sweeps
 from odc_bench.errors import ConfigError, fail
@@ -23,9 +25,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`python -m odc_bench` (the `odc-bench` script): every bad input ends in one line and exit
     status 2 before Hydra runs; Ctrl-C ends it with status 130 and no traceback."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["help"], ["--help"], ["-h"]):
+        print(help_text())
+        return
     register_sweeps()
     try:
-        precheck(sys.argv[1:] if argv is None else argv)
+        precheck(args)
     except ConfigError as e:
         fail(e)
     try:
