@@ -86,11 +86,13 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
-         "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "wall_s", "loss_last")
+         "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "mem_estimate_mb", "wall_s",
+         "loss_last")
 
 
 def _fmt(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A cell of the run's table; '-' for what the run does not measure (the simulator's memory, losses)."""
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_row(row: dict) -> None:

@@ -70,23 +70,23 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise ConfigError(f"--out {args.out} is not a folder; give a folder for verdict.csv and verdict.png")
     except ConfigError as e:
         fail(e, PROG)
+    def say(text: str) -> None:  # verbatim and unwrapped: paths and commands stay whole
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     spec = runs[0][3]
     source = spec.config.dataset.profile or Path(str(spec.config.dataset.path)).name
-    console.print(describe_pool(dataset_lengths(spec.config.dataset, spec.config.seed), question, source),
-                  markup=False, highlight=False)
+    say(describe_pool(dataset_lengths(spec.config.dataset, spec.config.seed), question, source))
     table = answer(runs)
     accuracy = validated()
     print_table(table, question, accuracy, console)
     for line in verdict_lines(table, accuracy):
-        console.print(line, markup=False, highlight=False)
-    console.print(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.",
-                  markup=False, highlight=False)
-    console.print(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B "
-                  f"minibatch_size=N{''.join(' ' + o for o in question.overrides)}`.", markup=False, highlight=False)
+        say(line)
+    say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
+    say(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B minibatch_size=N"
+        f"{''.join(' ' + o for o in question.overrides)}`.")
     write_csv(table, args.out / "verdict.csv")
     draw(table, question, accuracy, args.out / "verdict.png")
-    console.print(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} "
-                  f"({time.perf_counter() - t0:.1f} s).", markup=False, highlight=False)
+    say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")
 
 
 if __name__ == "__main__":

@@ -99,11 +99,11 @@ class Question:
         require(path.exists(), f"{self.lengths} is neither a length profile ({', '.join(sorted(PROFILES))}) nor a "
                                f"file or folder; give a lengths file (one token count per line), a JSONL file or a "
                                f"dataset saved with save_to_disk")
-        path = path.resolve()
+        # As given, relative paths too: the printed commands run from the same folder.
         if path.is_dir():
             out = ["dataset=hf_disk", f"dataset.path={path}", *scale]
             if self.tokenizer:
-                out.append(f"dataset.tokenizer={Path(self.tokenizer).expanduser().resolve()}")
+                out.append(f"dataset.tokenizer={Path(self.tokenizer).expanduser()}")
             if self.text_field:
                 out.append(f"dataset.text_field={self.text_field}")
             return out

@@ -1,7 +1,7 @@
 """`python -m odc_bench.whatif`: the verdict's rows are the `backend=sim` runs it names, bad input
 is refused in one line with nothing written, and the table, verdict and figure say what they show.
 
-The timing target (under 10 s for 64 devices) is a measurement, not a test: docs/whatif.md has its command.
+The timing target (under 10 s for 64 devices) is a measurement, not a test: docs/whatif.md, "How long".
 """
 
 from __future__ import annotations
