@@ -72,7 +72,7 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
                           predicted, memory, str(r.runs))
         console.print(table)
     for line in legend(rows):
-        console.print(line, markup=False, highlight=False)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def legend(rows: pd.DataFrame) -> list[str]:
