@@ -19,11 +19,13 @@ from odc_bench.data.profiles import PROFILES
 from odc_bench.results.series import BASELINE_BALANCERS
 from odc_core.engine.registry import ENGINES
 
-# The settings of the paper's runs, which the verdict's runs share unless the user overrides them:
-# bf16 compute with fp32 reduction, activation checkpointing (what makes long samples fit), no
-# trace files (the verdict reads the rows), and balancers planning with the model's own FLOPs.
-DEFAULTS = ("precision=bf16", "backend.recompute=true", "backend.write_trace=false", "balancer.cost_model=flops",
-            "warmup_minibatches=0")
+# The settings the verdict's runs share unless the user overrides them: no trace files (the
+# verdict reads the rows), balancers planning with the model's own FLOPs, no warm-up (nothing
+# warms up in a simulation); on GPUs the paper's bf16 compute with fp32 reduction and activation
+# checkpointing (what makes long samples fit). The CPU profile is this machine as it ran: fp32,
+# no checkpointing.
+DEFAULTS = ("backend.write_trace=false", "balancer.cost_model=flops", "warmup_minibatches=0")
+GPU_DEFAULTS = ("precision=bf16", "backend.recompute=true")
 
 
 # Keys the verdict varies or derives from its options, which an override must not change.
@@ -117,7 +119,7 @@ class Question:
         """The overrides every run of the verdict shares (before the user's own)."""
         hardware = [f"backend/hardware={self.hardware}"]
         if self.hardware != "cpu":  # the calibrated CPU profile has no node size: it is this machine
-            hardware.append(f"backend.hardware.gpus_per_node={self.devices_per_node}")
+            hardware += [f"backend.hardware.gpus_per_node={self.devices_per_node}", *GPU_DEFAULTS]
         return ["backend=sim", *hardware, f"world_size={self.world_size}", f"model={self.model}",
                 f"num_minibatches={self.num_minibatches}", *DEFAULTS, *self.data_overrides()]
 
