@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import shutil
 import subprocess
 import sys
@@ -40,8 +39,6 @@ from odc_bench.errors import ConfigError, fail
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.results.table import check_results_dir, ok_runs
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
