@@ -111,8 +111,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                               "backend.hardware.link_gbps must be a positive number, got 0", None),
     "hardware-share-over-one": (["backend=sim", "backend.hardware.matmul_efficiency=5"],
                                 "backend.hardware.matmul_efficiency must be a share in (0, 1], got 5", None),
-    "cpu-profile-for-a-large-model": (["backend=sim", "backend/hardware=cpu", "model=qwen2_7b"],
-                                      "but model qwen2_7b would need about", None),
+    "cpu-profile-for-a-large-model": (["backend=sim", "backend/hardware=cpu", "model=qwen2_32b"],
+                                      "but model qwen2_32b would need about", None),
     # combinations that cannot run
     "lb-mini-on-collective": (["balancer=lb_mini"], "balancer lb_mini gives ranks different microbatch counts, "
                               "which engine=collective cannot run", None),
