@@ -50,9 +50,10 @@ _POLL_S = 0.2
 
 def mpiexec_path() -> str:
     """MPICH's mpiexec (the one beside this interpreter first); ConfigError when there is none."""
-    found = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("mpiexec", path=search)
     probe = subprocess.run([found, "-info"], capture_output=True, text=True, timeout=30) if found else None
-    if probe is None or probe.returncode != 0 or "HYDRA" not in probe.stdout:
+    if found is None or probe is None or probe.returncode != 0 or "HYDRA" not in probe.stdout:
         raise ConfigError("engine.transport=mpi runs its ranks under MPICH's mpiexec (hydra), which is not installed "
                           "here; pip install 'odc-bench[mpi]' (mpi4py and the mpich wheel)")
     return found
@@ -88,7 +89,8 @@ class _Ranks:
         self.folder, self.world_size = folder, world_size
         (folder / "call.pkl").write_bytes(pickle.dumps((fn, args)))
         # The shell ignores SIGUSR1, hydra's notice to survivors that a rank ended, and so does the rank.
-        entry = f"trap '' USR1; {shlex.quote(sys.executable)} -m odc_bench.run.mpiexec \"$0\"; echo $? > \"$0/rank$PMI_RANK.status\""
+        entry = (f"trap '' USR1; {shlex.quote(sys.executable)} -m odc_bench.run.mpiexec \"$0\"; "
+                 "echo $? > \"$0/rank$PMI_RANK.status\"")
         command = [mpiexec_path(), "-disable-auto-cleanup", "-n", str(world_size), "sh", "-c", entry, str(folder)]
         self.log = (folder / "mpiexec.log").open("wb")
         self.proc = subprocess.Popen(command, cwd=REPO, env=rank_env(network_only), stdin=subprocess.DEVNULL,

@@ -10,7 +10,7 @@ config, reading a results table or drawing a figure never imports torch.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from odc_core.transport.registry import TRANSPORTS, transport_for
@@ -71,11 +71,16 @@ class OdcOptions:
     prefetch: bool = True
     # The symmetric heap's transport (odc_core/transport/registry.py); auto picks one for the device.
     transport: str = "auto"
+    # transport=mpi: keep MPI off shared memory between ranks of a host, so that one host
+    # exercises the network path ranks on different hosts take.
+    mpi_network_only: bool = False
 
     def __post_init__(self) -> None:
         if self.transport != "auto" and self.transport not in TRANSPORTS:
             raise ValueError(f"engine.transport must be auto or one of {', '.join(TRANSPORTS)}, "
                              f"got {self.transport!r}")
+        if self.mpi_network_only and self.transport not in ("auto", "mpi"):
+            raise ValueError(f"engine.mpi_network_only=true needs engine.transport=mpi, got {self.transport}")
 
     def for_device(self, device_type: str) -> OdcOptions:
         """The options as they run on `device_type`: `auto` replaced by the transport it picks."""
@@ -83,7 +88,9 @@ class OdcOptions:
             name = transport_for(self.transport, device_type).name
         except ValueError as e:
             raise ValueError(f"engine=odc: {e}") from None
-        return OdcOptions(prefetch=self.prefetch, transport=name)
+        if self.mpi_network_only and name != "mpi":
+            raise ValueError(f"engine.mpi_network_only=true needs engine.transport=mpi, got {self.transport}")
+        return replace(self, transport=name)
 
     def host_bound(self) -> tuple[str, str] | None:
         spec = TRANSPORTS.get(self.transport)

@@ -317,6 +317,11 @@ class MpiHeap:
         assert self._links is not None, "the heap is closed"
         return self._links.alive(peer)
 
+    def _memory(self, t: torch.Tensor) -> Any:
+        """A contiguous tensor's bytes as an MPI buffer. Not .numpy(): that would make the
+        caller's storage unresizable for good (the ODC engine frees gathered units by resizing)."""
+        return self._mpi.buffer.fromaddress(t.data_ptr(), t.numel() * t.element_size())
+
     @staticmethod
     def _check_range(buf: _Buffer, offset: int, numel: int) -> None:
         if offset < 0 or offset + numel > buf.numel:
@@ -336,7 +341,7 @@ class MpiHeap:
         nbytes = n * buf.dtype.itemsize
         # Bytes, not typed elements: a get copies and bf16 has no MPI datatype.
         B = self._mpi.BYTE
-        buf.win.Get([dst.view(-1).view(torch.uint8).numpy(), nbytes, B], peer, (offset, nbytes, B))
+        buf.win.Get([self._memory(dst), nbytes, B], peer, (offset, nbytes, B))
         buf.win.Flush(peer)
         if dst is not out:
             out.copy_(dst)
@@ -353,7 +358,7 @@ class MpiHeap:
         if n == 0:
             return
         # MPI_SUM through Accumulate is atomic per element against every other rank's: no locks.
-        buf.win.Accumulate([flat.numpy(), n, buf.mpi_type], peer, (offset, n, buf.mpi_type), op=self._mpi.SUM)
+        buf.win.Accumulate([self._memory(flat), n, buf.mpi_type], peer, (offset, n, buf.mpi_type), op=self._mpi.SUM)
         buf.win.Flush(peer)
 
     def _word(self, name: str, peer: int, index: int, what: str) -> _Buffer:
