@@ -41,7 +41,7 @@ import odc_bench
 from odc_bench.errors import ConfigError, RunFailed
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.local import Progress
-from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, run_rank, threads_per_rank
+from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, rank_entry, threads_per_rank
 from odc_core.transport.mpi import NETWORK_ONLY_ENV, STACK_ENV
 
 REPO = Path(odc_bench.__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def rank_env(network_only: bool) -> dict[str, str]:
 
 
 @dataclass
-class _Exit:
+class RankExit:
     rank: int
     status: int  # the rank's exit status as its shell saw it (128 + N: killed by signal N)
     error: str | None  # the last line of its error, when it raised
@@ -96,7 +96,7 @@ class _Ranks:
         self.proc = subprocess.Popen(command, cwd=REPO, env=rank_env(network_only), stdin=subprocess.DEVNULL,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def exits(self) -> list[_Exit]:
+    def exits(self) -> list[RankExit]:
         """The ranks that have ended so far."""
         out = []
         for r in range(self.world_size):
@@ -105,7 +105,7 @@ class _Ranks:
             except (OSError, ValueError):  # not ended, or its shell is still writing
                 continue
             error_file = self.folder / f"rank{r}.error"
-            out.append(_Exit(r, status, _last_line(error_file.read_text()) if error_file.exists() else None))
+            out.append(RankExit(r, status, _last_line(error_file.read_text()) if error_file.exists() else None))
         return out
 
     def mpiexec_gone(self) -> str | None:
@@ -126,7 +126,7 @@ class _Ranks:
         self.log.close()
 
 
-def _failure(failed: list[_Exit], when: str) -> str:
+def _failure(failed: list[RankExit], when: str) -> str:
     """The run's error: a rank that died without a word is the root cause of its peers' errors."""
     for e in failed:
         if e.error is None and e.status > 128:
@@ -137,17 +137,19 @@ def _failure(failed: list[_Exit], when: str) -> str:
     return f"rank {failed[0].rank} exited with status {failed[0].status} {when}"
 
 
-def _watch(ranks: _Ranks, deadline_s: float | None, progress: Callable[[], str], on_tick: Callable[[], None]) -> None:
-    """Return once every rank ended well; RunFailed at the first failure or past the deadline."""
+def _watch(ranks: _Ranks, deadline_s: float | None, progress: Callable[[], str], on_tick: Callable[[], None],
+           tolerate_failures: bool = False) -> list[RankExit]:
+    """Every rank's exit once all ended well (or ended at all, with tolerate_failures); RunFailed
+    at the first failure or past the deadline."""
     started = time.monotonic()
     while True:
         time.sleep(_POLL_S)
         ended = ranks.exits()
         failed = [e for e in ended if e.status != 0]
-        if failed:
+        if failed and not tolerate_failures:
             raise RunFailed(_failure(failed, progress()))
         if len(ended) == ranks.world_size:
-            return
+            return ended
         gone = ranks.mpiexec_gone()
         if gone is not None:
             time.sleep(_POLL_S)  # a shell may still be writing its rank's status
@@ -159,11 +161,12 @@ def _watch(ranks: _Ranks, deadline_s: float | None, progress: Callable[[], str],
 
 
 def run_mpi_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0,
-                  network_only: bool = True) -> list[Any]:
+                  network_only: bool = True, tolerate_failures: bool = False) -> list[Any]:
     """Run fn(rank, world_size, store, *args) on world_size ranks under mpiexec; results by rank.
 
     The MPI counterpart of run/ranks.py's run_ranks, for benchmarks and tests of the transport:
-    `fn` must be importable by name. RunFailed names the first rank to fail.
+    `fn` must be importable by name. RunFailed names the first rank to fail; with
+    tolerate_failures every rank runs to its end and a failed rank's result is its RankExit.
     """
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
@@ -171,10 +174,12 @@ def run_mpi_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s
         ranks = _Ranks(Path(folder), world_size, _with_store,
                        (fn, world_size, store.port, timeout_s, args), network_only)
         try:
-            _watch(ranks, timeout_s, lambda: "", lambda: None)
+            exits = {e.rank: e for e in _watch(ranks, timeout_s, lambda: "", lambda: None, tolerate_failures)}
         finally:
             ranks.stop()
-        return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+        results = [Path(folder) / f"rank{r}.pt" for r in range(world_size)]
+        return [exits[r] if exits[r].status != 0 else torch.load(f, weights_only=False) if f.exists() else None
+                for r, f in enumerate(results)]
 
 
 def _with_store(rank: int, fn: Callable[..., Any], world_size: int, port: int, timeout_s: float, args: tuple) -> Any:
@@ -182,8 +187,9 @@ def _with_store(rank: int, fn: Callable[..., Any], world_size: int, port: int, t
     return fn(rank, world_size, store, *args)
 
 
-def run_mpi(spec: RunSpec, collect_params: bool = False, on_progress: Progress | None = None) -> list[dict]:
-    """run/local.py's run_local with the ranks under mpiexec (engine.transport=mpi)."""
+def run_mpi(spec: RunSpec, collect_params: bool = False, entry: Callable[[int, RankJob], None] = rank_entry,
+            on_progress: Progress | None = None) -> list[dict]:
+    """run/local.py's run_local with the ranks under mpiexec (engine.transport=mpi); `entry` as there."""
     world, total = spec.world_size, len(spec.minibatches)
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=spec.config.timeout_s))
@@ -200,7 +206,7 @@ def run_mpi(spec: RunSpec, collect_params: bool = False, on_progress: Progress |
                       job_id=f"{spec.run_id[:8]}-{store.port}", threads=threads_per_rank(spec, world),
                       collect_params=collect_params)
         network_only = bool(getattr(spec.config.engine.options, "mpi_network_only", False))
-        ranks = _Ranks(Path(folder), world, run_rank, (job,), network_only)
+        ranks = _Ranks(Path(folder), world, entry, (job,), network_only)
         try:
             _watch(ranks, spec.config.deadline_s, lambda: f"after {minibatches_done()} of {total} minibatches", tick)
         finally:

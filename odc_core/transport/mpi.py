@@ -442,10 +442,9 @@ class MpiHeap:
             except (PeerTimeout, StopIteration):
                 clean = False
             self._buffers = {}
-        if self._progress is not None:
-            self._progress.stop()
         if clean:
             assert self._progress is not None and self._links is not None
+            self._progress.stop()
             self._progress.comm.Free()
             for buf in buffers:
                 buf.win.Unlock_all()
@@ -453,8 +452,8 @@ class MpiHeap:
             self._comm.Disconnect()
             self._links.close()
         elif self._comm is not None:
-            # Links stay open until the process exits: a peer that sees one close takes this
-            # rank for dead, while its windows are still there to be read.
+            # Links and the progress thread stay until the process exits: a peer that sees a
+            # link close takes this rank for dead, and one still reading its windows needs them served.
             _process["clean"] = False
         self._comm = None
 
