@@ -28,6 +28,7 @@ from odc_bench.config.run import load
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import resolve
 from odc_bench.results.table import check_results_dir
+from odc_bench.run.mpiexec import mpiexec_path, uses_mpi
 
 
 def first_combination(overrides: Sequence[str]) -> list[str]:
@@ -112,6 +113,8 @@ def check_run(cfg: DictConfig) -> None:
         job_parameters(cfg, spec)
     else:  # ranks of this host: their memory is this host's
         spec.check_fits()
+        if uses_mpi(spec):
+            mpiexec_path()
 
 
 def precheck(argv: Sequence[str]) -> None:

@@ -25,16 +25,11 @@ from odc_bench.record.row import failed_row, run_row, sim_row
 from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
 from odc_bench.run.local import run_local
-from odc_bench.run.mpiexec import mpiexec_path, run_mpi
+from odc_bench.run.mpiexec import mpiexec_path, run_mpi, uses_mpi
 from odc_bench.sim import simulate
 
 # A launcher: runs the spec's ranks; every rank's result, or None in a task that does not report.
 Launcher = Callable[[RunSpec], list[dict] | None]
-
-
-def uses_mpi(spec: RunSpec) -> bool:
-    """Whether the run's ranks need an MPI process manager (engine.transport=mpi)."""
-    return getattr(spec.config.engine.options, "transport", None) == "mpi"
 
 
 def _local(spec: RunSpec) -> list[dict]:

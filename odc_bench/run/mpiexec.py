@@ -48,6 +48,11 @@ REPO = Path(odc_bench.__file__).resolve().parents[1]
 _POLL_S = 0.2
 
 
+def uses_mpi(spec: RunSpec) -> bool:
+    """Whether the run's ranks need an MPI process manager (engine.transport=mpi)."""
+    return getattr(spec.config.engine.options, "transport", None) == "mpi"
+
+
 def mpiexec_path() -> str:
     """MPICH's mpiexec (the one beside this interpreter first); ConfigError when there is none."""
     search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
