@@ -106,6 +106,8 @@ def check_run(cfg: DictConfig) -> None:
     its plans, its results folder, and the SLURM job it would need."""
     config = load(cfg)
     if config.task != "train":
+        if config.primitives is not None and config.primitives.transport == "mpi":
+            mpiexec_path()
         return
     spec = resolve(config)
     check_results_dir(Path(config.results_dir))

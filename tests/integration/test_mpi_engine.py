@@ -7,16 +7,18 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import resolve
 from odc_bench.run.mpiexec import run_mpi
 from odc_core.transport.shm import process_start_time
 from tests.helpers import run_config
+from tests.helpers.mpi import requires_mpi
 from tests.helpers.reference import relative_error, train_single_process
-from tests.integration.test_mpi_transport import pytestmark as mpi_marks
 from tests.integration.test_reliability import MARGIN_S, SMALL, TIMEOUT_S, killing_entry
 
-pytestmark = mpi_marks
+pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
 MPI = ("engine=odc", "engine.transport=mpi", "engine.mpi_network_only=true")
 
 

@@ -21,23 +21,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from odc_bench.errors import ConfigError
-from odc_bench.run.mpiexec import RankExit, mpiexec_path, run_mpi_ranks
+from odc_bench.run.mpiexec import RankExit, run_mpi_ranks
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout
+from tests.helpers.mpi import requires_mpi
 
-
-def _mpi_missing() -> str | None:
-    try:
-        mpiexec_path()
-        import mpi4py  # noqa: F401
-    except (ConfigError, ImportError) as e:
-        return str(e)
-    return None
-
-
-pytestmark = [pytest.mark.slow, pytest.mark.mpi,
-              pytest.mark.skipif(_mpi_missing() is not None, reason=f"{_mpi_missing()}")]
+pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
 
 
 def run(fn, world: int, *args, timeout_s: float = 90) -> list:

@@ -11,6 +11,7 @@ import pytest
 
 from odc_bench.results.table import read_table
 from tests.helpers import run_cli
+from tests.helpers.mpi import requires_mpi
 
 if shutil.which("sbatch") is None:
     if os.environ.get("CI") == "true":
@@ -66,6 +67,7 @@ def test_a_run_failing_on_slurm_is_a_failed_row_naming_the_rank(tmp_path):
 @pytest.mark.slow
 @pytest.mark.slurm
 @pytest.mark.mpi
+@requires_mpi
 def test_an_odc_run_on_the_mpi_transport_runs_as_srun_bootstrapped_mpi_tasks(tmp_path):
     """CI's cluster has one node, so the two tasks share it; MPI stays off shared memory
     (engine.mpi_network_only) so they talk as tasks on two nodes would. The same command with
