@@ -50,8 +50,9 @@ from odc_core.transport.shm import job_tag
 _CONTROL = "odc/control"  # reserved buffer: barrier epoch
 # Element types MPI can add atomically (bf16 has no MPI datatype: accumulate it into float32).
 _MPI_TYPES = {torch.float32: "FLOAT", torch.float64: "DOUBLE", torch.int32: "INT32_T", torch.int64: "INT64_T"}
-# MPICH settings applied unless already set: the netmod and provider measured to keep survivors
-# of a dead peer running (`sockets` left them spinning; docs/transport.md).
+# MPICH settings applied unless already set: libfabric's TCP provider (its `sockets` provider,
+# which behaved alike, is kept by libfabric for development only; docs/transport.md). A cluster
+# with a faster fabric exports its own (FI_PROVIDER=verbs;ofi_rxm, cxi, efa, ...).
 STACK_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp;ofi_rxm"}
 # Keeps MPI off shared memory between ranks of one host, so that one host exercises the
 # network path a cluster takes; a launcher sets it before MPI starts.
