@@ -1,6 +1,8 @@
 """Do survivors outlive a SIGKILLed peer? Rank 2 of 3 kills itself after the others left a
 barrier; the survivors log a line every 0.1 s for 2 s to /tmp/dead_peer_probe.<rank>, with
-POKE=1 polling MPI (Iprobe every 0.5 ms) meanwhile. Run under mpiexec -disable-auto-cleanup."""
+POKE=1 polling MPI (Iprobe every 0.5 ms) meanwhile. Run as
+mpiexec -disable-auto-cleanup -n 3 sh -c "trap '' USR1; python dead_peer_probe.py": without the
+trap, hydra's SIGUSR1 can reach a survivor before the line below ignores it."""
 
 import os
 import signal

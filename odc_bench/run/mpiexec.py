@@ -43,6 +43,7 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.run.local import Progress
 from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, rank_entry, threads_per_rank
 from odc_core.transport.mpi import NETWORK_ONLY_ENV, STACK_ENV
+from odc_core.transport.shm import process_start_time
 
 REPO = Path(odc_bench.__file__).resolve().parents[1]
 _POLL_S = 0.2
@@ -121,13 +122,19 @@ class _Ranks:
         return f"mpiexec exited with status {self.proc.returncode}: {lines[-1].strip() if lines else 'no output'}"
 
     def stop(self) -> None:
-        """Kill whatever is left: mpiexec's process group, then every rank pid still running."""
+        """Kill whatever is left, and wait until it is gone: mpiexec's process group, then every
+        rank still running (a rank's pid counts only with the start time it recorded: pids are reused)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        for pid_file in self.folder.glob("rank*.pid"):
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        ranks = [tuple(map(int, f.read_text().split())) for f in self.folder.glob("rank*.pid")]
+        left = [pid for pid, start in ranks if process_start_time(pid) == start]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while any(process_start_time(pid) is not None for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.01)  # SIGKILL lands asynchronously; a killed orphan ends as a zombie of init
         self.log.close()
 
 
@@ -225,7 +232,7 @@ def run_mpi(spec: RunSpec, collect_params: bool = False, entry: Callable[[int, R
 def _rank_main(folder: Path) -> None:
     """One rank, started by mpiexec: run the pickled call, leave its result or its error in `folder`."""
     rank = int(os.environ["PMI_RANK"])
-    (folder / f"rank{rank}.pid").write_text(str(os.getpid()))
+    (folder / f"rank{rank}.pid").write_text(f"{os.getpid()} {process_start_time(os.getpid())}")
     fn, args = pickle.loads((folder / "call.pkl").read_bytes())
     try:
         result = fn(rank, *args)
