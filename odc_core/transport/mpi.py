@@ -247,9 +247,8 @@ class MpiHeap:
             raise RuntimeError(f"MPI started this process as rank {world.Get_rank()}, the harness as rank {self.rank}; "
                                "take the rank from the process manager (PMI_RANK, SLURM_PROCID)")
         comm = world.Dup()
-        # MPICH opens a connection on first contact, and that needs both ends inside MPI: make
-        # every pair's first contact now, while every rank is, so that a rank that leaves here
-        # for the store (or sleep) does not strand a peer, and no one-sided op needs an owner.
+        # MPICH opens a connection on a pair's first contact: make every pair's now, while every
+        # rank is in MPI, so that no one-sided operation later waits for one.
         comm.alltoall([None] * self.world_size)
         comm.Barrier()
         return comm
@@ -280,28 +279,10 @@ class MpiHeap:
         win = MPI.Win.Create(tensor.view(torch.uint8).numpy(), dtype.itemsize, comm=self._comm)
         win.Lock_all(MPI.MODE_NOCHECK)
         mpi_type = getattr(MPI, _MPI_TYPES[dtype]) if dtype in _MPI_TYPES else None
-        self._first_contact(win, mpi_type)
         with self._guard:
             self._buffers[name] = _Buffer(name, numel, dtype, tensor, win, mpi_type)
         self.heap_bytes += numel * dtype.itemsize
         return tensor
-
-    def _first_contact(self, win: Any, mpi_type: Any) -> None:
-        """Touch every peer's new window with each kind of operation while every rank is in
-        MPI. MPICH (ofi/sockets) completes a window's first get and first accumulate to a
-        peer only when that peer calls MPI (measured: a sleeping owner held them 2 s, and
-        later ones 1 ms). Adding zero changes nothing: nobody has written the buffer yet."""
-        MPI = self._mpi
-        # Origin and result buffers must outlive the flush: MPI writes into them until then.
-        byte, zero, old = (torch.zeros(1, dtype=t).numpy() for t in (torch.uint8, torch.int64, torch.int64))
-        for peer in self._peers():
-            win.Get([byte, 1, MPI.BYTE], peer, (0, 1, MPI.BYTE))
-            if mpi_type is not None:  # 8 zero bytes are a zero of any of _MPI_TYPES
-                win.Accumulate([zero, 1, mpi_type], peer, (0, 1, mpi_type), op=MPI.SUM)
-            if mpi_type == MPI.INT64_T:
-                win.Fetch_and_op([zero, mpi_type], [old, mpi_type], peer, 0, MPI.NO_OP)
-            win.Flush(peer)
-        self._comm.Barrier()
 
     def _get_buffer(self, name: str, peer: int, what: str) -> _Buffer:
         if not 0 <= peer < self.world_size:
