@@ -29,6 +29,7 @@ from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.plan.spec import check_combination, resolve
 from odc_bench.results.table import check_results_dir
+from odc_bench.run.mpiexec import mpiexec_path, uses_mpi
 from odc_bench.sim import check_hardware
 
 
@@ -90,6 +91,8 @@ def check_run(cfg: DictConfig) -> None:
     its plans, its results folder, and the SLURM job it would need."""
     config = load(cfg)
     if config.task != "train":
+        if config.primitives is not None and config.primitives.transport == "mpi":
+            mpiexec_path()
         return
     spec = resolve(config)
     check_results_dir(Path(config.results_dir))
@@ -100,6 +103,8 @@ def check_run(cfg: DictConfig) -> None:
         check_slurm_available()
     else:  # ranks of this host: their memory is this host's
         spec.check_fits()
+        if uses_mpi(spec):
+            mpiexec_path()
 
 
 def precheck(argv: Sequence[str]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from odc_bench.errors import ConfigError, fail
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.results.table import check_results_dir, ok_runs
+from odc_bench.run.mpiexec import uses_mpi
 
 
 @dataclass
@@ -59,6 +61,8 @@ PER_RUN_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "me
 POLL_S = 1.0
 # A job gone from squeue whose result files are still missing after this long has died.
 GONE_GRACE_S = 15.0
+# srun's plugin that hands MPICH (engine.transport=mpi) its ranks: PMI-2, which the mpich wheel speaks.
+SRUN_MPI = "pmi2"
 
 
 def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
@@ -76,6 +80,9 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
     on_interrupt = OmegaConf.select(cfg, "hydra.launcher.on_interrupt")
     require(on_interrupt in ("cancel", "leave"),
             f"hydra.launcher.on_interrupt must be cancel or leave, got {on_interrupt!r}")
+    if uses_mpi(spec):
+        check_srun_mpi()
+        params["srun_args"] = [f"--mpi={SRUN_MPI}"]  # submitit's slurm_srun_args: the tasks' MPI bootstrap
     return params
 
 
@@ -84,6 +91,20 @@ def check_slurm_available() -> None:
     require(shutil.which("sbatch") is not None and shutil.which("squeue") is not None,
             "hydra/launcher=slurm needs SLURM's sbatch and squeue on PATH, and this machine has none; submit from a "
             "SLURM login node, or leave out hydra/launcher=slurm to run on this machine")
+
+
+def check_srun_mpi() -> None:
+    """ConfigError when this cluster's srun cannot bootstrap MPICH (no pmi2 plugin); nothing to
+    check when srun is not here to ask."""
+    try:
+        listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return
+    plugins = re.findall(r"^\s+(\S+)\s*$", listed.stdout + listed.stderr, re.MULTILINE)
+    require(SRUN_MPI in plugins,
+            f"engine.transport=mpi starts its ranks with srun --mpi={SRUN_MPI}, which this cluster's srun lacks "
+            f"(srun --mpi=list: {', '.join(plugins) or 'nothing'}); ask its admins for Slurm's {SRUN_MPI} plugin, "
+            "or run ODC on one node with engine.transport=shm")
 
 
 def check_placement(spec: RunSpec, params: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from odc_bench.record.row import failed_row, run_row, sim_row
 from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
 from odc_bench.run.local import run_local
+from odc_bench.run.mpiexec import mpiexec_path, run_mpi, uses_mpi
 from odc_bench.sim import check_hardware, simulate
 
 # A launcher: runs the spec's ranks; every rank's result, or None in a task that does not report.
@@ -34,12 +35,13 @@ Launcher = Callable[[RunSpec], list[dict] | None]
 
 def _local(spec: RunSpec) -> list[dict]:
     display = progress.current()
-    return run_local(spec, on_progress=display.run_minibatches if display is not None and display.enabled else None)
+    on_progress = display.run_minibatches if display is not None and display.enabled else None
+    return (run_mpi if uses_mpi(spec) else run_local)(spec, on_progress=on_progress)
 
 
 def default_launcher(repeat_index: int = 0) -> Launcher:
     """SLURM's task side inside a job that submitit started (each repeat of the run meeting in a
-    folder of its own), local processes otherwise."""
+    folder of its own), local processes otherwise (under mpiexec for the MPI transport)."""
     return partial(slurm_task.run_task, repeat_index=repeat_index) if slurm_task.in_task() else _local
 
 
@@ -131,6 +133,8 @@ def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict]
         return None
     if not slurm_task.in_task():  # a SLURM job's nodes are not this host
         spec.check_fits()
+        if uses_mpi(spec):
+            mpiexec_path()
     if config.simulated:
         check_hardware(spec)
     write_pending_caches()  # the run is accepted: only now does anything land beside the user's data

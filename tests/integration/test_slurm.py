@@ -18,6 +18,7 @@ import pytest
 from odc_bench.cli import submissions
 from odc_bench.results.table import read_table
 from tests.helpers import REPO, run_cli
+from tests.helpers.mpi import requires_mpi
 
 if shutil.which("sbatch") is None:
     if os.environ.get("CI") == "true":
@@ -191,3 +192,25 @@ def test_interrupted_and_left_running_a_resumed_sweep_submits_no_run_twice(tmp_p
             first.kill()
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.mpi
+@requires_mpi
+def test_an_odc_run_on_the_mpi_transport_runs_as_srun_bootstrapped_mpi_tasks(tmp_path):
+    """CI's cluster has one node, so the two tasks share it; MPI stays off shared memory
+    (engine.mpi_network_only) so they talk as tasks on two nodes would. The same command with
+    hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=1 spans nodes (docs/transport.md)."""
+    results_dir, sweep_dir = tmp_path / "results", tmp_path / "multirun"
+    proc = run_cli("-m", "hydra/launcher=slurm", "engine=odc", "engine.transport=mpi", "engine.mpi_network_only=true",
+                   "num_minibatches=3", "warmup_minibatches=1", "dataset.length_scale=0.00390625",
+                   f"results_dir={results_dir}", f"hydra.sweep.dir={sweep_dir}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_table(results_dir / "runs.csv")
+    assert list(rows["status"]) == ["ok"], rows["error"].tolist()
+    assert set(read_table(results_dir / rows["trace"][0])["rank"]) == {0, 1}
+    (job_dir,) = [d for d in (sweep_dir / ".submitit").iterdir() if list(d.glob("*_result.pkl"))]
+    assert len(list(job_dir.glob("*_result.pkl"))) == 2, "one task per rank"
+    (script,) = job_dir.glob("*_submission.sh")
+    assert "--mpi=pmi2" in script.read_text(), "srun's PMI bootstraps MPICH in the tasks"

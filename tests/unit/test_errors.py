@@ -135,7 +135,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "slurm-odc-across-nodes": ([*TWO_NODES, "engine=odc"],
                                "engine=odc on transport shm keeps its symmetric heap in POSIX shared memory "
                                "(/dev/shm) on one host, which cannot span hydra.launcher.nodes=2; "
-                               "set hydra.launcher.nodes=1", None),
+                               "set engine.transport=mpi (docs/transport.md) or hydra.launcher.nodes=1", None),
+    "mpi-network-only-without-mpi": (["engine=odc", "engine.transport=shm", "engine.mpi_network_only=true"],
+                                     "engine.mpi_network_only=true needs engine.transport=mpi, got shm", None),
     "slurm-shm-across-nodes": (TWO_NODES,
                                "engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
