@@ -15,6 +15,16 @@ class ConfigError(ValueError):
     """Bad input: the message is one line naming the problem and the fix."""
 
 
+class CombinationError(ConfigError):
+    """Settings each valid on its own that cannot run together (collective FSDP with a balancer
+    that gives ranks different microbatch counts): a sweep skips such a combination. `keys` are
+    the config keys whose values clash."""
+
+    def __init__(self, message: str, keys: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
 class DataError(ConfigError):
     """Unusable real data (a file, a dataset folder, a tokenizer)."""
 

@@ -55,3 +55,39 @@ def locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# File systems that show the kernel's state as files and cannot hold a results folder.
+PSEUDO_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore", "bpf", "configfs",
+    "fusectl", "mqueue", "binfmt_misc", "efivarfs", "selinuxfs", "devpts", "nsfs", "rpc_pipefs", "autofs",
+})
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: spaces, tabs, newlines and backslashes are written as octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def filesystem_of(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> tuple[str, Path] | None:
+    """The type and mount point of the file system that holds `path` (or would hold it: the
+    nearest existing folder above it decides); None where the kernel does not say (not Linux)."""
+    existing = path.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    resolved, best = existing.resolve(), None
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        mount = Path(_unescape(fields[4]))
+        fstype = fields[fields.index("-") + 1]
+        if resolved.is_relative_to(mount) and (best is None or len(mount.parts) >= len(best[1].parts)):
+            best = (fstype, mount)
+    return best

@@ -37,7 +37,8 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m paper_figures{'.' + only if only else ''}",
                                 description="Draw the paper's figures and tables from results tables only.")
     p.add_argument("--results", type=Path, default=Path("results"),
-                   help="results root: every runs.csv / primitives.csv below it is read (default: results)")
+                   help="results root: every runs.csv / primitives.csv below it is read, or one table such as "
+                        "`python -m odc_bench.results collect` writes (default: results)")
     p.add_argument("--out", type=Path, default=Path("paper_figures/out"),
                    help="where PNG, PDF and Markdown files go (default: paper_figures/out)")
     p.add_argument("--lengths", type=Path, action="append", default=[], metavar="FILE.npy",
@@ -86,8 +87,9 @@ def write(results: dict[str, object], out: Path, docs: bool) -> list[Path]:
 def main(argv: Sequence[str] | None = None, only: str | None = None) -> int:
     p = parser(only)
     args = p.parse_args(argv)
-    if not args.results.is_dir():
-        p.error(f"results root {args.results} is not a folder; pass --results DIR (the folder holding results tables)")
+    if not args.results.is_dir() and not (args.results.is_file() and args.results.suffix == ".csv"):
+        p.error(f"results root {args.results} is neither a folder nor a .csv table; pass --results DIR (the folder "
+                f"holding results tables) or a table that `python -m odc_bench.results collect` wrote")
     for path in args.lengths:
         if not path.is_file():
             p.error(f"--lengths {path}: no such file; pass a .npy file of sequence lengths")

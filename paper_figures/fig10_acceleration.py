@@ -2,11 +2,14 @@
 RL runs are Fig. 9's).
 
 Acceleration at a setting = ODC samples/s / (Collective + LB-Micro) samples/s - 1, for every
-ODC balancer present (one line each), comparing runs of the same setting and seed. Four
-panels: minibatch size, max length (the longest sample allowed, max_tokens / packing ratio,
-which the length scale sets), packing ratio and device count. A panel draws the runs that vary
-its factor with everything else fixed; when several such sweeps exist (say two models), each
-gets its own line style. A panel with no such sweep says so.
+ODC balancer present (one line each), comparing runs of the same setting and seed. One panel
+per factor that some runs vary with everything else fixed: minibatch size, max length (the
+longest sample allowed, max_tokens / packing ratio, which the length scale sets), packing
+ratio, device count; a footnote names the factors nothing varies. Like the paper's figure, a
+panel draws the sweep through the golden setting (paper_figures.series.golden) when there is
+one, else every sweep of its factor (each in its own line style). A line needs two points:
+a series at one point of a sweep is left out rather than drawn as a lone marker that stretches
+the axis. One legend, outside the panels, names the series drawn.
 """
 
 from __future__ import annotations
@@ -15,13 +18,23 @@ import sys
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from odc_bench.results.series import is_rl
 from paper_figures.inputs import Inputs, Skip, per_source
-from paper_figures.series import BALANCER_NAMES, BASELINE, ENGINE_NAMES, SETTING, ordered, palette, with_series
+from paper_figures.series import (
+    BALANCER_NAMES,
+    BASELINE,
+    ENGINE_NAMES,
+    SETTING,
+    golden,
+    measured_or_simulated,
+    ordered,
+    palette,
+    with_series,
+)
 
 NAME = "fig10_acceleration"
 FACTORS = {"minibatch_size": "minibatch size (samples per rank)", "max_length": "max length (tokens)",
@@ -52,14 +65,19 @@ def _value(v: object) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def sweeps(table: pd.DataFrame, factor: str) -> pd.DataFrame:
-    """The rows of `table` in sweeps of `factor`, labelled by what tells the sweeps apart."""
+def sweeps(table: pd.DataFrame, factor: str, through: dict | None = None) -> pd.DataFrame:
+    """The rows of `table` in sweeps of `factor`, labelled by what tells the sweeps apart; with
+    `through` (a setting's values), only the sweep through that setting when there is one."""
     others = [k for k in SWEEP_KEYS if k in table and k != factor and not (factor == "max_length" and
                                                                            k == "length_scale")]
     found = []
     for key, part in table.groupby(others, dropna=False, sort=True):
         if part[factor].nunique() >= 2:
             found.append((dict(zip(others, key, strict=True)), part))
+    if through is not None:
+        hub = [(fixed, part) for fixed, part in found
+               if all(str(fixed[k]) == str(through.get(k)) for k in others if k in through)]
+        found = hub or found
     if not found:
         return pd.DataFrame()
     differ = [k for k in others if len({str(fixed[k]) for fixed, _ in found}) > 1]
@@ -68,26 +86,33 @@ def sweeps(table: pd.DataFrame, factor: str) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def plot(table: pd.DataFrame) -> Figure:
-    """The four panels from an acceleration table (see `acceleration`)."""
-    fig = Figure(figsize=(10, 7.5))
-    axes = fig.subplots(2, 2).ravel()
-    hue_order = ordered(table["series"])
-    colors = palette(hue_order)
-    for ax, (factor, label) in zip(axes, FACTORS.items(), strict=True):
-        data = sweeps(table, factor)
-        ax.set_xlabel(label)
-        ax.set_ylabel(Y_LABEL)
-        if data.empty:
-            ax.text(0.5, 0.5, f"no runs vary the {label.split(' (')[0]}\nwith everything else fixed",
-                    transform=ax.transAxes, ha="center", va="center", color="grey")
-            ax.set_xticks([])
-            continue
-        several = data["sweep"].nunique() > 1
-        repeats = data.groupby(["sweep", "series", factor]).size().max() > 1
-        sns.lineplot(data=data, x=factor, y="acceleration", hue="series", hue_order=hue_order, palette=colors,
-                     style="sweep" if several else None, markers=several, dashes=several,
-                     marker=None if several else "o", errorbar="sd" if repeats else None, ax=ax)
+STYLES = [("-", "o"), ("--", "X"), (":", "s"), ("-.", "^"), ((0, (3, 1, 1, 1)), "D"), ((0, (5, 2)), "v")]
+
+
+def plot(table: pd.DataFrame, through: dict | None = None, word: str = "measured") -> Figure:
+    """The panels from an acceleration table (see `acceleration`); `through`: the golden setting."""
+    panels = [(f, label, sweeps(table, f, through)) for f, label in FACTORS.items()]
+    missing = [label.split(" (")[0] for _, label, data in panels if data.empty]
+    panels = [p for p in panels if not p[2].empty]
+    cols = min(len(panels), 2)
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(5 * cols, 3.6 * rows + 1.2))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    colors = palette(ordered(table["series"]))
+    drawn: set[str] = set()
+    styles: dict[str, tuple] = {}
+    for ax, (factor, label, data) in zip(axes, panels, strict=False):
+        several = data["sweep"].nunique() > 1  # line styles tell a panel's sweeps apart
+        for (sweep, series), part in data.groupby(["sweep", "series"], sort=True):
+            points = part.groupby(factor)["acceleration"].agg(["mean", "std", "size"]).sort_index()
+            if len(points) < 2:
+                continue
+            line, marker = (styles.setdefault(str(sweep), STYLES[1 + len(styles) % (len(STYLES) - 1)]) if several
+                            else STYLES[0])
+            yerr = points["std"].fillna(0) if (points["size"] > 1).any() else None
+            ax.errorbar(points.index, points["mean"], yerr=yerr, color=colors[series], linestyle=line,
+                        marker=marker, markersize=5, capsize=2 if yerr is not None else 0, label=series)
+            drawn.add(series)
         ax.axhline(0, color="black", lw=0.8, gid="zero")
         values = np.sort(data[factor].unique())
         ax.set_xscale("log", base=2)
@@ -96,9 +121,20 @@ def plot(table: pd.DataFrame) -> Figure:
         ax.set_xticklabels([f"{v:g}" for v in values])
         ax.set_xlabel(label)
         ax.set_ylabel(Y_LABEL)
-        ax.legend(fontsize=7, title=None)
-    fig.suptitle(f"Acceleration of ODC over {BASELINE_LABEL}")
-    fig.tight_layout()
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    labels = [s for s in ordered(list(drawn)) if s in drawn]
+    handles: list[object] = [Line2D([], [], color=colors[s], marker="o", markersize=5) for s in labels]
+    if styles:  # the sweeps' line styles, in black
+        handles.append(Line2D([], [], color="black", linestyle=STYLES[0][0], marker=STYLES[0][1], markersize=5))
+        labels.append("one sweep in its panel")
+        for sweep, (line, marker) in styles.items():
+            handles.append(Line2D([], [], color="black", linestyle=line, marker=marker, markersize=5))
+            labels.append(sweep)
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), frameon=False, fontsize=8)
+    note = f"; not varied with everything else fixed: {', '.join(missing)}" if missing else ""
+    fig.suptitle(f"Acceleration of ODC over {BASELINE_LABEL} ({word}){note}")
+    fig.tight_layout(rect=(0, 0.04 + 0.03 * -(-len(labels) // 3), 1, 1))
     return fig
 
 
@@ -118,7 +154,9 @@ def draw(runs: pd.DataFrame) -> Figure:
     if all(sweeps(table, f).empty for f in FACTORS):
         raise Skip(f"odc and {engine} + {balancer} runs match, but none vary {', '.join(FACTORS)} "
                    "with everything else fixed (see the tables for the single-setting numbers)")
-    return plot(table)
+    hub = golden(runs).iloc[0]
+    through = {**hub.to_dict(), "max_length": hub["max_tokens"] / hub["packing_ratio"]}
+    return plot(table, through, measured_or_simulated(runs))
 
 
 def render(inputs: Inputs) -> dict[str, object]:

@@ -7,8 +7,9 @@ FSDP the grey is spread through the minibatch (every layer is a barrier); under 
 gathers at the one sync point. The time saved is the difference of the two minibatch spans.
 
 The runs drawn are the pair at the golden setting (paper_figures.series.golden), preferring
-Collective + LB-Micro and ODC + LB-Mini; the minibatch is the first measured one (after
-warm-up). With only one engine in the results, that engine is drawn alone and the title says so.
+Collective + LB-Micro and ODC + LB-Mini, planned with the same cost model (like for like: the
+title names it); the minibatch is the first measured one (after warm-up). With only one
+engine in the results, that engine is drawn alone and the title says so.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
-from paper_figures.series import ENGINE_NAMES, PREFERRED, describe_setting, golden, with_series
+from paper_figures.series import ENGINE_NAMES, PREFERRED, describe_setting, golden, measured_or_simulated
 
 NAME = "fig1_timeline"
 KINDS = {  # gid of the drawn spans -> (trace kinds, colour, legend label)
@@ -93,6 +94,10 @@ def _mark_difference(axes, spans: list[float], labels: list[str]) -> None:
     axes[fast].axvline(spans[slow], color="grey", lw=1, ls=":", gid="other_end")
 
 
+# Cost models in the order a like-for-like pair prefers them: a model of the real cost first.
+COST_PREFERENCE = ("calibrated", "flops", "quadratic", "linear")
+
+
 def _pick(rows: pd.DataFrame, engine: str) -> pd.Series | None:
     mine = rows[rows["engine"] == engine]
     if mine.empty:
@@ -101,23 +106,51 @@ def _pick(rows: pd.DataFrame, engine: str) -> pd.Series | None:
     return mine.assign(_r=mine["balancer"].map(lambda b: rank.get(b, len(rank)))).sort_values(["_r", "run_id"]).iloc[0]
 
 
+def _cost_rank(cost_model: str) -> int:
+    kind = str(cost_model).split(":")[0]
+    return COST_PREFERENCE.index(kind) if kind in COST_PREFERENCE else len(COST_PREFERENCE)
+
+
+def pair(rows: pd.DataFrame) -> list[pd.Series]:
+    """The collective and the ODC run to draw: planned with the same cost model when the two
+    engines share one (the preferred balancers first, then the cost model closest to the real
+    cost), so the figure compares engines and balancers, not cost models."""
+    if "cost_model" in rows:
+        costs = rows["cost_model"].fillna("none").astype(str)
+        shared = set(costs[rows["engine"] == "collective"]) & set(costs[rows["engine"] == "odc"])
+        if shared:
+            def score(cost: str) -> tuple:
+                picked = [_pick(rows[costs == cost], e) for e in ("collective", "odc")]
+                ranks = [PREFERRED[e].index(p["balancer"]) if p["balancer"] in PREFERRED[e] else 9
+                         for e, p in zip(("collective", "odc"), picked, strict=True) if p is not None]
+                return (sum(ranks), _cost_rank(cost), cost)
+
+            best = min(shared, key=score)
+            return [r for r in (_pick(rows[costs == best], e) for e in ("collective", "odc")) if r is not None]
+    return [r for r in (_pick(rows, e) for e in ("collective", "odc")) if r is not None]
+
+
 def draw(runs: pd.DataFrame) -> Figure:
     """The Fig. 1 panel pair for one source's runs (only runs whose trace file exists count)."""
     runs = with_traces(runs)
     if runs.empty:
         raise Skip("no run with a trace file")
-    rows = with_series(golden(runs))
-    picked = [r for r in (_pick(rows, e) for e in ["collective", "odc"]) if r is not None]
+    rows = golden(runs)  # labelled among all the source's traced runs
+    picked = pair(rows)
     if not picked:
         raise Skip(f"no collective or odc run; engines found: {', '.join(sorted(rows['engine'].unique()))}")
     minibatch = int(picked[0].get("warmup_minibatches", 0) or 0)
     traces = [(r["series"], read_trace(r)) for r in picked]
     setting = describe_setting(picked[0])
+    word = measured_or_simulated(runs)
     if len(picked) == 2:
-        title = f"One minibatch, {setting}"
+        costs = {str(r.get("cost_model")) for r in picked}
+        planned = (f"both planned with the {costs.pop()} cost model" if len(costs) == 1
+                   else f"cost models differ: {' vs '.join(str(r.get('cost_model')) for r in picked)}")
+        title = f"One minibatch ({word}), {setting}\n{planned}"
     else:
         engine = ENGINE_NAMES.get(picked[0]["engine"], picked[0]["engine"])
-        title = f"One minibatch, {setting}\n(only {engine} runs in these results: nothing to compare against)"
+        title = f"One minibatch ({word}), {setting}\n(only {engine} runs in these results: nothing to compare against)"
     return plot(traces, minibatch, title)
 
 

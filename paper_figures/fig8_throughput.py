@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from odc_bench.results.series import is_rl
 from paper_figures.inputs import Inputs, Skip, per_source
-from paper_figures.series import ordered, palette, with_series
+from paper_figures.series import measured_or_simulated, ordered, palette, with_series
 
 NAME = "fig8_throughput"
 X_LABEL = "minibatch size (samples per rank)"
@@ -52,7 +52,7 @@ def plot(runs: pd.DataFrame) -> Figure:
         first = part.iloc[0]
         ax.set_title(f"{dataset} · {model}\n{int(first['world_size'])} ranks, packing {first['packing_ratio']:g}")
     grid.legend.set_title("engine + balancer")
-    grid.figure.suptitle("Throughput by model and minibatch size")
+    grid.figure.suptitle(f"Throughput by model and minibatch size ({measured_or_simulated(runs)})")
     grid.tight_layout()
     return grid.figure
 

@@ -8,7 +8,9 @@ rows tagged with `source`, the experiment folder's name. A source is one coheren
 instead of mixing paper-scale simulation with CPU runs: one set of figures per experiment.
 
 `local/` directly under the root is the scratch output of ad-hoc runs (not committed) and is
-left out, unless the root is that folder itself. Runs of engines the engine registry does not
+left out, unless the root is that folder itself. The root may also be one table, such as the
+one `python -m odc_bench.results collect` writes: it is then the one source. Repeats of a
+config (its rows' `attempt`) are kept, and figures average them. Runs of engines the engine registry does not
 know (diagnostics since retired) are left out with a note. Real datasets' lengths for Fig. 7 are
 `*.npy` files in a `lengths/` folder anywhere below the root, or given on the command line.
 """
@@ -45,12 +47,16 @@ class Inputs:
 
 def _source_name(root: Path, folder: Path) -> str:
     """The experiment a table belongs to: its first folder below the root (the root's own name
-    for a table at the root)."""
+    for a table at the root; a collected table's name when the root is that table)."""
+    if root.is_file():
+        return root.stem
     rel = folder.relative_to(root)
     return rel.parts[0] if rel.parts else root.resolve().name
 
 
 def _tables(root: Path, filename: str) -> list[Path]:
+    if root.is_file():  # one table, what `python -m odc_bench.results collect` wrote
+        return [root] if filename == "runs.csv" else []
     found = []
     for path in sorted(root.rglob(filename)):
         rel = path.relative_to(root)
@@ -79,7 +85,9 @@ def read_runs(root: Path, notes: list[str]) -> pd.DataFrame:
         failed = int((table["status"] != "ok").sum())
         if failed:
             notes.append(f"{path}: {failed} failed run(s) left out")
-        table = table[table["status"] == "ok"].drop_duplicates("run_id", keep="last")
+        # Repeats of one config (one run key, several attempts) are kept: figures average them.
+        keys = ["run_id", "attempt"] if "attempt" in table else ["run_id"]
+        table = table[table["status"] == "ok"].drop_duplicates(keys, keep="last")
         table, other = known_engines(table)
         if other:
             notes.append(f"{path}: runs of engine(s) {', '.join(other)} left out (not an engine of this harness)")
@@ -104,10 +112,10 @@ def read_lengths(root: Path, extra: list[Path] = ()) -> dict[str, np.ndarray]:
 def load(root: Path, lengths_files: list[Path] = ()) -> Inputs:
     root = Path(root)
     inputs = Inputs(root=root, lengths=read_lengths(root, list(lengths_files)))
-    if not root.is_dir():
+    if not root.exists():
         inputs.notes.append(f"results root {root} does not exist: only figures that need no results render")
         return inputs
-    if any((root / SCRATCH).rglob("*.csv")):
+    if root.is_dir() and any((root / SCRATCH).rglob("*.csv")):
         inputs.notes.append(f"left out {root / SCRATCH}/ (scratch output of ad-hoc runs); "
                             f"pass --results {root / SCRATCH} to draw it")
     inputs.runs = read_runs(root, inputs.notes)

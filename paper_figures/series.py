@@ -7,8 +7,10 @@ per series and the paper's order.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.colors import to_rgb
 
 from odc_bench.results.series import BALANCER_LABELS, BASELINE_BALANCERS, ENGINE_LABELS, SETTING, series_names
 from odc_core.engine.registry import ENGINES
@@ -71,11 +73,40 @@ COLORS = {
 }
 
 
+# How the second, third, ... variant of one series (another cost model, another process group)
+# departs from the series' colour: mixed with black, then with white, then more of each.
+VARIANT_MIX = [("black", 0.45), ("white", 0.5), ("black", 0.7), ("white", 0.75)]
+
+
+def _mix(color: str, toward: str, share: float) -> tuple[float, float, float]:
+    a, b = np.array(to_rgb(color)), np.array(to_rgb(toward))
+    return tuple(float(v) for v in (1 - share) * a + share * b)  # type: ignore[return-value]
+
+
 def palette(labels: list[str]) -> dict[str, object]:
-    """One fixed colour per series, the same in every figure; unknown series get greys."""
+    """One fixed colour per series, the same in every figure; the variants of one series (its cost
+    models, FSDP2's process groups) each a shade of it, so no two labels share a colour; unknown
+    series get greys."""
     extra = iter(sns.color_palette("Greys", len(labels) + 2)[2:])
-    # FSDP2 over gloo, beside FSDP2 over shared memory, is the slow-transport reference: grey.
-    return {s: (None if "[gloo]" in s else COLORS.get(_root(s))) or next(extra) for s in labels}
+    out: dict[str, object] = {}
+    seen: dict[str, int] = {}
+    for label in ordered(labels):
+        root = _root(label)
+        base = COLORS.get(root)
+        # FSDP2 over gloo, beside FSDP2 over shared memory, is the slow-transport reference: grey.
+        if base is None or "[gloo]" in label:
+            out[label] = next(extra)
+            continue
+        k = seen.get(root, 0)
+        seen[root] = k + 1
+        out[label] = base if k == 0 else _mix(base, *VARIANT_MIX[(k - 1) % len(VARIANT_MIX)])
+    return out
+
+
+def measured_or_simulated(runs: pd.DataFrame) -> str:
+    """How a figure names its numbers: "simulated" when every run is the simulator's."""
+    backends = set(runs["backend"].dropna()) if "backend" in runs else set()
+    return "simulated" if backends == {"sim"} else "measured"
 
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:

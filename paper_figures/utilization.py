@@ -1,11 +1,13 @@
 """Utilization: how much of each rank's time goes to compute, and the bubble rate, predicted vs measured.
 
 Left: per-rank busy fraction (unit compute plus optimizer steps over the measured window,
-the definitions of odc_bench.record.metrics) for every series at the golden setting, from the traces.
+the definitions of odc_bench.record.metrics) for every series at the golden setting, from the
+traces (left out when no run kept one, as paper-scale simulations do not).
 Middle: at the same setting, the bubble rate each series measured beside the one its balancer
 predicted from its cost model (absent when the run logged no prediction). Right: predicted
 against measured bubble rate over every run of the source; points on the diagonal mean the
-cost model saw the imbalance the run met.
+cost model saw the imbalance the run met. Simulated runs' bubbles are labelled simulated, not
+measured; legends stand outside the data.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from matplotlib.figure import Figure
 
 from odc_bench.record.metrics import BUSY_KINDS
 from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
-from paper_figures.series import describe_setting, golden, ordered, palette, with_series
+from paper_figures.series import describe_setting, golden, measured_or_simulated, ordered, palette, with_series
 
 NAME = "utilization"
 BUSY_LABEL = "busy fraction"
@@ -46,25 +48,26 @@ def bubbles(runs: pd.DataFrame) -> pd.DataFrame:
     return long.assign(which=long["which"].map(cols)).dropna(subset=["rate"])
 
 
-def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, setting: str = "") -> Figure:
+def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, setting: str = "",
+         word: str = "measured") -> Figure:
     """`busy`: series, rank, busy_fraction and `rates`: series, which, rate at one setting;
-    `all_runs`: series, bubble_rate, predicted_bubble_rate of every run."""
+    `all_runs`: series, bubble_rate, predicted_bubble_rate of every run. Without traces there is
+    no busy panel; `word` says whether the bubbles were measured or simulated."""
     order = ordered(pd.concat([busy["series"], rates["series"], all_runs["series"]]))
     colors = palette(order)
-    fig = Figure(figsize=(15, 4.8))
-    left, right, scatter = fig.subplots(1, 3, width_ratios=[1.3, 1, 1])
-    if busy.empty:
-        left.text(0.5, 0.5, "no trace to measure per-rank busy time", transform=left.transAxes, ha="center",
-                  color="grey")
-    else:
+    fig = Figure(figsize=(15 if not busy.empty else 10.5, 5.4))
+    axes = list(fig.subplots(1, 3 if not busy.empty else 2, width_ratios=[1.3, 1, 1] if not busy.empty else [1, 1]))
+    if not busy.empty:
+        left = axes.pop(0)
         sns.barplot(data=busy, x="rank", y="busy_fraction", hue="series", hue_order=[s for s in order
                                                                                     if s in set(busy["series"])],
                     palette=colors, ax=left)
         left.set_ylim(0, 1)
-        left.legend(fontsize=7, title=None, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
-    left.set_xlabel(RANK_LABEL)
-    left.set_ylabel(BUSY_LABEL)
-    left.set_title("Per-rank busy fraction", loc="left")
+        left.legend(fontsize=7, title=None, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+        left.set_xlabel(RANK_LABEL)
+        left.set_ylabel(BUSY_LABEL)
+        left.set_title("Per-rank busy fraction", loc="left")
+    right, scatter = axes
     present = [s for s in order if s in set(rates["series"])]
     sns.barplot(data=rates, x="series", y="rate", hue="which", hue_order=["measured", "predicted"],
                 order=present, palette={"measured": "#4c72b0", "predicted": "#bbbbbb"}, errorbar=None, ax=right)
@@ -77,7 +80,9 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
         label.set_rotation_mode("anchor")
     note = "" if (rates["which"] == "predicted").any() else " (none predicted)"
     right.set_title(f"Bubble rate at this setting{note}", loc="left")
-    right.legend(fontsize=7, title=None)
+    handles, _ = right.get_legend_handles_labels()
+    right.legend(handles, [word, "predicted by the cost model"][:len(handles)], fontsize=7, title=None,
+                 loc="lower left", bbox_to_anchor=(0, 1.08), ncol=2, frameon=False)
     predicted = all_runs.dropna(subset=["bubble_rate", "predicted_bubble_rate"])
     scatter.plot([0, 1], [0, 1], color="grey", ls="--", lw=1, gid="diagonal")
     if predicted.empty:
@@ -86,13 +91,13 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
     else:
         sns.scatterplot(data=predicted, x="predicted_bubble_rate", y="bubble_rate", hue="series",
                         hue_order=[s for s in order if s in set(predicted["series"])], palette=colors, ax=scatter)
-        scatter.legend(fontsize=7, title=None)
+        scatter.legend(fontsize=7, title=None, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
     scatter.set_xlim(0, 1)
     scatter.set_ylim(0, 1)
     scatter.set_xlabel(f"predicted {BUBBLE_LABEL}")
-    scatter.set_ylabel(f"measured {BUBBLE_LABEL}")
+    scatter.set_ylabel(f"{word} {BUBBLE_LABEL}")
     scatter.set_title("Every run", loc="left")
-    fig.suptitle(f"Utilization{': ' + setting if setting else ''}")
+    fig.suptitle(f"Utilization ({word}){': ' + setting if setting else ''}")
     fig.tight_layout()
     return fig
 
@@ -100,7 +105,7 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
 def draw(runs: pd.DataFrame) -> Figure:
     if runs["bubble_rate"].dropna().empty:
         raise Skip("no run has a bubble_rate value")
-    rows = with_series(golden(runs))
+    rows = golden(runs)  # labelled among all the source's runs, as the scatter's points are
     parts = []
     for _, row in with_traces(rows).iterrows():
         fractions = busy_fractions(read_trace(row), int(row.get("warmup_minibatches", 0) or 0))
@@ -111,7 +116,7 @@ def draw(runs: pd.DataFrame) -> Figure:
     if "predicted_bubble_rate" not in every:
         every = every.assign(predicted_bubble_rate=float("nan"))
     return plot(busy, bubbles(rows), every[["series", "bubble_rate", "predicted_bubble_rate"]],
-                describe_setting(rows.iloc[0]))
+                describe_setting(rows.iloc[0]), measured_or_simulated(runs))
 
 
 def render(inputs: Inputs) -> dict[str, object]:

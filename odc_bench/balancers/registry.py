@@ -33,12 +33,16 @@ class BalancerSpec:
     # predicted outcome under the cost model): exactly one of the two.
     plan: Planner | None = None
     queue: Queuer | None = None
+    # One of the series the what-if verdict simulates by default (odc_bench/whatif): the paper's
+    # comparison; the others on request (--all-balancers).
+    verdict: bool = False
 
 
 BALANCERS: dict[str, BalancerSpec] = {
-    "local_sort": BalancerSpec("local_sort", "LocalSort", LocalSortOptions, equal_counts=True, plan=local_sort),
-    "lb_micro": BalancerSpec("lb_micro", "LB-Micro", LbMicroOptions, equal_counts=True, plan=lb_micro),
-    "lb_mini": BalancerSpec("lb_mini", "LB-Mini", LbMiniOptions, equal_counts=False, plan=lb_mini),
+    "local_sort": BalancerSpec("local_sort", "LocalSort", LocalSortOptions, equal_counts=True, plan=local_sort,
+                               verdict=True),
+    "lb_micro": BalancerSpec("lb_micro", "LB-Micro", LbMicroOptions, equal_counts=True, plan=lb_micro, verdict=True),
+    "lb_mini": BalancerSpec("lb_mini", "LB-Mini", LbMiniOptions, equal_counts=False, plan=lb_mini, verdict=True),
     "dynamic": BalancerSpec("dynamic", "Dynamic", DynamicOptions, equal_counts=False, queue=dynamic_queue),
     "verl": BalancerSpec("verl", "verl", VerlOptions, equal_counts=True, plan=verl),
 }

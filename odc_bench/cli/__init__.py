@@ -1,22 +1,40 @@
-"""The command line: checks before Hydra starts (precheck.py), the sweeps' sweeper (sweeper.py),
-the SLURM launcher's driver side (slurm.py) and the progress callback (progress.py)."""
+"""The command line: its help (help.py), checks before Hydra starts (precheck.py), the sweeps'
+sweeper (sweeper.py), the SLURM launcher's driver side (slurm.py, submissions.py) and the
+progress callback (progress.py)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
 
 from odc_bench.app import main as hydra_main
+from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import register_sweeps
 from odc_bench.errors import ConfigError, fail
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (kill, scancel) unwinds like Ctrl-C: ranks are stopped, temporaries removed, and
+    SLURM jobs this command submitted cancelled."""
+    sys.exit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m odc_bench`: every bad input ends in one line and exit status 2 before Hydra runs."""
+    """`python -m odc_bench` (the `odc-bench` script): every bad input ends in one line and exit
+    status 2 before Hydra runs; Ctrl-C ends it with status 130 and no traceback."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["help"], ["--help"], ["-h"]):
+        print(help_text())
+        return
     register_sweeps()
     try:
-        precheck(sys.argv[1:] if argv is None else argv)
+        precheck(args)
     except ConfigError as e:
         fail(e)
-    hydra_main()
+    try:
+        hydra_main()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -10,8 +10,8 @@ folder). docs/errors.md lists them.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,41 +19,27 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from odc_bench.cli.slurm import job_parameters
+from odc_bench.cli.slurm import check_slurm_available, job_parameters
+from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
-from odc_bench.errors import ConfigError
-from odc_bench.plan.spec import resolve
+from odc_bench.errors import CombinationError, ConfigError
+from odc_bench.plan.spec import check_combination, resolve
 from odc_bench.results.table import check_results_dir
+from odc_bench.run.mpiexec import mpiexec_path, uses_mpi
+from odc_bench.sim import check_hardware
 
 
-def first_combination(overrides: Sequence[str]) -> list[str]:
-    """The overrides with every sweep (a,b / range(...)) replaced by its first value."""
+def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
+    """The overrides with every sweep (a,b / range(...)) replaced by one of its values, in sweep order."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    out = []
-    for o in parsed:
-        if o.is_sweep_override():
-            out.append(f"{o.get_key_element()}={next(iter(o.sweep_string_iterator()))}")
-        else:
-            out.append(str(o.input_line))
-    return out
-
-
-def _one_line(error: Exception) -> str:
-    unknown_key = re.match(r"Could not override '([^']+)'", str(error))
-    if unknown_key:
-        return (f"unknown config key {unknown_key.group(1)!r}; check its spelling "
-                f"(`python -m odc_bench --cfg job` prints every key)")
-    if isinstance(error, MissingConfigException) and error.options:
-        group = (error.missing_cfg_file or "").rsplit("/", 1)
-        if len(group) == 2:
-            return (f"unknown {group[0]} option {group[1]!r}; choose one of {', '.join(sorted(error.options))}")
-    first = str(error).strip().splitlines()
-    text = " ".join(line.strip() for line in first[:2] if line.strip())
-    return text or type(error).__name__
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [str(o.input_line)] for o in parsed]
+    for combination in itertools.product(*choices):
+        yield list(combination)
 
 
 # Flags that ask Hydra for information rather than a run: only the command line is checked.
@@ -105,32 +91,52 @@ def check_run(cfg: DictConfig) -> None:
     its plans, its results folder, and the SLURM job it would need."""
     config = load(cfg)
     if config.task != "train":
+        if config.primitives is not None and config.primitives.transport == "mpi":
+            mpiexec_path()
         return
     spec = resolve(config)
     check_results_dir(Path(config.results_dir))
+    if config.simulated:
+        check_hardware(spec)
     if str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher"):
         job_parameters(cfg, spec)
+        check_slurm_available()
     else:  # ranks of this host: their memory is this host's
         spec.check_fits()
+        if uses_mpi(spec):
+            mpiexec_path()
 
 
 def precheck(argv: Sequence[str]) -> None:
-    """Compose the command line's config (the first run of a sweep) and check the run;
-    ConfigError if anything is wrong."""
+    """Compose the command line's config (for a sweep, its first combination that can run) and
+    check the run; ConfigError if anything is wrong."""
     overrides = overrides_of(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv) or any(
         o.startswith(("sweep=", "hydra.mode=")) for o in overrides)
+    info_only = any(a.split("=", 1)[0] in _INFO_FLAGS for a in argv)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         sweeps = [o.input_line for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
         if sweeps and not multirun:
             raise ConfigError(f"{sweeps[0]!r} lists several values; add --multirun to sweep over them, "
                               f"or quote the value to pass it as one string")
-        combination = first_combination(overrides)
         with initialize_config_module("odc_bench.conf", version_base="1.3"):
-            cfg = compose("config", overrides=combination, return_hydra_config=True)
-            _refuse_added_keys(parsed, combination)
+            cannot_run: CombinationError | None = None
+            for combination in combinations(overrides):
+                cfg = compose("config", overrides=combination, return_hydra_config=True)
+                _refuse_added_keys(parsed, combination)
+                if info_only:
+                    return
+                try:
+                    check_combination(load(cfg))
+                except CombinationError as e:
+                    if not multirun:
+                        raise
+                    cannot_run = cannot_run or e  # the sweep skips it: check the next combination
+                    continue
+                break
+            else:
+                raise ConfigError(f"no combination of the sweep can run, e.g.: {cannot_run}")
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_one_line(e)) from None
-    if not any(a.split("=", 1)[0] in _INFO_FLAGS for a in argv):
-        check_run(cfg)
+        raise ConfigError(hydra_error_line(e)) from None
+    check_run(cfg)

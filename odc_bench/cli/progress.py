@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from odc_bench.cli.sweeper import sweep_jobs
+from odc_bench.cli.sweeper import outcome_of, sweep_jobs
 from odc_bench.jobs import progress
 
 LABEL_CHARS = 48
@@ -26,17 +26,6 @@ def _label(config: DictConfig, varying: set[str] | None) -> str:
                                       else not o.startswith(("hydra.", "results_dir=")))]
     label = " ".join(shown) or "default job"
     return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"
-
-
-def outcome_of(job_return: JobReturn) -> str:
-    if job_return.status != JobStatus.COMPLETED:
-        return "failed"
-    rows = job_return.return_value
-    if rows is None:
-        return "skipped"
-    if isinstance(rows, dict):  # a training run returns its row; task=primitives a list of rows
-        rows = [rows]
-    return "ok" if all(r.get("status", "ok") == "ok" for r in rows) else "failed"
 
 
 class ProgressCallback(Callback):

@@ -12,31 +12,48 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
+import re
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import submitit
+from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.core.utils import JobPaths
 
-from odc_bench.cli.progress import outcome_of
+from odc_bench.cli import submissions
+from odc_bench.cli.sweeper import outcome_of
 from odc_bench.config.fields import require
 from odc_bench.config.run import load
+from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError, fail
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.results.table import check_results_dir, ok_runs
+from odc_bench.run.mpiexec import uses_mpi
 
-log = logging.getLogger(__name__)
+
+@dataclass
+class QueueConf(SlurmQueueConf):
+    """hydra-submitit-launcher's SLURM settings (`hydra.launcher.*`) and this launcher's own."""
+
+    _target_: str = "hydra_plugins.odc_bench_plugins.SlurmLauncher"
+    # Ctrl-C (or SIGTERM) of the submitting command: cancel the jobs it submitted, or leave them.
+    on_interrupt: str = "cancel"
+
+
+# The base of conf/hydra/launcher/slurm.yaml, which sets the defaults.
+ConfigStore.instance().store(group="hydra/launcher", name="odc_slurm", node=QueueConf(), provider="odc_bench")
 
 # Launcher keys a sweep may vary per run (through interpolation, e.g. tasks_per_node: ${world_size});
 # the others are read once for the whole sweep, as hydra-submitit-launcher does.
@@ -44,6 +61,8 @@ PER_RUN_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "me
 POLL_S = 1.0
 # A job gone from squeue whose result files are still missing after this long has died.
 GONE_GRACE_S = 15.0
+# srun's plugin that hands MPICH (engine.transport=mpi) its ranks: PMI-2, which the mpich wheel speaks.
+SRUN_MPI = "pmi2"
 
 
 def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
@@ -58,7 +77,34 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
         raise ConfigError(f"hydra.launcher.nodes ({nodes}) x tasks_per_node ({per_node}) must equal world_size "
                           f"({world_size}): one SLURM task per rank; {fix}")
     check_placement(spec, params)
+    on_interrupt = OmegaConf.select(cfg, "hydra.launcher.on_interrupt")
+    require(on_interrupt in ("cancel", "leave"),
+            f"hydra.launcher.on_interrupt must be cancel or leave, got {on_interrupt!r}")
+    if uses_mpi(spec):
+        check_srun_mpi()
+        params["srun_args"] = [f"--mpi={SRUN_MPI}"]  # submitit's slurm_srun_args: the tasks' MPI bootstrap
     return params
+
+
+def check_slurm_available() -> None:
+    """ConfigError when this machine cannot submit SLURM jobs (no sbatch on PATH)."""
+    require(shutil.which("sbatch") is not None and shutil.which("squeue") is not None,
+            "hydra/launcher=slurm needs SLURM's sbatch and squeue on PATH, and this machine has none; submit from a "
+            "SLURM login node, or leave out hydra/launcher=slurm to run on this machine")
+
+
+def check_srun_mpi() -> None:
+    """ConfigError when this cluster's srun cannot bootstrap MPICH (no pmi2 plugin); nothing to
+    check when srun is not here to ask."""
+    try:
+        listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return
+    plugins = re.findall(r"^\s+(\S+)\s*$", listed.stdout + listed.stderr, re.MULTILINE)
+    require(SRUN_MPI in plugins,
+            f"engine.transport=mpi starts its ranks with srun --mpi={SRUN_MPI}, which this cluster's srun lacks "
+            f"(srun --mpi=list: {', '.join(plugins) or 'nothing'}); ask its admins for Slurm's {SRUN_MPI} plugin, "
+            "or run ODC on one node with engine.transport=shm")
 
 
 def check_placement(spec: RunSpec, params: dict[str, Any]) -> None:
@@ -107,7 +153,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                                          slurm_max_num_timeout=params["max_num_timeout"])
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
-                                      if k not in {"submitit_folder", "max_num_timeout"}})
+                                      if k not in {"submitit_folder", "max_num_timeout", "on_interrupt"}})
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
@@ -117,6 +163,8 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         returns: list[JobReturn | None] = [None] * len(job_overrides)
         groups: dict[str, tuple[dict[str, Any], list[tuple[int, tuple]]]] = {}
         queued: set[str] = set()
+        runs: dict[int, tuple[str, Path]] = {}  # job index -> run key, results folder
+        earlier = _Earlier()
         for i, overrides in enumerate(job_overrides):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             job_cfg = copy.deepcopy(cfg)
@@ -128,31 +176,85 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 params = job_parameters(cfg, spec)
             except ConfigError as e:
                 fail(e)
-            table = Path(job_cfg.results_dir) / "runs.csv"
+            results_dir = Path(job_cfg.results_dir)
             idx = initial_job_idx + i
-            if spec.run_id in queued or ok_runs(table).get(spec.run_id, 0) >= spec.config.repeat:
-                where = "queued by an earlier job of this sweep" if spec.run_id in queued else f"already in {table}"
-                print(f"odc_bench: run {spec.run_id} (#{idx}) {where}; skipped")
+            done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0) >= spec.config.repeat
+            if done:
+                earlier.finished(results_dir, spec.run_id)
+            skip = ("queued by an earlier job of this sweep" if spec.run_id in queued else
+                    f"already in {results_dir / 'runs.csv'}" if done else earlier.queued(results_dir, spec.run_id))
+            if skip:
+                print(f"odc_bench: run {spec.run_id} (#{idx}) {skip}; skipped")
                 returns[i] = _job_return(overrides, JobStatus.COMPLETED, None)
                 if bar is not None:
                     bar.run_finished("skipped")
                 continue
             queued.add(spec.run_id)
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            runs[i] = (spec.run_id, results_dir)
             args = (list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
             groups.setdefault(json.dumps(params, sort_keys=True), (params, []))[1].append((i, args))
+        earlier.forget_gone()
+        write_pending_caches()  # every run is accepted: the ranks on the nodes find the lengths cached
         submitted: dict[int, tuple[submitit.Job, int]] = {}
-        for params, items in groups.values():
-            jobs = self._executor(params).map_array(self, *zip(*(args for _, args in items), strict=True))
-            tasks = params["nodes"] * params["tasks_per_node"]
-            submitted.update({i: (job, tasks) for (i, _), job in zip(items, jobs, strict=True)})
-        self._wait(submitted, job_overrides, returns, bar)
+        try:
+            for params, items in groups.values():
+                jobs = self._executor(params).map_array(self, *zip(*(args for _, args in items), strict=True))
+                tasks = params["nodes"] * params["tasks_per_node"]
+                submitted.update({i: (job, tasks) for (i, _), job in zip(items, jobs, strict=True)})
+                self._remember(runs, submitted, items, job_overrides)
+                for i, _ in items:
+                    job = submitted[i][0]
+                    label = " ".join(filter_overrides(job_overrides[i])) or "default job"
+                    print(f"odc_bench: #{initial_job_idx + i} submitted as SLURM job {job.job_id}: {label}; "
+                          f"logs in {job.paths.folder}")
+            self._wait(submitted, runs, job_overrides, returns, bar, initial_job_idx)
+        except BaseException:  # Ctrl-C, SIGTERM, or an error of the driver: the jobs must not be forgotten
+            self._interrupted({i: job for i, (job, _) in submitted.items() if returns[i] is None}, runs)
+            raise
         return returns  # type: ignore[return-value]
 
-    def _wait(self, submitted: dict[int, tuple[submitit.Job, int]], job_overrides: Sequence[Sequence[str]],
-              returns: list[JobReturn | None], bar: progress.SweepProgress | None) -> None:
+    @staticmethod
+    def _remember(runs: dict[int, tuple[str, Path]], submitted: dict[int, tuple[submitit.Job, int]],
+                  items: Sequence[tuple[int, tuple]], job_overrides: Sequence[Sequence[str]]) -> None:
+        """Record the jobs just submitted in their results folders (cli/submissions.py)."""
+        by_dir: dict[Path, dict[str, dict[str, Any]]] = {}
+        for i, _ in items:
+            job = submitted[i][0]
+            run_id, results_dir = runs[i]
+            by_dir.setdefault(results_dir, {})[run_id] = submissions.record(job.job_id, job.paths.folder,
+                                                                            job_overrides[i])
+        for results_dir, add in by_dir.items():
+            submissions.update(results_dir, add=add)
+
+    def _interrupted(self, pending: dict[int, submitit.Job], runs: dict[int, tuple[str, Path]]) -> None:
+        """Cancel the jobs still queued or running (hydra.launcher.on_interrupt=cancel), or say how to."""
+        if not pending:
+            return
+        ids = [job.job_id for job in pending.values()]
+        if self.params.get("on_interrupt", "cancel") != "cancel":
+            print(f"odc_bench: interrupted; {len(ids)} SLURM job(s) left queued or running "
+                  f"(hydra.launcher.on_interrupt={self.params['on_interrupt']}): their rows land in the results "
+                  f"folder when they finish, and the same command run again skips them while they are queued or "
+                  f"running; cancel them with: scancel {' '.join(ids)}", file=sys.stderr)
+            return
+        try:
+            done = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
+            ok = done.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if not ok:
+            print(f"odc_bench: interrupted, and cancelling the SLURM jobs failed; cancel them with: "
+                  f"scancel {' '.join(ids)}", file=sys.stderr)
+            return
+        for results_dir in {runs[i][1] for i in pending}:
+            submissions.update(results_dir, remove=[runs[i][0] for i in pending if runs[i][1] == results_dir])
+        print(f"odc_bench: interrupted; cancelled SLURM job(s) {' '.join(ids)}", file=sys.stderr)
+
+    def _wait(self, submitted: dict[int, tuple[submitit.Job, int]], runs: dict[int, tuple[str, Path]],
+              job_overrides: Sequence[Sequence[str]], returns: list[JobReturn | None],
+              bar: progress.SweepProgress | None, first_idx: int) -> None:
         """Wait for the jobs through their result files and squeue, never sacct (clusters without
-        accounting have none).
+        accounting have none), printing each run's result as it comes.
 
         A job is done when every task's result file is there; one that left the queue without
         them and whose files do not appear within GONE_GRACE_S died (killed, out of memory, time limit).
@@ -170,13 +272,16 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 elif time.monotonic() - left_queue.setdefault(i, time.monotonic()) > GONE_GRACE_S:
                     error = RuntimeError(f"SLURM job {job.job_id} left the queue without a result; "
                                          f"see {job.paths.stderr}")
-                    print(f"odc_bench: {error}", file=sys.stderr)
                     returns[i] = _job_return(job_overrides[i], JobStatus.FAILED, error)
                 else:
                     continue
                 del pending[i]
                 done = returns[i]
-                if bar is not None and done is not None:
+                assert done is not None
+                submissions.update(runs[i][1], remove=[runs[i][0]])
+                print(f"odc_bench: #{first_idx + i} SLURM job {job.job_id} {describe(done)}",
+                      file=sys.stdout if outcome_of(done) != "failed" else sys.stderr)
+                if bar is not None:
                     bar.run_finished(outcome_of(done))
             if bar is not None and states is not None:
                 running = sum(states.get(job.job_id) == "RUNNING" for job, _ in pending.values())
@@ -189,5 +294,59 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         try:
             return job.results()[0]
         except Exception as e:  # a task raised outside the run (a run's own failure is a row)
-            print(f"odc_bench: SLURM job {job.job_id} failed: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
-            return _job_return(overrides, JobStatus.FAILED, e)
+            return _job_return(overrides, JobStatus.FAILED,
+                               RuntimeError(f"SLURM job {job.job_id} failed: {str(e).strip().splitlines()[-1]}"))
+
+
+def describe(job_return: JobReturn) -> str:
+    """A finished job's result in a few words: its throughput, or its error."""
+    if job_return.status != JobStatus.COMPLETED:
+        return f"failed: {job_return._return_value}"
+    rows = job_return.return_value
+    rows = [rows] if isinstance(rows, dict) else rows or []
+    if not rows:
+        return "skipped (already in the results table)"
+    return "; ".join(f"ok: {r['samples_per_s']:.4g} samples/s, {r['tokens_per_s']:.4g} tokens/s, bubble "
+                     f"{r['bubble_rate']:.0%}" if r.get("status") == "ok" else f"failed: {r.get('error')}"
+                     for r in rows)
+
+
+class _Earlier:
+    """Runs that earlier commands submitted to SLURM and that are still queued or running."""
+
+    def __init__(self) -> None:
+        self.records: dict[Path, dict[str, dict[str, Any]]] = {}
+        self.gone: dict[Path, list[str]] = {}
+        self.states: dict[str, str] | None = None
+
+    def _records(self, results_dir: Path) -> dict[str, dict[str, Any]]:
+        if results_dir not in self.records:
+            self.records[results_dir] = submissions.read(results_dir)
+            self.states = None
+        return self.records[results_dir]
+
+    def finished(self, results_dir: Path, run_id: str) -> None:
+        """The run's rows are all in its table: a record of its job is history."""
+        if run_id in self._records(results_dir):
+            self.gone.setdefault(results_dir, []).append(run_id)
+
+    def queued(self, results_dir: Path, run_id: str) -> str:
+        """Why the run must not be submitted again ('' when nothing says so)."""
+        record = self._records(results_dir).get(run_id)
+        if record is None:
+            return ""
+        if self.states is None:
+            ids = [r["job_id"] for recs in self.records.values() for r in recs.values()]
+            self.states = _queue_states(ids) if ids else {}
+        state = (self.states or {}).get(str(record["job_id"]))
+        if state is None:  # finished or died since: its row is in the table or it runs again
+            if self.states is not None:
+                self.gone.setdefault(results_dir, []).append(run_id)
+            return ""
+        return (f"already {state.lower()} as SLURM job {record['job_id']} (submitted {record['submitted']}; logs in "
+                f"{record['logs']}); its row lands in the results folder when it ends (scancel {record['job_id']} "
+                f"to cancel it)")
+
+    def forget_gone(self) -> None:
+        for results_dir, run_ids in self.gone.items():
+            submissions.update(results_dir, remove=run_ids)

@@ -13,10 +13,17 @@ only expands one product, so this one expands several, joins them and filters th
 A grid's keys override `params`, command-line overrides override both (so `model=tiny` turns
 a paper-scale sweep into a CPU one), and a job that two grids produce (the shared point of
 every one-factor variation) runs once. Without grids and exclusions it is the basic sweeper.
+
+Every job is checked before the first one runs: a combination that cannot run (collective
+FSDP with lb_mini) is skipped with one line saying how to exclude it, any other bad input
+stops the sweep (exit status 2). The sweep ends with a summary of its runs and exit status 1
+when one of them failed, wherever the runs executed (locally or on SLURM).
 """
 
 from __future__ import annotations
 
+import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,11 +32,16 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
+
+from odc_bench.config.run import load
+from odc_bench.errors import CombinationError, ConfigError, fail
+from odc_bench.jobs import progress
+from odc_bench.plan.spec import check_combination
 
 
 def _as_override(key: str, value: Any) -> str:
@@ -96,17 +108,83 @@ class GridSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         assert self.config is not None and self.launcher is not None
-        jobs = expand_jobs(self.params, self.grids, self.exclude, arguments)
+        jobs, cannot_run = self._runnable(expand_jobs(self.params, self.grids, self.exclude, arguments))
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        display = progress.current()
+        if display is not None and display.total is not None:
+            display.set_total(len(jobs))
         size = self.max_batch_size or len(jobs) or 1
         returns: list[Sequence[JobReturn]] = []
         for first in range(0, len(jobs), size):
-            batch = jobs[first:first + size]
-            self.validate_batch_is_legal(batch)  # every job composes before any of the batch runs
-            results = self.launcher.launch(batch, initial_job_idx=first)
-            for r in results:
-                _ = r.return_value  # a job that raised ends the sweep with its error
-            returns.append(results)
+            returns.append(self.launcher.launch(jobs[first:first + size], initial_job_idx=first))
+        progress.stop()  # the summary goes below the display, not through it
+        failed = print_summary([r for batch in returns for r in batch], cannot_run)
+        if failed:
+            sys.exit(1)
         return returns
+
+    def _runnable(self, jobs: list[list[str]]) -> tuple[list[list[str]], list[tuple[list[str], CombinationError]]]:
+        """The jobs that can run, and those that cannot (with why), each announced in one line.
+
+        Every job is composed and typed here, before any runs: bad input in a later job stops the
+        sweep now (ConfigError) rather than after hours of earlier runs."""
+        assert self.hydra_context is not None and self.config is not None
+        runnable, cannot_run = [], []
+        for job in jobs:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+            try:
+                check_combination(load(cfg))
+            except CombinationError as e:
+                exclude = {k: OmegaConf.select(cfg, f"{k}.name") for k in e.keys}
+                print(f"odc_bench: skipped {' '.join(f'{k}={v}' for k, v in exclude.items())}: {e}; "
+                      f"leave it out with hydra.sweeper.exclude "
+                      f"(e.g. 'hydra.sweeper.exclude=[{{{','.join(f'{k}:{v}' for k, v in exclude.items())}}}]')",
+                      file=sys.stderr)
+                cannot_run.append((job, e))
+                continue
+            except ConfigError as e:
+                fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))
+            runnable.append(job)
+        return runnable, cannot_run
+
+
+def outcome_of(job_return: JobReturn) -> str:
+    if job_return.status != JobStatus.COMPLETED:
+        return "failed"
+    rows = job_return.return_value
+    if rows is None:
+        return "skipped"
+    if isinstance(rows, dict):  # a training run returns its row; task=primitives a list of rows
+        rows = [rows]
+    return "ok" if all(r.get("status", "ok") == "ok" for r in rows) else "failed"
+
+
+def _error_of(job_return: JobReturn) -> str:
+    """A failed job's error in one line: its row's, or the exception it raised."""
+    if job_return.status != JobStatus.COMPLETED:
+        raw: Any = job_return._return_value  # the exception (return_value would raise it)
+        return f"{type(raw).__name__}: {str(raw).strip().splitlines()[-1] if str(raw).strip() else ''}"
+    rows = job_return.return_value
+    rows = [rows] if isinstance(rows, dict) else rows or []
+    return next((str(r.get("error", "")) for r in rows if r.get("status", "ok") != "ok"), "")
+
+
+def print_summary(job_returns: Sequence[JobReturn], cannot_run: Sequence[tuple[list[str], CombinationError]]) -> int:
+    """The sweep's last lines: its runs by outcome, each failure with its error; the number failed."""
+    outcomes = [outcome_of(r) for r in job_returns]
+    counts = {k: outcomes.count(k) for k in ("ok", "failed", "skipped")}
+    parts = [f"{counts['ok']} ok", f"{counts['failed']} failed"]
+    if counts["skipped"]:
+        parts.append(f"{counts['skipped']} already done or under way (skipped)")
+    if cannot_run:
+        parts.append(f"{len(cannot_run)} combination{'s' * (len(cannot_run) > 1)} that cannot run (skipped)")
+    total = len(job_returns) + len(cannot_run)
+    print(f"odc_bench: sweep of {total} run{'s' * (total != 1)}: {', '.join(parts)}")
+    for r, outcome in zip(job_returns, outcomes, strict=True):
+        if outcome == "failed":
+            if r.status != JobStatus.COMPLETED and isinstance(r._return_value, BaseException):
+                traceback.print_exception(r._return_value, file=sys.stderr)
+            print(f"odc_bench: failed: {' '.join(r.overrides or []) or 'the run'}: {_error_of(r)}", file=sys.stderr)
+    return counts["failed"]

@@ -4,11 +4,13 @@ sweep files (sweeps/NAME.yaml, offered as `sweep=NAME`)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
+from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.config.run import RunConfig, load
@@ -35,3 +37,18 @@ def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictCo
 def compose_run(overrides: Sequence[str] = ()) -> RunConfig:
     """The typed config of the run `python -m odc_bench OVERRIDES` asks for."""
     return load(compose_config(overrides))
+
+
+def hydra_error_line(error: Exception) -> str:
+    """Hydra's or OmegaConf's error about a command line, in one line saying what to do."""
+    unknown_key = re.match(r"Could not override '([^']+)'", str(error))
+    if unknown_key:
+        return (f"unknown config key {unknown_key.group(1)!r}; check its spelling "
+                f"(`python -m odc_bench --cfg job` prints every key)")
+    if isinstance(error, MissingConfigException) and error.options:
+        group = (error.missing_cfg_file or "").rsplit("/", 1)
+        if len(group) == 2:
+            return (f"unknown {group[0]} option {group[1]!r}; choose one of {', '.join(sorted(error.options))}")
+    first = str(error).strip().splitlines()
+    text = " ".join(line.strip() for line in first[:2] if line.strip())
+    return text or type(error).__name__

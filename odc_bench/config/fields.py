@@ -118,11 +118,23 @@ def build(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
         raise ConfigError(str(e)) from None
 
 
+def _optional_section(tp: Any) -> bool:
+    """Whether an annotation is a section that may be absent (`Section | None`)."""
+    options = [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) in (Union, types.UnionType) else []
+    return len(options) == 1 and len(get_args(tp)) == 2 and dataclasses.is_dataclass(options[0])
+
+
 def as_dict(section: Any) -> dict[str, Any]:
-    """A section as plain values, nested sections included (tuples become lists, as in YAML)."""
+    """A section as plain values, nested sections included (tuples become lists, as in YAML).
+
+    An optional nested section that is absent is left out, so that adding one (dataset.grpo)
+    leaves every other run's record, and with it its key, as it was."""
     out = {}
+    hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
+        if value is None and _optional_section(hints[f.name]):
+            continue
         if dataclasses.is_dataclass(value):
             value = as_dict(value)
         elif isinstance(value, tuple):

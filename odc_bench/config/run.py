@@ -38,6 +38,9 @@ class PrimitivesConfig:
     turn_s: float = 0.05
     warmup_calls: int = 3
     chunk_bytes: int = 1 << 20
+    # The one-sided ops' heap: shm, or mpi (ranks under mpiexec, MPI off shared memory: the
+    # network path ranks on different hosts take).
+    transport: Literal["shm", "mpi"] = "shm"
 
     def __post_init__(self) -> None:
         require(1 <= self.min_bytes <= self.max_bytes,

@@ -17,6 +17,10 @@ Two sources:
   counts.
 
 Samples shorter than 2 tokens have nothing to learn (no next-token label) and are dropped.
+
+The cache is written only once the run is accepted (`write_pending_caches`, called by the
+job after its last check): a refused input leaves nothing beside the user's data. Until then
+the lengths are held in this process, so checking a run and running it read the source once.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +41,9 @@ LOADERS = ("jsonl", "hf_disk")
 CACHE_VERSION = 1
 
 
+_FORMAT = "one JSON value per line: a token count, a list of token ids, or an object holding either (dataset.field)"
+
+
 def _count(value: object, where: str) -> int:
     if isinstance(value, bool):
         raise DataError(f"{where}: expected a token count or a list of token ids, got {value!r}")
@@ -44,31 +52,53 @@ def _count(value: object, where: str) -> int:
             raise DataError(f"{where}: negative token count {value}")
         return value
     if isinstance(value, list):
+        bad = next((i for i, v in enumerate(value) if type(v) is not int or v < 0), None)
+        if bad is not None:
+            raise DataError(f"{where}: token ids must be integers >= 0, got {value[bad]!r} at position {bad}; "
+                            f"give the tokenizer's ids, or the token count")
         return len(value)
+    if isinstance(value, str):
+        raise DataError(f"{where}: expected a token count or a list of token ids, got text; tokenize it first, or "
+                        f"save it with datasets' save_to_disk and use dataset=hf_disk with dataset.tokenizer")
     raise DataError(f"{where}: expected a token count or a list of token ids, got {type(value).__name__}")
 
 
 def jsonl_lengths(path: Path, field: str | None) -> np.ndarray:
-    lengths = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path} line {n}"
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where} is not valid JSON ({e.msg}); fix or remove the line") from None
-            if isinstance(value, dict):
-                if field is None:
-                    raise DataError(f"{where} is an object; set dataset.field to its key holding the token "
-                                    f"count or ids (keys: {', '.join(sorted(value))})")
-                if field not in value:
-                    raise DataError(f"{where} has no key {field!r}; set dataset.field to one of "
-                                    f"{', '.join(sorted(value))}")
-                value = value[field]
-            lengths.append(_count(value, where))
+    lengths: list[int] = []
+    n = 0
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                lengths.extend(_line_lengths(path, n, line, field, first=not lengths))
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not text: it holds bytes that are not UTF-8 (reading from line {n + 1}); "
+                        f"dataset=jsonl reads a text file with {_FORMAT}") from None
     return np.asarray(lengths, dtype=np.int64)
+
+
+def _line_lengths(path: Path, n: int, line: str, field: str | None, first: bool) -> list[int]:
+    """The line's token count (none for a blank line)."""
+    if "\x00" in line:
+        raise DataError(f"{path} is not text: line {n} holds NUL bytes; dataset=jsonl reads a text file with {_FORMAT}")
+    if not line.strip():
+        return []
+    where = f"{path} line {n}"
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as e:
+        if first:  # nothing of the file has read as JSON lines: the whole file is something else
+            raise DataError(f"{path} is not JSON lines: line {n} is not a JSON value ({e.msg}); dataset=jsonl "
+                            f"reads {_FORMAT}") from None
+        raise DataError(f"{where} is not valid JSON ({e.msg}); fix or remove the line") from None
+    if isinstance(value, dict):
+        if field is None:
+            raise DataError(f"{where} is an object; set dataset.field to its key holding the token "
+                            f"count or ids (keys: {', '.join(sorted(value))})")
+        if field not in value:
+            raise DataError(f"{where} has no key {field!r}; set dataset.field to one of "
+                            f"{', '.join(sorted(value))}")
+        value = value[field]
+    return [_count(value, where)]
 
 
 def _text(value: object, where: str) -> str:
@@ -137,24 +167,47 @@ def _atomic_save(path: Path, array: np.ndarray) -> None:
         np.save(f, array)
 
 
+# Lengths computed by this process whose cache file is not written yet, by cache path.
+_pending: dict[Path, np.ndarray] = {}
+
+
+def _writable(folder: Path) -> bool:
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+
+
 def cached(source: Path, key: str, compute: Callable[[], np.ndarray], cache_dir: Path | None) -> np.ndarray:
-    """The lengths from `<source name>.lengths-<key>.npy`, computed and written when missing."""
+    """The lengths from `<source name>.lengths-<key>.npy`, computed when missing; the file itself
+    is written by write_pending_caches, once the run is accepted."""
     folder = cache_dir if cache_dir is not None else source.parent
     path = folder / f"{source.name}.lengths-{key}.npy"
+    if path in _pending:
+        return _pending[path]
     if path.is_file():
         with contextlib.suppress(OSError, ValueError):
             return np.load(path)
-    lengths = compute()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        _atomic_save(path, lengths)
-        for stale in folder.glob(f"{source.name}.lengths-*.npy"):
-            if stale != path:
-                stale.unlink(missing_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot write the lengths cache {path} ({e.strerror}); set dataset.cache_dir to a "
-                        f"writable directory") from None
-    return lengths
+    if not _writable(folder):
+        raise DataError(f"cannot write the lengths cache into {folder}; set dataset.cache_dir to a writable "
+                        f"directory")
+    _pending[path] = compute()
+    return _pending[path]
+
+
+def write_pending_caches() -> None:
+    """Write the caches of the lengths this process computed (older caches of the same source
+    are deleted): call it once the run that read them has passed every check."""
+    for path, lengths in list(_pending.items()):
+        try:
+            _atomic_save(path, lengths)
+            for stale in path.parent.glob(f"{path.name.rsplit('.lengths-', 1)[0]}.lengths-*.npy"):
+                if stale != path:
+                    stale.unlink(missing_ok=True)
+        except OSError as e:
+            raise DataError(f"cannot write the lengths cache {path} ({e.strerror}); set dataset.cache_dir to a "
+                            f"writable directory") from None
+        del _pending[path]
 
 
 def load_lengths(loader: str, path: str | None, *, field: str | None = None, text_field: str = "text",

@@ -1,6 +1,7 @@
 """The primitives microbenchmark (`python -m odc_bench task=primitives world_size=N`).
 
-Bandwidth of gather and scatter_accumulate on the shared-memory heap against the gloo
+Bandwidth of gather and scatter_accumulate on a symmetric heap (primitives.transport: shared
+memory, or MPI windows on MPI's network path with the ranks under mpiexec) against the gloo
 collectives they replace, with the memcpy rate as the limit, at every size of a range.
 
 Ranks are not lock-stepped: per size, one barrier starts the one-sided ops (memcpy, gather,
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,11 +44,15 @@ from rich.table import Table
 
 from odc_bench.config.fields import as_dict, require
 from odc_bench.config.run import RunConfig
+from odc_bench.errors import RunFailed
 from odc_bench.plan.spec import run_key
 from odc_bench.provenance import git_commit
 from odc_bench.results.table import append_rows
+from odc_bench.run.mpiexec import mpiexec_path, run_mpi_ranks
 from odc_bench.run.ranks import RanksFailed, run_ranks
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
+from odc_core.transport.base import SymmetricHeap
+from odc_core.transport.registry import make_heap
 from odc_core.transport.shm import ShmHeap
 
 COLUMNS = [
@@ -54,8 +60,10 @@ COLUMNS = [
     "iterations", "seconds", "bandwidth_gbps", "memcpy_gbps", "ratio_to_memcpy",
 ]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# op -> transport, in the order each size runs them (replacement next to what it replaces).
-OPS = {"memcpy": "local", "gather": "shm", "all_gather": "gloo", "scatter_accumulate": "shm",
+# op -> transport, in the order each size runs them (replacement next to what it replaces);
+# HEAP stands for the plan's heap transport.
+HEAP = "heap"
+OPS = {"memcpy": "local", "gather": HEAP, "all_gather": "gloo", "scatter_accumulate": HEAP,
        "reduce_scatter": "gloo"}
 # torch 2.13 renamed the tensor collectives (*_single); older releases only have the old names.
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -74,6 +82,7 @@ class Plan:
     warmup: int
     chunk_bytes: int
     timeout_s: float
+    transport: str = "shm"
 
 
 def plan_from_config(config: RunConfig) -> Plan:
@@ -89,7 +98,8 @@ def plan_from_config(config: RunConfig) -> Plan:
     while size <= p.max_bytes:
         sizes.append(size - size % itemsize)
         size *= p.step
-    return Plan(world, sizes, p.dtype, p.rounds, p.turn_s, p.warmup_calls, p.chunk_bytes, config.timeout_s)
+    return Plan(world, sizes, p.dtype, p.rounds, p.turn_s, p.warmup_calls, p.chunk_bytes, config.timeout_s,
+                p.transport)
 
 
 def _warm_up(op: Callable[[], None], warmup: int) -> float:
@@ -116,7 +126,7 @@ def _timed(ops: dict[str, Callable[[], None]], calls: dict[str, int], rounds: in
     return samples
 
 
-def _rank_ops(heap: ShmHeap, size: int, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
+def _rank_ops(heap: SymmetricHeap, size: int, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
     """The five ops for one size, over freshly allocated heap buffers and local tensors."""
     numel = size // dtype.itemsize
     layout = ShardLayout(numel, heap.world_size)
@@ -135,6 +145,13 @@ def _rank_ops(heap: ShmHeap, size: int, dtype: torch.dtype) -> dict[str, Callabl
     }
 
 
+def _heap(plan: Plan, rank: int, world: int, job: str, store: dist.Store) -> Any:
+    """This size's heap on the plan's transport (a context manager that closes it)."""
+    if plan.transport == "shm":
+        return ShmHeap(rank, world, job, store, timeout_s=plan.timeout_s, chunk_bytes=plan.chunk_bytes)
+    return make_heap(plan.transport, "cpu", rank, world, job, store, plan.timeout_s)
+
+
 def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -> dict:
     """Per (op, size): this rank's samples of seconds per call, and its calls per turn."""
     torch.set_num_threads(1)
@@ -147,8 +164,7 @@ def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -
     try:
         for size in plan.sizes:
             # One heap per size, so each size's buffers are freed before the next is allocated.
-            with ShmHeap(rank, world, f"{job}.{size}", store, timeout_s=plan.timeout_s,
-                         chunk_bytes=plan.chunk_bytes) as heap:
+            with _heap(plan, rank, world, f"{job}.{size}", store) as heap:
                 ops = _rank_ops(heap, size, dtype)
                 turn = {op: max(1, round(plan.turn_s / _warm_up(fn, plan.warmup))) for op, fn in ops.items()}
                 # Every rank must make the same number of collective calls: rank 0's estimate counts.
@@ -176,6 +192,7 @@ def summarize(plan: Plan, per_rank: list[dict]) -> list[dict]:
         seconds = {op: statistics.median(t for r in per_rank for t in r["samples"][op, size]) for op in OPS}
         memcpy_gbps = size / seconds["memcpy"] / 1e9
         for op, transport in OPS.items():
+            transport = plan.transport if transport == HEAP else transport
             gbps = size / seconds[op] / 1e9
             calls = statistics.median_low(r["calls"][op, size] for r in per_rank)
             rows.append(dict(op=op, transport=transport, world_size=plan.world_size, size_bytes=size,
@@ -185,7 +202,9 @@ def summarize(plan: Plan, per_rank: list[dict]) -> list[dict]:
 
 
 def print_rows(rows: list[dict]) -> None:
-    table = Table(title=f"primitives, {rows[0]['world_size']} ranks, {rows[0]['dtype']}: GB/s (ratio to memcpy)")
+    heap = next(r["transport"] for r in rows if r["op"] == "gather")
+    table = Table(title=f"primitives on {heap}, {rows[0]['world_size']} ranks, {rows[0]['dtype']}: "
+                        "GB/s (ratio to memcpy)")
     table.add_column("size")
     for op in OPS:
         table.add_column(op, justify="right")
@@ -206,9 +225,13 @@ def run_primitives(config: RunConfig) -> list[dict]:
     run_id = run_key(dict(task=config.task, world_size=config.world_size, primitives=as_dict(config.primitives),
                           timeout_s=config.timeout_s))
     job = f"bench{uuid.uuid4().hex[:8]}"
+    # MPI's ranks must be started by its process manager, and take its network path (no shared memory).
+    launch = run_mpi_ranks if plan.transport == "mpi" else run_ranks
+    if plan.transport == "mpi":
+        mpiexec_path()
     try:
-        per_rank = run_ranks(bench_rank, plan.world_size, plan, job, timeout_s=config.deadline_s or 3600.0)
-    except RanksFailed as e:
+        per_rank = launch(bench_rank, plan.world_size, plan, job, timeout_s=config.deadline_s or 3600.0)
+    except (RanksFailed, RunFailed) as e:
         print(f"odc_bench: primitives benchmark failed: {e}", file=sys.stderr)
         sys.exit(1)
     stamp = dict(run_id=run_id, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"), commit=git_commit(),

@@ -126,6 +126,11 @@ class SweepProgress:
         parts = [f"{n} {k}" for k, n in (("failed", f["failed"]), ("skipped", f["skipped"])) if n]
         return ", ".join(parts)
 
+    def set_total(self, total_runs: int) -> None:
+        """The sweep's size once it is known exactly (combinations that cannot run left out)."""
+        self.total = total_runs
+        self._progress.update(self.runs_task, total=total_runs)
+
     def run_started(self, label: str) -> None:
         self._run_t0 = time.monotonic()
         self._progress.reset(self._mb_task, description=f"  {label}", total=None, visible=False)

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from odc_bench.config.backend import SimBackendConfig
 from odc_bench.config.run import RunConfig
+from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import RunSpec, resolve
@@ -25,7 +26,8 @@ from odc_bench.record.row import failed_row, run_row, sim_row
 from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
 from odc_bench.run.local import run_local
-from odc_bench.sim import simulate
+from odc_bench.run.mpiexec import mpiexec_path, run_mpi, uses_mpi
+from odc_bench.sim import check_hardware, simulate
 
 # A launcher: runs the spec's ranks; every rank's result, or None in a task that does not report.
 Launcher = Callable[[RunSpec], list[dict] | None]
@@ -33,12 +35,13 @@ Launcher = Callable[[RunSpec], list[dict] | None]
 
 def _local(spec: RunSpec) -> list[dict]:
     display = progress.current()
-    return run_local(spec, on_progress=display.run_minibatches if display is not None and display.enabled else None)
+    on_progress = display.run_minibatches if display is not None and display.enabled else None
+    return (run_mpi if uses_mpi(spec) else run_local)(spec, on_progress=on_progress)
 
 
 def default_launcher(repeat_index: int = 0) -> Launcher:
     """SLURM's task side inside a job that submitit started (each repeat of the run meeting in a
-    folder of its own), local processes otherwise."""
+    folder of its own), local processes otherwise (under mpiexec for the MPI transport)."""
     return partial(slurm_task.run_task, repeat_index=repeat_index) if slurm_task.in_task() else _local
 
 
@@ -86,11 +89,13 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
-         "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "wall_s", "loss_last")
+         "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "mem_estimate_mb", "wall_s",
+         "loss_last")
 
 
 def _fmt(value: object) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A cell of the run's table; '-' for what the run does not measure (the simulator's memory, losses)."""
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_row(row: dict) -> None:
@@ -101,6 +106,14 @@ def print_row(row: dict) -> None:
     if row["status"] != "ok":
         # Verbatim: error text may hold brackets that markup would swallow.
         Console(stderr=True).print(f"run failed: {row['error']}", markup=False, highlight=False)
+
+
+def describe_lengths(spec: RunSpec) -> str:
+    """One line: the sample lengths the run trains on, after dataset.length_scale (the row has them too)."""
+    s, ds = spec.length_stats(), spec.config.dataset
+    scale = "" if ds.length_scale == 1 else f", dataset.length_scale={ds.length_scale:g}"
+    return (f"lengths: {s['samples']} samples of {ds.name}{scale}: mean {s['len_mean']:.0f}, p50 {s['len_p50']:.0f}, "
+            f"p99 {s['len_p99']:.0f}, max {s['len_max']} tokens; max_tokens {spec.max_tokens}")
 
 
 def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict] | None:
@@ -120,6 +133,12 @@ def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict]
         return None
     if not slurm_task.in_task():  # a SLURM job's nodes are not this host
         spec.check_fits()
+        if uses_mpi(spec):
+            mpiexec_path()
+    if config.simulated:
+        check_hardware(spec)
+    write_pending_caches()  # the run is accepted: only now does anything land beside the user's data
+    print(describe_lengths(spec))
     rows = []
     for index in range(done, config.repeat):
         row = execute(spec, results_dir, repeat_index=index)

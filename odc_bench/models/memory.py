@@ -92,3 +92,9 @@ def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
     head = hidden + logits * cfg.vocab_size * 4
     inputs = max_tokens * 3 * 8  # token ids, positions and labels, int64
     return MemoryEstimate(owned=owned, working=working, activations=layers + head + inputs)
+
+
+def host_available_bytes() -> int:
+    """This host's available memory (the kernel's MemAvailable), which local ranks share."""
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) * 1024

@@ -27,9 +27,8 @@ from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
-from odc_bench.errors import ConfigError
-from odc_bench.models.memory import MemoryEstimate, estimate
-from odc_core.engine.registry import EngineSpec
+from odc_bench.errors import CombinationError, ConfigError
+from odc_bench.models.memory import MemoryEstimate, estimate, host_available_bytes
 
 GB = 2**30
 
@@ -92,17 +91,45 @@ class RunSpec:
         """Whether the memory estimate is within the limit (or nothing bounds it)."""
         return self.memory_limit is None or self.memory.total <= self.memory_limit
 
+    def memory_at(self, tokens: int) -> MemoryEstimate:
+        """The per-rank estimate with a microbatch limit of `tokens` (samples no longer than that)."""
+        c = self.config
+        recompute = isinstance(c.backend, SimBackendConfig) and c.backend.recompute
+        on_cpu = not c.simulated and self.device_type == "cpu"
+        return estimate(c.model, self.world_size, c.precision, tokens, recompute,
+                        cpu_longest=tokens if on_cpu else None, shard_over=shard_group(c))
+
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit, for ranks of this host (a
         SLURM job's nodes are not this host; a simulated run is answered anyway, its row
-        flagging that it would not fit: mem_estimate_mb over mem_limit_mb)."""
+        flagging that it would not fit: mem_estimate_mb over mem_limit_mb), with the fix that
+        can work: a lower microbatch limit, shorter samples, or a smaller model or more ranks."""
         if self.memory_limit is None or self.fits or self.config.simulated:
             return
-        m = self.memory
-        raise ConfigError(
-            f"a rank would need about {m.total / GB:.1f} GiB (owned shards {m.owned / GB:.1f}, working units "
-            f"{m.working / GB:.1f}, activations of {self.max_tokens} tokens {m.activations / GB:.1f}), over the "
-            f"{self.memory_limit / GB:.1f} GiB it has; lower max_tokens or the model's size, or add ranks")
+        m, limit = self.memory, self.memory_limit
+        need = (f"a rank would need about {m.total / GB:.1f} GiB (owned shards {m.owned / GB:.1f}, working units "
+                f"{m.working / GB:.1f}, activations of {self.max_tokens} tokens {m.activations / GB:.1f}), over the "
+                f"{limit / GB:.1f} GiB it has")
+        longest = max(self.length_stats()["len_max"], 2)
+        fitting = self.longest_fitting(limit)
+        if fitting < 2:
+            raise ConfigError(f"{need}; the model alone does not fit: use a smaller model or add ranks")
+        if fitting >= longest:
+            raise ConfigError(f"{need}; lower max_tokens (to {fitting} or less: the longest sample has {longest}), "
+                              f"or add ranks")
+        raise ConfigError(f"{need}; a sample of {longest} tokens cannot fit, samples up to about {fitting} tokens "
+                          f"do: drop or truncate the longer ones (or lower dataset.length_scale), or use a smaller "
+                          f"model or more ranks")
+
+    def longest_fitting(self, limit: int) -> int:
+        """The largest microbatch limit whose estimate is within `limit` bytes (below 2: none)."""
+        low, high = 1, max(self.max_tokens, 2)
+        if self.memory_at(high).total <= limit:
+            return high
+        while high - low > 1:  # the estimate grows with the tokens
+            mid = (low + high) // 2
+            low, high = (mid, high) if self.memory_at(mid).total <= limit else (low, mid)
+        return low
 
 
 def run_key(config: Mapping[str, Any]) -> str:
@@ -132,20 +159,47 @@ def plan_digest(spec: RunSpec) -> str:
     return h.hexdigest()[:16]
 
 
-def _check_combination(engine: EngineSpec, balancer: BalancerSpec, config: RunConfig) -> None:
-    require(not (engine.equal_microbatch_counts and not balancer.equal_counts),
-            f"balancer {balancer.name} gives ranks different microbatch counts, which engine={engine.name} "
-            f"cannot run (every layer is a barrier); use engine=odc")
-    if config.simulated:
-        require(engine.simulated_as is not None,
-                f"the simulator does not model engine={engine.name}; use backend=local")
+def check_combination(config: RunConfig) -> None:
+    """CombinationError when the engine, its options, the balancer and the backend cannot run together."""
+    engine, balancer = config.engine.spec, balancer_spec(config.balancer.name)
+    if engine.equal_microbatch_counts and not balancer.equal_counts:
+        raise CombinationError(f"balancer {balancer.name} gives ranks different microbatch counts, which "
+                               f"engine={engine.name} cannot run (every layer is a barrier); use engine=odc",
+                               ("engine", "balancer"))
+    if config.simulated and engine.simulated_as is None:
+        raise CombinationError(f"the simulator does not model engine={engine.name}; use backend=local",
+                               ("engine", "backend"))
     if config.engine.options.shard == "hybrid":
-        require(config.simulated, f"engine.shard=hybrid is simulated only so far (backend=sim): engine={engine.name} "
-                                  f"shards every unit over all ranks; set engine.shard=full")
-        require(isinstance(config.backend, SimBackendConfig)
-                and isinstance(config.backend.hardware, GpuHardwareConfig),
-                "engine.shard=hybrid needs nodes: a GPU hardware profile (backend/hardware=a100 or h100), not the "
-                "calibrated CPU one (one host)")
+        if not config.simulated:
+            raise CombinationError(f"engine.shard=hybrid is simulated only so far (backend=sim): engine={engine.name} "
+                                   f"shards every unit over all ranks; set engine.shard=full",
+                                   ("engine.shard", "backend"))
+        if not (isinstance(config.backend, SimBackendConfig)
+                and isinstance(config.backend.hardware, GpuHardwareConfig)):
+            raise CombinationError("engine.shard=hybrid needs nodes: a GPU hardware profile (backend/hardware=a100 "
+                                   "or h100), not the calibrated CPU one (one host)",
+                                   ("engine.shard", "backend/hardware"))
+
+
+# Plans are pure functions of these inputs, so a process that resolves several runs over the same
+# minibatches (the series of a what-if or of a sweep, which differ only in the engine) plans each
+# minibatch once. Plans are never modified after planning.
+_PLANS: dict[tuple, tuple[Plan, list[Microbatch] | None]] = {}
+_PLANS_KEPT = 4096
+
+
+def _plan_once(balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
+               cost: CostModel) -> tuple[Plan, list[Microbatch] | None]:
+    try:
+        key = (balancer.name, options, cost, world, max_tokens, tuple(lengths))
+        hash(key)
+    except TypeError:  # options holding a mutable value: plan without the memo
+        return plan_minibatch(balancer, options, lengths, world, max_tokens, cost)
+    if key not in _PLANS:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.clear()
+        _PLANS[key] = plan_minibatch(balancer, options, lengths, world, max_tokens, cost)
+    return _PLANS[key]
 
 
 def shard_group(config: RunConfig) -> int:
@@ -201,7 +255,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
     world, per_rank = config.world_size, config.minibatch_size
     engine = config.engine if config.simulated else config.engine.for_device(device_type)
     balancer = balancer_spec(config.balancer.name)
-    _check_combination(engine.spec, balancer, config)
+    check_combination(config)
     options = balancer_options(balancer.name, config.balancer.options)
     cost = cost_model_for(config.balancer, config.model, hardware_tag(device_type))
 
@@ -223,7 +277,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
                 f"minibatch {k} has a sample of {longest} tokens, over the microbatch limit max_tokens={max_tokens}; "
                 f"raise max_tokens (or packing_ratio) or lower dataset.length_scale")
         try:
-            plan, queue = plan_minibatch(balancer, options, lens, world, max_tokens, cost)
+            plan, queue = _plan_once(balancer, options, lens, world, max_tokens, cost)
         except ValueError as e:
             raise ConfigError(f"balancer {balancer.name} cannot plan minibatch {k}: {e}") from None
         if engine.spec.equal_microbatch_counts:
@@ -248,6 +302,4 @@ def memory_limit(config: RunConfig, device_type: str) -> int | None:
         return int(hw.memory_gb * 1e9) if isinstance(hw, GpuHardwareConfig) else None
     if device_type == "cuda":
         return int(torch.cuda.mem_get_info()[1])
-    with open("/proc/meminfo") as f:
-        available_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-    return available_kib * 1024 // config.world_size
+    return host_available_bytes() // config.world_size

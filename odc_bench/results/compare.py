@@ -3,8 +3,9 @@
 Runs are grouped by their workload (results/series.py); within a workload every series is set
 against the paper's strongest collective baseline, the baseline engine with LB-Micro (or
 LocalSort when that is all there is), in the engine's preferred variant (FSDP2 on shared
-memory or NCCL before gloo). Seeds and repeats are averaged, and their spread shown: single
-runs of one config on a shared CPU host differ by 10-20%. This is what `make demo` prints.
+memory or NCCL before gloo). Seeds and repeats are averaged and their spread shown, with three
+lines under the tables saying what the columns mean and how far the runs' spread lets a
+difference be trusted. This is what `make demo` prints.
 """
 
 from __future__ import annotations
@@ -82,3 +83,25 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
             table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", spread, speedup, f"{r.bubble_rate:.0%}",
                           predicted, memory, str(r.runs))
         console.print(table)
+    for line in legend(rows):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def legend(rows: pd.DataFrame) -> list[str]:
+    """Three lines under the tables: what the columns mean, and how far to trust a difference."""
+    repeated = rows[rows["runs"] > 1]
+    if repeated.empty:
+        spread = ("Each series ran once, and one run of a config varies from run to run on a shared host "
+                  "(docs/simulator.md, 'Validation'): for a measurement, run every config several times "
+                  "(repeat=5) and compare the runs' ranges.")
+    else:
+        width = float(((repeated["fastest"] - repeated["slowest"]) / repeated["samples_per_s"]).max())
+        spread = (f"Runs of one series here span up to {width:.0%} of their mean (runs' range): a smaller "
+                  f"difference between series is noise; more repeats (repeat=N) narrow it.")
+    return [
+        "samples/s: the mean over a series' runs (runs' range: slowest-fastest); speedup: over the collective "
+        "baseline named in the title.",
+        "bubble: the share of rank-time spent not computing, as measured; predicted: what the balancer's cost "
+        "model expected for the same plans.",
+        spread,
+    ]

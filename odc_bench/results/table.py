@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from odc_bench.config.fields import require
-from odc_bench.errors import TableError
-from odc_bench.files import atomic_write_text, locked, stale_temporaries
+from odc_bench.errors import ConfigError, TableError
+from odc_bench.files import PSEUDO_FILESYSTEMS, atomic_write_text, filesystem_of, locked, stale_temporaries
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 
 
@@ -65,6 +65,10 @@ def check_results_dir(results_dir: Path) -> None:
         existing = existing.parent
     require(existing.is_dir(), f"results_dir {results_dir} cannot be created: {existing} is not a directory; "
             f"set results_dir to a folder")
+    fs = filesystem_of(results_dir)
+    if fs is not None and fs[0] in PSEUDO_FILESYSTEMS:
+        raise ConfigError(f"results_dir {results_dir} is on {fs[0]} ({fs[1]}), a pseudo-filesystem showing the "
+                          f"kernel's state, which cannot hold results; set results_dir to a folder on a disk")
     require(os.access(existing, os.W_OK | os.X_OK), f"results_dir {results_dir} is not writable ({existing}); "
             f"set results_dir to a folder you can write")
     traces = results_dir / "traces"

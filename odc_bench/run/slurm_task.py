@@ -29,6 +29,7 @@ from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import RankJob, run_rank, threads_per_rank
 from odc_core.liveness import PeerLost, one_line
+from odc_core.transport.mpi import NETWORK_ONLY_ENV
 
 
 def in_task() -> bool:
@@ -81,6 +82,8 @@ def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
             raise RunFailed(f"rank {rank} resolved run {spec.run_id} but rank 0 runs {info['run_id']}")
         host, port = info["host"], int(info["port"])
     _export_torch_env(env, port)
+    if getattr(spec.config.engine.options, "mpi_network_only", False):
+        os.environ.update(NETWORK_ONLY_ENV)  # before the heap starts MPI
     job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared),
                   job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.name.removeprefix('ranks.')}",
                   threads=threads_per_rank(spec, world // env.num_nodes), store_rank=0)

@@ -15,10 +15,12 @@ import numpy as np
 import pandas as pd
 
 from odc_bench.balancers.schedule import list_schedule
-from odc_bench.config.backend import SimBackendConfig
+from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
+from odc_bench.errors import ConfigError
+from odc_bench.models.memory import estimate, host_available_bytes
 from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import totals, trace_frame
-from odc_bench.sim.hardware import EngineCosts, load_profile
+from odc_bench.sim.hardware import EngineCosts, calibration_path, load_profile
 from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.timeline import Timeline, collective, odc
 
@@ -97,6 +99,34 @@ def claimed(lengths: list[int], queue: list[list[int]], world: int, table: np.nd
     seconds = [microbatch_estimate(doc_features([lengths[i] for i in micro], knots), table, costs, layout)
                for micro in queue]
     return [[queue[i] for i in rank] for rank in list_schedule(seconds, world)]
+
+
+def check_hardware(spec: RunSpec) -> None:
+    """ConfigError when the run's hardware profile cannot simulate it: before anything is written.
+
+    The CPU profile is fitted from real runs of the model on this host, so a model that cannot
+    train here has none and never will: the fix is a GPU profile, not a calibration."""
+    config = spec.config
+    backend = config.backend
+    assert isinstance(backend, SimBackendConfig)
+    hw = backend.hardware
+    if isinstance(hw, CalibratedHardwareConfig) and not calibration_path(hw, config.model.name).exists():
+        local = estimate(config.model, spec.world_size, config.precision, spec.max_tokens,
+                         cpu_longest=spec.max_tokens)
+        per_rank = host_available_bytes() // spec.world_size
+        if local.total > per_rank:
+            raise ConfigError(
+                f"backend/hardware={hw.name} simulates this machine's CPU ranks as fitted from real runs of the model "
+                f"here, but model {config.model.name} would need about {local.total / 2**30:.1f} GiB per rank, over "
+                f"the {per_rank / 2**30:.1f} GiB this host has for each; simulate it on a GPU profile "
+                f"(backend/hardware=a100 or h100)")
+    profile = load_profile(hw, config.model.name)
+    layout = Layout(config.model)
+    timeline = config.engine.spec.simulated_as
+    assert timeline is not None, "resolve() refuses engines the simulator does not model"
+    profile.compute_table(layout, backend.recompute)
+    profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
+                         config.engine.options.shard, backend.odc_fetch)
 
 
 def simulate(spec: RunSpec, trace: bool = True) -> Simulation:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from odc_bench.config.backend import GpuHardwareConfig, HardwareConfig
+from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig, HardwareConfig
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_linear_params
 from odc_bench.provenance import REPO_ROOT
@@ -333,12 +333,17 @@ class CalibratedProfile:
 Profile = GpuProfile | CalibratedProfile
 
 
+def calibration_path(hw: CalibratedHardwareConfig, model_name: str) -> Path:
+    """Where the calibrated profile of `model_name` is (relative paths from the repository root)."""
+    path = Path(hw.calibration.format(model=model_name))
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
 def load_profile(hw: HardwareConfig, model_name: str) -> Profile:
     """The profile a config's backend.hardware describes; ConfigError when it cannot be used."""
     if isinstance(hw, GpuHardwareConfig):
         return GpuProfile(hw)
-    path = Path(hw.calibration.format(model=model_name))
-    path = path if path.is_absolute() else REPO_ROOT / path
+    path = calibration_path(hw, model_name)
     if not path.exists():
         raise ConfigError(f"no calibration {path} for model {model_name}; run "
                           f"`python -m odc_bench.tools.sim_calibrate model={model_name}` on this machine first")

@@ -83,11 +83,16 @@ class OdcOptions:
     # The symmetric heap's transport (odc_core/transport/registry.py); auto picks one for the device.
     transport: str = "auto"
     shard: Shard = "full"
+    # transport=mpi: keep MPI off shared memory between ranks of a host, so that one host
+    # exercises the network path ranks on different hosts take.
+    mpi_network_only: bool = False
 
     def __post_init__(self) -> None:
         if self.transport != "auto" and self.transport not in TRANSPORTS:
             raise ValueError(f"engine.transport must be auto or one of {', '.join(TRANSPORTS)}, "
                              f"got {self.transport!r}")
+        if self.mpi_network_only and self.transport not in ("auto", "mpi"):
+            raise ValueError(f"engine.mpi_network_only=true needs engine.transport=mpi, got {self.transport}")
 
     def for_device(self, device_type: str) -> OdcOptions:
         """The options as they run on `device_type`: `auto` replaced by the transport it picks."""
@@ -95,13 +100,15 @@ class OdcOptions:
             name = transport_for(self.transport, device_type).name
         except ValueError as e:
             raise ValueError(f"engine=odc: {e}") from None
+        if self.mpi_network_only and name != "mpi":
+            raise ValueError(f"engine.mpi_network_only=true needs engine.transport=mpi, got {self.transport}")
         return replace(self, transport=name)
 
     def host_bound(self) -> tuple[str, str] | None:
         spec = TRANSPORTS.get(self.transport)
         if spec is not None and not spec.spans_hosts:
             return (f"engine=odc on transport {spec.name} keeps its symmetric heap in {spec.describe}",
-                    "set hydra.launcher.nodes=1")
+                    "set engine.transport=mpi (docs/transport.md) or hydra.launcher.nodes=1")
         return None
 
 

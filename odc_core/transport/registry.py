@@ -29,8 +29,12 @@ class TransportSpec:
 TRANSPORTS: dict[str, TransportSpec] = {
     "shm": TransportSpec("shm", "odc_core.transport.shm:ShmHeap", devices=("cpu",), spans_hosts=False,
                          describe="POSIX shared memory (/dev/shm) on one host"),
+    # Ranks must be started by an MPI process manager (mpiexec, srun --mpi=pmi2): odc_bench's launchers do.
+    "mpi": TransportSpec("mpi", "odc_core.transport.mpi:MpiHeap", devices=("cpu",), spans_hosts=True,
+                         describe="MPI-3 one-sided windows (MPICH), on one host or many"),
 }
-# `auto`: the first transport, in this order, that holds the run's device type.
+# `auto`: the first transport, in this order, that holds the run's device type. Not mpi: it
+# needs its ranks started under mpiexec, so a run spanning hosts names it (engine.transport=mpi).
 AUTO_ORDER = ("shm",)
 
 

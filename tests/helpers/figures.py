@@ -16,7 +16,8 @@ import pandas as pd
 from odc_bench.record.row import COLUMNS
 
 SERIES = [("collective", "local_sort"), ("collective", "lb_micro"), ("odc", "lb_micro"), ("odc", "lb_mini")]
-SPEED = {("collective", "local_sort"): 0.9, ("collective", "lb_micro"): 1.0, ("odc", "lb_micro"): 1.15,
+SPEED = {("collective", "local_sort"): 0.9, ("collective", "lb_micro"): 1.0, ("odc", "local_sort"): 0.95,
+         ("odc", "lb_micro"): 1.15,
          ("odc", "lb_mini"): 1.3}
 SCALE = 1 / 64
 GOLDEN = dict(dataset="longalign", model="tiny", world_size=2, minibatch_size=4, packing_ratio=1,
@@ -95,7 +96,14 @@ def trace_events(engine: str) -> list[dict]:
     return events
 
 
-def write_runs(folder: Path, engines: tuple[str, ...] = ("collective", "odc")) -> pd.DataFrame:
+# With `variants`: ODC + LB-Mini also planned with a second cost model at the golden setting (a
+# variant of one series, traced; collective has no run under it), and ODC + LocalSort at the
+# golden setting only (a series with one point of every sweep).
+VARIANT_COST = "calibrated:tiny-cpu"
+
+
+def write_runs(folder: Path, engines: tuple[str, ...] = ("collective", "odc"), backend: str = "local",
+               variants: bool = False) -> pd.DataFrame:
     rows = []
     for engine, balancer in [s for s in SERIES if s[0] in engines]:
         for dataset, max_tokens in DATASETS.items():
@@ -110,7 +118,12 @@ def write_runs(folder: Path, engines: tuple[str, ...] = ("collective", "odc")) -
                     trace.to_csv(folder / "traces" / f"{run_id}.csv", index=False)
         for i, (change, bonus) in enumerate(VARIATIONS):
             rows.append(_row(engine, balancer, f"{engine}-{balancer}-var{i}", None, bonus, **(GOLDEN | change)))
-    table = pd.DataFrame(rows, columns=COLUMNS)
+    if variants:
+        rows.append(_row("odc", "local_sort", "odc-local_sort-golden", None, **GOLDEN))
+        run_id = f"odc-lb_mini-{VARIANT_COST}"  # sorts before the linear run: picked first by name alone
+        rows.append(_row("odc", "lb_mini", run_id, f"traces/{run_id}.csv", **GOLDEN) | {"cost_model": VARIANT_COST})
+        pd.DataFrame(trace_events("odc")).to_csv(folder / "traces" / f"{run_id}.csv", index=False)
+    table = pd.DataFrame(rows, columns=COLUMNS).assign(backend=backend)
     folder.mkdir(parents=True, exist_ok=True)
     table.to_csv(folder / "runs.csv", index=False)
     return table
@@ -131,8 +144,9 @@ def write_primitives(folder: Path) -> pd.DataFrame:
     return table
 
 
-def results_root(root: Path, engines: tuple[str, ...] = ("collective", "odc"), primitives: bool = True) -> Path:
-    write_runs(root / "cpu", engines)
+def results_root(root: Path, engines: tuple[str, ...] = ("collective", "odc"), primitives: bool = True,
+                 backend: str = "local", variants: bool = False) -> Path:
+    write_runs(root / ("sim" if backend == "sim" else "cpu"), engines, backend, variants)
     if primitives:
         write_primitives(root / "primitives")
     return root

@@ -6,6 +6,7 @@ import pytest
 from odc_bench.errors import ConfigError
 from odc_bench.jobs.primitives import plan_from_config
 from tests.helpers import run_cli, run_config
+from tests.helpers.mpi import requires_mpi
 
 SCHEMA = ["run_id", "timestamp", "commit", "host", "op", "transport", "world_size", "size_bytes", "dtype",
           "iterations", "seconds", "bandwidth_gbps", "memcpy_gbps", "ratio_to_memcpy"]
@@ -62,3 +63,19 @@ def test_benchmark_appends_one_row_per_op_and_size(results_dir):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("odc_bench: error: primitives.dtype must be one of")
     assert len(pd.read_csv(results_dir / "primitives.csv")) == 15
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@requires_mpi
+def test_the_mpi_transport_rows_name_mpi_and_gloo(results_dir):
+    done = run_cli("task=primitives", "world_size=2", "primitives.transport=mpi", "primitives.min_bytes=4096",
+                   "primitives.max_bytes=16384", "primitives.rounds=2", "primitives.turn_s=0.001",
+                   f"results_dir={results_dir}")
+    assert done.returncode == 0, done.stderr
+    table = pd.read_csv(results_dir / "primitives.csv")
+    assert list(table.columns) == SCHEMA and len(table) == 2 * 5
+    assert dict(zip(table["op"], table["transport"], strict=True)) == {
+        "gather": "mpi", "scatter_accumulate": "mpi", "all_gather": "gloo", "reduce_scatter": "gloo",
+        "memcpy": "local"}
+    assert (table["seconds"] > 0).all()

@@ -107,7 +107,9 @@ def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "run_local", partial(run_local, entry=partial(killing_entry, str(tmp_path))))
     monkeypatch.setattr(sys, "argv", ["odc_bench", "--multirun", "seed=0,1", *SMALL, f"results_dir={results}",
                                       f"hydra.sweep.dir={tmp_path / 'multirun'}"])
-    cli.main()
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 1, "a sweep with a failed run ends with exit status 1, after the other runs"
     table = read_table(results / "runs.csv")
     assert list(table["seed"]) == [0, 1]
     assert list(table["status"]) == ["failed", "ok"]

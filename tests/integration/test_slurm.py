@@ -5,12 +5,20 @@ test needs `sbatch` on PATH and a cluster it talks to, and skips without one.
 """
 
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from odc_bench.cli import submissions
 from odc_bench.results.table import read_table
-from tests.helpers import run_cli
+from tests.helpers import REPO, run_cli
+from tests.helpers.mpi import requires_mpi
 
 if shutil.which("sbatch") is None:
     if os.environ.get("CI") == "true":
@@ -42,10 +50,19 @@ def test_smoke_sweep_on_slurm_records_its_rows_and_resumes(tmp_path):
         assert len(list(d.glob("*_result.pkl"))) == 2, f"{d.name}: expected one result per task (rank)"
         assert not list(d.glob("ranks.*")), "rank 0 removes the ranks' exchange folder"
 
+    # Job ids and log folders as the jobs are submitted, each result as it comes, then the summary.
+    submitted_lines = [ln for ln in first.stdout.splitlines() if " submitted as SLURM job " in ln]
+    assert len(submitted_lines) == 3 and all("logs in " + str(sweep_dir / ".submitit") in ln for ln in submitted_lines)
+    results = [ln for ln in first.stdout.splitlines() if re.match(r"odc_bench: #\d SLURM job \S+ ok: ", ln)]
+    assert len(results) == 3 and all("samples/s" in ln for ln in results)
+    assert "odc_bench: sweep of 3 runs: 3 ok, 0 failed" in first.stdout
+    assert not (results_dir / "slurm_jobs.json").exists(), "finished jobs are no longer recorded as under way"
+
     submitted = set((sweep_dir / ".submitit").iterdir())
     again = run_cli(*args, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("skipped") == 3, "a re-run skips the runs already in the table"
+    assert again.stdout.count("already in ") == 3, "a re-run skips the runs already in the table"
+    assert "sweep of 3 runs: 0 ok, 0 failed, 3 already done or under way (skipped)" in again.stdout
     assert set((sweep_dir / ".submitit").iterdir()) == submitted, "and submits no job"
     assert len(read_table(results_dir / "runs.csv")) == 3
 
@@ -57,7 +74,143 @@ def test_a_run_failing_on_slurm_is_a_failed_row_naming_the_rank(tmp_path):
     # A learning rate AdamW refuses: the config resolves, every rank fails building its optimizer.
     proc = run_cli("sweep=smoke", "minibatch_size=1", "optim.lr=-1.0", "hydra/launcher=slurm",
                    f"results_dir={results_dir}", f"hydra.sweep.dir={tmp_path / 'multirun'}", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in proc.stdout
+    assert re.search(r"odc_bench: #0 SLURM job \S+ failed: rank \d failed: .*Invalid learning rate", proc.stderr)
     rows = read_table(results_dir / "runs.csv")
     assert list(rows["status"]) == ["failed"]
     assert "rank " in rows["error"][0] and "Invalid learning rate" in rows["error"][0], rows["error"][0]
+
+
+# Two tiny runs whose jobs wait in their set-up, so that they are still queued or running
+# when the driver is interrupted.
+WAITING = ["-m", "minibatch_size=1,2", "model=tiny", "num_minibatches=2", "warmup_minibatches=0",
+           "dataset.length_scale=0.00390625", "hydra/launcher=slurm"]
+
+
+def _start(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
+    return subprocess.Popen([sys.executable, "-m", "odc_bench", *WAITING, *extra,
+                             f"results_dir={tmp_path / 'results'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _submitted_ids(proc: subprocess.Popen, count: int, timeout_s: float = 120) -> list[str]:
+    """The job ids the driver prints as it submits, once all `count` are out."""
+    assert proc.stdout is not None
+    ids: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while len(ids) < count:
+        assert time.monotonic() < deadline, f"the driver did not submit {count} jobs in {timeout_s:.0f}s"
+        line = proc.stdout.readline()
+        assert line, f"the driver ended before submitting: {proc.stderr.read() if proc.stderr else ''}"
+        found = re.search(r" submitted as SLURM job (\S+): ", line)
+        if found:
+            ids.append(found.group(1))
+    return ids
+
+
+def _queued(ids: list[str]) -> dict[str, str]:
+    """The state of each job still in SLURM's queue (array tasks one by one)."""
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(ids)], capture_output=True, text=True)
+    return dict(line.split("|", 1) for line in out.stdout.split() if "|" in line)
+
+
+def _array_states(ids: list[str]) -> set[str]:
+    """Every state SLURM records for the job arrays of these jobs (it keeps finished ones for
+    MinJobAge, 300 s here; a cancelled task that never started is folded into its array's record)."""
+    states: set[str] = set()
+    for array in {job_id.split("_")[0] for job_id in ids}:
+        text = subprocess.run(["scontrol", "show", "job", array], capture_output=True, text=True).stdout
+        states |= set(re.findall(r"JobState=(\S+)", text))
+    return states
+
+
+def _interrupt(proc: subprocess.Popen) -> tuple[int, str, str]:
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_ctrl_c_cancels_the_jobs_this_command_submitted(tmp_path):
+    proc = _start(tmp_path, "hydra.launcher.setup=[\"sleep 120\"]")
+    ids = []
+    try:
+        ids = _submitted_ids(proc, 2)
+        assert len(submissions.read(tmp_path / "results")) == 2, "the submissions are recorded in the results folder"
+        status, _, err = _interrupt(proc)
+        assert status == 130, err
+        assert f"cancelled SLURM job(s) {' '.join(ids)}" in err and "Traceback" not in err, err
+        deadline = time.monotonic() + 60
+        while _queued(ids) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not _queued(ids) and _array_states(ids) == {"CANCELLED"}, (_queued(ids), _array_states(ids))
+        assert submissions.read(tmp_path / "results") == {}, "cancelled jobs are no longer recorded"
+        assert not (tmp_path / "results" / "runs.csv").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_interrupted_and_left_running_a_resumed_sweep_submits_no_run_twice(tmp_path):
+    first = _start(tmp_path, "hydra.launcher.on_interrupt=leave", "hydra.launcher.setup=[\"sleep 20\"]")
+    ids = []
+    try:
+        ids = _submitted_ids(first, 2)
+        status, _, err = _interrupt(first)
+        assert status == 130 and f"cancel them with: scancel {' '.join(ids)}" in err, err
+        assert set(_queued(ids)) == set(ids), "left queued or running"
+
+        again = run_cli(*WAITING, "hydra.launcher.on_interrupt=leave", "hydra.launcher.setup=[\"sleep 20\"]",
+                        f"results_dir={tmp_path / 'results'}", f"hydra.sweep.dir={tmp_path / 'multirun2'}",
+                        timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert " submitted as SLURM job " not in again.stdout, "nothing submitted twice"
+        for job_id in ids:
+            assert re.search(rf"already (pending|running|configuring) as SLURM job {job_id} ", again.stdout), \
+                again.stdout
+        assert "sweep of 2 runs: 0 ok, 0 failed, 2 already done or under way (skipped)" in again.stdout
+
+        deadline = time.monotonic() + 240  # the jobs left running finish and write their rows
+        table = tmp_path / "results" / "runs.csv"
+        while (not table.exists() or len(read_table(table)) < 2) and time.monotonic() < deadline:
+            time.sleep(2)
+        rows = read_table(table)
+        assert len(rows) == 2 and rows["run_id"].is_unique and (rows["status"] == "ok").all(), rows
+        third = run_cli(*WAITING, f"results_dir={tmp_path / 'results'}", f"hydra.sweep.dir={tmp_path / 'multirun3'}",
+                        timeout=300)
+        assert third.returncode == 0 and third.stdout.count("already in ") == 2, third.stdout
+        assert submissions.read(tmp_path / "results") == {}, "the finished jobs' records are gone"
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.mpi
+@requires_mpi
+def test_an_odc_run_on_the_mpi_transport_runs_as_srun_bootstrapped_mpi_tasks(tmp_path):
+    """CI's cluster has one node, so the two tasks share it; MPI stays off shared memory
+    (engine.mpi_network_only) so they talk as tasks on two nodes would. The same command with
+    hydra.launcher.nodes=2 hydra.launcher.tasks_per_node=1 spans nodes (docs/transport.md)."""
+    results_dir, sweep_dir = tmp_path / "results", tmp_path / "multirun"
+    proc = run_cli("-m", "hydra/launcher=slurm", "engine=odc", "engine.transport=mpi", "engine.mpi_network_only=true",
+                   "num_minibatches=3", "warmup_minibatches=1", "dataset.length_scale=0.00390625",
+                   f"results_dir={results_dir}", f"hydra.sweep.dir={sweep_dir}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_table(results_dir / "runs.csv")
+    assert list(rows["status"]) == ["ok"], rows["error"].tolist()
+    assert set(read_table(results_dir / rows["trace"][0])["rank"]) == {0, 1}
+    (job_dir,) = [d for d in (sweep_dir / ".submitit").iterdir() if list(d.glob("*_result.pkl"))]
+    assert len(list(job_dir.glob("*_result.pkl"))) == 2, "one task per rank"
+    (script,) = job_dir.glob("*_submission.sh")
+    assert "--mpi=pmi2" in script.read_text(), "srun's PMI bootstraps MPICH in the tasks"

@@ -122,3 +122,19 @@ def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one
     err = capsys.readouterr().err.strip()
     assert err.startswith("odc_bench.results: error: no workload and seed ran as both odc_lockstep and collective")
     assert "\n" not in err
+
+
+def test_the_comparison_ends_with_three_lines_on_its_columns_and_the_runs_spread():
+    once = comparison(pd.DataFrame([_row("a", "collective", "lb_micro", 10.0), _row("c", "odc", "lb_mini", 12.0)]))
+    console = Console(record=True, width=400)
+    print_comparison(once, console)
+    last = console.export_text().strip().splitlines()[-3:]
+    assert last[0].startswith("samples/s: ") and "speedup: " in last[0]
+    assert last[1].startswith("bubble: ") and "predicted: " in last[1]
+    assert "ran once" in last[2] and "repeat=5" in last[2]
+    twice = comparison(pd.DataFrame([_row("a", "collective", "lb_micro", 9.0),
+                                     _row("b", "collective", "lb_micro", 11.0), _row("c", "odc", "lb_mini", 12.0)]))
+    console = Console(record=True, width=400)
+    print_comparison(twice, console)
+    spread = console.export_text().strip().splitlines()[-1]
+    assert spread.startswith("Runs of one series here span up to 20% of their mean") and "repeat=N" in spread

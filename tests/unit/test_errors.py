@@ -25,7 +25,9 @@ ERRORS_DOC = REPO / "docs" / "errors.md"
 
 
 def _jsonl(text: str) -> Callable[[Path], None]:
-    return lambda tmp: (tmp / "d.jsonl").write_text(text)
+    def setup(tmp: Path) -> None:
+        (tmp / "d.jsonl").write_text(text)
+    return setup
 
 
 def _runs_csv(text: str | None) -> Callable[[Path], None]:
@@ -36,6 +38,18 @@ def _runs_csv(text: str | None) -> Callable[[Path], None]:
         else:
             (tmp / "results" / "runs.csv").write_text(text)
     return setup
+
+
+def _bytes(data: bytes) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / "d.jsonl").write_bytes(data)
+    return setup
+
+
+def _no_slurm(tmp: Path) -> dict[str, str]:
+    """A PATH without SLURM's commands (nothing else of it is needed to check the command line)."""
+    (tmp / "bin").mkdir()
+    return {"PATH": str(tmp / "bin")}
 
 
 def _file(tmp: Path) -> None:
@@ -50,10 +64,11 @@ HEADER = ",".join(COLUMNS)
 OTHER_VERSION = SCHEMA_VERSION + 1
 ROW_OTHER = ",".join(str(OTHER_VERSION) if c == "schema_version" else "x" for c in COLUMNS)
 
-# case -> (command line, the message it must give, set-up of the files it names)
+# case -> (command line, the message it must give, set-up of the files it names, which may return
+# environment variables the case needs)
 TWO_NODES = ["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1"]
 
-CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
+CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] | None]] = {
     # the command line
     "unknown-key": (["no_such_key=1"], "unknown config key 'no_such_key'; check its spelling", None),
     "added-key": (["+no_such_key=1"], "unknown config key 'no_such_key' (added by '+no_such_key=1')", None),
@@ -94,6 +109,15 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
                       "backend.odc_fetch must be one of owner, nearest, got 'random'", None),
     "bad-nic-rails": (["backend=sim", "backend.hardware.nic_rails=3"],
                       "backend.hardware.nic_rails must divide gpus_per_node (8), got 3", None),
+    "model-size-zero": (["model.hidden_size=0"], "model.hidden_size must be at least 1, got 0", None),
+    "hardware-not-a-number": (["backend=sim", "backend.hardware.peak_tflops=abc"],
+                              "backend.hardware.peak_tflops must be a number, got 'abc'", None),
+    "hardware-not-positive": (["backend=sim", "backend.hardware.link_gbps=0"],
+                              "backend.hardware.link_gbps must be a positive number, got 0", None),
+    "hardware-share-over-one": (["backend=sim", "backend.hardware.matmul_efficiency=5"],
+                                "backend.hardware.matmul_efficiency must be a share in (0, 1], got 5", None),
+    "cpu-profile-for-a-large-model": (["backend=sim", "backend/hardware=cpu", "model=qwen2_32b"],
+                                      "but model qwen2_32b would need about", None),
     # combinations that cannot run
     "lb-mini-on-collective": (["balancer=lb_mini"], "balancer lb_mini gives ranks different microbatch counts, "
                               "which engine=collective cannot run", None),
@@ -111,10 +135,14 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
     "slurm-odc-across-nodes": ([*TWO_NODES, "engine=odc"],
                                "engine=odc on transport shm keeps its symmetric heap in POSIX shared memory "
                                "(/dev/shm) on one host, which cannot span hydra.launcher.nodes=2; "
-                               "set hydra.launcher.nodes=1", None),
+                               "set engine.transport=mpi (docs/transport.md) or hydra.launcher.nodes=1", None),
+    "mpi-network-only-without-mpi": (["engine=odc", "engine.transport=shm", "engine.mpi_network_only=true"],
+                                     "engine.mpi_network_only=true needs engine.transport=mpi, got shm", None),
     "slurm-shm-across-nodes": (TWO_NODES,
                                "engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
+    "slurm-not-on-path": (["-m", "hydra/launcher=slurm"], "hydra/launcher=slurm needs SLURM's sbatch and squeue on "
+                          "PATH, and this machine has none", _no_slurm),
     "slurm-gpus-without-cuda": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2"],
                                 "hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine",
                                 None),
@@ -126,6 +154,11 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
     "grpo-pool-smaller-than-minibatch": (["dataset=grpo", "dataset.length_scale=0.015625", "minibatch_size=16",
                                           "dataset.grpo.num_prompts=1"],
                                          "needs 2 prompts, more than dataset.grpo.num_prompts=1", None),
+    "sample-over-memory": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
+                           "a sample of 5000000 tokens cannot fit, samples up to about",
+                           _jsonl("".join(f"{100 + i}\n" for i in range(20)) + "5000000\n")),
+    "max-tokens-over-memory": (["max_tokens=2000000"], "lower max_tokens (to ", None),
+    "model-over-memory": (["model=qwen2_32b"], "the model alone does not fit: use a smaller model or add ranks", None),
     # data
     "unknown-profile": (["dataset.profile=nosuch"], "unknown dataset profile 'nosuch'", None),
     "data-path-unset": (["dataset=jsonl"], "dataset=jsonl needs dataset.path", None),
@@ -134,8 +167,18 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
     "bad-grpo-option": (["dataset=grpo", "dataset.grpo.clip_fraction=0"],
                         "dataset.grpo.clip_fraction must lie strictly between 0 and 1, got 0", None),
     "data-file-missing": (["dataset=jsonl", "dataset.path={tmp}/missing.jsonl"], "missing.jsonl does not exist", None),
+    "data-not-text": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
+                      "d.jsonl is not text: it holds bytes that are not UTF-8", _bytes(bytes(range(256)) * 4)),
+    "data-not-json-lines": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
+                            "d.jsonl is not JSON lines: line 1 is not a JSON value", _jsonl("length\n12\n")),
     "data-not-json": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"], "d.jsonl line 2 is not valid JSON",
                       _jsonl("120\n{oops\n")),
+    "data-ids-not-integers": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
+                              "line 2: token ids must be integers >= 0, got 2.5 at position 1",
+                              _jsonl("[1, 2, 3]\n[1, 2.5]\n")),
+    "data-text-not-tokenized": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
+                                "line 1: expected a token count or a list of token ids, got text; tokenize it first",
+                                _jsonl('"some text"\n')),
     "data-object-without-field": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
                                   "line 1 is an object; set dataset.field", _jsonl('{"n": 5}\n')),
     "data-negative-length": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"], "negative token count -4",
@@ -148,6 +191,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
     "results-dir-is-a-file": (["results_dir={tmp}/file"], "file is not a directory; set results_dir to a folder",
                               _file),
     "results-dir-under-a-file": (["results_dir={tmp}/file/sub"], "cannot be created", _file),
+    "results-dir-on-proc": (["results_dir=/proc/x"], "results_dir /proc/x is on proc (/proc), a pseudo-filesystem",
+                            None),
+    "results-dir-on-sys": (["results_dir=/sys/kernel/x"], "results_dir /sys/kernel/x is on sysfs (/sys)", None),
     "runs-csv-is-a-folder": ([], "runs.csv is not a file", _runs_csv(None)),
     "runs-csv-other-columns": ([], f"does not have the columns of results schema version {SCHEMA_VERSION} (missing ",
                                _runs_csv("run_id,status,samples_per_s\nabc,ok,1.0\n")),
@@ -162,28 +208,30 @@ def _files_under(folder: Path) -> dict[str, tuple[int, int]]:
             for p in folder.rglob("*")} if folder.is_dir() else {}
 
 
-def _argv(case: str, tmp: Path) -> list[str]:
+def _argv(case: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    """The case's command line, and the environment variables it needs."""
     overrides, _, setup = CASES[case]
-    if setup is not None:
-        setup(tmp)
+    env = (setup(tmp) if setup is not None else None) or {}
     argv = [o.format(tmp=tmp) for o in overrides]
     if not any(a.startswith("results_dir=") for a in argv):
         argv.append(f"results_dir={tmp / 'results'}")
-    return argv
+    return argv, env
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path):
+def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, monkeypatch):
     if case == "no-cuda" and torch.cuda.is_available():
         pytest.skip("a CUDA device is visible here, so device=cuda is valid input")
-    argv = _argv(case, tmp_path)
-    before = _files_under(tmp_path / "results")
+    argv, env = _argv(case, tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    before = _files_under(tmp_path)
     with pytest.raises(ConfigError) as error:
         precheck(argv)
     message = str(error.value)
     assert CASES[case][1] in message
     assert "\n" not in message, "one line"
-    assert _files_under(tmp_path / "results") == before, "nothing written into the results folder"
+    assert _files_under(tmp_path) == before, "nothing written: no results, no lengths cache beside the data"
 
 
 def test_docs_list_exactly_the_cases_tested():
@@ -194,16 +242,15 @@ def test_docs_list_exactly_the_cases_tested():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json",
-                                  "runs-csv-other-schema-version"])
+@pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json", "sample-over-memory",
+                                  "runs-csv-other-schema-version", "results-dir-on-sys"])
 def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_path):
-    argv = _argv(case, tmp_path)
-    before = _files_under(tmp_path / "results")
-    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    argv, extra = _argv(case, tmp_path)
+    before = _files_under(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0", **extra)
     proc = subprocess.run([sys.executable, "-m", "odc_bench", *argv], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and CASES[case][1] in lines[0], proc.stderr
-    assert _files_under(tmp_path / "results") == before
-    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists(), "no Hydra output folder"
+    assert _files_under(tmp_path) == before, "nothing written, no Hydra output folder either"

@@ -102,7 +102,26 @@ def test_cli_refuses_a_missing_results_root(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--results", str(tmp_path / "nowhere")])
     assert exit_.value.code == 2
-    assert "is not a folder" in capsys.readouterr().err
+    assert "is neither a folder nor a .csv table" in capsys.readouterr().err
+
+
+def test_figures_read_a_collected_table_and_keep_its_repeats(tmp_path):
+    from odc_bench.results.collect import collect
+
+    root = results_root(tmp_path / "results", primitives=False)
+    table = pd.read_csv(root / "cpu" / "runs.csv")
+    again = table[table["run_id"] == "odc-lb_mini-longalign-4"].assign(attempt=1, samples_per_s=0.0)
+    pd.concat([table.assign(attempt=0), again]).to_csv(root / "cpu" / "runs.csv", index=False)
+    collected = tmp_path / "collected.csv"
+    collect([root], collected)
+    inputs = load(collected)
+    assert set(inputs.runs["source"]) == {"collected"}
+    assert len(inputs.runs) == len(table) + 1, "the repeat is kept"
+    fig = _only(fig8_throughput.render(inputs), "fig8_throughput")
+    longalign = next(ax for ax in fig.axes if ax.get_title().startswith("longalign"))
+    mini = [c for c in longalign.containers if isinstance(c, BarContainer)][-1]
+    assert mini[MINIBATCHES.index(4)].get_height() == pytest.approx(samples_per_s("odc", "lb_mini", 4) / 2), \
+        "the two runs of the config are averaged"
 
 
 def test_fig1_draws_both_engines_and_marks_the_time_saved(inputs):
@@ -185,15 +204,16 @@ def test_fig10_plots_the_acceleration_of_each_odc_series_per_factor(inputs):
     axes = dict(zip(fig10_acceleration.FACTORS, fig.axes, strict=False))
     assert [ax.get_xlabel() for ax in fig.axes] == list(fig10_acceleration.FACTORS.values())
     assert all(ax.get_ylabel() == fig10_acceleration.Y_LABEL for ax in fig.axes)
-    # minibatch size: one sweep per dataset x two ODC series; every other factor: one sweep, two series.
-    assert len(_data_lines(axes["minibatch_size"])) == 4
-    points = {"max_length": 2, "packing_ratio": 3, "world_size": 2}
+    # Every factor: the sweep through the golden setting (LongAlign, minibatch 4), two ODC series.
+    points = {"minibatch_size": len(MINIBATCHES), "max_length": 2, "packing_ratio": 3, "world_size": 2}
     for factor, n in points.items():
         lines = _data_lines(axes[factor])
         assert len(lines) == 2
         assert all(len(line.get_xdata()) == n for line in lines)
-    legend = [t.get_text() for t in axes["packing_ratio"].get_legend().texts]
-    assert legend == ["ODC + LB-Micro", "ODC + LB-Mini"]
+    # One legend, outside the panels, naming the series drawn.
+    assert not any(ax.get_legend() for ax in fig.axes)
+    assert [t.get_text() for t in fig.legends[0].texts] == ["ODC + LB-Micro", "ODC + LB-Mini"]
+    assert "(measured)" in fig._suptitle.get_text()
     mini = _data_lines(axes["packing_ratio"])[1]
     bonus = {1: 1.0} | {c["packing_ratio"]: b for c, b in VARIATIONS if "packing_ratio" in c}
     assert list(mini.get_xdata()) == [1, 2, 4]
@@ -220,6 +240,69 @@ def test_fig11_has_a_panel_per_world_size_with_every_primitive_and_the_memcpy_li
         assert list(memcpy.get_ydata()) == [10.0] * len(PRIM_SIZES)
 
 
+def _below_every_axes(fig, legend) -> bool:
+    """Whether a figure legend lies outside the data: below the lowest panel."""
+    fig.canvas.draw()
+    box = legend.get_window_extent()
+    return all(box.y1 <= ax.get_window_extent().y0 for ax in fig.axes if ax.get_visible())
+
+
+def test_fig10_draws_only_lines_legends_them_outside_and_gives_each_variant_its_colour(tmp_path):
+    fig = _only(fig10_acceleration.render(load(results_root(tmp_path, variants=True))), "fig10_acceleration")
+    names = [t.get_text() for t in fig.legends[0].texts]
+    # ODC + LocalSort has one point per sweep (the golden one): no line, so not in the legend either.
+    assert not any("LocalSort" in n for n in names)
+    assert all(len(line.get_xdata()) >= 2 for ax in fig.axes for line in _data_lines(ax))
+    assert _below_every_axes(fig, fig.legends[0])
+    colors = [tuple(line.get_color()) if not isinstance(line.get_color(), str) else line.get_color()
+              for line in fig.legends[0].get_lines()]
+    assert len(set(colors)) == len(colors), "one colour per series"
+
+
+def test_every_variant_of_a_series_gets_a_colour_of_its_own():
+    labels = ["Collective + LB-Micro (linear)", "Collective + LB-Micro (calibrated:tiny-cpu)",
+              "ODC + LB-Mini (linear)", "ODC + LB-Mini (calibrated:tiny-cpu)", "ODC + LB-Mini (flops)",
+              "ODC + LB-Micro", "Collective + LocalSort"]
+    colors = series.palette(labels)
+    rgb = [matplotlib.colors.to_rgb(colors[label]) for label in labels]
+    assert len(set(rgb)) == len(labels)
+    distances = [np.linalg.norm(np.subtract(a, b)) for i, a in enumerate(rgb) for b in rgb[i + 1:]]
+    assert min(distances) > 0.1, "told apart at a glance, not by a rounding error"
+    assert colors["ODC + LB-Mini (calibrated:tiny-cpu)"] == series.COLORS["ODC + LB-Mini"], "the first keeps the colour"
+
+
+def test_simulated_numbers_say_so(tmp_path):
+    inputs = load(results_root(tmp_path, backend="sim", primitives=False))
+    fig8 = _only(fig8_throughput.render(inputs), "fig8_throughput")
+    fig10 = _only(fig10_acceleration.render(inputs), "fig10_acceleration")
+    fig1 = _only(fig1_timeline.render(inputs), "fig1_timeline")
+    util = _only(utilization.render(inputs), "utilization")
+    for fig in (fig8, fig10, fig1, util):
+        title = fig._suptitle.get_text()
+        assert "(simulated)" in title and "measured" not in title, title
+    scatter = util.axes[-1]
+    assert scatter.get_ylabel() == f"simulated {utilization.BUBBLE_LABEL}"
+    assert [t.get_text() for t in util.axes[-2].get_legend().texts] == ["simulated", "predicted by the cost model"]
+
+
+def test_utilization_without_traces_has_no_empty_panel(tmp_path):
+    root = results_root(tmp_path, primitives=False)
+    for trace in (root / "cpu" / "traces").iterdir():
+        trace.unlink()
+    fig = _only(utilization.render(load(root)), "utilization")
+    assert len(fig.axes) == 2 and fig.axes[0].get_ylabel() == utilization.BUBBLE_LABEL
+
+
+def test_fig1_compares_runs_planned_with_the_same_cost_model(tmp_path):
+    fig = _only(fig1_timeline.render(load(results_root(tmp_path, variants=True, primitives=False))),
+                "fig1_timeline")
+    top, bottom = fig.axes[:2]
+    # ODC + LB-Mini ran under two cost models; collective only under linear: the pair is the linear one.
+    assert top.get_title(loc="left").startswith("Collective + LB-Micro")
+    assert bottom.get_title(loc="left").startswith("ODC + LB-Mini (linear)")
+    assert "both planned with the linear cost model" in fig._suptitle.get_text()
+
+
 def test_utilization_shows_per_rank_busy_fraction_and_predicted_vs_measured_bubble(inputs):
     fig = _only(utilization.render(inputs), "utilization")
     busy, rates, scatter = fig.axes[:3]
@@ -230,7 +313,7 @@ def test_utilization_shows_per_rank_busy_fraction_and_predicted_vs_measured_bubb
     # Synthetic ODC trace: both ranks compute the same 0.30 s per minibatch, so their fractions are equal.
     odc_mini = [b.get_height() for b in bars[-1]]
     assert odc_mini[0] == pytest.approx(odc_mini[1]) and 0 < odc_mini[0] < 1
-    assert [t.get_text() for t in rates.get_legend().texts] == ["measured", "predicted"]
+    assert [t.get_text() for t in rates.get_legend().texts] == ["measured", "predicted by the cost model"]
     measured, predicted = [c for c in rates.containers if isinstance(c, BarContainer)]
     assert [b.get_height() for b in measured] == pytest.approx([0.5, 0.5, 0.2, 0.2])
     assert scatter.get_xlabel().startswith("predicted") and scatter.get_ylabel().startswith("measured")

@@ -82,8 +82,9 @@ def test_sft_figures_leave_rl_rows_out_and_fig9_leaves_sft_rows_out(rl_inputs):
     assert all("grpo" not in ax.get_title() for ax in fig8.axes)
     assert "Collective + verl" not in [t.get_text() for t in fig8.legends[0].texts]
     fig10 = fig10_acceleration.render(rl_inputs)["fig10_acceleration-sim_paper"]
-    legends = [t.get_text() for ax in fig10.axes if ax.get_legend() for t in ax.get_legend().texts]
-    assert not any("grpo" in t for t in legends)
+    legends = [ax.get_legend() for ax in fig10.axes if ax.get_legend()] + list(fig10.legends)
+    texts = [t.get_text() for legend in legends for t in legend.texts]
+    assert texts and not any("grpo" in t or "verl" in t for t in texts)
     assert set(fig9_rl.rl_runs(rl_inputs.runs)["dataset"]) == {"grpo"}
 
 

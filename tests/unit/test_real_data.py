@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from odc_bench.data import real
-from odc_bench.data.real import load_lengths
+from odc_bench.data.real import load_lengths, write_pending_caches
 from odc_bench.errors import ConfigError, DataError
 from odc_bench.plan.spec import resolve
+from odc_bench.results.table import read_table
 from tests.helpers import run_cli, run_config
 from tests.helpers.real_data import write_hf_dataset, write_jsonl, write_tokenizer
 
@@ -26,9 +27,11 @@ def test_jsonl_objects_need_the_field(tmp_path):
         load_lengths("jsonl", str(src), field="length", cache_dir=str(tmp_path / "c2"))
 
 
-def test_lengths_are_cached_next_to_the_source_and_reused(tmp_path, monkeypatch):
+def test_lengths_are_cached_next_to_the_source_once_accepted_and_reused(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "c.jsonl", [10, 20, 30])
     assert load_lengths("jsonl", str(src)).tolist() == [10, 20, 30]
+    assert not list(tmp_path.glob("*.npy")), "nothing beside the data before the run is accepted"
+    write_pending_caches()
     caches = list(tmp_path.glob("c.jsonl.lengths-*.npy"))
     assert len(caches) == 1 and np.load(caches[0]).tolist() == [10, 20, 30]
 
@@ -42,10 +45,12 @@ def test_lengths_are_cached_next_to_the_source_and_reused(tmp_path, monkeypatch)
 def test_cache_is_invalidated_when_the_source_changes(tmp_path):
     src = write_jsonl(tmp_path / "d.jsonl", [10, 20, 30])
     load_lengths("jsonl", str(src))
+    write_pending_caches()
     old = set(tmp_path.glob("d.jsonl.lengths-*.npy"))
     write_jsonl(src, [10, 20, 30, 40])
     os.utime(src, ns=(1, 1))  # a different mtime even on coarse-clock file systems
     assert load_lengths("jsonl", str(src)).tolist() == [10, 20, 30, 40]
+    write_pending_caches()
     new = set(tmp_path.glob("d.jsonl.lengths-*.npy"))
     assert len(new) == 1 and new != old, "the stale cache is replaced"
 
@@ -53,12 +58,15 @@ def test_cache_is_invalidated_when_the_source_changes(tmp_path):
 def test_cache_dir_option_keeps_the_source_folder_clean(tmp_path):
     src = write_jsonl(tmp_path / "e.jsonl", [10, 20])
     load_lengths("jsonl", str(src), cache_dir=str(tmp_path / "cache"))
+    write_pending_caches()
     assert not list(tmp_path.glob("*.npy")) and len(list((tmp_path / "cache").glob("*.npy"))) == 1
 
 
 @pytest.mark.parametrize(("lines", "message"), [
     ("12\n{oops\n", r"line 2 is not valid JSON"),
-    ("12\n\"text\"\n", r"line 2: expected a token count or a list of token ids, got str"),
+    ("12\n\"text\"\n", r"line 2: expected a token count or a list of token ids, got text"),
+    ("12\n[3, -1]\n", r"line 2: token ids must be integers >= 0, got -1 at position 1"),
+    ("12\n[3, true]\n", r"line 2: token ids must be integers >= 0, got True at position 1"),
     ("-3\n", r"line 1: negative token count -3"),
 ])
 def test_corrupt_jsonl_names_the_line(tmp_path, lines, message):
@@ -83,6 +91,7 @@ def test_hf_dataset_on_disk_is_tokenized_with_a_local_tokenizer(tmp_path):
     data = write_hf_dataset(tmp_path / "ds", counts)
     tok = write_tokenizer(tmp_path / "tok")
     assert load_lengths("hf_disk", str(data), tokenizer=str(tok)).tolist() == counts  # one token per word
+    write_pending_caches()
     assert len(list(tmp_path.glob("ds.lengths-*.npy"))) == 1, "cached beside the dataset directory"
     chat = write_hf_dataset(tmp_path / "chat", counts, chat=True)
     assert load_lengths("hf_disk", str(chat), text_field="messages",
@@ -110,15 +119,35 @@ def test_hf_errors_say_what_to_fix(tmp_path):
         load_lengths("hf_disk", str(tmp_path / "empty"), tokenizer=tok)
 
 
-def test_run_on_jsonl_scales_lengths_and_takes_the_longest_as_max_tokens(tmp_path):
+def test_run_on_jsonl_uses_the_lengths_as_given_unless_asked_to_scale(tmp_path):
     src = write_jsonl(tmp_path / "r.jsonl", [640 + 64 * i for i in range(40)])
-    spec = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "num_minibatches=3",
-                                  "warmup_minibatches=0"))  # default length_scale 1/64
-    assert spec.max_tokens == (640 + 64 * 39) // 64
-    assert {n for mb in spec.minibatches for n in mb.lengths} <= {10 + i for i in range(40)}
-    spec2 = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "dataset.num_samples=8",
-                                   "num_minibatches=3", "warmup_minibatches=0"))
-    assert {n for mb in spec2.minibatches for n in mb.lengths} <= {10 + i for i in range(8)}
+    spec = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "num_minibatches=3", "warmup_minibatches=0"))
+    assert spec.config.dataset.length_scale == 1 and spec.max_tokens == 640 + 64 * 39, "the longest sample"
+    assert {n for mb in spec.minibatches for n in mb.lengths} <= {640 + 64 * i for i in range(40)}
+    scaled = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "dataset.length_scale=0.015625",
+                                "dataset.num_samples=8", "num_minibatches=3", "warmup_minibatches=0"))
+    assert scaled.max_tokens == (640 + 64 * 7) // 64
+    assert {n for mb in scaled.minibatches for n in mb.lengths} <= {10 + i for i in range(8)}
+    profile = resolve(run_config("num_minibatches=3", "warmup_minibatches=0"))
+    assert profile.config.dataset.length_scale == 1 / 64, "profiles keep their CPU scale"
+
+
+def test_a_run_prints_and_records_the_lengths_it_trains_on_and_caches_them_once_accepted(tmp_path):
+    src = write_jsonl(tmp_path / "s.jsonl", [100 + 10 * i for i in range(16)])
+    results_dir = tmp_path / "results"
+    (tmp_path / "file").write_text("")
+    refused = run_cli("backend=sim", "dataset=jsonl", f"dataset.path={src}", f"results_dir={tmp_path / 'file'}/x",
+                      "world_size=4")
+    assert refused.returncode == 2 and not list(tmp_path.glob("*.npy")), "a refused run caches nothing"
+    proc = run_cli("backend=sim", "dataset=jsonl", f"dataset.path={src}", f"results_dir={results_dir}",
+                   "world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
+    assert proc.returncode == 0, proc.stderr
+    row = read_table(results_dir / "runs.csv").iloc[0]
+    assert row["length_scale"] == 1 and row["samples"] == 16 and row["len_max"] <= 250
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("lengths: "))
+    assert line == (f"lengths: 16 samples of jsonl: mean {row['len_mean']:.0f}, p50 {row['len_p50']:.0f}, "
+                    f"p99 {row['len_p99']:.0f}, max {row['len_max']} tokens; max_tokens {row['max_tokens']}")
+    assert len(list(tmp_path.glob("s.jsonl.lengths-*.npy"))) == 1, "the accepted run cached its lengths"
 
 
 def test_missing_data_is_a_one_line_error_and_no_row(tmp_path, results_dir):

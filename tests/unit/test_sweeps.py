@@ -5,7 +5,8 @@ from omegaconf import OmegaConf
 
 from odc_bench.cli.sweeper import expand_jobs, sweep_jobs
 from odc_bench.plan.spec import resolve
-from tests.helpers import REPO, compose_config, run_config
+from odc_bench.results.table import read_table
+from tests.helpers import REPO, compose_config, run_cli, run_config
 
 SWEEPS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
 GOLDEN = {"model": "qwen2_1p5b", "dataset": "longalign", "minibatch_size": "4", "world_size": "8",
@@ -153,3 +154,56 @@ def test_grids_union_drops_repeats_and_exclusions_and_lets_the_command_line_win(
 def test_without_grids_it_is_the_basic_product():
     jobs = expand_jobs({"a": "1,2", "b": "x,y,z"}, arguments=["c=0"])
     assert len(jobs) == 6 and all("c=0" in j for j in jobs)
+
+
+SIM_SWEEP = ("backend=sim", "num_minibatches=2", "warmup_minibatches=0")
+
+
+def test_a_sweep_skips_each_combination_that_cannot_run_in_one_line_and_counts_them(tmp_path):
+    proc = run_cli("-m", "engine=collective,odc", "balancer=lb_mini,lb_micro,dynamic", *SIM_SWEEP,
+                   f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert proc.returncode == 0, proc.stderr
+    skipped = [ln for ln in proc.stderr.splitlines() if ln.startswith("odc_bench: skipped ")]
+    assert [ln.split(":")[1].strip() for ln in skipped] == ["skipped engine=collective balancer=lb_mini",
+                                                            "skipped engine=collective balancer=dynamic"]
+    assert all("hydra.sweeper.exclude" in ln for ln in skipped)
+    assert "odc_bench: sweep of 6 runs: 4 ok, 0 failed, 2 combinations that cannot run (skipped)" in proc.stdout
+    assert len(read_table(tmp_path / "r" / "runs.csv")) == 4
+    # The exclusion the message suggests leaves them out without a word.
+    again = run_cli("-m", "engine=collective,odc", "balancer=lb_mini,lb_micro,dynamic", *SIM_SWEEP,
+                    "hydra.sweeper.exclude=[{engine:collective,balancer:lb_mini},{engine:collective,balancer:dynamic}]",
+                    f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm2'}")
+    assert again.returncode == 0 and "odc_bench: skipped" not in again.stderr, again.stderr
+    assert "odc_bench: sweep of 4 runs: 0 ok, 0 failed, 4 already done or under way (skipped)" in again.stdout
+
+
+def test_a_sweep_starting_on_a_combination_that_cannot_run_checks_the_next(tmp_path):
+    # The command line's first combination (collective + lb_mini) cannot run; the check takes the next.
+    proc = run_cli("-m", "balancer=lb_mini,lb_micro", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                   f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert proc.returncode == 0 and "1 ok, 0 failed, 1 combination that cannot run" in proc.stdout, proc.stderr
+    none = run_cli("-m", "balancer=lb_mini,dynamic", *SIM_SWEEP, f"results_dir={tmp_path / 'r2'}",
+                   f"hydra.sweep.dir={tmp_path / 'm2'}")
+    lines = [ln for ln in none.stderr.splitlines() if ln.strip()]
+    assert none.returncode == 2 and len(lines) == 1, none.stderr
+    assert lines[0].startswith("odc_bench: error: no combination of the sweep can run, e.g.: balancer lb_mini")
+    assert not (tmp_path / "r2").exists() and not (tmp_path / "m2").exists()
+
+
+def test_bad_input_in_a_later_job_stops_the_sweep_before_any_run(tmp_path):
+    proc = run_cli("-m", "packing_ratio=1,0.5", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                   f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert proc.returncode == 2 and "packing_ratio=0.5" in proc.stderr and "packing_ratio must be a number >= 1" \
+        in proc.stderr, proc.stderr
+    assert not (tmp_path / "r" / "runs.csv").exists(), "the first job did not run either"
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_failed_run_ends_with_a_summary_and_exit_status_1(tmp_path):
+    # AdamW refuses the learning rate on every rank: the run starts, fails, and is a failed row.
+    proc = run_cli("-m", "minibatch_size=1", "num_minibatches=2", "warmup_minibatches=0", "optim.lr=-1",
+                   f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert proc.returncode == 1, proc.stderr
+    assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in proc.stdout
+    assert "odc_bench: failed: minibatch_size=1" in proc.stderr and "Invalid learning rate" in proc.stderr
+    assert list(read_table(tmp_path / "r" / "runs.csv")["status"]) == ["failed"]

@@ -1,0 +1,66 @@
+"""`python -m odc_bench --help` (or `help`): what the harness offers, read from where it lives.
+
+The config groups and their options are the files under odc_bench/conf and sweeps/, the tools
+the modules of odc_bench/tools with their docstrings' first lines, so the text cannot fall
+behind the code. Hydra's own flags stay behind `--hydra-help`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from odc_bench.config.compose import SWEEPS_DIR
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+GROUPS = ("model", "dataset", "engine", "balancer", "backend", "backend/hardware", "task")
+
+ENTRY_POINTS = (
+    ("python -m odc_bench.whatif LENGTHS", "odc-whatif",
+     "will ODC pay off for my data, my model and my cluster? a simulated verdict in seconds"),
+    ("python -m odc_bench.results collect|compare|pairs|migrate", "odc-results",
+     "merge results tables, print series side by side, read control sweeps pair by pair"),
+    ("python -m paper_figures", "odc-figures", "the paper's figures and tables from results tables (never trains)"),
+)
+
+
+def _options(folder: Path) -> str:
+    return ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+
+
+def _first_line(module: Path) -> str:
+    doc = ast.get_docstring(ast.parse(module.read_text())) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def text() -> str:
+    groups = [(g, _options(CONF / g)) for g in GROUPS] + [("sweep", _options(SWEEPS_DIR))]
+    width = max(len(g) for g, _ in groups)
+    tools = sorted(p for p in TOOLS.glob("*.py") if p.stem != "__init__")
+    lines = [
+        "python -m odc_bench [group=option ...] [key=value ...]        (the odc-bench script)",
+        "  One training run, by real ranks on this machine or in the simulator (backend=sim); its row goes to",
+        "  results_dir/runs.csv (default results/local/). A sweep: sweep=NAME, or -m with comma lists (a=1,2).",
+        "",
+        "Config groups (group=option):",
+        *[f"  {g:<{width}}  {options}" for g, options in groups],
+        "  Every key and its value: python -m odc_bench --cfg job; what they mean: docs/configuration.md.",
+        "",
+        "Launchers (where a sweep's runs execute):",
+        "  (default)             one after another on this machine",
+        "  hydra/launcher=slurm  one SLURM job per run through submitit, a task per rank (docs/sweeps.md)",
+        "",
+        "Other entry points:",
+        *[f"  {cmd}  ({script})\n      {what}" for cmd, script, what in ENTRY_POINTS],
+        *[f"  python -m odc_bench.tools.{p.stem}\n      {_first_line(p)}" for p in tools],
+        "",
+        "Examples:",
+        "  python -m odc_bench                                      the default job (tiny model, 2 ranks, CPU)",
+        "  python -m odc_bench engine=odc balancer=lb_mini repeat=3  ODC + LB-Mini, measured three times",
+        "  python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --nodes 8",
+        "  python -m odc_bench sweep=smoke hydra/launcher=slurm",
+        "",
+        "Bad input ends in one line and exit status 2 (docs/errors.md). Hydra's own flags: --hydra-help.",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""`python -m odc_bench.whatif LENGTHS [options] [key=value ...]`: see odc_bench/whatif/__init__.py."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from odc_bench.data.lengths import dataset_lengths
+from odc_bench.errors import ConfigError, fail
+from odc_bench.whatif.accuracy import validated
+from odc_bench.whatif.answer import answer, plan
+from odc_bench.whatif.question import Question
+from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
+
+PROG = "odc_bench.whatif"
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=f"python -m {PROG}",
+        description="Will ODC pay off for my data, my model and my cluster? Simulates every series the registries "
+                    "name (Collective and ODC with LocalSort, LB-Micro, LB-Mini) at each minibatch size and prints "
+                    "the verdict: predicted throughput, speedup over Collective + LB-Micro with the simulator's "
+                    "validated error, bubble, the bubble no balancer can remove, and memory per device.",
+        epilog="Example: python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --hardware a100 "
+               "--nodes 8 --devices-per-node 8 --minibatch 2 4 8")
+    ap.add_argument("lengths", help="a length profile (longalign, swe_smith, aime, fixed), a lengths file (one token "
+                    "count per line) or JSONL file (counts, token-id lists, or objects: --field), or a folder "
+                    "written by datasets' save_to_disk (--tokenizer)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="any other setting of `python -m odc_bench`, e.g. model.num_layers=40 max_tokens=32768 "
+                         "packing_ratio=2 backend.hardware.nic_gbps=200 precision=fp32")
+    ap.add_argument("--model", default="qwen2_7b", help="a model config (tiny, qwen2_1p5b, qwen2_7b, qwen2_14b, "
+                    "qwen2_32b); change its shape with model.KEY=VALUE overrides (default: %(default)s)")
+    ap.add_argument("--hardware", default="a100", help="a hardware profile: a100, h100, or cpu (this machine, "
+                    "calibrated) (default: %(default)s)")
+    ap.add_argument("--nodes", type=int, default=1, help="nodes (default: %(default)s)")
+    ap.add_argument("--devices-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
+    ap.add_argument("--minibatch", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N",
+                    help="minibatch sizes, in samples per device (default: 1 2 4 8)")
+    ap.add_argument("--minibatches", type=int, default=8, help="minibatches simulated per run (default: %(default)s)")
+    ap.add_argument("--field", help="JSONL objects: the key holding the token count or ids")
+    ap.add_argument("--tokenizer", help="a dataset folder's text: a local tokenizer folder or tokenizer.json")
+    ap.add_argument("--text-field", help="a dataset folder's column to measure (default: text)")
+    ap.add_argument("--length-scale", type=float, default=1.0,
+                    help="multiply every length (default: 1, the lengths as they are)")
+    ap.add_argument("--all-balancers", action="store_true",
+                    help="every balancer of the registry (Dynamic, verl too), not only the paper's comparison")
+    ap.add_argument("--out", type=Path, default=Path("results/local/whatif"),
+                    help="where verdict.csv and verdict.png go (default: %(default)s)")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_intermixed_args(argv)
+    t0 = time.perf_counter()
+    console = Console(width=max(Console().width, 140))  # the table's columns, also in logs
+    try:
+        question = Question(lengths=args.lengths, model=args.model, hardware=args.hardware, nodes=args.nodes,
+                            devices_per_node=args.devices_per_node, minibatch_sizes=tuple(args.minibatch),
+                            num_minibatches=args.minibatches, field=args.field, tokenizer=args.tokenizer,
+                            text_field=args.text_field, length_scale=args.length_scale,
+                            all_balancers=args.all_balancers, overrides=tuple(args.overrides))
+        runs = plan(question)
+        if args.out.exists() and not args.out.is_dir():
+            raise ConfigError(f"--out {args.out} is not a folder; give a folder for verdict.csv and verdict.png")
+    except ConfigError as e:
+        fail(e, PROG)
+    def say(text: str) -> None:  # verbatim and unwrapped: paths and commands stay whole
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    spec = runs[0][3]
+    source = spec.config.dataset.profile or Path(str(spec.config.dataset.path)).name
+    say(describe_pool(dataset_lengths(spec.config.dataset, spec.config.seed), question, source))
+    table = answer(runs)
+    accuracy = validated()
+    print_table(table, question, accuracy, console)
+    for line in verdict_lines(table, accuracy):
+        say(line)
+    say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
+    say(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B minibatch_size=N"
+        f"{''.join(' ' + o for o in question.overrides)}`.")
+    write_csv(table, args.out / "verdict.csv")
+    draw(table, question, accuracy, args.out / "verdict.png")
+    say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")
+
+
+if __name__ == "__main__":
+    main()

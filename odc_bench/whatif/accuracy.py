@@ -1,0 +1,61 @@
+"""The simulator's validated error, read from the committed validation results.
+
+`python -m odc_bench.tools.sim_validate` measures real runs beside their simulation and writes
+results/validation/ (docs/simulator.md, "Validation on this machine"). The verdict quotes its
+range rather than a number typed into code: re-running the validation updates what every
+verdict says. That validation is of the calibrated CPU profile on this repository's host; the
+GPU profiles come from datasheets (docs/simulator.md, "Hardware profiles") and have no
+validation against GPU runs yet, which the verdict says too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from odc_bench.provenance import REPO_ROOT
+
+VALIDATION = REPO_ROOT / "results" / "validation"
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Predicted over measured, minus 1, over the validated configs (None: no validation found)."""
+
+    ratio: tuple[float, float] | None  # the odc/collective throughput ratio
+    throughput: tuple[float, float] | None  # each engine's samples/s
+    configs: int
+    source: Path
+
+    def measured_range(self, predicted_ratio: float) -> tuple[float, float] | None:
+        """The ratios a measurement would give if the simulator errs as it did in validation."""
+        if self.ratio is None:
+            return None
+        low, high = self.ratio
+        return predicted_ratio / (1 + high), predicted_ratio / (1 + low)
+
+    def describe(self, hardware: str) -> str:
+        if self.ratio is None or self.throughput is None:
+            return f"the simulator's validation results are missing ({self.source}): its error is unknown here"
+        r, t = self.ratio, self.throughput
+        text = (f"validated against real runs on this repository's CPU host ({self.configs} configs, "
+                f"{self.source.relative_to(REPO_ROOT) if self.source.is_relative_to(REPO_ROOT) else self.source}): "
+                f"speedup (odc/collective) {r[0]:+.1%} to {r[1]:+.1%}, samples/s {t[0]:+.1%} to {t[1]:+.1%}")
+        if hardware != "cpu":
+            text += (f"; the {hardware} profile comes from datasheets and is not validated against GPU runs "
+                     f"(docs/simulator.md), so read the numbers as a model's estimate, the ranges as a floor")
+        return text
+
+
+def validated(folder: Path = VALIDATION) -> Accuracy:
+    ratios, runs = folder / "sim-cpu-ratios.csv", folder / "sim-cpu.csv"
+    try:
+        r = pd.read_csv(ratios)
+        t = pd.read_csv(runs)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        return Accuracy(None, None, 0, folder)
+    throughput = t["predicted_samples_per_s"] / t["measured_samples_per_s"] - 1
+    return Accuracy((float(r["error"].min()), float(r["error"].max())),
+                    (float(throughput.min()), float(throughput.max())), len(r), folder)

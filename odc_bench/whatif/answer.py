@@ -1,0 +1,88 @@
+"""The verdict's rows: every series at every minibatch size, planned and simulated as
+`python -m odc_bench backend=sim` would (the same config composition, plan and simulator).
+
+All runs are composed and planned first, so bad input ends before anything is simulated or
+written; a run whose per-device memory estimate is over the device's memory is reported as
+not fitting (a `backend=sim` run refuses it too) and not simulated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pandas as pd
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from odc_bench.balancers.quality import run_bubble_rate
+from odc_bench.config.compose import compose_run, hydra_error_line
+from odc_bench.config.run import RunConfig
+from odc_bench.data.real import write_pending_caches
+from odc_bench.errors import ConfigError
+from odc_bench.plan.spec import RunSpec, resolve
+from odc_bench.record.row import timing
+from odc_bench.sim import check_hardware, simulate
+from odc_bench.whatif.question import Question, Series, series
+
+GIB = 2**30
+
+COLUMNS = ["series", "engine", "balancer", "minibatch_size", "samples_per_s", "tokens_per_s", "speedup",
+           "bubble_rate", "bound_bubble_rate", "predicted_bubble_rate", "mem_gib", "mem_limit_gib", "fits",
+           "run_id", "overrides"]
+
+
+def _config(overrides: list[str]) -> RunConfig:
+    """The typed config `python -m odc_bench OVERRIDES` would run; ConfigError in one line."""
+    try:
+        return compose_run(overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(hydra_error_line(e)) from None
+
+
+def plan(question: Question) -> list[tuple[Series, int, list[str], RunSpec]]:
+    """Every run of the verdict, planned; ConfigError (nothing simulated or written) for bad input.
+
+    Hydra composes each series once; its other minibatch sizes are the same typed config with
+    another `minibatch_size` (the run key and the plans are those of composing it anew, which the
+    tests check against `python -m odc_bench`)."""
+    runs = []
+    first = question.minibatch_sizes[0]
+    for s in series(question.all_balancers):
+        config = _config(question.run(s, first))
+        for m in question.minibatch_sizes:
+            spec = resolve(replace(config, minibatch_size=m))
+            if m == first:
+                check_hardware(spec)
+            runs.append((s, m, question.run(s, m), spec))
+    runs.sort(key=lambda run: run[1])  # by minibatch size, series in order within each
+    return runs
+
+
+def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
+           on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
+    """One row per run: predicted throughput, bubbles, memory, and the speedup over the baseline
+    series at the same minibatch size."""
+    write_pending_caches()  # every run is accepted: real data's lengths may be cached beside it
+    rows = []
+    for s, m, overrides, spec in runs:
+        limit = spec.memory_limit
+        fits = limit is None or spec.memory.total <= limit
+        measured = [mb.prediction for mb in spec.measured]
+        row = dict(series=s.label, engine=s.engine, balancer=s.balancer, minibatch_size=m,
+                   bound_bubble_rate=run_bubble_rate(measured, spec.world_size, of_bound=True),
+                   predicted_bubble_rate=spec.predicted_bubble_rate(), mem_gib=spec.memory.total / GIB,
+                   mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
+                   overrides=" ".join(overrides))
+        if fits:
+            row.update({k: v for k, v in timing(spec, simulate(spec).events).items()
+                        if k in ("samples_per_s", "tokens_per_s", "bubble_rate")})
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    base = {m: r.samples_per_s for _, r in table.iterrows()
+            for m in [r.minibatch_size] if Series(r.engine, r.balancer).is_baseline}
+    table["speedup"] = table.apply(lambda r: r.samples_per_s / base[r.minibatch_size]
+                                   if base.get(r.minibatch_size) else float("nan"), axis=1)
+    return table

@@ -1,0 +1,129 @@
+"""The what-if question as the runs that answer it: one `python -m odc_bench backend=sim` command
+line per series and minibatch size.
+
+The series are every engine the simulator models (odc_core's engine registry) with every
+balancer the balancer registry marks for the verdict (`BalancerSpec.verdict`: LocalSort,
+LB-Micro, LB-Mini; all of them on request), minus the pairs that cannot run together (collective
+FSDP with a balancer that gives ranks different microbatch counts). The baseline is the paper's:
+the baseline engine with LB-Micro.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from odc_bench.balancers.registry import BALANCERS
+from odc_bench.config.fields import require
+from odc_bench.data.profiles import PROFILES
+from odc_bench.results.series import BASELINE_BALANCERS
+from odc_core.engine.registry import ENGINES
+
+# The settings the verdict's runs share unless the user overrides them: no trace files (the
+# verdict reads the rows), balancers planning with the model's own FLOPs, no warm-up (nothing
+# warms up in a simulation); on GPUs the paper's bf16 compute with fp32 reduction and activation
+# checkpointing (what makes long samples fit). The CPU profile is this machine as it ran: fp32,
+# no checkpointing.
+DEFAULTS = ("backend.write_trace=false", "balancer.cost_model=flops", "warmup_minibatches=0")
+GPU_DEFAULTS = ("precision=bf16", "backend.recompute=true")
+
+
+# Keys the verdict varies or derives from its options, which an override must not change.
+OWN_KEYS = {"backend", "engine", "balancer", "minibatch_size", "world_size", "model", "dataset", "num_minibatches",
+            "backend/hardware", "backend.hardware.gpus_per_node", "dataset.path", "dataset.length_scale"}
+
+
+@dataclass(frozen=True)
+class Series:
+    engine: str
+    balancer: str
+
+    @property
+    def label(self) -> str:
+        return f"{ENGINES[self.engine].label} + {BALANCERS[self.balancer].label}"
+
+    @property
+    def is_baseline(self) -> bool:
+        return ENGINES[self.engine].baseline and self.balancer == BASELINE_BALANCERS[0]
+
+
+def series(all_balancers: bool = False) -> list[Series]:
+    """The series of the verdict, the baseline engine's first, each engine's in registry order."""
+    out = []
+    for engine, spec in sorted(ENGINES.items(), key=lambda kv: not kv[1].baseline):
+        if spec.simulated_as is None:
+            continue
+        for balancer, b in BALANCERS.items():
+            if (b.verdict or all_balancers) and not (spec.equal_microbatch_counts and not b.equal_counts):
+                out.append(Series(engine, balancer))
+    return out
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the user asks about, as command-line values."""
+
+    lengths: str  # a profile name, a lengths/JSONL file, or a Hugging Face dataset folder
+    model: str = "qwen2_7b"
+    hardware: str = "a100"
+    nodes: int = 1
+    devices_per_node: int = 8
+    minibatch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    num_minibatches: int = 8
+    field: str | None = None  # JSONL objects: the key holding the count or ids
+    tokenizer: str | None = None  # a Hugging Face dataset's text: the tokenizer
+    text_field: str | None = None
+    length_scale: float = 1.0
+    all_balancers: bool = False
+    overrides: tuple[str, ...] = ()  # any other `key=value` of the harness
+
+    def __post_init__(self) -> None:
+        require(self.nodes >= 1, f"--nodes must be at least 1, got {self.nodes}")
+        require(self.devices_per_node >= 1, f"--devices-per-node must be at least 1, got {self.devices_per_node}")
+        require(all(m >= 1 for m in self.minibatch_sizes) and len(self.minibatch_sizes) > 0,
+                f"--minibatch takes one or more sizes >= 1 (samples per device), got {list(self.minibatch_sizes)}")
+        require(self.num_minibatches >= 1, f"--minibatches must be at least 1, got {self.num_minibatches}")
+        require(self.length_scale > 0, f"--length-scale must be a positive number, got {self.length_scale}")
+        for o in self.overrides:
+            key = o.split("=", 1)[0].lstrip("+")
+            require(key not in OWN_KEYS, f"{o!r}: the what-if sets {key} itself; use its options (--help) instead")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def data_overrides(self) -> list[str]:
+        """The dataset the lengths come from, at the scale asked (1: as they are)."""
+        scale = [f"dataset.length_scale={self.length_scale:g}"]
+        if self.lengths in PROFILES:
+            return [f"dataset={self.lengths}", *scale]
+        path = Path(self.lengths).expanduser()
+        require(path.exists(), f"{self.lengths} is neither a length profile ({', '.join(sorted(PROFILES))}) nor a "
+                               f"file or folder; give a lengths file (one token count per line), a JSONL file or a "
+                               f"dataset saved with save_to_disk")
+        # As given, relative paths too: the printed commands run from the same folder.
+        if path.is_dir():
+            out = ["dataset=hf_disk", f"dataset.path={path}", *scale]
+            if self.tokenizer:
+                out.append(f"dataset.tokenizer={Path(self.tokenizer).expanduser()}")
+            if self.text_field:
+                out.append(f"dataset.text_field={self.text_field}")
+            return out
+        require(not self.tokenizer and not self.text_field,
+                "--tokenizer and --text-field are for a dataset folder; a lengths or JSONL file holds token counts "
+                "or ids already")
+        return ["dataset=jsonl", f"dataset.path={path}", *([f"dataset.field={self.field}"] if self.field else []),
+                *scale]
+
+    def shared(self) -> list[str]:
+        """The overrides every run of the verdict shares (before the user's own)."""
+        hardware = [f"backend/hardware={self.hardware}"]
+        if self.hardware != "cpu":  # the calibrated CPU profile has no node size: it is this machine
+            hardware += [f"backend.hardware.gpus_per_node={self.devices_per_node}", *GPU_DEFAULTS]
+        return ["backend=sim", *hardware, f"world_size={self.world_size}", f"model={self.model}",
+                f"num_minibatches={self.num_minibatches}", *DEFAULTS, *self.data_overrides()]
+
+    def run(self, s: Series, minibatch_size: int) -> list[str]:
+        """The command line of one row: `python -m odc_bench` with these overrides (the user's last: they win)."""
+        return [*self.shared(), f"engine={s.engine}", f"balancer={s.balancer}", f"minibatch_size={minibatch_size}",
+                *self.overrides]

@@ -1,0 +1,131 @@
+"""The verdict on the terminal (a table and a few lines), as a CSV, and as one figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from odc_bench.files import atomic_path, atomic_write_text
+from odc_bench.whatif.accuracy import Accuracy
+from odc_bench.whatif.question import Question, Series
+from odc_core.engine.registry import ENGINES
+
+# Baseline engine's series in blues, the others' in oranges to reds (the paper figures' scheme).
+BLUES = ["#9ecae1", "#2171b5", "#08306b", "#6baed6"]
+REDS = ["#fdae6b", "#e6550d", "#a50f15", "#756bb1", "#fd8d3c"]
+
+
+def _cell(value: float, fmt: str) -> str:
+    return "-" if pd.isna(value) else format(value, fmt)
+
+
+def _range(accuracy: Accuracy, row: pd.Series) -> str:
+    """The speedup a measurement would give if the simulator errs as it did in validation (which
+    measured ODC against collective FSDP: the baseline engine's own series have no such range)."""
+    if ENGINES[row.engine].baseline or pd.isna(row.speedup):
+        return "-"
+    span = accuracy.measured_range(row.speedup)
+    return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
+
+
+def describe_pool(lengths: np.ndarray, question: Question, source: str) -> str:
+    """One line: the lengths the runs draw from (after --length-scale) and how they draw them."""
+    p50, p99 = np.percentile(lengths, [50, 99])
+    scale = "as given" if question.length_scale == 1 else f"x {question.length_scale:g}"
+    return (f"lengths: {lengths.size} samples of {source} ({scale}): mean {lengths.mean():.0f}, p50 {p50:.0f}, "
+            f"p99 {p99:.0f}, max {lengths.max()} tokens; each run draws {question.num_minibatches} minibatches of "
+            f"{question.world_size} devices x the minibatch size")
+
+
+def title(question: Question) -> str:
+    return (f"{question.model} on {question.world_size} x {question.hardware} ({question.nodes} node"
+            f"{'s' * (question.nodes > 1)} x {question.devices_per_node}), lengths {Path(question.lengths).name}")
+
+
+def print_table(table: pd.DataFrame, question: Question, accuracy: Accuracy, console: Console) -> None:
+    base = next(s.label for s in map(Series, table.engine, table.balancer) if s.is_baseline)
+    t = Table(title=escape(f"Simulated: {title(question)}; speedup over {base}"), title_justify="left")
+    for col in ("series", "mb/device", "samples/s", "tokens/s", "speedup", "if it errs as validated", "bubble",
+                "unavoidable", "GiB/device", "fits"):
+        t.add_column(escape(col), justify="left" if col == "series" else "right", no_wrap=col == "series")
+    for m, group in table.groupby("minibatch_size", sort=True):
+        for _, r in group.iterrows():
+            limit = f" of {r.mem_limit_gib:.0f}" if pd.notna(r.mem_limit_gib) else ""
+            t.add_row(escape(r.series), str(m), _cell(r.samples_per_s, ".3g"), _cell(r.tokens_per_s, ",.0f"),
+                      _cell(r.speedup, ".2f") + ("x" if pd.notna(r.speedup) else ""), _range(accuracy, r),
+                      _cell(r.bubble_rate, ".0%"), _cell(r.bound_bubble_rate, ".0%"), f"{r.mem_gib:.1f}{limit}",
+                      "yes" if r.fits else "NO")
+        t.add_section()
+    console.print(t)
+
+
+def verdict_lines(table: pd.DataFrame, accuracy: Accuracy) -> list[str]:
+    """Per minibatch size: the fastest series of another engine than the baseline's against the
+    baseline, and whether the simulator's validated error leaves the gain standing."""
+    lines = []
+    for m, group in table.groupby("minibatch_size", sort=True):
+        base = group[[Series(e, b).is_baseline for e, b in zip(group.engine, group.balancer, strict=True)]]
+        others = group[~group.engine.map(lambda e: ENGINES[e].baseline) & group.samples_per_s.notna()]
+        if base.empty or base.samples_per_s.isna().all() or others.empty:
+            lines.append(f"minibatch {m}/device: does not fit in memory (see GiB/device); lower max_tokens, keep "
+                         f"backend.recompute=true, or add devices")
+            continue
+        best, b = others.loc[others.speedup.idxmax()], base.iloc[0]
+        span = accuracy.measured_range(best.speedup)
+        if span is None:
+            call = "the simulator's error is unknown here"
+        else:
+            within = f"{span[0]:.2f}-{span[1]:.2f}x within the validated error"
+            call = (f"pays off ({within})" if span[0] > 1 else f"does not pay off ({within})" if span[1] < 1
+                    else f"too close to call ({within})")
+        lines.append(f"minibatch {m}/device: {best.series} runs at {best.speedup:.2f}x {b.series}: {call}; bubble "
+                     f"{best.bubble_rate:.0%} against {b.bubble_rate:.0%}, {best.bound_bubble_rate:.0%} unavoidable")
+    return lines
+
+
+def write_csv(table: pd.DataFrame, path: Path) -> None:
+    atomic_write_text(path, table.to_csv(index=False))
+
+
+def draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path) -> None:
+    """Samples/s by minibatch size per series, and each series' speedup over the baseline with the
+    range the validated error allows; every number simulated."""
+    fig = Figure(figsize=(11, 4.2))
+    left, right = fig.subplots(1, 2)
+    blues, reds = iter(BLUES), iter(REDS)
+    colors = {s.label: next(blues if ENGINES[s.engine].baseline else reds)
+              for s in dict.fromkeys(map(Series, table.engine, table.balancer))}
+    sizes = sorted(table.minibatch_size.unique())
+    for label, rows in table[table.samples_per_s.notna()].groupby("series", sort=False):
+        rows = rows.sort_values("minibatch_size")
+        left.plot(rows.minibatch_size, rows.samples_per_s, marker="o", color=colors[label], label=label)
+        right.plot(rows.minibatch_size, rows.speedup, marker="o", color=colors[label])
+        spans = [accuracy.measured_range(v) for v in rows.speedup]
+        if not ENGINES[rows.engine.iloc[0]].baseline and all(s is not None for s in spans):
+            right.fill_between(rows.minibatch_size, [s[0] for s in spans if s], [s[1] for s in spans if s],
+                               color=colors[label], alpha=0.15, linewidth=0)
+    right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.set_xlabel("minibatch size (samples per device)")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("samples/s (simulated)")
+    right.set_ylabel("speedup over the baseline (simulated)")
+    left.set_title("throughput", fontsize=10)
+    right.set_title("speedup; band: the simulator's validated error", fontsize=10)
+    fig.suptitle(f"Simulated: {title(question)}", fontsize=11)
+    handles, labels = left.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), frameon=False)
+    else:
+        fig.text(0.5, 0.04, "no run fits in the devices' memory", ha="center")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)

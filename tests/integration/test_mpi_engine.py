@@ -1,0 +1,57 @@
+"""The ODC engine on the MPI transport through the real worker and the mpiexec launcher:
+equivalence with a single process, and a rank killed mid-minibatch named with nothing left."""
+
+import os
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from odc_bench.jobs.train import execute
+from odc_bench.plan.spec import resolve
+from odc_bench.run.mpiexec import run_mpi
+from odc_core.transport.shm import process_start_time
+from tests.helpers import run_config
+from tests.helpers.mpi import requires_mpi
+from tests.helpers.reference import relative_error, train_single_process
+from tests.integration.test_reliability import MARGIN_S, SMALL, TIMEOUT_S, killing_entry
+
+pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
+MPI = ("engine=odc", "engine.transport=mpi", "engine.mpi_network_only=true")
+
+
+def test_odc_over_mpi_with_uneven_counts_matches_a_single_process():
+    spec = resolve(run_config(*MPI, *SMALL, f"timeout_s={60}"))
+    # Rank 1 idles in minibatch 0, rank 0 in minibatch 2; minibatch 1 splits 3 to 1.
+    splits = [([0, 1, 2, 3], []), ([0, 1, 2], [3]), ([], [0, 1, 2, 3])]
+    spec = replace(spec, minibatches=[replace(mb, plan=[[[i] for i in mine], [[i] for i in theirs]])
+                                      for mb, (mine, theirs) in zip(spec.minibatches, splits, strict=True)])
+    assert spec.config.engine.options.transport == "mpi"
+    params = run_mpi(spec, collect_params=True)[0]["params"]
+    reference, _ = train_single_process(spec)
+    assert relative_error(params, reference) < 1e-5
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return children + [d for c in children for d in _descendants(c)]
+
+
+def test_a_rank_killed_mid_minibatch_fails_the_mpi_run_by_name_and_leaves_nothing(results_dir, tmp_path):
+    spec = resolve(run_config(*MPI, *SMALL))
+    shm_before = set(os.listdir("/dev/shm"))
+    children_before = set(_descendants(os.getpid()))
+    started = time.monotonic()
+    row = execute(spec, results_dir, launch=partial(run_mpi, entry=partial(killing_entry, str(tmp_path))))
+    elapsed = time.monotonic() - started
+    assert row["status"] == "failed"
+    assert row["error"] == "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
+    assert elapsed < TIMEOUT_S + MARGIN_S
+    ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
+    assert all(process_start_time(int(pid)) != int(start) for pid, start, _ in ranks), "no rank process is left"
+    assert set(_descendants(os.getpid())) <= children_before, "mpiexec and its proxies are gone"
+    assert set(os.listdir("/dev/shm")) <= shm_before

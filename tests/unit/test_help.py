@@ -1,0 +1,40 @@
+"""Discoverability: `python -m odc_bench --help` (or `help`) names every entry point, config group,
+option, sweep, tool and launcher, and every console script the package declares runs its entry point."""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+
+import pytest
+
+from tests.helpers import REPO, run_cli
+
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "help"])
+def test_help_lists_entry_points_groups_options_sweeps_tools_and_launchers(flag):
+    done = run_cli(flag)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for module in ("odc_bench.whatif", "odc_bench.results", "paper_figures"):
+        assert f"python -m {module}" in out
+    for script in SCRIPTS:
+        assert f"({script})" in out or f"the {script} script" in out, script
+    conf = REPO / "odc_bench" / "conf"
+    for group in ("model", "dataset", "engine", "balancer", "backend", "backend/hardware", "task"):
+        line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == group)
+        assert {o.strip(",") for o in line.split()[1:]} == {p.stem for p in (conf / group).glob("*.yaml")}
+    sweeps = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == "sweep")
+    assert {o.strip(",") for o in sweeps.split()[1:]} == {p.stem for p in (REPO / "sweeps").glob("*.yaml")}
+    for tool in (REPO / "odc_bench" / "tools").glob("*.py"):
+        if tool.stem != "__init__":
+            assert f"python -m odc_bench.tools.{tool.stem}" in out
+    assert "hydra/launcher=slurm" in out and "--hydra-help" in out
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_console_script_names_a_callable_entry_point(script):
+    module, _, name = SCRIPTS[script].partition(":")
+    assert callable(getattr(importlib.import_module(module), name))

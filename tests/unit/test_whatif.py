@@ -1,0 +1,137 @@
+"""`python -m odc_bench.whatif`: the verdict's rows are the `backend=sim` runs it names, bad input
+is refused in one line with nothing written, and the table, verdict and figure say what they show.
+
+The timing target (under 10 s for 64 devices) is a measurement, not a test: docs/whatif.md, "How long".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from odc_bench.results.table import read_table
+from odc_bench.whatif.accuracy import Accuracy, validated
+from odc_bench.whatif.question import Question, Series, series
+from tests.helpers import REPO, run_cli
+
+EXAMPLE = REPO / "examples" / "lengths.jsonl"
+# Small enough for a unit test: 8 devices on two nodes, two minibatch sizes, three minibatches.
+SMALL = ["--model", "qwen2_1p5b", "--nodes", "2", "--devices-per-node", "4", "--minibatch", "1", "2",
+         "--minibatches", "3"]
+
+
+def whatif(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "odc_bench.whatif", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _files_under(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+def test_the_series_are_the_registries_paper_comparison_with_the_baseline_first():
+    assert [s.label for s in series()] == ["Collective + LocalSort", "Collective + LB-Micro", "ODC + LocalSort",
+                                          "ODC + LB-Micro", "ODC + LB-Mini"]
+    assert [s for s in series() if s.is_baseline] == [Series("collective", "lb_micro")]
+    every = series(all_balancers=True)
+    assert Series("odc", "dynamic") in every and Series("collective", "dynamic") not in every, \
+        "a pair that cannot run is never a series"
+
+
+@pytest.mark.slow
+def test_the_verdict_rows_equal_the_backend_sim_runs_they_name(tmp_path):
+    # A copy of the example, so its lengths cache lands in the scratch folder.
+    data = tmp_path / "lengths.jsonl"
+    data.write_text(EXAMPLE.read_text())
+    done = whatif(str(data), *SMALL, "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    verdict = pd.read_csv(tmp_path / "out" / "verdict.csv")
+    assert len(verdict) == 2 * 5 and verdict["fits"].all()
+
+    question = Question(lengths=str(data), model="qwen2_1p5b", nodes=2, devices_per_node=4, minibatch_sizes=(1, 2),
+                        num_minibatches=3)
+    assert verdict["overrides"].tolist() == [" ".join(question.run(s, m)) for m in (1, 2) for s in series()]
+    sweep = run_cli("-m", *question.shared(), "engine=collective,odc", "balancer=local_sort,lb_micro,lb_mini",
+                    "minibatch_size=1,2", f"results_dir={tmp_path / 'sim'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert sweep.returncode == 0, sweep.stderr
+    rows = read_table(tmp_path / "sim" / "runs.csv").set_index("run_id")
+    assert set(rows.index) == set(verdict["run_id"]), "the same runs, by their keys"
+    for _, v in verdict.iterrows():
+        row = rows.loc[v.run_id]
+        for col in ("samples_per_s", "tokens_per_s", "bubble_rate", "predicted_bubble_rate"):
+            # The sweep's rows are summarised from their traces, the verdict's from the timeline
+            # (no trace written): the same numbers, to the last bits of rounding.
+            assert v[col] == pytest.approx(row[col], rel=1e-12), (v.series, v.minibatch_size, col)
+        assert v.mem_gib * 2**30 == pytest.approx(row.mem_estimate_mb * 2**20)
+    base = verdict[verdict.series == "Collective + LB-Micro"]
+    assert (base.speedup == 1).all()
+    assert verdict.loc[verdict.series == "ODC + LB-Mini", "speedup"].tolist() == [
+        v.samples_per_s / b.samples_per_s for (_, v), (_, b) in
+        zip(verdict[verdict.series == "ODC + LB-Mini"].iterrows(), base.iterrows(), strict=True)]
+
+
+@pytest.mark.slow
+def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tmp_path):
+    done = whatif("longalign", *SMALL, "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("lengths: ") and "samples of longalign (as given)" in out.splitlines()[0]
+    assert "Simulated: qwen2_1p5b on 8 x a100 (2 nodes x 4), lengths longalign; speedup over Collective + " \
+           "LB-Micro" in out
+    for header in ("samples/s", "tokens/s", "speedup", "if it errs as validated", "bubble", "unavoidable",
+                   "GiB/device", "fits"):
+        assert header in out
+    verdicts = [ln for ln in out.splitlines() if ln.startswith("minibatch ")]
+    assert [v.split(":")[0] for v in verdicts] == ["minibatch 1/device", "minibatch 2/device"]
+    assert all(("pays off" in v or "too close to call" in v or "does not pay off" in v) for v in verdicts)
+    accuracy = validated()
+    assert accuracy.ratio is not None, "the committed validation results are read"
+    assert f"speedup (odc/collective) {accuracy.ratio[0]:+.1%} to {accuracy.ratio[1]:+.1%}" in out.replace("\n", " ")
+    assert "not validated against GPU runs" in out.replace("\n", " ")
+    assert "Each row is `python -m odc_bench backend=sim backend/hardware=a100" in out
+    png = tmp_path / "out" / "verdict.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_measured_range_divides_by_the_validated_error():
+    acc = Accuracy(ratio=(-0.05, 0.10), throughput=(0.0, 0.1), configs=6, source=REPO)
+    low, high = acc.measured_range(1.2)
+    assert low == pytest.approx(1.2 / 1.10) and high == pytest.approx(1.2 / 0.95)
+    assert Accuracy(None, None, 0, REPO).measured_range(1.2) is None
+
+
+@pytest.mark.slow
+def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path):
+    done = whatif("longalign", "--model", "qwen2_32b", "--nodes", "1", "--devices-per-node", "2", "--minibatch", "1",
+                  "--minibatches", "1", "backend.recompute=false", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    verdict = pd.read_csv(tmp_path / "out" / "verdict.csv")
+    assert not verdict["fits"].any() and verdict["samples_per_s"].isna().all()
+    assert (verdict["mem_gib"] > verdict["mem_limit_gib"]).all()
+    assert "minibatch 1/device: does not fit in memory" in done.stdout
+
+
+@pytest.mark.parametrize(("args", "setup", "message"), [
+    (["{tmp}/bad.jsonl"], "12\n[1, 2.5]\n", "line 2: token ids must be integers >= 0"),
+    (["{tmp}/none.jsonl"], None, "is neither a length profile"),
+    (["longalign", "--model", "nosuch"], None, "unknown model option 'nosuch'"),
+    (["longalign", "--nodes", "0"], None, "--nodes must be at least 1"),
+    (["longalign", "engine=odc"], None, "the what-if sets engine itself"),
+    (["longalign", "backend.hardware.link_gbps=0"], None, "backend.hardware.link_gbps must be a positive number"),
+    (["longalign", "--minibatch", "0"], None, "--minibatch takes one or more sizes >= 1"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, setup, message):
+    if setup is not None:
+        (tmp_path / "bad.jsonl").write_text(setup)
+    before = _files_under(tmp_path)
+    done = whatif(*[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out"), cwd=tmp_path)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("odc_bench.whatif: error: ") and message in lines[0]
+    assert _files_under(tmp_path) == before, "no verdict, no lengths cache"
