@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from odc_bench.results.paper import RL_RANGE_TEXT
 from odc_bench.results.series import is_rl
 from paper_figures.inputs import Inputs, Skip, by_source
-from paper_figures.series import ordered, palette, with_series
+from paper_figures.series import measured_or_simulated, ordered, palette, with_series
 
 NAME = "fig9_rl"
 X_LABEL = "PPO minibatch size (samples per device)"
@@ -37,7 +37,8 @@ def rl_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def plot(runs: pd.DataFrame) -> Figure:
     """Bars of samples/s; `runs` is one source's RL rows with their series."""
     hue_order = ordered(runs["series"])
-    models = sorted(runs["model"].unique())
+    # Smallest model first: the panels read as the paper's, 1.5B to 14B.
+    models = sorted(runs["model"].unique(), key=lambda m: (runs.loc[runs["model"] == m, "world_size"].min(), m))
     repeats = runs.groupby([*SETTING, "series"]).size().max() > 1
     grid = sns.catplot(data=runs, kind="bar", x="minibatch_size", y="samples_per_s", hue="series",
                        hue_order=hue_order, palette=palette(hue_order), col="model", col_order=models,
@@ -47,7 +48,7 @@ def plot(runs: pd.DataFrame) -> Figure:
         devices = sorted(runs.loc[runs["model"] == model, "world_size"].unique())
         ax.set_title(f"{model}\n{', '.join(str(d) for d in devices)} devices")
     grid.legend.set_title("engine + balancer")
-    grid.figure.suptitle("RL (GRPO) throughput, training time only")
+    grid.figure.suptitle(f"RL (GRPO) throughput, training time only ({measured_or_simulated(runs)})")
     grid.tight_layout()
     return grid.figure
 

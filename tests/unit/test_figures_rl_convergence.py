@@ -64,6 +64,8 @@ def test_fig9_bars_are_each_rl_series_samples_per_s(rl_inputs):
             assert [b.get_height() for b in container] == pytest.approx(expected)
         assert [t.get_text() for t in ax.get_xticklabels()] == [str(m) for m in RL_MINIBATCHES]
     assert fig.axes[0].get_ylabel() == fig9_rl.Y_LABEL
+    assert [ax.get_title().split("\n")[0] for ax in fig.axes] == ["qwen2_1p5b", "qwen2_14b"], "fewer devices first"
+    assert fig._suptitle.get_text().endswith("(measured)")
 
 
 def test_fig9_table_has_every_speedup_and_the_papers_range(rl_inputs):
