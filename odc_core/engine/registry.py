@@ -10,7 +10,7 @@ config, reading a results table or drawing a figure never imports torch.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from odc_core.transport.registry import TRANSPORTS, transport_for
@@ -71,11 +71,17 @@ class OdcOptions:
     prefetch: bool = True
     # The symmetric heap's transport (odc_core/transport/registry.py); auto picks one for the device.
     transport: str = "auto"
+    # Stale-synchronous ODC (docs/staleness.md): minibatch k computes on the parameters after
+    # max(0, k - staleness) steps, so ranks run up to `staleness` minibatches apart; 0 is the
+    # synchronous engine, one barrier per minibatch.
+    staleness: int = 0
 
     def __post_init__(self) -> None:
         if self.transport != "auto" and self.transport not in TRANSPORTS:
             raise ValueError(f"engine.transport must be auto or one of {', '.join(TRANSPORTS)}, "
                              f"got {self.transport!r}")
+        if self.staleness < 0:
+            raise ValueError(f"engine.staleness must be an integer >= 0, got {self.staleness}")
 
     def for_device(self, device_type: str) -> OdcOptions:
         """The options as they run on `device_type`: `auto` replaced by the transport it picks."""
@@ -83,7 +89,7 @@ class OdcOptions:
             name = transport_for(self.transport, device_type).name
         except ValueError as e:
             raise ValueError(f"engine=odc: {e}") from None
-        return OdcOptions(prefetch=self.prefetch, transport=name)
+        return replace(self, transport=name)
 
     def host_bound(self) -> tuple[str, str] | None:
         spec = TRANSPORTS.get(self.transport)
