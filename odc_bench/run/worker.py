@@ -2,8 +2,9 @@
 
 A rank receives its microbatches from the plan, runs forward and backward through the
 engine-wrapped model, and calls no collective itself between begin_minibatch() and
-finish_minibatch(); the engine applies the optimizer step. The loss of each microbatch is divided by the whole minibatch's labelled
-token count, so the summed gradient does not depend on how samples are spread over ranks.
+finish_minibatch(); the engine applies the optimizer step. The loss of each microbatch is
+divided by the whole minibatch's labelled token count, so the summed gradient does not depend
+on how samples are spread over ranks.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ unit from the same owners, which waited for the version that step published.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -294,10 +295,9 @@ class OdcEngine:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PeerTimeout(peer, what, self.timeout_s)
-            try:
+            # A slice, not the timeout: then look at the server and the deadline again.
+            with contextlib.suppress(PeerTimeout):
                 self.heap.wait_until(FLAGS, peer, index, value + 1, min(remaining, _WAIT_SLICE_S))
-            except PeerTimeout:
-                pass  # a slice, not the timeout: look at the server and the deadline again
 
     def _raise_if_server_failed(self) -> None:
         """Re-raise a failed step's error (it names the peer the server waited for) in the
