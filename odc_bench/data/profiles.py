@@ -13,6 +13,15 @@ the real data (odc_bench.data.real) when exact lengths matter.
 | aime      | AIME RL rollouts: mean ~9K, less long-tailed;    | sigma 0.45, clipped to [512, 16K]:   |
 |           | responses stop at the generation limit           | overlong responses pile up at 16K    |
 | fixed     | (control) every sample at LongAlign's 64K maximum | no spread: the balanced workload     |
+| pareto    | (synthetic) a heavy power-law tail: what the     | Pareto, tail index 1.2, truncated to |
+|           | minibatch barrier costs most on (stale-synch-    | [2K, 128K]: mean ~7.0K, median ~3.6K,|
+|           | ronous ODC, docs/staleness.md)                   | p99 ~66K                             |
+
+The pareto profile has no published source: P(length > x) falls as x^-1.2 from 2K tokens to
+SWE-smith's 128K limit, so most samples are short and a few are up to 64 times the shortest;
+at the paper's golden setting (8 ranks, 4 samples each, the 1.5B quadratic cost) the
+per-minibatch lower bound alone idles about 68% of rank-time, against LongAlign's 8%
+(`python -m odc_bench.tools.balancer_report --profile pareto`).
 """
 
 from __future__ import annotations
@@ -34,8 +43,16 @@ class LengthProfile:
     # "truncate": draws outside the range are redrawn (SFT corpora filtered by length);
     # "clip": draws above the range are cut to max_len (RL responses hitting the limit).
     bound: str = "truncate"
+    # > 0: a Pareto distribution with this tail index on [min_len, max_len] instead of the
+    # log-normal (mean and sigma then only describe it).
+    tail_index: float = 0.0
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.tail_index > 0:
+            # Inverse CDF of the Pareto truncated to [min_len, max_len].
+            a, b, alpha = self.min_len, self.max_len, self.tail_index
+            u = rng.random(n)
+            return np.rint(a / (1 - u * (1 - (a / b) ** alpha)) ** (1 / alpha)).astype(np.int64)
         if self.sigma == 0:
             return np.full(n, round(self.mean), dtype=np.int64)
         mu = self._fit_mu()
@@ -69,6 +86,12 @@ class LengthProfile:
         return float((grid[inside] * w[inside]).sum() / w[inside].sum())
 
 
+def pareto_mean(low: int, high: int, alpha: float) -> float:
+    """The mean of a Pareto distribution with tail index alpha (not 1) truncated to [low, high]."""
+    tail = 1 - (low / high) ** alpha
+    return alpha * low**alpha / tail * (low ** (1 - alpha) - high ** (1 - alpha)) / (alpha - 1)
+
+
 PROFILES: dict[str, LengthProfile] = {
     "longalign": LengthProfile("longalign", mean=16_500, sigma=0.60, min_len=1_024, max_len=65_536,
                                num_samples=10_000),
@@ -77,6 +100,8 @@ PROFILES: dict[str, LengthProfile] = {
     "aime": LengthProfile("aime", mean=9_000, sigma=0.45, min_len=512, max_len=16_384,
                           num_samples=8_192, bound="clip"),
     "fixed": LengthProfile("fixed", mean=65_536, sigma=0.0, min_len=65_536, max_len=65_536, num_samples=1_024),
+    "pareto": LengthProfile("pareto", mean=pareto_mean(2_048, 131_072, 1.2), sigma=0.0, min_len=2_048,
+                            max_len=131_072, num_samples=8_192, tail_index=1.2),
 }
 
 

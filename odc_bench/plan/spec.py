@@ -19,7 +19,7 @@ import torch
 
 from odc_bench.balancers.cost import CostModel, cost_model_for, device_tag
 from odc_bench.balancers.plan import Microbatch, Plan
-from odc_bench.balancers.quality import Prediction, predict, run_bubble_rate
+from odc_bench.balancers.quality import Prediction, StaleClock, predict, rank_work, run_bubble_rate, stale_bubble_rate
 from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
@@ -76,8 +76,13 @@ class RunSpec:
         return self.minibatches[self.config.warmup_minibatches:]
 
     def predicted_bubble_rate(self) -> float:
-        """The cost model's bubble rate over the measured minibatches."""
-        return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size)
+        """The cost model's bubble rate over the measured minibatches (stale-synchronous ODC:
+        over the run's timeline, balancers/quality.py)."""
+        staleness = self.config.engine.staleness
+        if staleness == 0:
+            return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size)
+        works = [rank_work(mb.plan, mb.lengths, self.cost_model) for mb in self.minibatches]
+        return stale_bubble_rate(works, staleness, self.config.warmup_minibatches)
 
     def length_stats(self) -> dict[str, float]:
         """The sample lengths the run trains on (every minibatch, after dataset.length_scale)."""
@@ -131,6 +136,10 @@ def _check_combination(engine: EngineSpec, balancer: BalancerSpec, config: RunCo
     if config.simulated:
         require(engine.simulated_as is not None,
                 f"the simulator does not model engine={engine.name}; use backend=local")
+    require(balancer.queue is None or config.engine.staleness == 0,
+            f"balancer {balancer.name} hands out work from one counter that every rank must be in the same "
+            f"minibatch to share; engine.staleness={config.engine.staleness} lets them run apart: use "
+            f"balancer=lb_carry (or engine.staleness=0)")
 
 
 def resolve(config: RunConfig) -> RunSpec:
@@ -154,6 +163,7 @@ def resolve(config: RunConfig) -> RunSpec:
 
     resolved = replace(config, max_tokens=max_tokens, engine=engine)
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"
+    clock = StaleClock(world, engine.staleness)  # when each rank is free for the next minibatch
     minibatches = []
     for k, ids in enumerate(minibatch_samples(len(lengths), world * per_rank, config.num_minibatches, config.seed)):
         lens = [int(lengths[i]) for i in ids]
@@ -162,7 +172,7 @@ def resolve(config: RunConfig) -> RunSpec:
                 f"minibatch {k} has a sample of {longest} tokens, over the microbatch limit max_tokens={max_tokens}; "
                 f"raise max_tokens (or packing_ratio) or lower dataset.length_scale")
         try:
-            plan, queue = plan_minibatch(balancer, options, lens, world, max_tokens, cost)
+            plan, queue = plan_minibatch(balancer, options, lens, world, max_tokens, cost, clock.ready())
         except ValueError as e:
             raise ConfigError(f"balancer {balancer.name} cannot plan minibatch {k}: {e}") from None
         if engine.spec.equal_microbatch_counts:
@@ -170,12 +180,13 @@ def resolve(config: RunConfig) -> RunSpec:
             require(len(counts) == 1,
                     f"balancer {balancer.name} gave ranks different microbatch counts {sorted(counts)} in minibatch "
                     f"{k}; engine={engine.name} needs equal counts, use engine=odc")
+        clock.advance(rank_work(plan, lens, cost))
         minibatches.append(Minibatch(ids, lens, plan, predict(plan, lens, world, max_tokens, cost, semantics), queue))
     recompute = isinstance(config.backend, SimBackendConfig) and config.backend.recompute
     on_cpu = not config.simulated and device_type == "cpu"
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
     memory = estimate(config.model, world, config.precision, max_tokens, recompute,
-                      cpu_longest=longest if on_cpu else None)
+                      cpu_longest=longest if on_cpu else None, version_slots=engine.staleness + 1)
     return RunSpec(resolved, run_key(resolved.to_dict()), device_type, cost, options, memory,
                    memory_limit(config, device_type), minibatches)
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from odc_bench.data.profiles import profile_lengths, profile_max_len
+from odc_bench.data.profiles import PROFILES, pareto_mean, profile_lengths, profile_max_len
 from odc_bench.data.tokens import sample_tokens
 
 # Published means (shared PAPER.md): LongAlign ~16.5K, SWE-smith ~34.7K, AIME RL ~9K.
@@ -15,6 +15,17 @@ def test_profile_matches_published_mean_and_range(name):
     assert abs(lengths.mean() / PUBLISHED_MEAN[name] - 1) < 0.03
     assert lengths.max() <= PUBLISHED_MAX[name]
     assert lengths.std() / lengths.mean() > 0.3, "the point of the profiles is their spread"
+
+
+def test_pareto_profile_has_its_stated_tail():
+    lengths = profile_lengths("pareto", 1.0, seed=0)
+    prof = PROFILES["pareto"]
+    assert prof.min_len <= lengths.min() and lengths.max() <= prof.max_len
+    assert abs(lengths.mean() / pareto_mean(2_048, 131_072, 1.2) - 1) < 0.03
+    # P(length > x) = ((a/x)^alpha - (a/b)^alpha) / (1 - (a/b)^alpha): the fraction above 8K.
+    a, b, alpha = 2_048, 131_072, 1.2
+    above = ((a / 8_192) ** alpha - (a / b) ** alpha) / (1 - (a / b) ** alpha)
+    assert (lengths > 8_192).mean() == pytest.approx(above, abs=0.01)
 
 
 def test_fixed_profile_is_the_balanced_control():
