@@ -115,10 +115,14 @@ class EngineSpec:
     # The paper's baseline: comparisons and figures report speedups against it.
     baseline: bool = False
     # An option whose value tells two series of this engine apart (FSDP2 on shared memory and
-    # on gloo are different baselines), and its values in the order a comparison prefers one to
-    # stand for the engine (the fairest first).
+    # on gloo are different baselines; ODC at different staleness), and its values in the order
+    # a comparison prefers one to stand for the engine (the fairest first; the last is what rows
+    # written before the option existed ran with).
     series_option: str | None = None
     series_preference: tuple[str, ...] = ()
+    # Whether simulated rows differ by it too (not where it picks a transport, which the
+    # simulator's hardware profile stands for).
+    series_option_simulated: bool = False
 
 
 ENGINES: dict[str, EngineSpec] = {
@@ -126,7 +130,8 @@ ENGINES: dict[str, EngineSpec] = {
                              equal_microbatch_counts=True, simulated_as="collective", baseline=True,
                              series_option="backend", series_preference=("shm", "nccl", "gloo")),
     "odc": EngineSpec("odc", "ODC", "odc_core.engine.odc", OdcOptions, equal_microbatch_counts=False,
-                      simulated_as="odc"),
+                      simulated_as="odc", series_option="staleness", series_preference=("0",),
+                      series_option_simulated=True),
 }
 
 

@@ -1,7 +1,9 @@
 """The stale-synchronous time model, its lower bound and LB-Carry (balancers/quality.py,
 balancers/lb_carry.py)."""
 
+import pandas as pd
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +22,7 @@ from odc_bench.balancers.quality import (
 )
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import resolve
+from odc_bench.results.series import engine_variants, series_names
 from odc_bench.tools.balancer_report import plan_quality
 from tests.helpers import run_config
 
@@ -160,3 +163,15 @@ def test_a_stale_run_predicts_its_bubble_on_the_stale_timeline():
 def test_bad_stale_configs_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         resolve(run_config("engine=odc", "engine.staleness=1", *overrides))
+
+
+def test_staleness_tells_odc_series_apart_in_real_and_simulated_rows():
+    def row(engine, where, **options):
+        return dict(engine=engine, backend=where, balancer="lb_carry",
+                    config=yaml.safe_dump({"engine": {"name": engine, **options}}))
+
+    table = pd.DataFrame([row("odc", "local", staleness=0), row("odc", "local", staleness=1),
+                          row("odc", "sim", staleness=2), row("odc", "local"),  # before the option: synchronous
+                          row("collective", "sim", backend="nccl")])
+    assert list(engine_variants(table)) == ["0", "1", "2", "0", ""]
+    assert list(series_names(table))[:3] == ["odc[0]+lb_carry", "odc[1]+lb_carry", "odc[2]+lb_carry"]
