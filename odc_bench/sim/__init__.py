@@ -19,6 +19,7 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import trace_frame
 from odc_bench.sim.hardware import EngineCosts, load_profile
 from odc_bench.sim.layout import Layout, doc_features
+from odc_bench.sim.stale import stale_odc, stale_trace
 from odc_bench.sim.timeline import Timeline, collective, odc
 
 
@@ -91,6 +92,9 @@ def simulate(spec: RunSpec) -> Simulation:
     table = profile.compute_table(layout, backend.recompute)
     costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes)
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)
+    if timeline == "odc" and config.engine.staleness:
+        st = stale_odc(comp, nmb, tokens, costs, config.engine.staleness)
+        return Simulation(stale_trace(layout, st, comp, nmb, tokens, samples), st.timeline, comp, nmb)
     if timeline == "collective":
         tl = collective(comp, nmb, tokens, costs)
     else:

@@ -192,3 +192,10 @@ def _odc_pass(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCo
     finish = np.where(nmb > 0, np.maximum(done, g_chan), -np.inf)
     return Timeline(start=start, mb_t0=mb_t0, mb_t1=mb_t1, sync_t0=t, sync_t1=sync_t1, opt_t1=opt_t1,
                     duration=opt_t1[:, 0].copy()), finish
+
+
+def odc_alone(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts) -> tuple[Timeline, np.ndarray]:
+    """Every rank's ODC timeline of each minibatch as if it started at once (every rank with
+    work counted as communicating), and when its last push lands (-inf without work): what the
+    stale-synchronous timeline (stale.py) shifts to each rank's own start."""
+    return _odc_pass(comp, nmb, tokens, c, np.where(nmb > 0, np.inf, -np.inf))
