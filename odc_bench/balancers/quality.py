@@ -157,14 +157,20 @@ def rank_work(plan: Plan, lengths: Sequence[int], cost: CostModel) -> list[float
     return [sum(r) for r in microbatch_costs(plan, lengths, cost)]
 
 
-def stale_bubble_rate(works: Sequence[Sequence[float]], staleness: int, warmup: int = 0) -> float:
-    """The predicted bubble of the minibatches from `warmup` on, measured as runs measure it:
-    from the earliest start of a measured minibatch on any rank (a rank starts minibatch k when
-    it leaves k - 1) to the end of the last one."""
+def stale_window(works: Sequence[Sequence[float]], staleness: int, warmup: int = 0) -> float:
+    """The predicted time of the minibatches from `warmup` on, measured as runs measure it: from
+    the earliest start of a measured minibatch on any rank (a rank starts minibatch k when it
+    leaves k - 1) to the end of the last one."""
+    if not works:
+        return 0.0
     clock = stale_clock(works, staleness)
-    start = min(clock.left[warmup - 1]) if warmup > 0 else 0.0
+    return clock.done[-1] - (min(clock.left[warmup - 1]) if warmup > 0 else 0.0)
+
+
+def stale_bubble_rate(works: Sequence[Sequence[float]], staleness: int, warmup: int = 0) -> float:
+    """The predicted bubble of the minibatches from `warmup` on (see stale_window)."""
     busy = sum(sum(w) for w in works[warmup:])
-    return bubble_rate(busy, clock.world_size, clock.done[-1] - start) if works else 0.0
+    return bubble_rate(busy, len(works[0]), stale_window(works, staleness, warmup)) if works else 0.0
 
 
 def stale_lower_bound(minibatches: Sequence[Sequence[int]], world_size: int, max_tokens: int, cost: CostModel,

@@ -87,8 +87,10 @@ class LengthProfile:
 
 
 def pareto_mean(low: int, high: int, alpha: float) -> float:
-    """The mean of a Pareto distribution with tail index alpha (not 1) truncated to [low, high]."""
+    """The mean of a Pareto distribution with tail index alpha truncated to [low, high]."""
     tail = 1 - (low / high) ** alpha
+    if alpha == 1:
+        return low * math.log(high / low) / tail
     return alpha * low**alpha / tail * (low ** (1 - alpha) - high ** (1 - alpha)) / (alpha - 1)
 
 

@@ -19,7 +19,15 @@ import torch
 
 from odc_bench.balancers.cost import CostModel, cost_model_for, device_tag
 from odc_bench.balancers.plan import Microbatch, Plan
-from odc_bench.balancers.quality import Prediction, StaleClock, predict, rank_work, run_bubble_rate, stale_bubble_rate
+from odc_bench.balancers.quality import (
+    Prediction,
+    StaleClock,
+    predict,
+    rank_work,
+    run_bubble_rate,
+    stale_bubble_rate,
+    stale_window,
+)
 from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
@@ -81,8 +89,18 @@ class RunSpec:
         staleness = self.config.engine.staleness
         if staleness == 0:
             return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size)
-        works = [rank_work(mb.plan, mb.lengths, self.cost_model) for mb in self.minibatches]
-        return stale_bubble_rate(works, staleness, self.config.warmup_minibatches)
+        return stale_bubble_rate(self._rank_works(), staleness, self.config.warmup_minibatches)
+
+    def predicted_time(self) -> float:
+        """The cost model's time for the measured minibatches, in its units: what a predicted
+        speedup between two runs of the same samples is the ratio of."""
+        staleness = self.config.engine.staleness
+        if staleness == 0:
+            return sum(mb.prediction.time for mb in self.measured)
+        return stale_window(self._rank_works(), staleness, self.config.warmup_minibatches)
+
+    def _rank_works(self) -> list[list[float]]:
+        return [rank_work(mb.plan, mb.lengths, self.cost_model) for mb in self.minibatches]
 
     def length_stats(self) -> dict[str, float]:
         """The sample lengths the run trains on (every minibatch, after dataset.length_scale)."""
