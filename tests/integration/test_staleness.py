@@ -2,21 +2,27 @@
 parameters as single-process delayed-gradient training, ranks that really run apart, and the
 memory the version slots cost."""
 
+import json
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import events_frame, minibatch_losses
+from odc_bench.record.row import timing
 from odc_bench.run import worker
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
+from odc_bench.sim import simulate
+from odc_bench.tools.sim_calibrate import fit
 from odc_core.engine.odc import DONE, FLAGS, VERSION, OdcEngine
 from tests.helpers import run_config
 from tests.helpers.reference import relative_error, train_single_process
+from tests.integration.test_sim_real import skip_if_overloaded
 
 pytestmark = pytest.mark.slow
 
@@ -118,3 +124,25 @@ def test_the_version_slots_are_what_the_heap_reports(precision):
         heaps[staleness] = run_local(spec)[0]["heap_bytes"]
     flags = 3 * 8 + 8  # the flags and claims words, and the heap's control word
     assert heaps[2] - flags == pytest.approx(3 * (heaps[0] - flags), rel=1e-6)
+
+
+def test_the_stale_timeline_predicts_a_stale_run_from_a_profile_fitted_on_a_synchronous_one(tmp_path):
+    """The simulator's stale timeline against a real stale run, the way test_sim_real checks the
+    synchronous ones: a CPU profile fitted on the ODC s = 0 run of a config predicts the s = 1
+    run of the same config (docs/staleness.md; the full reading is staleness_report --simulate
+    over sweep=ssp). This host is shared, so the bound is loose."""
+    skip_if_overloaded()
+    config = ("engine=odc", "balancer=lb_carry", "dataset=pareto", "minibatch_size=4", "num_minibatches=10",
+              "warmup_minibatches=2", "threads_per_rank=1")
+    measured = {}
+    for staleness in (0, 1):
+        spec = resolve(run_config(*config, f"engine.staleness={staleness}", f"results_dir={tmp_path}"))
+        row = execute(spec, tmp_path)
+        assert row["status"] == "ok", row["error"]
+        measured[staleness] = (spec, pd.read_csv(tmp_path / row["trace"]))
+    calibration = tmp_path / "cal.json"
+    calibration.write_text(json.dumps(fit({"odc": [measured[0]]})))
+    sim = resolve(run_config(*config, "engine.staleness=1", "backend=sim", "backend/hardware=cpu",
+                             f"backend.hardware.calibration={calibration}"))
+    predicted = timing(sim, simulate(sim).events)["samples_per_s"]
+    assert predicted == pytest.approx(timing(*measured[1])["samples_per_s"], rel=0.25)
