@@ -93,6 +93,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], None] | None]] = {
     "lb-mini-on-collective": (["balancer=lb_mini"], "balancer lb_mini gives ranks different microbatch counts, "
                               "which engine=collective cannot run", None),
     "dynamic-on-collective": (["balancer=dynamic"], "balancer dynamic gives ranks different microbatch counts", None),
+    "dynamic-with-staleness": (["engine=odc", "engine.staleness=1", "balancer=dynamic"],
+                               "balancer dynamic hands out work from one counter", None),
+    "negative-staleness": (["engine=odc", "engine.staleness=-1"], "engine.staleness must be an integer >= 0, got -1",
+                           None),
     # sizes that must divide or fit
     "heads-do-not-divide": (["model.num_heads=3"], "hidden_size 128 must divide by num_heads 3", None),
     "slurm-nodes-do-not-divide": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "world_size=3"],
