@@ -24,7 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from paper_figures.inputs import Inputs, Skip, load  # noqa: E402
 
 MODULES = ["fig1_timeline", "fig7_lengths", "fig8_throughput", "fig9_rl", "fig10_acceleration", "fig11_bandwidth",
-           "scaling", "convergence", "utilization", "tables"]
+           "scaling", "convergence", "staleness", "utilization", "tables"]
 DOCS_DIR = Path("docs/figures")
 DOCS_DPI = 90
 

@@ -9,9 +9,10 @@ from the start of the run's first minibatch. The source's floor, its entropy rat
 (data/chain.py), is drawn as a dashed line.
 
 Runs that computed the same minibatches (one setting: workload, precision and seed) share a row
-of panels; one line per series. A series is engine x balancer, with any engine or balancer option
-whose value differs between the row's runs (say `engine.staleness`), so variants of an engine
-appear side by side without this module knowing them (every run of that engine is labelled
+of panels; one line per series. A series is engine x balancer and the engine's variant (ODC's
+staleness: `ODC [s=1]`), with any other engine or balancer option whose value differs between
+the row's runs (say `balancer.options.equal_samples`), so variants appear side by side without
+this module knowing them (every run of that engine is labelled
 with the option, so the legend reads alike in every panel). The table gives, per setting, each series'
 largest absolute and relative per-step gap from the baseline (Collective + LB-Micro where it ran,
 else the first series), at which step, and the final losses.
@@ -26,6 +27,7 @@ from matplotlib.figure import Figure
 
 from odc_bench.data.chain import entropy_rate
 from odc_bench.results.series import SETTING, config_value
+from odc_core.engine.registry import ENGINES
 from paper_figures.inputs import Inputs, Skip, by_source, read_trace, with_traces
 from paper_figures.series import BALANCER_NAMES, BASELINE, ENGINE_NAMES, describe_setting, ordered, palette, with_series
 
@@ -49,14 +51,15 @@ def loss_curve(trace: pd.DataFrame) -> pd.DataFrame:
                          "time": [end[k] - start for k in steps]})
 
 
-def _options(runs: pd.DataFrame, section: str, owner: str) -> pd.Series:
+def _options(runs: pd.DataFrame, section: str, owner: str, shown: frozenset[str] = frozenset()) -> pd.Series:
     """`key=value, ...` of the `section` options (engine, balancer.options) that differ between
-    runs of the same `owner` (engine, balancer); "" where none do."""
+    runs of the same `owner` (engine, balancer), but those in `shown` (already in the series
+    name); "" where none do."""
     values = config_value(runs, section).map(lambda v: v if isinstance(v, dict) else {})
     out = pd.Series("", index=runs.index, dtype=object)
     for _, idx in runs.groupby(owner).groups.items():
         opts = values.loc[idx]
-        keys = sorted({k for d in opts for k in d if k != "name"})
+        keys = sorted({k for d in opts for k in d if k != "name" and k not in shown})
         differ = [k for k in keys if len({repr(d.get(k)) for d in opts}) > 1]
         out.loc[idx] = opts.map(lambda d, differ=differ: ", ".join(f"{k}={d.get(k)}" for k in differ))
     return out
@@ -65,7 +68,9 @@ def _options(runs: pd.DataFrame, section: str, owner: str) -> pd.Series:
 def label(runs: pd.DataFrame) -> pd.Series:
     """Series labels: engine + balancer, and the options that tell this setting's runs apart."""
     base = with_series(runs)["series"]
-    extra = _options(runs, "engine", "engine").str.cat(_options(runs, "balancer.options", "balancer"),
+    # The engine's series option (ODC's staleness) is in the series name already.
+    named = frozenset(spec.series_option for spec in ENGINES.values() if spec.series_option)
+    extra = _options(runs, "engine", "engine", named).str.cat(_options(runs, "balancer.options", "balancer"),
                                                        sep=", ").str.strip(", ")
     return base.where(extra == "", base + " [" + extra + "]")
 

@@ -12,13 +12,17 @@ No plan can beat the lower bound max(total cost / world size, costliest single s
 work divides at best evenly, and a sample cannot be split. The bubble rate is the idle
 share of rank-time, 1 - total cost / (world size x time); the lower bound's own bubble is
 the part no balancer can remove.
+
+Stale-synchronous ODC (engine.staleness=s >= 1) has no barrier per minibatch, so its time is a
+property of the run, not a sum over minibatches: StaleClock predicts it, stale_lower_bound
+bounds it (docs/staleness.md).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.plan import Plan
@@ -93,3 +97,106 @@ def run_bubble_rate(predictions: Iterable[Prediction], world_size: int, of_bound
     if of_bound:
         return bubble_rate(sum(p.bound_work for p in preds), world_size, sum(p.bound for p in preds))
     return bubble_rate(sum(p.work for p in preds), world_size, sum(p.time for p in preds))
+
+
+# ---- stale-synchronous ODC ----------------------------------------------------------------
+#
+# With staleness s, minibatch k computes on the parameters after k - s steps, and step j needs
+# every rank's gradients of minibatch j: a rank starts minibatch k once it has finished k - 1
+# and every rank has finished k - s - 1 (taking communication and the step as free, as the
+# synchronous model does). A rank without work in k passes through without waiting. s = 0 is
+# the synchronous model: every minibatch starts when the last rank finished the one before.
+
+
+@dataclass
+class StaleClock:
+    """Predicted stale-synchronous timing, one minibatch at a time, so that a balancer can plan
+    minibatch k knowing when each rank will be free for it."""
+
+    world_size: int
+    staleness: int
+    # Per rank: when its work of the latest minibatch ended.
+    finish: list[float] = field(default_factory=list)
+    # Per minibatch so far: when every rank had finished it.
+    done: list[float] = field(default_factory=list)
+    # Per minibatch so far, per rank: when the rank left it (its span's end): its own finish,
+    # or with s = 0 the barrier, which every rank leaves together.
+    left: list[list[float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.finish:
+            self.finish = [0.0] * self.world_size
+
+    def version_time(self, minibatch: int) -> float:
+        """When the version minibatch `minibatch` computes on is published everywhere."""
+        needed = minibatch - self.staleness - 1  # the last minibatch whose step it needs
+        return self.done[needed] if needed >= 0 else 0.0
+
+    def ready(self) -> list[float]:
+        """When each rank can start working on the next minibatch."""
+        version = self.version_time(len(self.done))
+        return [max(f, version) for f in self.finish]
+
+    def advance(self, work: Sequence[float]) -> None:
+        """The next minibatch runs with `work` (busy time per rank)."""
+        self.finish = [r + w if w > 0 else f for r, w, f in zip(self.ready(), work, self.finish, strict=True)]
+        self.done.append(max(self.finish))
+        self.left.append([self.done[-1]] * self.world_size if self.staleness == 0 else list(self.finish))
+
+
+def stale_clock(works: Sequence[Sequence[float]], staleness: int) -> StaleClock:
+    """The clock after minibatches with busy time works[k][r]."""
+    clock = StaleClock(len(works[0]) if works else 0, staleness)
+    for work in works:
+        clock.advance(work)
+    return clock
+
+
+def rank_work(plan: Plan, lengths: Sequence[int], cost: CostModel) -> list[float]:
+    """Busy time of each rank in one minibatch."""
+    return [sum(r) for r in microbatch_costs(plan, lengths, cost)]
+
+
+def stale_window(works: Sequence[Sequence[float]], staleness: int, warmup: int = 0) -> float:
+    """The predicted time of the minibatches from `warmup` on, measured as runs measure it: from
+    the earliest start of a measured minibatch on any rank (a rank starts minibatch k when it
+    leaves k - 1) to the end of the last one."""
+    if not works:
+        return 0.0
+    clock = stale_clock(works, staleness)
+    return clock.done[-1] - (min(clock.left[warmup - 1]) if warmup > 0 else 0.0)
+
+
+def stale_bubble_rate(works: Sequence[Sequence[float]], staleness: int, warmup: int = 0) -> float:
+    """The predicted bubble of the minibatches from `warmup` on (see stale_window)."""
+    busy = sum(sum(w) for w in works[warmup:])
+    return bubble_rate(busy, len(works[0]), stale_window(works, staleness, warmup)) if works else 0.0
+
+
+def stale_lower_bound(minibatches: Sequence[Sequence[int]], world_size: int, max_tokens: int, cost: CostModel,
+                      staleness: int) -> float:
+    """A lower bound on the time of minibatches (lists of lengths) run stale-synchronously.
+
+    With B_k the time every rank has finished minibatch k: minibatch i starts nowhere before
+    B_{i-s-1}, so all work of minibatches j..k falls between B_{j-s-1} and B_k, divided at best
+    evenly over the ranks, and minibatch k's costliest sample alone lies between B_{k-s-1} and
+    B_k. Bounding B recursively gives the run's bound: the total work over the ranks plus the
+    ramp, the chains of costliest samples s + 1 minibatches apart that no rank can overlap (at
+    the run's start and end, and wherever one sample outweighs s + 1 minibatches' share of a
+    rank). With s = 0 it is the sum of the per-minibatch bounds, lower_bound().
+    """
+    work = [least_work(lens, max_tokens, cost) for lens in minibatches]
+    costliest = [max(cost(n) for n in lens) + cost.c if lens else 0.0 for lens in minibatches]
+    bound: list[float] = []
+
+    def before(k: int) -> float:
+        return bound[k] if k >= 0 else 0.0
+
+    for k in range(len(minibatches)):
+        best = max(before(k - 1), before(k - staleness - 1) + costliest[k])
+        tail = 0.0
+        for j in range(k, -1, -1):
+            tail += work[j]
+            best = max(best, before(j - staleness - 1) + tail / world_size)
+        bound.append(best)
+    return bound[-1] if bound else 0.0

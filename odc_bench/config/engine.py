@@ -8,7 +8,7 @@ from typing import Any
 
 from odc_bench.config.fields import as_dict, build
 from odc_bench.errors import ConfigError
-from odc_core.engine.registry import ENGINES, EngineOptions, EngineSpec
+from odc_core.engine.registry import ENGINES, EngineOptions, EngineSpec, OdcOptions
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -19,6 +19,11 @@ class EngineConfig:
     @property
     def spec(self) -> EngineSpec:
         return ENGINES[self.name]
+
+    @property
+    def staleness(self) -> int:
+        """How many minibatches ranks may run apart (stale-synchronous ODC); 0 for every other engine."""
+        return self.options.staleness if isinstance(self.options, OdcOptions) else 0
 
     def for_device(self, device_type: str) -> EngineConfig:
         """The options as they run on the device; ConfigError when it cannot run them."""

@@ -19,6 +19,9 @@ exact lengths matter. Every published fact, with its source: docs/length_facts.m
 |           | responses stop at the generation limit (verl). i.i.d.;      | [512, 16K]: overlong responses     |
 |           | dataset=grpo draws prompts x groups instead (data/rl.py)    | pile up at 16K                     |
 | fixed     | (control) every sample at LongAlign's 64K maximum           | no spread: the balanced workload   |
+| pareto    | (synthetic) a heavy power-law tail: what the minibatch      | Pareto, tail index 1.2, truncated  |
+|           | barrier costs most on (stale-synchronous ODC,               | to [2K, 128K]: mean ~7.0K, median  |
+|           | docs/staleness.md); no published source                     | ~3.6K, p99 ~66K                    |
 
 LongAlign's floor is 8K since the sensitivity study (tools/sensitivity.py, docs/sensitivity.md):
 the profile before it reached down to 1K, which put 18% of samples below the dataset's published
@@ -27,6 +30,12 @@ LB-Mini's speedup at its 14B cell (bubble rates read as idle over busy time), wh
 did not, and the best match of every profile tried that keeps the published facts; ODC +
 LB-Micro's speedup stays about half the paper's under all of them. SWE-smith's range is not
 published: its [2K, 128K] and sigma are assumptions.
+
+The pareto profile has no published source: P(length > x) falls as x^-1.2 from 2K tokens to
+SWE-smith's 128K limit, so most samples are short and a few are up to 64 times the shortest;
+at the paper's golden setting (8 ranks, 4 samples each, the 1.5B quadratic cost) the
+per-minibatch lower bound alone idles about 68% of rank-time, against LongAlign's 8%
+(`python -m odc_bench.tools.balancer_report --profile pareto`).
 """
 
 from __future__ import annotations
@@ -53,8 +62,16 @@ class LengthProfile:
     # fitted so that the whole draw keeps `mean`.
     peak_fraction: float = 0.0
     peak_from: int | None = None
+    # > 0: a Pareto distribution with this tail index on [min_len, max_len] instead of the
+    # log-normal (mean and sigma then only describe it).
+    tail_index: float = 0.0
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.tail_index > 0:
+            # Inverse CDF of the Pareto truncated to [min_len, max_len].
+            a, b, alpha = self.min_len, self.max_len, self.tail_index
+            u = rng.random(n)
+            return np.rint(a / (1 - u * (1 - (a / b) ** alpha)) ** (1 / alpha)).astype(np.int64)
         if self.sigma == 0:
             return np.full(n, round(self.mean), dtype=np.int64)
         mu = self._fit_mu()
@@ -106,6 +123,14 @@ class LengthProfile:
         return float((grid[inside] * w[inside]).sum() / w[inside].sum())
 
 
+def pareto_mean(low: int, high: int, alpha: float) -> float:
+    """The mean of a Pareto distribution with tail index alpha truncated to [low, high]."""
+    tail = 1 - (low / high) ** alpha
+    if alpha == 1:
+        return low * math.log(high / low) / tail
+    return alpha * low**alpha / tail * (low ** (1 - alpha) - high ** (1 - alpha)) / (alpha - 1)
+
+
 PROFILES: dict[str, LengthProfile] = {
     "longalign": LengthProfile("longalign", mean=16_500, sigma=0.60, min_len=8_192, max_len=65_536,
                                num_samples=10_000),
@@ -114,6 +139,8 @@ PROFILES: dict[str, LengthProfile] = {
     "aime": LengthProfile("aime", mean=9_000, sigma=0.45, min_len=512, max_len=16_384,
                           num_samples=8_192, bound="clip"),
     "fixed": LengthProfile("fixed", mean=65_536, sigma=0.0, min_len=65_536, max_len=65_536, num_samples=1_024),
+    "pareto": LengthProfile("pareto", mean=pareto_mean(2_048, 131_072, 1.2), sigma=0.0, min_len=2_048,
+                            max_len=131_072, num_samples=8_192, tail_index=1.2),
 }
 
 

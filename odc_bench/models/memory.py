@@ -36,6 +36,7 @@ from odc_bench.models.flops import layer_linear_params
 
 # AdamW on fp32 shards: master parameters, gradient accumulator, two moments.
 OWNED_BYTES = 16
+MOMENT_BYTES = 8
 # Logits the fused loss keeps at once (tokens): what a chunked cross-entropy holds.
 LOSS_CHUNK_TOKENS = 4096
 
@@ -73,16 +74,19 @@ class MemoryEstimate:
 
 
 def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
-             recompute: bool = False, cpu_longest: int | None = None, shard_over: int | None = None
-             ) -> MemoryEstimate:
+             recompute: bool = False, cpu_longest: int | None = None, shard_over: int | None = None,
+             version_slots: int = 1) -> MemoryEstimate:
     """Per-rank bytes of a run that shards every unit over `world_size` ranks (or, with hybrid
     sharding, over the `shard_over` ranks of a node). For the harness's model on CPU
     (models/qwen2.py), give `cpu_longest`, the longest document: attention then keeps its
-    score matrices and the head the full fp32 logits and their gradient."""
+    score matrices and the head the full fp32 logits and their gradient.
+    `version_slots`: copies of the master shard, its bf16 copy and the accumulator
+    (stale-synchronous ODC keeps staleness + 1; AdamW's moments stay one)."""
     itemsize = 2 if precision == "bf16" else 4
     units = unit_params(cfg)
     group = world_size if shard_over is None else shard_over
-    owned_per_param = OWNED_BYTES + (itemsize if itemsize < 4 else 0)
+    slotted = OWNED_BYTES - MOMENT_BYTES + (itemsize if itemsize < 4 else 0)
+    owned_per_param = MOMENT_BYTES + version_slots * slotted
     owned = sum(-(-p // group) for p in units) * owned_per_param
     working = 3 * max(units) * itemsize
     layer = layer_activation_bytes(cfg, max_tokens, itemsize, cpu_longest)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +20,15 @@ import torch
 
 from odc_bench.balancers.cost import CostModel, calibration_path, cost_model_for, device_tag
 from odc_bench.balancers.plan import Microbatch, Plan
-from odc_bench.balancers.quality import Prediction, predict, run_bubble_rate
+from odc_bench.balancers.quality import (
+    Prediction,
+    StaleClock,
+    predict,
+    rank_work,
+    run_bubble_rate,
+    stale_bubble_rate,
+    stale_window,
+)
 from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
@@ -76,8 +84,23 @@ class RunSpec:
         return self.minibatches[self.config.warmup_minibatches:]
 
     def predicted_bubble_rate(self) -> float:
-        """The cost model's bubble rate over the measured minibatches."""
-        return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size)
+        """The cost model's bubble rate over the measured minibatches (stale-synchronous ODC:
+        over the run's timeline, balancers/quality.py)."""
+        staleness = self.config.engine.staleness
+        if staleness == 0:
+            return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size)
+        return stale_bubble_rate(self._rank_works(), staleness, self.config.warmup_minibatches)
+
+    def predicted_time(self) -> float:
+        """The cost model's time for the measured minibatches, in its units: what a predicted
+        speedup between two runs of the same samples is the ratio of."""
+        staleness = self.config.engine.staleness
+        if staleness == 0:
+            return sum(mb.prediction.time for mb in self.measured)
+        return stale_window(self._rank_works(), staleness, self.config.warmup_minibatches)
+
+    def _rank_works(self) -> list[list[float]]:
+        return [rank_work(mb.plan, mb.lengths, self.cost_model) for mb in self.minibatches]
 
     def length_stats(self) -> dict[str, float]:
         """The sample lengths the run trains on (every minibatch, after dataset.length_scale)."""
@@ -97,7 +120,8 @@ class RunSpec:
         recompute = isinstance(c.backend, SimBackendConfig) and c.backend.recompute
         on_cpu = not c.simulated and self.device_type == "cpu"
         return estimate(c.model, self.world_size, c.precision, tokens, recompute,
-                        cpu_longest=tokens if on_cpu else None, shard_over=shard_group(c))
+                        cpu_longest=tokens if on_cpu else None, shard_over=shard_group(c),
+                        version_slots=c.engine.staleness + 1)
 
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit, for ranks of this host (a
@@ -179,6 +203,11 @@ def check_combination(config: RunConfig) -> None:
             raise CombinationError("engine.shard=hybrid needs nodes: a GPU hardware profile (backend/hardware=a100 "
                                    "or h100), not the calibrated CPU one (one host)",
                                    ("engine.shard", "backend/hardware"))
+    if balancer.queue is not None and config.engine.staleness:
+        raise CombinationError(f"balancer {balancer.name} hands out work from one counter that every rank must be in "
+                               f"the same minibatch to share; engine.staleness={config.engine.staleness} lets them "
+                               f"run apart: use balancer=lb_carry (or engine.staleness=0)",
+                               ("balancer", "engine.staleness"))
 
 
 # Plans are pure functions of these inputs, so a process that resolves several runs over the same
@@ -189,16 +218,17 @@ _PLANS_KEPT = 4096
 
 
 def _plan_once(balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
-               cost: CostModel) -> tuple[Plan, list[Microbatch] | None]:
+               cost: CostModel, ready: Sequence[float] | None = None) -> tuple[Plan, list[Microbatch] | None]:
     try:
-        key = (balancer.name, options, cost, world, max_tokens, tuple(lengths))
+        key = (balancer.name, options, cost, world, max_tokens, tuple(lengths),
+               None if ready is None else tuple(ready))
         hash(key)
     except TypeError:  # options holding a mutable value: plan without the memo
-        return plan_minibatch(balancer, options, lengths, world, max_tokens, cost)
+        return plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
     if key not in _PLANS:
         if len(_PLANS) >= _PLANS_KEPT:
             _PLANS.clear()
-        _PLANS[key] = plan_minibatch(balancer, options, lengths, world, max_tokens, cost)
+        _PLANS[key] = plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
     return _PLANS[key]
 
 
@@ -269,6 +299,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
 
     resolved = replace(config, max_tokens=max_tokens, engine=engine)
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"
+    clock = StaleClock(world, engine.staleness)  # when each rank is free for the next minibatch
     minibatches = []
     for k, ids in enumerate(drawn):
         lens = [int(lengths[i]) for i in ids]
@@ -277,7 +308,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
                 f"minibatch {k} has a sample of {longest} tokens, over the microbatch limit max_tokens={max_tokens}; "
                 f"raise max_tokens (or packing_ratio) or lower dataset.length_scale")
         try:
-            plan, queue = _plan_once(balancer, options, lens, world, max_tokens, cost)
+            plan, queue = _plan_once(balancer, options, lens, world, max_tokens, cost, clock.ready())
         except ValueError as e:
             raise ConfigError(f"balancer {balancer.name} cannot plan minibatch {k}: {e}") from None
         if engine.spec.equal_microbatch_counts:
@@ -285,12 +316,14 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
             require(len(counts) == 1,
                     f"balancer {balancer.name} gave ranks different microbatch counts {sorted(counts)} in minibatch "
                     f"{k}; engine={engine.name} needs equal counts, use engine=odc")
+        clock.advance(rank_work(plan, lens, cost))
         minibatches.append(Minibatch(ids, lens, plan, predict(plan, lens, world, max_tokens, cost, semantics), queue))
     recompute = isinstance(config.backend, SimBackendConfig) and config.backend.recompute
     on_cpu = not config.simulated and device_type == "cpu"
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
     memory = estimate(config.model, world, config.precision, max_tokens, recompute,
-                      cpu_longest=longest if on_cpu else None, shard_over=shard_group(config))
+                      cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),
+                      version_slots=engine.staleness + 1)
     return RunSpec(resolved, run_key(resolved.to_dict()), device_type, cost, options, memory,
                    memory_limit(config, device_type), minibatches)
 

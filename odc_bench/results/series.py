@@ -28,12 +28,15 @@ BALANCER_LABELS = {name: spec.label for name, spec in BALANCERS.items()}
 
 def engine_variants(table: pd.DataFrame) -> pd.Series:
     """Each row's engine variant: the value of its engine's series option ("" when it has none,
-    and for simulated rows, whose hardware profile models the transport). Rows written before
-    collective's `engine.backend` existed ran on the default group, gloo on CPU."""
+    and for simulated rows where the option is the transport, which the hardware profile models).
+    Rows written before collective's `engine.backend` existed ran on the default group, gloo on
+    CPU; before odc's `engine.staleness`, synchronously (0)."""
     def variant(row: pd.Series) -> str:
         spec = ENGINES.get(str(row["engine"]))
         config = row.get("config")
-        if spec is None or spec.series_option is None or row["backend"] == "sim" or not isinstance(config, str):
+        if spec is None or spec.series_option is None or not isinstance(config, str):
+            return ""
+        if row["backend"] == "sim" and not spec.series_option_simulated:
             return ""
         engine = (yaml.safe_load(config) or {}).get("engine", {})
         return str(engine.get(spec.series_option, spec.series_preference[-1] if spec.series_preference else ""))
@@ -99,7 +102,10 @@ def series_names(table: pd.DataFrame, variants: pd.Series | None = None, pretty:
     if pretty:
         engines = table["engine"].map(lambda e: ENGINE_LABELS.get(e, e))
         balancers = table["balancer"].map(lambda b: BALANCER_LABELS.get(b, b))
-        return engines + (" [" + shown + "]").where(shown != "", "") + " + " + balancers
+        pretty_shown = pd.Series([ENGINES[e].series_pretty.format(v) if e in ENGINES and v else v
+                                  for e, v in zip(table["engine"], shown, strict=True)],
+                                 index=table.index, dtype=object)
+        return engines + (" [" + pretty_shown + "]").where(shown != "", "") + " + " + balancers
     return table["engine"] + ("[" + shown + "]").where(shown != "", "") + "+" + table["balancer"]
 
 

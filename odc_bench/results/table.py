@@ -77,10 +77,15 @@ def check_results_dir(results_dir: Path) -> None:
     check_table(results_dir / "runs.csv")
 
 
+# Hex strings that pandas would otherwise read as numbers ("310e538" is inf, "0123456" loses its 0)
+# and append_row would write back so.
+TEXT_COLUMNS = {"run_id": str, "commit": str}
+
+
 def read_table(path: Path) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
-    return pd.read_csv(path)
+    return pd.read_csv(path, dtype=TEXT_COLUMNS)
 
 
 def append_row(path: Path, row: Mapping) -> int:

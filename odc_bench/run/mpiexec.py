@@ -79,6 +79,7 @@ class RankExit:
     rank: int
     status: int  # the rank's exit status as its shell saw it (128 + N: killed by signal N)
     error: str | None  # the last line of its error, when it raised
+    ended_at: float  # when its shell recorded the status (the file's mtime)
 
 
 def _last_line(text: str) -> str:
@@ -106,12 +107,14 @@ class _Ranks:
         """The ranks that have ended so far."""
         out = []
         for r in range(self.world_size):
+            status_file = self.folder / f"rank{r}.status"
             try:
-                status = int((self.folder / f"rank{r}.status").read_text())
+                status, ended_at = int(status_file.read_text()), status_file.stat().st_mtime_ns / 1e9
             except (OSError, ValueError):  # not ended, or its shell is still writing
                 continue
             error_file = self.folder / f"rank{r}.error"
-            out.append(RankExit(r, status, _last_line(error_file.read_text()) if error_file.exists() else None))
+            out.append(RankExit(r, status, _last_line(error_file.read_text()) if error_file.exists() else None,
+                                ended_at))
         return out
 
     def mpiexec_gone(self) -> str | None:
@@ -139,7 +142,10 @@ class _Ranks:
 
 
 def _failure(failed: list[RankExit], when: str) -> str:
-    """The run's error: a rank that died without a word is the root cause of its peers' errors."""
+    """The run's error: a rank that died without a word is the root cause of its peers' errors,
+    and of its peers' deaths after it (MPICH may crash a rank whose peer vanished: the one that
+    died first is the cause, whatever the ranks' order)."""
+    failed = sorted(failed, key=lambda e: e.ended_at)
     for e in failed:
         if e.error is None and e.status > 128:
             return f"rank {e.rank} died (killed by {signal.Signals(e.status - 128).name}) {when}"

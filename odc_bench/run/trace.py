@@ -88,10 +88,10 @@ class Recorder:
         self.peak_bytes = max(self.peak_bytes, used)
 
     def add(self, kind: str, t0: float, t1: float, unit: str = "", **extra: object) -> None:
-        self.events.append(
-            dict(rank=self.rank, minibatch=self.minibatch, microbatch=self.microbatch,
-                 kind=kind, unit=unit, t0=t0, t1=t1, **extra)
-        )
+        """One event; `extra` may name its minibatch and microbatch, for events an engine's
+        own thread reports (a stale-synchronous owner's step of an earlier minibatch)."""
+        self.events.append({"rank": self.rank, "minibatch": self.minibatch, "microbatch": self.microbatch,
+                            "kind": kind, "unit": unit, "t0": t0, "t1": t1, **extra})
 
     def open(self, unit: str, phase: str) -> None:
         self._open[(unit, phase)] = now()

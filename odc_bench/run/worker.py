@@ -2,8 +2,9 @@
 
 A rank receives its microbatches from the plan, runs forward and backward through the
 engine-wrapped model, and calls no collective itself between begin_minibatch() and
-finish_minibatch(). The loss of each microbatch is divided by the whole minibatch's labelled
-token count, so the summed gradient does not depend on how samples are spread over ranks.
+finish_minibatch(); the engine applies the optimizer step. The loss of each microbatch is
+divided by the whole minibatch's labelled token count, so the summed gradient does not depend
+on how samples are spread over ranks.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         wrapped = engine.wrap(model, model.units())
         trace.instrument(recorder, model.named_units())
         o = config.optim
-        opt = engine.optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        engine.configure_optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         recorder.enabled = True
         tokens_of = token_source(config.dataset.tokens)
         claim_base = 0
@@ -145,14 +146,10 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             if mb.queue is not None:
                 claim_base += len(mb.queue) + world
             recorder.microbatch = -1
-            t0 = trace.now()
-            engine.finish_minibatch()
-            t1 = trace.now()
-            recorder.add("sync", t0, t1)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            engine.finish_minibatch()  # the engine reports its sync and its optimizer step
+            if k == len(spec.minibatches) - 1:
+                engine.drain()  # the run ends when its last step is applied on every owner
             t2 = trace.now()
-            recorder.add("optimizer", t1, t2)
             recorder.sample_memory()
             recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
             collect_garbage_between_minibatches()

@@ -22,6 +22,7 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import totals, trace_frame
 from odc_bench.sim.hardware import EngineCosts, calibration_path, load_profile
 from odc_bench.sim.layout import Layout, doc_features
+from odc_bench.sim.stale import StaleTimeline, stale_odc, stale_totals, stale_trace
 from odc_bench.sim.timeline import Timeline, collective, odc
 
 
@@ -37,14 +38,20 @@ class Simulation:
     nmb: np.ndarray
     tokens: np.ndarray
     samples: np.ndarray
+    # Stale-synchronous ODC's (engine.staleness >= 1): its times are absolute, its steps its own.
+    stale: StaleTimeline | None = None
 
     @cached_property
     def events(self) -> pd.DataFrame:
         """The run's trace, as real ranks write it (needs simulate(..., trace=True))."""
+        if self.stale is not None:
+            return stale_trace(self.layout, self.stale, self.comp, self.nmb, self.tokens, self.samples)
         return trace_frame(self.layout, self.timeline, self.comp, self.nmb, self.tokens, self.samples)
 
     def totals(self, warmup: int) -> dict[str, float]:
         """What the row's timing columns come from (record.metrics.summary), without the trace."""
+        if self.stale is not None:
+            return stale_totals(self.layout, self.stale, self.comp, self.nmb, warmup)
         return totals(self.layout, self.timeline, self.comp, self.nmb, warmup)
 
 
@@ -144,6 +151,9 @@ def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
                                  config.engine.options.shard, backend.odc_fetch)
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)
     columns = layout.position_cost_index
+    if timeline == "odc" and config.engine.staleness:
+        st = stale_odc(comp, nmb, tokens, costs, config.engine.staleness, columns=columns, record=trace)
+        return Simulation(layout, st.timeline, comp, nmb, tokens, samples, stale=st)
     if timeline == "collective":
         tl = collective(comp, nmb, tokens, costs, columns=columns)
     else:

@@ -210,3 +210,13 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
     timeline = Timeline(start=start, mb_t0=mb_t0, mb_t1=mb_t1, sync_t0=t, sync_t1=sync_t1, opt_t1=opt_t1,
                         duration=opt_t1[:, 0].copy())
     return timeline, finish, None if hold_s is None or hold_e is None else (hold_s, hold_e)
+
+
+def odc_alone(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, *,
+              columns: np.ndarray | None = None, record: bool = True) -> tuple[Timeline, np.ndarray]:
+    """Every rank's ODC timeline of each minibatch as if it started at once (every rank with
+    work counted as communicating), and when its last push lands (-inf without work): what the
+    stale-synchronous timeline (stale.py) shifts to each rank's own start."""
+    timeline, finish, _ = _odc_pass(comp, _columns(comp, columns), nmb, tokens, c, np.where(nmb > 0, np.inf, -np.inf),
+                                    None, record=record, holds=False)
+    return timeline, finish

@@ -7,6 +7,11 @@ semantics, next to the lower bound and its unavoidable bubble. Minibatches are d
 exactly as a run draws them (data.lengths.minibatch_samples), so the numbers match the
 predicted_bubble_rate column of a run with the same settings and no warm-up.
 
+`--staleness S` adds stale-synchronous ODC (engine.staleness=S): each balancer's plans timed
+by balancers/quality.py's StaleClock (LB-Carry planning each minibatch given every rank's
+carried-over load), beside the stale lower bound; the last line sets LB-Carry's predicted
+bubble against the synchronous per-minibatch lower bound's.
+
 `--plan-cost` plans with a different (wrong) cost model than the one that scores the plans
 (`--cost`, the stand-in for the truth): static plans keep their mistakes, while dynamic's
 claims are replayed under the true costs (its queue list-scheduled with them), which is
@@ -22,7 +27,19 @@ from pathlib import Path
 
 from odc_bench.balancers.cost import CostModel, linear, load_calibration, quadratic
 from odc_bench.balancers.dynamic import scheduled
-from odc_bench.balancers.quality import SEMANTICS, Prediction, predict, run_bubble_rate
+from odc_bench.balancers.quality import (
+    SEMANTICS,
+    Prediction,
+    StaleClock,
+    bubble_rate,
+    least_work,
+    predict,
+    rank_work,
+    run_bubble_rate,
+    stale_bubble_rate,
+    stale_clock,
+    stale_lower_bound,
+)
 from odc_bench.balancers.registry import BALANCERS, plan_minibatch
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.data.lengths import minibatch_samples
@@ -54,8 +71,10 @@ def parse_cost(spec: str) -> CostModel:
 
 def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size: int = 4,
                  num_minibatches: int = 50, cost: CostModel | None = None, plan_cost: CostModel | None = None,
-                 packing_ratio: float = 1.0, length_scale: float = 1.0, seed: int = 0) -> list[BalancerQuality]:
-    """Every balancer's plans scored by `cost` (default quadratic:1p5b), planned with `plan_cost` (default: same)."""
+                 packing_ratio: float = 1.0, length_scale: float = 1.0, seed: int = 0,
+                 staleness: int = 0) -> list[BalancerQuality]:
+    """Every balancer's plans scored by `cost` (default quadratic:1p5b), planned with `plan_cost` (default: same);
+    with `staleness` > 0 also timed as stale-synchronous ODC (semantics `odc s=N`)."""
     cost = cost or quadratic("1p5b")
     plan_cost = plan_cost or cost
     lengths = profile_lengths(profile, length_scale, seed)
@@ -68,10 +87,14 @@ def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size
         preds: dict[str, list[Prediction]] = {s: [] for s in SEMANTICS}
         microbatches = 0
         options = spec.options()
+        # What the planner believes (its cost model) about when ranks are free, and what it costs.
+        planned, works = StaleClock(world_size, staleness), []
         for lens in batches:
-            plan, queue = plan_minibatch(spec, options, lens, world_size, max_tokens, plan_cost)
+            plan, queue = plan_minibatch(spec, options, lens, world_size, max_tokens, plan_cost, planned.ready())
             if queue is not None:  # claims at run time: the queue's entries go to whichever rank is free first
                 plan = scheduled(queue, lens, cost, world_size)
+            planned.advance(rank_work(plan, lens, plan_cost))
+            works.append(rank_work(plan, lens, cost))
             microbatches += sum(len(r) for r in plan)
             for s in SEMANTICS:
                 preds[s].append(predict(plan, lens, world_size, max_tokens, cost, s))
@@ -81,6 +104,13 @@ def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size
             p = preds[s]
             rows.append(BalancerQuality(name, s, sum(x.time for x in p), sum(x.bound for x in p),
                                         run_bubble_rate(p, world_size), run_bubble_rate(p, world_size, of_bound=True),
+                                        microbatches / (world_size * len(batches))))
+        if staleness and spec.queue is None:  # a claim queue needs every rank in one minibatch
+            bound = stale_lower_bound(batches, world_size, max_tokens, cost, staleness)
+            rows.append(BalancerQuality(name, f"odc s={staleness}", stale_clock(works, staleness).done[-1], bound,
+                                        stale_bubble_rate(works, staleness),
+                                        bubble_rate(sum(least_work(b, max_tokens, cost) for b in batches),
+                                                    world_size, bound),
                                         microbatches / (world_size * len(batches))))
     return rows
 
@@ -105,11 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--packing-ratio", type=float, default=1.0)
     parser.add_argument("--length-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--staleness", type=int, default=0,
+                        help="also time the plans as stale-synchronous ODC with this staleness")
     args = parser.parse_args(argv)
+    if args.staleness < 0:
+        parser.error(f"--staleness must be >= 0, got {args.staleness}")
     cost = parse_cost(args.cost)
     plan_cost = parse_cost(args.plan_cost) if args.plan_cost else cost
     rows = plan_quality(args.profile, args.world_size, args.minibatch_size, args.num_minibatches, cost, plan_cost,
-                        args.packing_ratio, args.length_scale, args.seed)
+                        args.packing_ratio, args.length_scale, args.seed, args.staleness)
     print(f"{args.profile} x{args.length_scale:g}, {args.world_size} ranks, minibatch {args.minibatch_size} per rank, "
           f"{args.num_minibatches} minibatches, packing ratio {args.packing_ratio:g}; planned with {plan_cost.label}, "
           f"scored with {cost.label}; times summed over minibatches")
@@ -119,6 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ncollective+lb_micro bubble {micro.bubble_rate:.1%} | odc+lb_mini bubble {mini.bubble_rate:.1%} "
           f"| lower bound's unavoidable bubble {mini.bound_bubble_rate:.1%} "
           f"| lb_mini odc time {mini.over_bound:+.2%} over the bound")
+    if args.staleness:
+        carry = next(r for r in rows if (r.balancer, r.semantics) == ("lb_carry", f"odc s={args.staleness}"))
+        print(f"odc+lb_carry at staleness {args.staleness}: predicted bubble {carry.bubble_rate:.2%} | the "
+              f"synchronous per-minibatch lower bound's {mini.bound_bubble_rate:.2%} | the stale lower bound's "
+              f"{carry.bound_bubble_rate:.2%} | predicted speedup over odc+lb_mini {mini.time / carry.time:.3f}x")
 
 
 if __name__ == "__main__":

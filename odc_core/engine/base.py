@@ -4,6 +4,11 @@ The worker loop is written once against this protocol. Between begin_minibatch()
 finish_minibatch() it only runs forward and backward through the wrapped model: whatever
 communication an engine needs happens inside its hooks, so the collective engine may
 synchronise per layer while the on-demand engine synchronises once, in finish_minibatch().
+
+The engine owns the optimizer step: finish_minibatch() applies it, or hands it to the
+parameters' owners, who apply it when every rank's gradients have arrived (stale-synchronous
+ODC, where no rank waits for the step at its own minibatch boundary). drain() is the run's
+last synchronisation: after it every step is applied everywhere.
 """
 
 from __future__ import annotations
@@ -46,12 +51,21 @@ class DataParallelEngine(Protocol):
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module: ...
 
-    def optimizer(self, lr: float, betas: tuple[float, float], eps: float,
-                  weight_decay: float) -> torch.optim.Optimizer: ...
+    def configure_optimizer(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+        """AdamW over the parameters this rank steps; the engine applies it."""
+        ...
 
     def begin_minibatch(self) -> None: ...
 
-    def finish_minibatch(self) -> None: ...
+    def finish_minibatch(self) -> None:
+        """This rank's part of the minibatch is done: its gradients reach their owners and the
+        minibatch's optimizer step is applied (or, stale-synchronous, handed to the owners).
+        Reports "sync" and "optimizer" spans through `trace`."""
+        ...
+
+    def drain(self) -> None:
+        """Return once every owner has applied the step of every minibatch begun so far."""
+        ...
 
     def claim(self) -> int:
         """Atomically take the next ticket of a counter shared by all ranks (run-time

@@ -12,6 +12,7 @@ default is NCCL, the paper's baseline.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from time import perf_counter
 from typing import cast
 
 import torch
@@ -49,6 +50,7 @@ class CollectiveEngine:
         self.reshard_after_forward = reshard_after_forward
         self.trace: TraceHook | None = None
         self.model: nn.Module | None = None
+        self._opt: torch.optim.Optimizer | None = None
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
         if self.backend == "shm":
@@ -66,17 +68,30 @@ class CollectiveEngine:
         self.model = model
         return model
 
-    def optimizer(self, lr: float, betas: tuple[float, float], eps: float,
-                  weight_decay: float) -> torch.optim.Optimizer:
+    def configure_optimizer(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
         assert self.model is not None, "wrap() the model first"
-        return torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
-                                 weight_decay=weight_decay)
+        self._opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
+                                      weight_decay=weight_decay)
 
     def begin_minibatch(self) -> None:
         """Nothing to do: FSDP2 synchronises inside every unit's forward and backward."""
 
     def finish_minibatch(self) -> None:
-        """Nothing to do: FSDP2's post-backward callback already waited for the last reduce-scatter."""
+        """The optimizer step; nothing to wait for: FSDP2's post-backward callback already
+        waited for the last reduce-scatter."""
+        assert self._opt is not None, "configure_optimizer() first"
+        self._emit("sync", perf_counter())  # a span of nothing, as a real and a simulated trace both have
+        t0 = perf_counter()
+        self._opt.step()
+        self._opt.zero_grad(set_to_none=True)
+        self._emit("optimizer", t0)
+
+    def drain(self) -> None:
+        """Nothing to do: every step ran in finish_minibatch."""
+
+    def _emit(self, kind: str, t0: float) -> None:
+        if self.trace is not None:
+            self.trace(kind, t0, perf_counter())
 
     def claim(self) -> int:
         raise RuntimeError("collective FSDP cannot balance at run time: every rank must run the same "

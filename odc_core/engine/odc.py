@@ -7,19 +7,34 @@ after the unit's backward pushes each gradient slice into its owner's fp32 accum
 (one-sided adds). Nothing in between waits for another rank's progress, so ranks may run
 different numbers of microbatches.
 
-Synchronisation, once per minibatch k, through two int64 flags every rank publishes:
-- DONE = k + 1 when the rank has pushed all its gradients of minibatch k. finish_minibatch()
-  publishes it and waits for every peer's: the only barrier.
-- VERSION = k + 1 when the rank's shards hold the parameters for minibatch k and its
-  accumulators are zeroed. begin_minibatch() publishes it after the optimizer step; a
-  gatherer waits for an owner's VERSION before its first read of minibatch k. A fast rank can
-  therefore start minibatch k + 1 as soon as the owners it reads from have stepped, with no
-  second barrier. Pushes of minibatch k + 1 cannot reach an accumulator early either: a
-  rank only pushes a unit's gradients after gathering that unit from the same owners.
+Versions. Version v is the parameters after v optimizer steps; minibatch k computes on
+version max(0, k - s) for the engine's staleness s, and step k applies minibatch k's
+gradients to version k, giving version k + 1. s = 0 is the synchronous engine: every
+minibatch sees every earlier step. Each owner keeps s + 1 slots of its master shard (version
+v in slot v mod (s + 1)) and of its accumulator (minibatch k pushes into slot k mod (s + 1)),
+so no gather reads a slot a step is writing and no push lands in another minibatch's sum
+(docs/staleness.md has the argument).
+
+Synchronisation, through two int64 flags every rank publishes:
+- DONE = k + 1 once the rank has pushed all its gradients of minibatch k (finish_minibatch).
+- VERSION = v + 1 once the rank's shard of version v is in its slot (and, for v >= 1, the
+  accumulator of minibatch v - 1 is zeroed for minibatch v + s). A gatherer waits for an
+  owner's VERSION before its first read of a minibatch; nothing else waits.
+Step k runs on each owner once every rank's DONE >= k + 1. With s = 0 the rank runs it
+itself in finish_minibatch, after waiting for every DONE (the minibatch's one barrier); a
+fast rank then starts minibatch k + 1 as soon as the owners it reads from have stepped. With
+s >= 1 a server thread runs the steps in order, so the owner applies a step as soon as the
+last push lands, not when its own worker reaches a minibatch boundary, and no worker waits
+at finish_minibatch at all. Pushes of minibatch k cannot reach an accumulator slot before
+the step that frees it either: a rank pushes a unit's gradients only after gathering that
+unit from the same owners, which waited for the version that step published.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,12 +47,14 @@ from torch import nn
 from odc_core.engine.base import EngineContext, TraceHook
 from odc_core.engine.registry import OdcOptions
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
-from odc_core.transport.base import SymmetricHeap
+from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import make_heap
 
 FLAGS = "odc/flags"
 VERSION, DONE = 0, 1
 CLAIMS = "odc/claims"  # rank 0's work counter for run-time balancing (dynamic)
+# A wait looks up between slices whether this rank's server failed or the engine is closing.
+_WAIT_SLICE_S = 0.2
 
 
 def _alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
@@ -59,10 +76,10 @@ class _Unit:
     names: list[str]
     layout: ShardLayout
     full: torch.Tensor                  # unsharded flat parameters, compute dtype; storage freed when resharded
-    master: torch.Tensor                # heap: this rank's fp32 shard
-    shadow: torch.Tensor | None         # heap: the shard in the compute dtype, when that is not fp32
-    acc: torch.Tensor                   # heap: this rank's fp32 gradient accumulator
-    shard_param: nn.Parameter           # what the optimizer steps: shares storage with `master`
+    master: list[torch.Tensor]          # heap: this rank's fp32 shard, one slot per live version
+    shadow: list[torch.Tensor] | None   # heap: the slots in the compute dtype, when that is not fp32
+    acc: list[torch.Tensor]             # heap: this rank's fp32 gradient accumulators, one per minibatch in flight
+    shard_param: nn.Parameter           # what the optimizer steps: its data is the newest version's slot
     grad: torch.Tensor | None = None    # flat gradient of the current backward, compute dtype
     gathered: bool = False
     pending: Future | None = None
@@ -71,13 +88,9 @@ class _Unit:
     takes_grad_input: bool = False
     offsets: list[int] = field(default_factory=list)
 
-    @property
-    def gather_name(self) -> str:
-        return f"odc/{'shadow' if self.shadow is not None else 'master'}/{self.name}"
 
-    @property
-    def acc_name(self) -> str:
-        return f"odc/acc/{self.name}"
+def _buffer_name(kind: str, unit: str, slot: int) -> str:
+    return f"odc/{kind}/{unit}/{slot}"
 
 
 class _AfterBackward(torch.autograd.Function):
@@ -99,18 +112,27 @@ class OdcEngine:
     loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
 
     def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str = "fp32",
-                 prefetch: bool = True, timeout_s: float = 120.0) -> None:
+                 prefetch: bool = True, timeout_s: float = 120.0, staleness: int = 0) -> None:
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {staleness}")
         self.device = device
         self.heap = heap
         self.rank, self.world_size = heap.rank, heap.world_size
         self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.prefetch = prefetch
         self.timeout_s = timeout_s
+        self.staleness = staleness
+        self.slots = staleness + 1
         self.trace: TraceHook | None = None
         self.units: list[_Unit] = []
         self.minibatch = -1
+        self._opt: torch.optim.Optimizer | None = None
         self._ready: list[int] = [0] * self.world_size  # highest VERSION seen per owner
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="odc-prefetch") if prefetch else None
+        # The owner's side of stale-synchronous ODC: steps run here, in minibatch order.
+        self._server = ThreadPoolExecutor(max_workers=1, thread_name_prefix="odc-server") if staleness else None
+        self._steps: list[Future] = []
+        self._closing = threading.Event()
         self._handles: list = []
 
     @property
@@ -131,6 +153,7 @@ class OdcEngine:
         self.heap.alloc(FLAGS, 2, torch.int64)
         self.heap.alloc(CLAIMS, 1, torch.int64)
         self.heap.barrier(self.timeout_s)  # every shard is initialised before anyone gathers
+        self.heap.store(FLAGS, VERSION, 1)  # version 0, the initial weights, is in slot 0
         for unit in self.units:
             self._register_hooks(unit)
         return model
@@ -140,11 +163,13 @@ class OdcEngine:
         numel = sum(p.numel() for p in params)
         layout = ShardLayout(numel, self.world_size)
         name = f"u{index}"
-        master = self.heap.alloc(f"odc/master/{name}", layout.shard_numel, torch.float32)
+        slots = range(self.slots)
+        master = [self.heap.alloc(_buffer_name("master", name, j), layout.shard_numel, torch.float32) for j in slots]
         shadow = None
         if self.compute_dtype != torch.float32:
-            shadow = self.heap.alloc(f"odc/shadow/{name}", layout.shard_numel, self.compute_dtype)
-        acc = self.heap.alloc(f"odc/acc/{name}", layout.shard_numel, torch.float32)
+            shadow = [self.heap.alloc(_buffer_name("shadow", name, j), layout.shard_numel, self.compute_dtype)
+                      for j in slots]
+        acc = [self.heap.alloc(_buffer_name("acc", name, j), layout.shard_numel, torch.float32) for j in slots]
         flat = torch.zeros(layout.padded_numel, dtype=torch.float32, device=self.device)
         offsets, offset = [], 0
         for p in params:
@@ -152,14 +177,14 @@ class OdcEngine:
             offsets.append(offset)
             offset += p.numel()
         lo = self.rank * layout.shard_numel
-        master.copy_(flat[lo:lo + layout.shard_numel])
+        master[0].copy_(flat[lo:lo + layout.shard_numel])
         if shadow is not None:
-            shadow.copy_(master)
+            shadow[0].copy_(master[0])
         full = torch.empty(layout.padded_numel, dtype=self.compute_dtype, device=self.device)
         for p, off in zip(params, offsets, strict=True):
             p.data = full[off:off + p.numel()].view(p.shape)
         full.untyped_storage().resize_(0)
-        shard_param = nn.Parameter(master, requires_grad=True)
+        shard_param = nn.Parameter(master[0], requires_grad=True)
         return _Unit(index, name, module, params, names, layout, full, master, shadow, acc, shard_param,
                      offsets=offsets)
 
@@ -172,37 +197,116 @@ class OdcEngine:
             self._handles.append(p.register_post_accumulate_grad_hook(
                 lambda _p, u=unit: self._param_grad_done(u)))
 
-    def optimizer(self, lr: float, betas: tuple[float, float], eps: float,
-                  weight_decay: float) -> torch.optim.Optimizer:
+    def configure_optimizer(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
         """AdamW over this rank's own fp32 shards: optimizer state is sharded like FSDP's."""
-        return torch.optim.AdamW([u.shard_param for u in self.units], lr=lr, betas=betas, eps=eps,
-                                 weight_decay=weight_decay)
+        self._opt = torch.optim.AdamW([u.shard_param for u in self.units], lr=lr, betas=betas, eps=eps,
+                                      weight_decay=weight_decay)
 
     # ---- the minibatch protocol ------------------------------------------------------
+    def read_version(self, minibatch: int) -> int:
+        """The version minibatch `minibatch` computes on."""
+        return max(0, minibatch - self.staleness)
+
     def begin_minibatch(self) -> None:
-        """Publish this rank's shards for the new minibatch: nothing here waits for a peer."""
+        """Nothing here waits for a peer: the first gather from an owner waits for its version."""
+        self._raise_if_server_failed()
         self.minibatch += 1
-        for unit in self.units:
-            unit.acc.zero_()
-            unit.shard_param.grad = unit.acc
-            if unit.shadow is not None:
-                unit.shadow.copy_(unit.master)
-        self.heap.store(FLAGS, VERSION, self.minibatch + 1)
 
     def finish_minibatch(self) -> None:
-        """The one synchronisation: every rank's gradients have landed in their owners."""
+        """This rank's gradients of the minibatch have landed; the minibatch's step is applied
+        here (s = 0, after the one barrier) or handed to this rank's server (s >= 1)."""
+        k = self.minibatch
         for unit in self.units:
             if unit.grad is not None:
                 raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")
+        t0 = _now()
         self.heap.quiet()
-        self.heap.store(FLAGS, DONE, self.minibatch + 1)
+        self.heap.store(FLAGS, DONE, k + 1)
+        if self._server is not None:
+            self._emit("sync", t0)
+            self._raise_if_server_failed()
+            self._steps = [f for f in self._steps if not f.done()]
+            self._steps.append(self._server.submit(self._serve, k))
+            return
         for peer in range(self.world_size):
-            self.heap.wait_until(FLAGS, peer, DONE, self.minibatch + 1, self.timeout_s)
+            self._wait(peer, DONE, k + 1, f"its gradients of minibatch {k}")
+        self._emit("sync", t0)
+        self._step(k)
+
+    def drain(self) -> None:
+        """Wait until every owner has applied the step of every minibatch begun so far."""
+        t0 = _now()
+        for owner in range(self.world_size):
+            self._wait(owner, VERSION, self.minibatch + 2, f"step {self.minibatch} of its shards")
+        if self._server is not None:  # synchronous, the barrier was the wait: a trace as before
+            self._emit("sync", t0)
+        for step in self._steps:
+            step.result()  # published: done; re-raises nothing, keeps no future behind
+        self._steps.clear()
+
+    def _serve(self, k: int) -> None:
+        """Step k on the server thread, once every rank's pushes of minibatch k have landed."""
+        for peer in range(self.world_size):
+            self._wait(peer, DONE, k + 1, f"its gradients of minibatch {k} (for step {k})", on_server=True)
+        self._step(k)
+
+    def _step(self, k: int) -> None:
+        """Version k + 1 = AdamW(version k, minibatch k's gradients), written into its own slot;
+        then minibatch k's accumulator slot is zeroed for minibatch k + s + 1 and the version
+        published. The slot version k + 1 takes held version k - s, which only minibatch k read."""
+        assert self._opt is not None, "configure_optimizer() first"
+        t0 = _now()
+        now, new = k % self.slots, (k + 1) % self.slots
+        for unit in self.units:
+            if new != now:
+                unit.master[new].copy_(unit.master[now])
+                unit.shard_param.data = unit.master[new]  # AdamW keeps its moments per parameter, not per tensor
+            unit.shard_param.grad = unit.acc[now]
+        self._opt.step()
+        self._opt.zero_grad(set_to_none=True)
+        for unit in self.units:
+            unit.acc[now].zero_()
+            if unit.shadow is not None:
+                unit.shadow[new].copy_(unit.master[new])
+        self.heap.store(FLAGS, VERSION, k + 2)
+        self._emit("optimizer", t0, minibatch=k, microbatch=-1)
 
     def claim(self) -> int:
         """Take the next ticket of the run's shared work counter: one atomic add on rank 0's
         heap, which rank 0 takes no part in."""
+        if self.staleness:
+            raise RuntimeError("run-time claims need every rank in the same minibatch; staleness > 0 cannot "
+                               "promise it (use a static plan)")
         return self.heap.fetch_add(CLAIMS, 0, 0, 1)
+
+    # ---- waiting on peers ---------------------------------------------------------------
+    def _wait(self, peer: int, index: int, at_least: int, what: str, on_server: bool = False) -> None:
+        """Until peer's flag reaches `at_least`. PeerTimeout names the peer when its flag has
+        not moved for timeout_s (a server waits for a peer up to s + 1 minibatches behind,
+        so progress, not the whole wait, is what is timed); the engine closing, or (for the
+        worker's waits) this rank's server failing, ends the wait at once."""
+        seen, deadline = -1, 0.0
+        while (value := self.heap.load(FLAGS, peer, index)) < at_least:
+            if value != seen:
+                seen, deadline = value, time.monotonic() + self.timeout_s
+            if self._closing.is_set():
+                raise RuntimeError(f"the engine closed while waiting for rank {peer}: {what}")
+            if not on_server:
+                self._raise_if_server_failed()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PeerTimeout(peer, what, self.timeout_s)
+            # A slice, not the timeout: then look at the server and the deadline again.
+            with contextlib.suppress(PeerTimeout):
+                self.heap.wait_until(FLAGS, peer, index, value + 1, min(remaining, _WAIT_SLICE_S))
+
+    def _raise_if_server_failed(self) -> None:
+        """Re-raise a failed step's error (it names the peer the server waited for) in the
+        worker, which would otherwise wait for a version that never comes."""
+        for step in list(self._steps):
+            error = step.exception() if step.done() else None
+            if error is not None:
+                raise error
 
     # ---- hooks ------------------------------------------------------------------------
     def _pre_forward(self, unit: _Unit, args: tuple):
@@ -248,7 +352,8 @@ class OdcEngine:
             return
         assert unit.grad is not None, "_pre_backward gave the unit its flat gradient"
         t0 = _now()
-        scatter_accumulate(self.heap, unit.acc_name, unit.grad, unit.layout)
+        scatter_accumulate(self.heap, _buffer_name("acc", unit.name, self.minibatch % self.slots), unit.grad,
+                           unit.layout)
         self._emit("push", t0, unit=unit.name)
         for p in unit.params:
             p.grad = None
@@ -275,14 +380,16 @@ class OdcEngine:
     def _gather(self, unit: _Unit) -> None:
         storage = unit.full.untyped_storage()
         storage.resize_(unit.layout.padded_numel * unit.full.element_size())
-        needed = self.minibatch + 1
+        version = self.read_version(self.minibatch)
         for owner in range(self.world_size):
-            if self._ready[owner] < needed:
+            if self._ready[owner] < version + 1:
                 t0 = _now()
-                self.heap.wait_until(FLAGS, owner, VERSION, needed, self.timeout_s)
-                self._ready[owner] = needed
+                self._wait(owner, VERSION, version + 1, f"version {version} of its shards")
+                self._ready[owner] = version + 1
                 self._emit("wait", t0, unit=unit.name, peer=owner)
-        gather(self.heap, unit.gather_name, _alias(unit.full, unit.layout.padded_numel), unit.layout)
+        kind = "shadow" if unit.shadow is not None else "master"
+        gather(self.heap, _buffer_name(kind, unit.name, version % self.slots),
+               _alias(unit.full, unit.layout.padded_numel), unit.layout)
         unit.gathered = True
 
     def _reshard(self, unit: _Unit) -> None:
@@ -295,27 +402,32 @@ class OdcEngine:
 
     # ---- outside minibatches ----------------------------------------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:
+        """The newest version's parameters, once every step begun is applied everywhere."""
+        self.drain()
         self.heap.barrier(self.timeout_s)
+        slot = (self.minibatch + 1) % self.slots
         out: dict[str, torch.Tensor] = {}
         for unit in self.units:
             flat = torch.empty(unit.layout.padded_numel, dtype=torch.float32, device=self.device)
-            gather(self.heap, f"odc/master/{unit.name}", flat, unit.layout)
+            gather(self.heap, _buffer_name("master", unit.name, slot), flat, unit.layout)
             for name, p, off in zip(unit.names, unit.params, unit.offsets, strict=True):
                 out[name] = flat[off:off + p.numel()].view(p.shape).cpu().clone()
         self.heap.barrier(self.timeout_s)  # nobody closes the heap while a peer still reads it
         return out
 
     def close(self) -> None:
+        self._closing.set()  # a server or prefetch thread waiting on a dead peer stops now
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        if self._pool is not None:
-            # After a failure a queued gather would only wait out its timeout on a dead peer.
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._pool, self._server):
+            if pool is not None:
+                # After a failure a queued gather or step would only wait out its timeout on a dead peer.
+                pool.shutdown(wait=True, cancel_futures=True)
         self.heap.close()
 
 
 def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
     heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), ctx.job_id,
                      ctx.store, ctx.timeout_s)
-    return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s)
+    return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness)

@@ -86,6 +86,10 @@ class OdcOptions:
     # transport=mpi: keep MPI off shared memory between ranks of a host, so that one host
     # exercises the network path ranks on different hosts take.
     mpi_network_only: bool = False
+    # Stale-synchronous ODC (docs/staleness.md): minibatch k computes on the parameters after
+    # max(0, k - staleness) steps, so ranks run up to `staleness` minibatches apart; 0 is the
+    # synchronous engine, one barrier per minibatch.
+    staleness: int = 0
 
     def __post_init__(self) -> None:
         if self.transport != "auto" and self.transport not in TRANSPORTS:
@@ -93,6 +97,8 @@ class OdcOptions:
                              f"got {self.transport!r}")
         if self.mpi_network_only and self.transport not in ("auto", "mpi"):
             raise ValueError(f"engine.mpi_network_only=true needs engine.transport=mpi, got {self.transport}")
+        if self.staleness < 0:
+            raise ValueError(f"engine.staleness must be an integer >= 0, got {self.staleness}")
 
     def for_device(self, device_type: str) -> OdcOptions:
         """The options as they run on `device_type`: `auto` replaced by the transport it picks."""
@@ -128,10 +134,17 @@ class EngineSpec:
     # The paper's baseline: comparisons and figures report speedups against it.
     baseline: bool = False
     # An option whose value tells two series of this engine apart (FSDP2 on shared memory and
-    # on gloo are different baselines), and its values in the order a comparison prefers one to
-    # stand for the engine (the fairest first).
+    # on gloo are different baselines; ODC at different staleness), and its values in the order
+    # a comparison prefers one to stand for the engine (the fairest first; the last is what rows
+    # written before the option existed ran with).
     series_option: str | None = None
     series_preference: tuple[str, ...] = ()
+    # Whether simulated rows differ by it too (not where it picks a transport, which the
+    # simulator's hardware profile stands for).
+    series_option_simulated: bool = False
+    # How a figure's legend writes a value of it ("{}" for a name such as shm; "s={}" says what
+    # a bare number means).
+    series_pretty: str = "{}"
 
 
 ENGINES: dict[str, EngineSpec] = {
@@ -139,7 +152,8 @@ ENGINES: dict[str, EngineSpec] = {
                              equal_microbatch_counts=True, simulated_as="collective", baseline=True,
                              series_option="backend", series_preference=("shm", "nccl", "gloo")),
     "odc": EngineSpec("odc", "ODC", "odc_core.engine.odc", OdcOptions, equal_microbatch_counts=False,
-                      simulated_as="odc"),
+                      simulated_as="odc", series_option="staleness", series_preference=("0",),
+                      series_option_simulated=True, series_pretty="s={}"),
 }
 
 

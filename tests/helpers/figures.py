@@ -8,10 +8,12 @@ barrier across ranks; under ODC each rank runs its own microbatches and waits on
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from odc_bench.record.row import COLUMNS
 
@@ -142,6 +144,59 @@ def write_primitives(folder: Path) -> pd.DataFrame:
     folder.mkdir(parents=True, exist_ok=True)
     table.to_csv(folder / "primitives.csv", index=False)
     return table
+
+
+# ---- stale-synchronous ODC's convergence runs (paper_figures/staleness.py) ----------------
+
+STALENESS_STEPS = 120
+# series -> (engine, balancer, staleness, loss decay per step, seconds per step)
+STALENESS_SERIES = {
+    "Collective + LB-Micro": ("collective", "lb_micro", None, 0.02, 0.30),
+    "ODC s=0 + LB-Carry": ("odc", "lb_carry", 0, 0.02, 0.20),
+    "ODC s=1 + LB-Carry": ("odc", "lb_carry", 1, 0.018, 0.16),
+    "ODC s=2 + LB-Carry": ("odc", "lb_carry", 2, 0.015, 0.15),
+}
+STALENESS_LABELLED = 1000  # labelled tokens per minibatch: 2 ranks x 2 microbatches of 255 tokens and 5 samples
+
+
+def staleness_loss(decay: float, k: int) -> float:
+    return 1.0 + 6.0 * math.exp(-decay * k)
+
+
+def staleness_trace(decay: float, seconds: float) -> pd.DataFrame:
+    events = []
+    for k in range(STALENESS_STEPS):
+        t0, t1 = 10.0 + k * seconds, 10.0 + (k + 1) * seconds
+        for r in range(2):
+            for j in range(2):
+                events.append(dict(rank=r, minibatch=k, microbatch=j, kind="microbatch", t0=t0, t1=t1, tokens=255,
+                                   samples=5))
+            # Rank 1 leaves each minibatch a little later: a minibatch's time is the last rank's.
+            events.append(dict(rank=r, minibatch=k, microbatch=-1, kind="minibatch", t0=t0, t1=t1 + 0.01 * r,
+                               loss_sum=staleness_loss(decay, k) * STALENESS_LABELLED / 2))
+    return pd.DataFrame(events)
+
+
+def write_staleness_runs(folder: Path) -> None:
+    """Runs of sweep=ssp_convergence whose loss curves and clocks are known (paper_figures/staleness.py)."""
+    (folder / "traces").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (engine, balancer, s, decay, seconds) in enumerate(STALENESS_SERIES.values()):
+        engine_cfg = {"name": engine} if s is None else {"name": engine, "staleness": s}
+        row = {c: None for c in COLUMNS}
+        row.update(run_id=f"r{i}", schema_version=2, status="ok", backend="local", engine=engine, balancer=balancer,
+                   cost_model="calibrated:tiny-cpu", precision="fp32", bubble_rate=0.2, tokens_per_s=100.0,
+                   model="tiny", dataset="pareto", world_size=2, minibatch_size=4, max_tokens=2048, packing_ratio=1,
+                   length_scale=1 / 64, num_minibatches=STALENESS_STEPS, warmup_minibatches=2, seed=0,
+                   samples_per_s=1.0, trace=f"traces/r{i}.csv",
+                   config=yaml.safe_dump({"engine": engine_cfg, "dataset": {"tokens": "learnable"}}))
+        rows.append(row)
+        staleness_trace(decay, seconds).to_csv(folder / "traces" / f"r{i}.csv", index=False)
+    # A short learnable run and a synthetic-token run: neither is drawn.
+    short = dict(rows[1], run_id="short", num_minibatches=10)
+    synthetic = dict(rows[1], run_id="syn", config=yaml.safe_dump({"engine": {"name": "odc"},
+                                                                    "dataset": {"tokens": "synthetic"}}))
+    pd.DataFrame([*rows, short, synthetic], columns=COLUMNS).to_csv(folder / "runs.csv", index=False)
 
 
 def results_root(root: Path, engines: tuple[str, ...] = ("collective", "odc"), primitives: bool = True,

@@ -10,25 +10,40 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import build_model
 
 
-def train_single_process(spec: RunSpec) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """Train on every minibatch of the spec in one process; return final params and losses."""
+def train_single_process(spec: RunSpec, staleness: int = 0) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Train on every minibatch of the spec in one process; return final params and losses.
+
+    With `staleness` s, delayed-gradient training: minibatch k computes forward and backward
+    on the parameters after max(0, k - s) steps, and step k applies that gradient to the
+    parameters after k steps (docs/staleness.md).
+    """
     config = spec.config
     torch.manual_seed(0)
     model = build_model(config.model, config.seed, torch.device("cpu"))
+    names = [n for n, _ in model.named_parameters()]
+    # The parameters the optimizer steps; the model only computes on a version of them.
+    current = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+    versions = [[p.detach().clone() for p in current]]
     o = config.optim
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    opt = torch.optim.AdamW(current, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     vocab, seed, tokens_of = config.model.vocab_size, config.seed, token_source(config.dataset.tokens)
     losses = []
-    for mb in spec.minibatches:
+    for k, mb in enumerate(spec.minibatches):
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), versions[max(0, k - staleness)], strict=True):
+                p.copy_(v)
         total = 0.0
         for i, sid in enumerate(mb.sample_ids):
             loss = model(**packed_batch([tokens_of(seed, sid, mb.lengths[i], vocab)]))
             (loss / mb.labelled_tokens).backward()
             total += float(loss.detach())
+        for c, p in zip(current, model.parameters(), strict=True):
+            c.grad, p.grad = p.grad, None
         opt.step()
         opt.zero_grad(set_to_none=True)
+        versions.append([c.detach().clone() for c in current])
         losses.append(total / mb.labelled_tokens)
-    return {n: p.detach().clone() for n, p in model.named_parameters()}, losses
+    return {n: c.detach().clone() for n, c in zip(names, current, strict=True)}, losses
 
 
 def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

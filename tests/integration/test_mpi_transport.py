@@ -103,7 +103,7 @@ def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: i
         acc = h.alloc("acc", numel, torch.float32)
         h.alloc("count", 1, torch.int64)
         h.barrier(30)
-        expected = torch.zeros(numel)
+        sums: list[torch.Tensor] = []
         olds: list[int] = []
 
         def push(seed: int) -> None:
@@ -116,7 +116,7 @@ def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: i
                 h.accumulate("acc", 0, lo, src.bfloat16() if i % 2 else src)  # small integers are exact in bf16
                 olds.append(h.fetch_add("count", 0, 0, 1))
                 mine[lo:hi] += src
-            expected.add_(mine)  # after the threads are joined: no race on `expected`
+            sums.append(mine)  # summed after the threads are joined: two add_ into one tensor would race
 
         threads = [threading.Thread(target=push, args=(1000 * rank + t,)) for t in range(2)]
         for t in threads:
@@ -124,7 +124,7 @@ def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: i
         for t in threads:
             t.join()
         h.barrier(30)
-        return dict(expected=expected, acc=acc.clone() if rank == 0 else None, olds=olds,
+        return dict(expected=sum(sums, torch.zeros(numel)), acc=acc.clone() if rank == 0 else None, olds=olds,
                     count=h.load("count", 0, 0))
 
 

@@ -95,9 +95,10 @@ def spying_entry(rank: int, job: RankJob) -> None:
     result.write_text(json.dumps({**json.loads(result.read_text()), "spy": state}))
 
 
-@pytest.mark.parametrize("engine", ["odc", "collective"])
-def test_no_collective_runs_inside_an_odc_minibatch(engine):
-    results = run_local(_spec(engine, "num_minibatches=2"), entry=spying_entry)
+@pytest.mark.parametrize(("engine", "overrides"), [("odc", ()), ("odc", ("engine.staleness=1",)),
+                                                   ("collective", ())])
+def test_no_collective_runs_inside_an_odc_minibatch(engine, overrides):
+    results = run_local(_spec(engine, "num_minibatches=3", *overrides), entry=spying_entry)
     inside = [r["spy"]["inside_calls"] for r in results]
     if engine == "odc":
         assert inside == [0, 0]

@@ -231,7 +231,7 @@ def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: i
         acc = heap.alloc("acc", numel, torch.float32)
         heap.alloc("count", 1, torch.int64)
         heap.barrier(30)
-        expected = torch.zeros(numel)
+        sums: list[torch.Tensor] = []
 
         def push(seed: int) -> None:
             g = torch.Generator().manual_seed(seed)
@@ -243,7 +243,7 @@ def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: i
                 heap.accumulate("acc", 0, lo, src)
                 heap.fetch_add("count", 0, 0, 1)
                 mine[lo:hi] += src
-            expected.add_(mine)  # after the threads are joined: no race on `expected`
+            sums.append(mine)  # summed after the threads are joined: two add_ into one tensor would race
 
         threads = [threading.Thread(target=push, args=(1000 * rank + t,)) for t in range(2)]
         for t in threads:
@@ -251,7 +251,7 @@ def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: i
         for t in threads:
             t.join()
         heap.barrier(30)
-        return dict(expected=expected, acc=acc.clone() if rank == 0 else None,
+        return dict(expected=sum(sums, torch.zeros(numel)), acc=acc.clone() if rank == 0 else None,
                     count=heap.load("count", 0, 0))
 
 

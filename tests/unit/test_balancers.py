@@ -27,6 +27,7 @@ VARIANTS = [
     ("lb_mini", {"equal_samples": True}, "odc"),
     ("dynamic", {}, "odc"),
     ("dynamic", {"slack": 0.0}, "odc"),
+    ("lb_carry", {}, "odc"),
 ]
 IDS = [f"{b}{'-' + '-'.join(o) if o else ''}" for b, o, _ in VARIANTS]
 

@@ -126,6 +126,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                               "engine=collective shards every unit over all ranks; set engine.shard=full", None),
     "hybrid-on-the-cpu-profile": (["backend=sim", "backend/hardware=cpu", "engine.shard=hybrid"],
                                   "engine.shard=hybrid needs nodes: a GPU hardware profile", None),
+    "dynamic-with-staleness": (["engine=odc", "engine.staleness=1", "balancer=dynamic"],
+                               "balancer dynamic hands out work from one counter", None),
+    "negative-staleness": (["engine=odc", "engine.staleness=-1"], "engine.staleness must be an integer >= 0, got -1",
+                           None),
     # sizes that must divide or fit
     "heads-do-not-divide": (["model.num_heads=3"], "hidden_size 128 must divide by num_heads 3", None),
     "slurm-nodes-do-not-divide": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "world_size=3"],

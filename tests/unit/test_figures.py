@@ -43,6 +43,7 @@ from tests.helpers.figures import (  # noqa: E402
     results_root,
     samples_per_s,
     trace_events,
+    write_staleness_runs,
 )
 
 ALL_SERIES = ["Collective + LocalSort", "Collective + LB-Micro", "ODC + LB-Micro", "ODC + LB-Mini"]
@@ -379,6 +380,7 @@ def test_python_m_paper_figures_renders_without_torch(tmp_path):
     root = results_root(tmp_path / "results")
     write_rl_runs(root / "cpu")
     write_loss_runs(root / "cpu_convergence")
+    write_staleness_runs(root / "cpu_ssp_convergence")
     code = (
         "import runpy, sys\n"
         f"sys.argv = ['paper_figures', '--results', {str(root)!r}, '--out', {str(tmp_path / 'out')!r}]\n"
@@ -391,15 +393,17 @@ def test_python_m_paper_figures_renders_without_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     # every figure draws but the scaling study's, whose input (a sim_scaling sweep) the fixture
-    # lacks (tests/unit/test_scaling_figure.py draws it), and the loss-curve experiment's
-    # throughput figures (it has no one-factor sweeps or the like)
+    # lacks (tests/unit/test_scaling_figure.py draws it), and the loss-curve experiments'
+    # throughput figures (they have no one-factor sweeps or the like)
     skips = [line for line in done.stdout.splitlines() if line.startswith("skip")]
     scaling = ("skip scaling: no hybrid-sharding or topology-aware-fetch runs below the results root "
                "(python -m odc_bench sweep=sim_scaling)")
-    assert scaling in skips and all(s == scaling or "-cpu_convergence" in s for s in skips), done.stdout
+    assert scaling in skips, done.stdout
+    assert all(s == scaling or "-cpu_convergence:" in s or "-cpu_ssp_convergence:" in s for s in skips), done.stdout
     names = {p.name for p in (tmp_path / "out").iterdir()}
     for fig in ["fig1_timeline-cpu", "fig8_throughput-cpu", "fig10_acceleration-cpu", "utilization-cpu",
-                "fig11_bandwidth-primitives", "fig7_lengths", "fig9_rl-cpu", "convergence-cpu_convergence"]:
+                "fig11_bandwidth-primitives", "fig7_lengths", "fig9_rl-cpu", "convergence-cpu_convergence",
+                "staleness-cpu_ssp_convergence"]:
         assert {f"{fig}.png", f"{fig}.pdf"} <= names
     tables = ["table1_golden-cpu", "table5_throughput-cpu", "table_acceleration-cpu", "table_bandwidth-primitives",
               "fig9_rl_table-cpu", "convergence_gap-cpu_convergence"]

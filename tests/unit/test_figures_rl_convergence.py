@@ -101,8 +101,8 @@ def _lines(ax) -> dict[str, object]:
 
 def _label(engine: str, balancer: str, options: dict) -> str:
     names = {"collective": "Collective", "odc": "ODC", "lb_micro": "LB-Micro", "lb_mini": "LB-Mini"}
-    base = f"{names[engine]} + {names[balancer]}"
-    return base if engine == "collective" else f"{base} [staleness={options['staleness']}]"
+    engine_name = names[engine] if engine == "collective" else f"{names[engine]} [s={options['staleness']}]"
+    return f"{engine_name} + {names[balancer]}"
 
 
 def test_convergence_plots_every_series_loss_against_step_and_time(loss_inputs):

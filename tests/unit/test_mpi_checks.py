@@ -1,12 +1,13 @@
 """The MPI transport's refusals that depend on the machine: no mpiexec here, no pmi2 in srun."""
 
+import signal
 import sys
 
 import pytest
 
 from odc_bench.cli.slurm import check_srun_mpi
 from odc_bench.errors import ConfigError
-from odc_bench.run.mpiexec import mpiexec_path
+from odc_bench.run.mpiexec import RankExit, _failure, mpiexec_path
 
 
 def test_a_machine_without_mpiexec_is_told_what_to_install(tmp_path, monkeypatch):
@@ -27,3 +28,15 @@ def test_a_cluster_whose_srun_lacks_pmi2_is_refused_by_name(tmp_path, monkeypatc
         check_srun_mpi()
     srun.write_text("#!/bin/sh\nprintf 'MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n'\n")
     check_srun_mpi()  # accepted
+
+
+def test_the_rank_that_died_first_is_named_whatever_the_ranks_order():
+    """MPICH can crash a rank whose peer vanished (SIGSEGV in its next call): the peer that died
+    first is the cause, so the run names it even when the crashed rank has the lower number."""
+    killed = RankExit(rank=1, status=128 + signal.SIGKILL, error=None, ended_at=10.0)
+    crashed = RankExit(rank=0, status=128 + signal.SIGSEGV, error=None, ended_at=10.05)
+    assert _failure([crashed, killed], "after 1 of 3 minibatches") == \
+        "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
+    raised = RankExit(rank=0, status=1, error="RuntimeError: peer 1 is gone", ended_at=9.0)
+    assert _failure([raised, crashed], "").startswith("rank 0 died (killed by SIGSEGV)"), \
+        "a rank that died without a word comes before one that raised"

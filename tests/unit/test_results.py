@@ -45,3 +45,16 @@ def test_run_key_ignores_results_dir_repeat_and_key_order():
     b = run_key({"model": {"name": "tiny"}, "world_size": 2, "results_dir": "y", "repeat": 3})
     assert a == b
     assert a != run_key({"model": {"name": "tiny"}, "world_size": 4})
+
+
+def test_hex_ids_that_look_like_numbers_survive_appends(tmp_path):
+    from odc_bench.record.row import COLUMNS
+    from odc_bench.results.table import append_row, read_table
+
+    path = tmp_path / "runs.csv"
+    for run_id in ("0123456789abcdef", "1234567890123456"):
+        append_row(path, {**{c: None for c in COLUMNS}, "run_id": run_id, "schema_version": 2, "status": "ok",
+                          "commit": "310e538"})
+    table = read_table(path)
+    assert list(table["commit"]) == ["310e538", "310e538"]
+    assert list(table["run_id"]) == ["0123456789abcdef", "1234567890123456"]

@@ -221,7 +221,8 @@ SMALL = ("backend=sim", "model=qwen2_1p5b", "dataset.length_scale=1", "precision
 @pytest.mark.parametrize("overrides", [("engine=odc", "balancer=lb_mini"), ("engine=collective", "balancer=lb_micro"),
                                        ("engine=odc", "balancer=lb_mini", "engine.shard=hybrid"),
                                        ("engine=odc", "balancer=lb_mini", "backend.odc_fetch=nearest"),
-                                       ("engine=collective", "balancer=lb_micro", "engine.shard=hybrid")])
+                                       ("engine=collective", "balancer=lb_micro", "engine.shard=hybrid"),
+                                       ("engine=odc", "balancer=lb_carry", "engine.staleness=2")])
 def test_rows_without_a_trace_summarise_the_timeline_as_the_trace_would(overrides):
     spec = resolve(run_config(*SMALL, *overrides))
     traced, bare = simulate(spec), simulate(spec, trace=False)

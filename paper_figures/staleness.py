@@ -1,0 +1,181 @@
+"""Stale-synchronous ODC's convergence cost: loss curves against steps and against wall-clock time.
+
+Drawn from the runs of sweep=ssp_convergence (the learnable token source, whose loss floor is
+known: odc_bench/data/learnable.py): Collective + LB-Micro and ODC at staleness 0, 1 and 2, one
+panel of loss per step and one of loss per second since the run's start. With staleness s,
+minibatch k computes on the weights after k - s steps, so a stale series can need more steps
+to a loss and still reach it sooner. The table beside it gives, per series, the final loss (mean
+of the last WINDOW steps), the steps and seconds to a target loss, and their gaps to ODC at
+staleness 0; the target is the loss ODC at staleness 0 reaches (smoothed over WINDOW steps) at
+half of its run, a loss every series reaches unless staleness costs more than half a run.
+
+Loss of minibatch k: the ranks' loss sums over its labelled tokens (its microbatches' tokens
+less one per sample); its time: when the last rank left minibatch k.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
+
+from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
+from paper_figures.series import BALANCER_NAMES, describe_setting, ordered, palette, with_series
+
+NAME = "staleness"
+WINDOW = 25
+# Loss curves need a run long enough to converge somewhere; shorter learnable runs are checks.
+MIN_STEPS = 100
+REFERENCE = "odc", "0"  # engine, staleness: what gaps are measured against
+# ODC's series by staleness: the synchronous one in the figures' ODC red, staler ones lighter.
+STALENESS_COLORS = ("#a50f15", "#e6550d", "#fdae6b", "#fdd0a2")
+
+
+def loss_curve(trace: pd.DataFrame) -> pd.DataFrame:
+    """step, loss (per labelled token) and seconds (since the run's first minibatch began) of every minibatch."""
+    spans = trace[trace["kind"] == "minibatch"]
+    micro = trace[trace["kind"] == "microbatch"]
+    labelled = (micro["tokens"] - micro["samples"]).groupby(micro["minibatch"]).sum()
+    per_step = spans.groupby("minibatch").agg(loss_sum=("loss_sum", "sum"), t1=("t1", "max"))
+    start = float(spans["t0"].min())
+    return pd.DataFrame({"step": per_step.index.astype(int),
+                         "loss": (per_step["loss_sum"] / labelled.reindex(per_step.index)).to_numpy(),
+                         "seconds": (per_step["t1"] - start).to_numpy()})
+
+
+def smoothed(curve: pd.DataFrame) -> pd.Series:
+    return curve["loss"].rolling(WINDOW, min_periods=1).mean()
+
+
+# Engines that compute the same gradients agree on a loss to this relative precision (fp32
+# sums in different orders), and reach a target together.
+SAME_LOSS = 1e-4
+
+
+def first_below(curve: pd.DataFrame, target: float) -> tuple[float, float]:
+    """(step, seconds) where the smoothed loss first reaches `target`; NaN when it never does."""
+    below = np.flatnonzero(smoothed(curve).to_numpy() <= target * (1 + SAME_LOSS))
+    if below.size == 0:
+        return float("nan"), float("nan")
+    i = int(below[0])
+    return float(curve["step"].iloc[i]), float(curve["seconds"].iloc[i])
+
+
+def convergence_table(curves: dict[str, pd.DataFrame], reference: str) -> pd.DataFrame:
+    """Per series: final loss, steps and seconds to the target, and their gaps to `reference`."""
+    ref = curves[reference]
+    target = float(smoothed(ref).iloc[len(ref) // 2])
+    rows = []
+    for label, curve in curves.items():
+        step, seconds = first_below(curve, target)
+        rows.append(dict(series=label, final_loss=float(curve["loss"].tail(WINDOW).mean()), steps_to_target=step,
+                         seconds_to_target=seconds, total_seconds=float(curve["seconds"].iloc[-1])))
+    table = pd.DataFrame(rows).set_index("series")
+    base = table.loc[reference]
+    table["final_loss_gap"] = table["final_loss"] - base["final_loss"]
+    table["steps_gap"] = table["steps_to_target"] / base["steps_to_target"] - 1
+    table["seconds_gap"] = table["seconds_to_target"] / base["seconds_to_target"] - 1
+    return table.assign(target=target)
+
+
+def learnable_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs on the learnable token source long enough to draw, with the trace they need."""
+    if runs.empty or "config" not in runs:
+        return runs.iloc[0:0]
+
+    def learnable(config: object) -> bool:
+        data = yaml.safe_load(config) if isinstance(config, str) else None
+        return isinstance(data, dict) and data.get("dataset", {}).get("tokens") == "learnable"
+
+    keep = runs[(runs["status"] == "ok") & runs["config"].map(learnable) & (runs["num_minibatches"] >= MIN_STEPS)]
+    return with_traces(keep)
+
+
+def _staleness(config: str) -> str:
+    return str((yaml.safe_load(config).get("engine") or {}).get("staleness", 0))
+
+
+def series_label(engine: str, balancer: str, staleness: str, collective_label: str) -> str:
+    if engine != "odc":
+        return collective_label
+    return f"ODC s={staleness} + {BALANCER_NAMES.get(balancer, balancer)}"
+
+
+def colors_of(labels: list[str]) -> dict[str, object]:
+    """The figures' colour for collective series; ODC's by staleness."""
+    colors = palette(labels)
+    for label in labels:
+        if label.startswith("ODC s="):
+            s = int(label.split("=", 1)[1].split()[0])
+            colors[label] = STALENESS_COLORS[min(s, len(STALENESS_COLORS) - 1)]
+    return colors
+
+
+def plot(curves: dict[str, pd.DataFrame], title: str = "") -> Figure:
+    order = ordered(list(curves))
+    colors = colors_of(order)
+    fig = Figure(figsize=(12, 4.4))
+    by_step, by_time = fig.subplots(1, 2, sharey=True)
+    for label in order:
+        curve = curves[label]
+        for ax, x in ((by_step, "step"), (by_time, "seconds")):
+            ax.plot(curve[x], smoothed(curve), color=colors[label], label=label, gid=label)
+    for ax, xlabel in ((by_step, "optimizer step"), (by_time, "wall-clock time since the run's start (s)")):
+        ax.set_xlabel(xlabel)
+    by_step.set_ylabel(f"training loss per token (mean of {WINDOW} steps)")
+    by_step.legend(title="series")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def markdown(table: pd.DataFrame) -> str:
+    target = float(table["target"].iloc[0])
+    lines = [f"Target loss {target:.3f} (ODC at staleness 0, smoothed over {WINDOW} steps, at half its run).", "",
+             "| series | final loss | gap | steps to target | gap | seconds to target | gap | run's seconds |",
+             "|---|---|---|---|---|---|---|---|"]
+    for series, r in table.iterrows():
+        lines.append(f"| {series} | {r.final_loss:.3f} | {r.final_loss_gap:+.3f} | {r.steps_to_target:.0f} "
+                     f"| {r.steps_gap:+.1%} | {r.seconds_to_target:.1f} | {r.seconds_gap:+.1%} "
+                     f"| {r.total_seconds:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _draw(runs: pd.DataFrame) -> dict[str, object]:
+    runs = with_series(runs).assign(staleness=lambda r: r["config"].map(_staleness))
+    # The setting with the most series (then the first); its latest run of each series, one curve each.
+    keys = ["model", "dataset", "world_size", "minibatch_size", "length_scale", "num_minibatches", "seed"]
+    setting = max(runs.groupby(keys, dropna=False), key=lambda kv: (kv[1]["series"].nunique(), -len(kv[1])))[1]
+    setting = setting.assign(label=[series_label(r.engine, r.balancer, r.staleness, r.series)
+                                    for r in setting.itertuples()]).drop_duplicates("label", keep="last")
+    reference = setting[(setting["engine"] == REFERENCE[0]) & (setting["staleness"] == REFERENCE[1])]
+    if reference.empty:
+        raise Skip("no ODC run at staleness 0 to measure the others against")
+    curves = {row["label"]: loss_curve(read_trace(row)) for _, row in setting.iterrows()}
+    table = convergence_table(curves, str(reference["label"].iloc[0]))
+    first = setting.iloc[0]
+    return {"figure": plot(curves, f"Loss with staleness: {describe_setting(first)}, seed {first['seed']}"),
+            "table": markdown(table)}
+
+
+def render(inputs: Inputs) -> dict[str, object]:
+    runs = learnable_runs(inputs.runs)
+    out: dict[str, object] = {}
+    for key, item in per_source(runs, NAME, _draw, f"runs on the learnable token source of {MIN_STEPS}+ steps "
+                                "(sweep=ssp_convergence)").items():
+        if isinstance(item, Skip):
+            out[key] = item
+        else:
+            assert isinstance(item, dict)
+            out[key] = item["figure"]
+            out[key.replace(NAME, f"{NAME}_table", 1)] = item["table"]
+    return out
+
+
+if __name__ == "__main__":
+    from paper_figures.cli import main
+
+    sys.exit(main(only=NAME))
