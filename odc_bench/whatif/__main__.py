@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from odc_bench.data.lengths import dataset_lengths
+from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
 from odc_bench.whatif.accuracy import validated
 from odc_bench.whatif.answer import answer, plan
@@ -28,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
                     "validated error, bubble, the bubble no balancer can remove, and memory per device.",
         epilog="Example: python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --hardware a100 "
                "--nodes 8 --devices-per-node 8 --minibatch 2 4 8")
-    ap.add_argument("lengths", help="a length profile (longalign, swe_smith, aime, fixed), a lengths file (one token "
+    ap.add_argument("lengths", help=f"a length profile ({', '.join(PROFILES)}), a lengths file (one token "
                     "count per line) or JSONL file (counts, token-id lists, or objects: --field), or a folder "
                     "written by datasets' save_to_disk (--tokenizer)")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
