@@ -146,6 +146,9 @@ def markdown(table: pd.DataFrame) -> str:
 
 def _draw(runs: pd.DataFrame) -> dict[str, object]:
     runs = with_series(runs).assign(staleness=lambda r: r["config"].map(_staleness))
+    if not (runs["staleness"] != REFERENCE[1]).any():
+        # Synchronous runs only (sweep=convergence): the convergence figure draws them.
+        raise Skip("no ODC run at engine.staleness >= 1")
     # The setting with the most series (then the first); its latest run of each series, one curve each.
     keys = ["model", "dataset", "world_size", "minibatch_size", "length_scale", "num_minibatches", "seed"]
     setting = max(runs.groupby(keys, dropna=False), key=lambda kv: (kv[1]["series"].nunique(), -len(kv[1])))[1]

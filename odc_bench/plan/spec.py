@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
+from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate, host_available_bytes
 from odc_core.engine.registry import shard_group_size
@@ -345,8 +346,19 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
     memory = estimate(config.model, world, config.precision, max_tokens, recompute,
                       cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),
                       version_slots=engine.staleness + 1)
-    return RunSpec(resolved, run_key(resolved.to_dict()), device_type, cost, options, memory,
+    return RunSpec(resolved, run_key(keyed_config(resolved)), device_type, cost, options, memory,
                    memory_limit(config, device_type), minibatches)
+
+
+def keyed_config(config: RunConfig) -> dict[str, Any]:
+    """What a run's key hashes: its config and, for a length profile, the profile's definition,
+    which lives in code (data/profiles.py): a profile refitted later (LongAlign's floor moved
+    from 1K to 8K once) draws other lengths under the same config, so its runs get other keys
+    and a re-run sweep does not take old rows for new ones."""
+    keyed = config.to_dict()
+    if config.dataset.loader == "profile" and config.dataset.profile in PROFILES:
+        keyed["dataset"] = {**keyed["dataset"], "profile_definition": asdict(PROFILES[config.dataset.profile])}
+    return keyed
 
 
 def memory_limit(config: RunConfig, device_type: str) -> int | None:

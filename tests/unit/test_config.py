@@ -91,3 +91,16 @@ def test_unknown_group_option_lists_the_choices(results_dir):
     proc = run_cli("engine=nosuch", f"results_dir={results_dir}")
     assert proc.returncode == 2
     assert "unknown engine option 'nosuch'; choose one of collective, odc" in proc.stderr
+
+
+def test_a_refitted_length_profile_gives_its_runs_new_keys(monkeypatch):
+    """A profile's definition lives in code: refitting it must not let a re-run sweep take the
+    old profile's rows for the new one's."""
+    from dataclasses import replace as replaced
+
+    from odc_bench.data import profiles
+
+    before = resolve(run_config())
+    monkeypatch.setitem(profiles.PROFILES, "longalign", replaced(profiles.PROFILES["longalign"], min_len=1024))
+    after = resolve(run_config(), reuse=False)
+    assert after.config == before.config and after.run_id != before.run_id

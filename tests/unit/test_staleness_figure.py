@@ -57,3 +57,11 @@ def test_without_a_synchronous_odc_run_it_skips_with_the_reason(root):
     runs[runs["run_id"] != "r1"].to_csv(table, index=False)
     out = staleness.render(load(root))
     assert "no ODC run at staleness 0" in str(out["staleness-cpu_ssp_convergence"])
+
+
+def test_a_folder_of_synchronous_runs_only_is_left_to_the_convergence_figure(root):
+    table = root / "cpu_ssp_convergence" / "runs.csv"
+    runs = pd.read_csv(table)
+    runs[runs["run_id"].isin(["r0", "r1"])].to_csv(table, index=False)  # collective and ODC s=0
+    out = staleness.render(load(root))
+    assert "no ODC run at engine.staleness >= 1" in str(out["staleness-cpu_ssp_convergence"])
