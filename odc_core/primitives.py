@@ -4,6 +4,9 @@ Both are one-sided: a rank that calls them touches its peers' heap buffers and n
 for a peer to take part, so ranks that run different amounts of work between minibatch
 synchronisations do not wait on each other. Peers are visited in rotated order starting at
 rank + 1, so at any moment the ranks work on different owners instead of all on rank 0.
+
+The owners of a layout's shards are every rank of the heap, or (hybrid sharding) a group of
+them, `owners`: shard i lives on heap rank owners[i], and no other rank is touched.
 """
 
 from __future__ import annotations
@@ -46,29 +49,37 @@ class ShardLayout:
 
 
 @functools.lru_cache(maxsize=4096)
-def _shard_spans(rank: int, layout: ShardLayout, total: int) -> tuple[tuple[int, int, int], ...]:
-    """(owner, start, end) of each owner's part of a flat tensor of `total` elements, in rotated
-    order from rank + 1. Cached: the engine gathers the same units every microbatch."""
+def _shard_spans(rank: int, layout: ShardLayout, total: int,
+                 owners: tuple[int, ...] | None) -> tuple[tuple[int, int, int], ...]:
+    """(heap rank, start, end) of each owner's part of a flat tensor of `total` elements, in
+    rotated order from the shard after this rank's own. Cached: the engine gathers the same
+    units every microbatch."""
+    here = rank if owners is None else (owners.index(rank) if rank in owners else -1)
     spans = []
     for i in range(1, layout.world_size + 1):
-        owner = (rank + i) % layout.world_size
-        start = owner * layout.shard_numel
+        index = (here + i) % layout.world_size
+        start = index * layout.shard_numel
         end = min(start + layout.shard_numel, total)
         if end > start:
-            spans.append((owner, start, end))
+            spans.append((index if owners is None else owners[index], start, end))
     return tuple(spans)
 
 
-def _spans(heap: SymmetricHeap, layout: ShardLayout, total: int, what: str) -> tuple[tuple[int, int, int], ...]:
-    if layout.world_size != heap.world_size:
-        raise ValueError(f"layout is for {layout.world_size} ranks, the heap has {heap.world_size}")
+def _spans(heap: SymmetricHeap, layout: ShardLayout, total: int, what: str,
+           owners: tuple[int, ...] | None) -> tuple[tuple[int, int, int], ...]:
+    group = heap.world_size if owners is None else len(owners)
+    if layout.world_size != group:
+        raise ValueError(f"layout is for {layout.world_size} owners, there are {group}")
+    if owners is not None and not all(0 <= r < heap.world_size for r in owners):
+        raise ValueError(f"owners {owners} are not all ranks of a heap of {heap.world_size}")
     if total not in (layout.numel, layout.padded_numel):
         raise ValueError(f"{what} has {total} elements; the layout needs {layout.numel} "
                          f"(or {layout.padded_numel} padded)")
-    return _shard_spans(heap.rank, layout, total)
+    return _shard_spans(heap.rank, layout, total, owners)
 
 
-def gather(heap: SymmetricHeap, name: str, out: torch.Tensor, layout: ShardLayout) -> None:
+def gather(heap: SymmetricHeap, name: str, out: torch.Tensor, layout: ShardLayout,
+           owners: tuple[int, ...] | None = None) -> None:
     """out = the concatenation of every rank's `name` buffer (all_gather_into_tensor).
 
     `out` is the padded size or the unpadded one (layout.numel, e.g. a parameter's own
@@ -78,11 +89,12 @@ def gather(heap: SymmetricHeap, name: str, out: torch.Tensor, layout: ShardLayou
     if not out.is_contiguous():
         raise ValueError("gather needs a contiguous output tensor")
     flat = out.view(-1)
-    for owner, start, end in _spans(heap, layout, flat.numel(), "gather output"):
+    for owner, start, end in _spans(heap, layout, flat.numel(), "gather output", owners):
         heap.get(flat[start:end], name, owner)
 
 
-def scatter_accumulate(heap: SymmetricHeap, name: str, src: torch.Tensor, layout: ShardLayout) -> None:
+def scatter_accumulate(heap: SymmetricHeap, name: str, src: torch.Tensor, layout: ShardLayout,
+                       owners: tuple[int, ...] | None = None) -> None:
     """Add each owner's slice of `src` into its `name` accumulator (reduce_scatter_tensor, SUM).
 
     Unlike the collective, the sum builds up in the owners' persistent buffers as pushes
@@ -91,5 +103,5 @@ def scatter_accumulate(heap: SymmetricHeap, name: str, src: torch.Tensor, layout
     (bf16 gradients into fp32). The transport chunks the adds and locks only each chunk.
     """
     flat = src.reshape(-1)
-    for owner, start, end in _spans(heap, layout, flat.numel(), "scatter_accumulate source"):
+    for owner, start, end in _spans(heap, layout, flat.numel(), "scatter_accumulate source", owners):
         heap.accumulate(name, owner, 0, flat[start:end])

@@ -122,6 +122,15 @@ def check_placement(spec: RunSpec, params: dict[str, Any]) -> None:
     if params["nodes"] > 1 and bound is not None:
         what, fix = bound
         raise ConfigError(f"{what}, which cannot span hydra.launcher.nodes={params['nodes']}; {fix}")
+    # The run is resolved before SLURM places its tasks, so the nodes the engines shard within
+    # are the config's: it must say what the job asks for.
+    options = spec.config.engine.options
+    if options.shard == "hybrid" and params["nodes"] > 1 and options.ranks_per_node != params["tasks_per_node"]:
+        have = "is unset" if options.ranks_per_node is None else f"is {options.ranks_per_node}"
+        per_node = params["tasks_per_node"]
+        raise ConfigError(f"engine.shard=hybrid shards within a node: this job's nodes have "
+                          f"hydra.launcher.tasks_per_node={per_node} ranks each, and engine.ranks_per_node {have}; set "
+                          f"engine.ranks_per_node={per_node}")
 
 
 def _queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:

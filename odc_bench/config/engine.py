@@ -33,8 +33,10 @@ class EngineConfig:
             raise ConfigError(str(e)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """As in the YAML: the name beside the options."""
-        return {"name": self.name, **as_dict(self.options)}
+        """As in the YAML: the name beside the options. ranks_per_node is left out while unset, so
+        that runs recorded before the key existed keep their run keys."""
+        options = {k: v for k, v in as_dict(self.options).items() if not (k == "ranks_per_node" and v is None)}
+        return {"name": self.name, **options}
 
 
 def engine_config(values: Mapping[str, Any]) -> EngineConfig:

@@ -38,6 +38,7 @@ from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_s
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate, host_available_bytes
+from odc_core.engine.registry import shard_group_size
 
 GB = 2**30
 
@@ -194,13 +195,29 @@ def check_combination(config: RunConfig) -> None:
     if config.simulated and engine.simulated_as is None:
         raise CombinationError(f"the simulator does not model engine={engine.name}; use backend=local",
                                ("engine", "backend"))
+    per_node = config.engine.options.ranks_per_node
+    if per_node is not None:
+        if config.simulated:
+            raise CombinationError(f"engine.ranks_per_node={per_node} emulates nodes for real runs; backend=sim takes "
+                                   f"its nodes from the hardware profile (gpus_per_node): leave engine.ranks_per_node "
+                                   f"unset", ("engine.ranks_per_node", "backend"))
+        require(config.world_size % per_node == 0,
+                f"engine.ranks_per_node={per_node} must divide world_size={config.world_size} (every node has as "
+                f"many ranks); choose a divisor of {config.world_size}")
     if config.engine.options.shard == "hybrid":
-        if not config.simulated:
-            raise CombinationError(f"engine.shard=hybrid is simulated only so far (backend=sim): engine={engine.name} "
-                                   f"shards every unit over all ranks; set engine.shard=full",
-                                   ("engine.shard", "backend"))
-        if not (isinstance(config.backend, SimBackendConfig)
-                and isinstance(config.backend.hardware, GpuHardwareConfig)):
+        if config.engine.staleness:
+            raise CombinationError(f"engine.shard=hybrid is synchronous only so far: its replicas reduce their "
+                                   f"gradients at the minibatch barrier that "
+                                   f"engine.staleness={config.engine.staleness} removes; set engine.staleness=0 or "
+                                   f"engine.shard=full",
+                                   ("engine.shard", "engine.staleness"))
+        if not config.simulated and getattr(config.engine.options, "transport", None) == "mpi" \
+                and shard_group(config) < config.world_size:
+            raise CombinationError("engine.shard=hybrid runs on the shm transport only so far (nodes emulated on one "
+                                   "host); set engine.transport=shm or engine.shard=full",
+                                   ("engine.shard", "engine.transport"))
+        if config.simulated and not (isinstance(config.backend, SimBackendConfig)
+                                     and isinstance(config.backend.hardware, GpuHardwareConfig)):
             raise CombinationError("engine.shard=hybrid needs nodes: a GPU hardware profile (backend/hardware=a100 "
                                    "or h100), not the calibrated CPU one (one host)",
                                    ("engine.shard", "backend/hardware"))
@@ -234,12 +251,16 @@ def _plan_once(balancer: BalancerSpec, options: Any, lengths: list[int], world: 
 
 
 def shard_group(config: RunConfig) -> int:
-    """How many ranks share a unit's shards: all of them, or with hybrid sharding one node's."""
-    backend = config.backend
-    if (config.engine.options.shard == "hybrid" and isinstance(backend, SimBackendConfig)
-            and isinstance(backend.hardware, GpuHardwareConfig)):
-        return min(backend.hardware.gpus_per_node, config.world_size)
-    return config.world_size
+    """How many ranks share a unit's shards: all of them, or with hybrid sharding one node's
+    (the simulated hardware's, or a real run's engine.ranks_per_node)."""
+    backend, options = config.backend, config.engine.options
+    if options.shard != "hybrid":
+        return config.world_size
+    if isinstance(backend, SimBackendConfig):
+        if isinstance(backend.hardware, GpuHardwareConfig):
+            return min(backend.hardware.gpus_per_node, config.world_size)
+        return config.world_size
+    return shard_group_size(options.shard, options.ranks_per_node, config.world_size)
 
 
 # The last run planned, by its config and the files planning read: the command line's

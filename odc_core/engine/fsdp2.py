@@ -7,6 +7,13 @@ differ in how they synchronise (a barrier per collective against one per minibat
 in how fast their bytes move. `gloo` (TCP over loopback, milliseconds per call) stays
 selectable for the record: against it ODC would win on transport alone. On CUDA the
 default is NCCL, the paper's baseline.
+
+Hybrid sharding (`shard=hybrid`, nodes of `ranks_per_node` consecutive ranks) is FSDP2's own
+HSDP: fully_shard on a 2D device mesh ("replicate", "shard"), parameters sharded over a node's
+ranks and all-reduced across the nodes. On the shm backend the mesh is built from shm groups
+of its own, one per node and one per set of replicas (DeviceMesh.from_group), so HSDP's
+reduce-scatters stay on shared memory like full sharding's; its all-reduces run on each shm
+group's inner gloo backend, which is what that group does with every call it does not override.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from odc_core.engine.base import EngineContext, TraceHook
-from odc_core.engine.registry import Backend, CollectiveOptions
+from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 
 
 class CollectiveEngine:
@@ -36,12 +43,18 @@ class CollectiveEngine:
     name = "collective"
 
     def __init__(self, device: torch.device, precision: str = "fp32", reshard_after_forward: bool = True,
-                 backend: Backend = "auto", *, job_id: str = "collective", timeout_s: float = 120.0) -> None:
+                 backend: Backend = "auto", *, job_id: str = "collective", timeout_s: float = 120.0,
+                 shard_group: int | None = None) -> None:
         self.device = device
         self.backend = CollectiveOptions(backend=backend).for_device(device.type).backend
         self.job_id, self.timeout_s = job_id, timeout_s
-        self.group: dist.ProcessGroup | None = None
+        self.groups: list[dist.ProcessGroup] = []  # the shm groups this engine made
         self.world_size = dist.get_world_size()
+        # Ranks a unit is sharded over: all, or (hybrid sharding, HSDP) one node's.
+        self.shard_group = self.world_size if shard_group is None else shard_group
+        if self.shard_group < 1 or self.world_size % self.shard_group:
+            raise ValueError(f"a shard group of {self.shard_group} ranks does not divide {self.world_size} ranks "
+                             f"into nodes")
         # FSDP2 divides reduced gradients by the world size, and gloo cannot run the
         # pre-multiplied sum that set_gradient_divide_factor(1) needs, so the worker scales
         # its loss instead; the result is the plain sum of gradients, as with ODC.
@@ -52,14 +65,36 @@ class CollectiveEngine:
         self.model: nn.Module | None = None
         self._opt: torch.optim.Optimizer | None = None
 
-    def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
-        if self.backend == "shm":
-            from odc_core.transport.shm_group import new_shm_group
+    def _mesh(self) -> DeviceMesh:
+        """1D over every rank, or (hybrid) 2D: replicas across nodes by shard within a node."""
+        nodes, group = self.world_size // self.shard_group, self.shard_group
+        if self.backend != "shm":  # the default group, which the worker created with this backend
+            if nodes == 1:
+                return init_device_mesh(self.device.type, (self.world_size,))
+            return init_device_mesh(self.device.type, (nodes, group), mesh_dim_names=("replicate", "shard"))
+        from odc_core.transport.shm_group import new_shm_group
 
-            self.group = new_shm_group(self.job_id, self.timeout_s)
-            mesh = DeviceMesh.from_group(self.group, self.device.type)
-        else:  # the default group, which the worker created with this backend
-            mesh = init_device_mesh(self.device.type, (self.world_size,))
+        if nodes == 1:
+            self.groups = [new_shm_group(self.job_id, self.timeout_s)]
+            return DeviceMesh.from_group(self.groups[0], self.device.type)
+        # new_group is collective over every rank: every rank makes every group, in one order,
+        # and keeps the two it is in. Each group names its segments after its own job id.
+        layout = torch.arange(self.world_size).view(nodes, group)
+        rank = dist.get_rank()
+        mine: dict[str, dist.ProcessGroup] = {}
+        for node in range(nodes):
+            made = new_shm_group(f"{self.job_id}.n{node}", self.timeout_s, layout[node].tolist())
+            if rank // group == node:
+                mine["shard"] = made
+        for index in range(group):
+            made = new_shm_group(f"{self.job_id}.r{index}", self.timeout_s, layout[:, index].tolist())
+            if rank % group == index:
+                mine["replicate"] = made
+        self.groups = [mine["replicate"], mine["shard"]]
+        return DeviceMesh.from_group(self.groups, self.device.type, layout, mesh_dim_names=("replicate", "shard"))
+
+    def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
+        mesh = self._mesh()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.precision == "bf16" else MixedPrecisionPolicy()
         for unit in units:
@@ -99,21 +134,22 @@ class CollectiveEngine:
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         assert self.model is not None
-        # fully_shard made every parameter a DTensor sharded over the ranks.
+        # fully_shard made every parameter a DTensor sharded over the ranks (and replicated across nodes).
         return {n: cast(DTensor, p).full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
 
     @property
     def heap_bytes(self) -> int:
         """Shared memory this rank owns for the shm group's collectives (0 on other groups)."""
-        return getattr(self.group, "heap_bytes", 0)
+        return sum(getattr(group, "heap_bytes", 0) for group in self.groups)
 
     def close(self) -> None:
         self.model = None
-        if self.group is not None:
-            group, self.group = self.group, None
+        groups, self.groups = self.groups, []
+        for group in groups:
             dist.destroy_process_group(group)
 
 
 def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:
     return CollectiveEngine(ctx.device, ctx.precision, options.reshard_after_forward, options.backend,
-                            job_id=ctx.job_id, timeout_s=ctx.timeout_s)
+                            job_id=ctx.job_id, timeout_s=ctx.timeout_s,
+                            shard_group=shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))

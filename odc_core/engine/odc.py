@@ -28,6 +28,13 @@ last push lands, not when its own worker reaches a minibatch boundary, and no wo
 at finish_minibatch at all. Pushes of minibatch k cannot reach an accumulator slot before
 the step that frees it either: a rank pushes a unit's gradients only after gathering that
 unit from the same owners, which waited for the version that step published.
+
+Hybrid sharding (shard_group G < world size; the paper's section 6.1): a node is G
+consecutive ranks, each unit is sharded over its node's ranks, and every node holds a
+replica. Gathers, pushes and every flag a rank waits on stay within its node. At the
+minibatch barrier each owner's accumulated shard is summed with the same shard on the other
+nodes (the replicas: the ranks with the same index in their node), and every replica applies
+the same AdamW step to the same sum, so the replicas stay equal without ever being compared.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from time import perf_counter as _now
 
 import torch
@@ -45,7 +53,7 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_core.engine.base import EngineContext, TraceHook
-from odc_core.engine.registry import OdcOptions
+from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import make_heap
@@ -112,12 +120,25 @@ class OdcEngine:
     loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
 
     def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str = "fp32",
-                 prefetch: bool = True, timeout_s: float = 120.0, staleness: int = 0) -> None:
+                 prefetch: bool = True, timeout_s: float = 120.0, staleness: int = 0,
+                 shard_group: int | None = None) -> None:
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {staleness}")
         self.device = device
         self.heap = heap
         self.rank, self.world_size = heap.rank, heap.world_size
+        # The ranks a unit is sharded over: all of them, or (hybrid sharding) this rank's node.
+        group = self.world_size if shard_group is None else shard_group
+        if group < 1 or self.world_size % group:
+            raise ValueError(f"a shard group of {group} ranks does not divide {self.world_size} ranks into nodes")
+        if group < self.world_size and staleness:
+            raise ValueError("hybrid sharding is synchronous only: its replicas reduce at the minibatch barrier")
+        first = self.rank - self.rank % group
+        self.owners: tuple[int, ...] | None = None if group == self.world_size else tuple(range(first, first + group))
+        self.peers: tuple[int, ...] = self.owners or tuple(range(self.world_size))
+        self.shard_index = self.rank - first
+        # Hybrid sharding: this rank and its replicas on the other nodes (set up in wrap()).
+        self._replicas: dist.ProcessGroup | None = None
         self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.prefetch = prefetch
         self.timeout_s = timeout_s
@@ -150,6 +171,8 @@ class OdcEngine:
         missing = [n for n, p in model.named_parameters() if id(p) not in seen]
         if missing:
             raise ValueError(f"parameters outside every unit cannot be sharded: {missing[:3]}")
+        if self.owners is not None:
+            self._replicas = self._replica_group(len(self.owners))
         self.heap.alloc(FLAGS, 2, torch.int64)
         self.heap.alloc(CLAIMS, 1, torch.int64)
         self.heap.barrier(self.timeout_s)  # every shard is initialised before anyone gathers
@@ -158,10 +181,22 @@ class OdcEngine:
             self._register_hooks(unit)
         return model
 
+    def _replica_group(self, group: int) -> dist.ProcessGroup:
+        """The group of this rank's replicas (one per node). new_group is collective over every
+        rank, so every rank creates every node index's group, in the same order."""
+        mine = None
+        for index in range(group):
+            ranks = list(range(index, self.world_size, group))
+            made = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout_s))
+            if index == self.shard_index:
+                mine = made
+        assert mine is not None
+        return mine
+
     def _shard_unit(self, index: int, module: nn.Module, params: list[nn.Parameter],
                     names: list[str]) -> _Unit:
         numel = sum(p.numel() for p in params)
-        layout = ShardLayout(numel, self.world_size)
+        layout = ShardLayout(numel, len(self.peers))
         name = f"u{index}"
         slots = range(self.slots)
         master = [self.heap.alloc(_buffer_name("master", name, j), layout.shard_numel, torch.float32) for j in slots]
@@ -176,7 +211,7 @@ class OdcEngine:
             flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
             offsets.append(offset)
             offset += p.numel()
-        lo = self.rank * layout.shard_numel
+        lo = self.shard_index * layout.shard_numel
         master[0].copy_(flat[lo:lo + layout.shard_numel])
         if shadow is not None:
             shadow[0].copy_(master[0])
@@ -228,15 +263,30 @@ class OdcEngine:
             self._steps = [f for f in self._steps if not f.done()]
             self._steps.append(self._server.submit(self._serve, k))
             return
-        for peer in range(self.world_size):
+        for peer in self.peers:
             self._wait(peer, DONE, k + 1, f"its gradients of minibatch {k}")
+        if self._replicas is not None:
+            self._reduce_replicas(k)
         self._emit("sync", t0)
         self._step(k)
+
+    def _reduce_replicas(self, k: int) -> None:
+        """Sum this owner's accumulated shards with its replicas' (hybrid sharding), in place.
+
+        A collective, not one-sided pushes: here, once per minibatch, every replica needs the
+        same sum at the same point, which is what an all-reduce is built for (bandwidth-optimal
+        across the slow links between nodes, and one result on every replica, so their AdamW
+        steps stay equal bit for bit), while pushes would need a second accumulator per shard
+        and a second round of flags. One call per unit, straight on the heap's accumulator: no
+        copy of the owned shards (models/memory.py counts none), and the calls come once per
+        minibatch, not per microbatch."""
+        for unit in self.units:
+            dist.all_reduce(unit.acc[k % self.slots], group=self._replicas)
 
     def drain(self) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far."""
         t0 = _now()
-        for owner in range(self.world_size):
+        for owner in self.peers:
             self._wait(owner, VERSION, self.minibatch + 2, f"step {self.minibatch} of its shards")
         if self._server is not None:  # synchronous, the barrier was the wait: a trace as before
             self._emit("sync", t0)
@@ -246,7 +296,7 @@ class OdcEngine:
 
     def _serve(self, k: int) -> None:
         """Step k on the server thread, once every rank's pushes of minibatch k have landed."""
-        for peer in range(self.world_size):
+        for peer in self.peers:
             self._wait(peer, DONE, k + 1, f"its gradients of minibatch {k} (for step {k})", on_server=True)
         self._step(k)
 
@@ -353,7 +403,7 @@ class OdcEngine:
         assert unit.grad is not None, "_pre_backward gave the unit its flat gradient"
         t0 = _now()
         scatter_accumulate(self.heap, _buffer_name("acc", unit.name, self.minibatch % self.slots), unit.grad,
-                           unit.layout)
+                           unit.layout, self.owners)
         self._emit("push", t0, unit=unit.name)
         for p in unit.params:
             p.grad = None
@@ -381,7 +431,7 @@ class OdcEngine:
         storage = unit.full.untyped_storage()
         storage.resize_(unit.layout.padded_numel * unit.full.element_size())
         version = self.read_version(self.minibatch)
-        for owner in range(self.world_size):
+        for owner in self.peers:
             if self._ready[owner] < version + 1:
                 t0 = _now()
                 self._wait(owner, VERSION, version + 1, f"version {version} of its shards")
@@ -389,7 +439,7 @@ class OdcEngine:
                 self._emit("wait", t0, unit=unit.name, peer=owner)
         kind = "shadow" if unit.shadow is not None else "master"
         gather(self.heap, _buffer_name(kind, unit.name, version % self.slots),
-               _alias(unit.full, unit.layout.padded_numel), unit.layout)
+               _alias(unit.full, unit.layout.padded_numel), unit.layout, self.owners)
         unit.gathered = True
 
     def _reshard(self, unit: _Unit) -> None:
@@ -409,7 +459,7 @@ class OdcEngine:
         out: dict[str, torch.Tensor] = {}
         for unit in self.units:
             flat = torch.empty(unit.layout.padded_numel, dtype=torch.float32, device=self.device)
-            gather(self.heap, _buffer_name("master", unit.name, slot), flat, unit.layout)
+            gather(self.heap, _buffer_name("master", unit.name, slot), flat, unit.layout, self.owners)
             for name, p, off in zip(unit.names, unit.params, unit.offsets, strict=True):
                 out[name] = flat[off:off + p.numel()].view(p.shape).cpu().clone()
         self.heap.barrier(self.timeout_s)  # nobody closes the heap while a peer still reads it
@@ -425,9 +475,13 @@ class OdcEngine:
                 # After a failure a queued gather or step would only wait out its timeout on a dead peer.
                 pool.shutdown(wait=True, cancel_futures=True)
         self.heap.close()
+        if self._replicas is not None:
+            group, self._replicas = self._replicas, None
+            dist.destroy_process_group(group)
 
 
 def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
     heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), ctx.job_id,
                      ctx.store, ctx.timeout_s)
-    return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness)
+    return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness,
+                     shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))

@@ -20,9 +20,22 @@ if TYPE_CHECKING:
 
 
 # How a unit is sharded: over every rank (FSDP, ZeRO-3), or within a node and replicated
-# across nodes (hybrid sharding, FSDP2's HSDP; the paper's section 6.1). Only the simulator
-# models `hybrid` so far; the real engines shard over every rank.
+# across nodes (hybrid sharding, FSDP2's HSDP; the paper's section 6.1). The real engines take
+# a node to be `ranks_per_node` consecutive ranks; the simulator takes it from its hardware.
 Shard = Literal["full", "hybrid"]
+
+
+def _check_ranks_per_node(value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"engine.ranks_per_node must be null or an integer >= 1, got {value!r}")
+
+
+def shard_group_size(shard: Shard, ranks_per_node: int | None, world_size: int) -> int:
+    """How many ranks share a unit's shards in a real run: all of them, or with hybrid
+    sharding one node's (ranks_per_node; None: the whole run is one node)."""
+    if shard == "hybrid" and ranks_per_node is not None:
+        return ranks_per_node
+    return world_size
 
 
 class EngineOptions(Protocol):
@@ -31,6 +44,11 @@ class EngineOptions(Protocol):
     @property
     def shard(self) -> Shard:
         """How the engine lays out its shards (every engine has the key)."""
+        ...
+
+    @property
+    def ranks_per_node(self) -> int | None:
+        """Ranks of one node, consecutive (every engine has the key); None: all ranks are one node."""
         ...
 
     def for_device(self, device_type: str) -> EngineOptions:
@@ -55,6 +73,12 @@ class CollectiveOptions:
     # The process group FSDP2's all-gathers and reduce-scatters run on.
     backend: Backend = "auto"
     shard: Shard = "full"
+    # Where node boundaries are for hybrid sharding: nodes are this many consecutive ranks
+    # (emulated on one host in local runs); None: every rank is on one node.
+    ranks_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_ranks_per_node(self.ranks_per_node)
 
     def for_device(self, device_type: str) -> CollectiveOptions:
         """The options as they run on `device_type`: `auto` replaced by the group it picks, so a
@@ -83,6 +107,8 @@ class OdcOptions:
     # The symmetric heap's transport (odc_core/transport/registry.py); auto picks one for the device.
     transport: str = "auto"
     shard: Shard = "full"
+    # As CollectiveOptions.ranks_per_node.
+    ranks_per_node: int | None = None
     # transport=mpi: keep MPI off shared memory between ranks of a host, so that one host
     # exercises the network path ranks on different hosts take.
     mpi_network_only: bool = False
@@ -99,6 +125,7 @@ class OdcOptions:
             raise ValueError(f"engine.mpi_network_only=true needs engine.transport=mpi, got {self.transport}")
         if self.staleness < 0:
             raise ValueError(f"engine.staleness must be an integer >= 0, got {self.staleness}")
+        _check_ranks_per_node(self.ranks_per_node)
 
     def for_device(self, device_type: str) -> OdcOptions:
         """The options as they run on `device_type`: `auto` replaced by the transport it picks."""

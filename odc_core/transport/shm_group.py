@@ -257,10 +257,11 @@ def _create(backend_options: dist.distributed_c10d._DistributedBackendOptions,
                            backend_options.timeout, options)
 
 
-def new_shm_group(job_id: str, timeout_s: float) -> ShmProcessGroup:
-    """Collective over every rank of the default group: a ShmProcessGroup spanning them all,
-    registered with torch.distributed (a name, ranks, a store prefix) like any new_group."""
+def new_shm_group(job_id: str, timeout_s: float, ranks: list[int] | None = None) -> ShmProcessGroup:
+    """Collective over every rank of the default group: a ShmProcessGroup spanning them all (or
+    `ranks`), registered with torch.distributed (a name, ranks, a store prefix) like any
+    new_group. Groups alive at once need job ids of their own: the ids name their segments."""
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
-    return dist.new_group(backend=BACKEND, timeout=timedelta(seconds=timeout_s),
+    return dist.new_group(ranks, backend=BACKEND, timeout=timedelta(seconds=timeout_s),
                           pg_options=ShmGroupOptions(job_id, timeout_s))

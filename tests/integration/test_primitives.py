@@ -30,6 +30,37 @@ def test_shard_layout_pads_the_last_shards():
         ShardLayout(0, 2)
 
 
+class _RecordingHeap:
+    """Enough of a heap for gather and scatter_accumulate to run in one process: what each get
+    and accumulate would touch, and on which rank."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.touched: list[tuple[str, int, int]] = []
+
+    def get(self, out: torch.Tensor, name: str, peer: int, offset: int = 0) -> None:
+        self.touched.append(("get", peer, out.numel()))
+        out.fill_(peer)
+
+    def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
+        self.touched.append(("add", peer, src.numel()))
+
+
+def test_an_owner_group_touches_only_its_ranks_in_rotated_order():
+    heap = _RecordingHeap(rank=3, world_size=4)
+    layout = ShardLayout(10, 2)  # shard i on owners[i]: rank 2 holds [0, 5), rank 3 [5, 10)
+    out = torch.empty(10)
+    gather(heap, "p", out, layout, owners=(2, 3))  # type: ignore[arg-type]
+    scatter_accumulate(heap, "g", torch.ones(10), layout, owners=(2, 3))  # type: ignore[arg-type]
+    assert heap.touched == [("get", 2, 5), ("get", 3, 5), ("add", 2, 5), ("add", 3, 5)]
+    assert out.tolist() == [2.0] * 5 + [3.0] * 5
+    with pytest.raises(ValueError, match="layout is for 2 owners, there are 3"):
+        gather(heap, "p", out, layout, owners=(1, 2, 3))  # type: ignore[arg-type]
+    full = _RecordingHeap(rank=1, world_size=4)  # no group: every rank, from rank + 1 on
+    gather(full, "p", torch.empty(12), ShardLayout(10, 4))  # type: ignore[arg-type]
+    assert [peer for _, peer, _ in full.touched] == [2, 3, 0, 1]
+
+
 def _compare(rank: int, world: int, store: dist.Store, name: str) -> list[tuple]:
     """Per case: the primitives' results and gloo's, on the same random inputs."""
     torch.set_num_threads(1)

@@ -26,6 +26,20 @@ def test_hybrid_sharding_owns_a_nodes_share_and_nothing_else_changes():
     assert (hybrid.working, hybrid.activations) == (full.working, full.activations)
 
 
+@pytest.mark.parametrize("engine", ["odc", "collective"])
+def test_a_local_hybrid_run_is_estimated_per_emulated_node(engine):
+    """4 local ranks in nodes of 2 (engine.ranks_per_node): a rank owns half of every unit, as
+    on 2 ranks; without ranks_per_node the 4 ranks are one node and hybrid is full sharding."""
+    common = (f"engine={engine}", "world_size=4", "num_minibatches=1", "warmup_minibatches=0",
+              "dataset.length_scale=0.005")
+    full = resolve(run_config(*common)).memory
+    hybrid = resolve(run_config(*common, "engine.shard=hybrid", "engine.ranks_per_node=2")).memory
+    one_node = resolve(run_config(*common, "engine.shard=hybrid")).memory
+    two_ranks = resolve(run_config(*common[:1], "world_size=2", *common[2:])).memory
+    assert hybrid.owned == two_ranks.owned > full.owned == one_node.owned
+    assert hybrid.working == full.working
+
+
 def test_a_simulated_hybrid_run_is_estimated_per_node_and_flagged_when_it_does_not_fit():
     """14B at 64K tokens on A100s (80 GB): sharded over 16 ranks a rank owns 1/16 of 14.8B
     parameters x 18 bytes (17 GB; 69 GB in all with 48 GB of activations) and fits; sharded

@@ -298,10 +298,11 @@ def test_plans_are_identical_across_runs_with_one_seed():
     assert plan_digest(resolve(config, reuse=False)) == plan_digest(resolve(config, reuse=False))
 
 
-def test_hybrid_sharding_with_local_ranks_is_a_one_line_error(results_dir):
+def test_hybrid_sharding_on_nodes_that_do_not_divide_the_local_ranks_is_a_one_line_error(results_dir):
+    """Local ranks run hybrid sharding on nodes of engine.ranks_per_node, which must divide them."""
     from tests.helpers import run_cli
 
-    done = run_cli("engine.shard=hybrid", f"results_dir={results_dir}")
+    done = run_cli("engine.shard=hybrid", "engine.ranks_per_node=3", f"results_dir={results_dir}")
     assert done.returncode == 2
-    assert done.stderr.startswith("odc_bench: error: engine.shard=hybrid is simulated only")
+    assert done.stderr.startswith("odc_bench: error: engine.ranks_per_node=3 must divide world_size=2")
     assert len(done.stderr.strip().splitlines()) == 1 and not results_dir.exists()
