@@ -211,11 +211,6 @@ def check_combination(config: RunConfig) -> None:
                                    f"engine.staleness={config.engine.staleness} removes; set engine.staleness=0 or "
                                    f"engine.shard=full",
                                    ("engine.shard", "engine.staleness"))
-        if not config.simulated and getattr(config.engine.options, "transport", None) == "mpi" \
-                and shard_group(config) < config.world_size:
-            raise CombinationError("engine.shard=hybrid runs on the shm transport only so far (nodes emulated on one "
-                                   "host); set engine.transport=shm or engine.shard=full",
-                                   ("engine.shard", "engine.transport"))
         if config.simulated and not (isinstance(config.backend, SimBackendConfig)
                                      and isinstance(config.backend.hardware, GpuHardwareConfig)):
             raise CombinationError("engine.shard=hybrid needs nodes: a GPU hardware profile (backend/hardware=a100 "

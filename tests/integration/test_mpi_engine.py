@@ -16,6 +16,7 @@ from odc_core.transport.shm import process_start_time
 from tests.helpers import run_config
 from tests.helpers.mpi import requires_mpi
 from tests.helpers.reference import relative_error, train_single_process
+from tests.integration.test_hybrid import HYBRID
 from tests.integration.test_reliability import MARGIN_S, SMALL, TIMEOUT_S, killing_entry
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
@@ -33,6 +34,18 @@ def test_odc_over_mpi_with_uneven_counts_matches_a_single_process():
     reference, _ = train_single_process(spec)
     assert relative_error(params, reference) < 1e-5
 
+
+def test_odc_hybrid_over_mpi_matches_a_single_process():
+    """Hybrid sharding over MPI's network path: what ODC runs across real nodes, 4 ranks as 2
+    emulated nodes, node 1 idle in minibatch 0 (the shm version, which also checks which ranks a
+    rank reads: tests/integration/test_hybrid.py)."""
+    spec = resolve(run_config(*MPI, *HYBRID, "engine=odc", f"timeout_s={60}"))
+    splits = [[[0, 1], [2, 3], [], []], [[0], [1], [2], [3]], [[], [0, 1, 2], [3], []]]
+    spec = replace(spec, minibatches=[replace(mb, plan=[[[i] for i in mine] for mine in split])
+                                      for mb, split in zip(spec.minibatches, splits, strict=True)])
+    params = run_mpi(spec, collect_params=True)[0]["params"]
+    reference, _ = train_single_process(spec)
+    assert relative_error(params, reference) < 1e-5
 
 def _descendants(pid: int) -> list[int]:
     children = []

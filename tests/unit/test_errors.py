@@ -124,8 +124,6 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "dynamic-on-collective": (["balancer=dynamic"], "balancer dynamic gives ranks different microbatch counts", None),
     "hybrid-with-staleness": (["engine=odc", "engine.shard=hybrid", "engine.staleness=1"],
                               "engine.shard=hybrid is synchronous only so far", None),
-    "hybrid-on-mpi": (["engine=odc", "engine.transport=mpi", "engine.shard=hybrid", "world_size=4",
-                       "engine.ranks_per_node=2"], "engine.shard=hybrid runs on the shm transport only so far", None),
     "ranks-per-node-on-sim": (["backend=sim", "engine.ranks_per_node=2"],
                               "engine.ranks_per_node=2 emulates nodes for real runs", None),
     "hybrid-on-the-cpu-profile": (["backend=sim", "backend/hardware=cpu", "engine.shard=hybrid"],
