@@ -90,9 +90,12 @@ WAITING = ["-m", "minibatch_size=1,2", "model=tiny", "num_minibatches=2", "warmu
 
 def _start(tmp_path: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
+    # The driver as a terminal starts it: with SIGINT at its default even where this test runs
+    # in the background (a non-interactive shell's `&` ignores SIGINT, and children inherit that).
     return subprocess.Popen([sys.executable, "-m", "odc_bench", *WAITING, *extra,
                              f"results_dir={tmp_path / 'results'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _submitted_ids(proc: subprocess.Popen, count: int, timeout_s: float = 120) -> list[str]:
