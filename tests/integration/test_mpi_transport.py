@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -25,6 +24,7 @@ from odc_bench.run.mpiexec import RankExit, run_mpi_ranks
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout
 from tests.helpers.mpi import requires_mpi
+from tests.helpers.pushes import push_integers
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
 
@@ -100,32 +100,7 @@ def test_primitives_equal_gloo_collectives():
 def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: int, pushes: int) -> dict:
     """Two threads push random integer-valued slices (fp32 and bf16) into rank 0's buffer."""
     with heap(rank, world, store, name) as h:
-        acc = h.alloc("acc", numel, torch.float32)
-        h.alloc("count", 1, torch.int64)
-        h.barrier(30)
-        sums: list[torch.Tensor] = []
-        olds: list[int] = []
-
-        def push(seed: int) -> None:
-            g = torch.Generator().manual_seed(seed)
-            mine = torch.zeros(numel)
-            for i in range(pushes):
-                lo = int(torch.randint(0, numel - 1, (1,), generator=g))
-                hi = int(torch.randint(lo + 1, min(numel, lo + numel // 2) + 1, (1,), generator=g))
-                src = torch.randint(-8, 9, (hi - lo,), generator=g).float()
-                h.accumulate("acc", 0, lo, src.bfloat16() if i % 2 else src)  # small integers are exact in bf16
-                olds.append(h.fetch_add("count", 0, 0, 1))
-                mine[lo:hi] += src
-            sums.append(mine)  # summed after the threads are joined: two add_ into one tensor would race
-
-        threads = [threading.Thread(target=push, args=(1000 * rank + t,)) for t in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        h.barrier(30)
-        return dict(expected=sum(sums, torch.zeros(numel)), acc=acc.clone() if rank == 0 else None, olds=olds,
-                    count=h.load("count", 0, 0))
+        return push_integers(h, numel, pushes, bf16_every_other=True)
 
 
 def test_concurrent_pushes_into_one_owner_land_exactly_once():

@@ -32,6 +32,7 @@ from odc_core.transport.shm import (
     segment_creator,
     sweep_stale_segments,
 )
+from tests.helpers.pushes import push_integers
 
 
 def job() -> str:
@@ -228,31 +229,7 @@ def _push_integers(rank: int, world: int, store: dist.Store, name: str, numel: i
     """Two threads push random integer-valued slices into rank 0's buffer; return what they pushed."""
     torch.set_num_threads(1)
     with ShmHeap(rank, world, name, store, timeout_s=30, chunk_bytes=16384) as heap:
-        acc = heap.alloc("acc", numel, torch.float32)
-        heap.alloc("count", 1, torch.int64)
-        heap.barrier(30)
-        sums: list[torch.Tensor] = []
-
-        def push(seed: int) -> None:
-            g = torch.Generator().manual_seed(seed)
-            mine = torch.zeros(numel)
-            for _ in range(pushes):
-                lo = int(torch.randint(0, numel - 1, (1,), generator=g))
-                hi = int(torch.randint(lo + 1, min(numel, lo + numel // 2) + 1, (1,), generator=g))
-                src = torch.randint(-8, 9, (hi - lo,), generator=g).float()
-                heap.accumulate("acc", 0, lo, src)
-                heap.fetch_add("count", 0, 0, 1)
-                mine[lo:hi] += src
-            sums.append(mine)  # summed after the threads are joined: two add_ into one tensor would race
-
-        threads = [threading.Thread(target=push, args=(1000 * rank + t,)) for t in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        heap.barrier(30)
-        return dict(expected=sum(sums, torch.zeros(numel)), acc=acc.clone() if rank == 0 else None,
-                    count=heap.load("count", 0, 0))
+        return push_integers(heap, numel, pushes)
 
 
 @pytest.mark.slow
