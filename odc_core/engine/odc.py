@@ -23,11 +23,15 @@ Synchronisation, through two int64 flags every rank publishes:
 Step k runs on each owner once every rank's DONE >= k + 1. With s = 0 the rank runs it
 itself in finish_minibatch, after waiting for every DONE (the minibatch's one barrier); a
 fast rank then starts minibatch k + 1 as soon as the owners it reads from have stepped. With
-s >= 1 a server thread runs the steps in order, so the owner applies a step as soon as the
-last push lands, not when its own worker reaches a minibatch boundary, and no worker waits
-at finish_minibatch at all. Pushes of minibatch k cannot reach an accumulator slot before
-the step that frees it either: a rank pushes a unit's gradients only after gathering that
-unit from the same owners, which waited for the version that step published.
+s >= 1 no worker waits at finish_minibatch: the owner serves its steps in order from inside
+its own training, at every unit's forward and after every unit's push, and all the while it
+waits for anything, so a step is applied within one unit's compute of its last push landing,
+not at the owner's next minibatch boundary. Not on a server thread of its own: where a rank
+has one core (CPU ranks), such a thread's polling and its optimizer step take the GIL and the
+core from the rank's compute (docs/staleness.md measured it). Pushes of minibatch k cannot
+reach an accumulator slot before the step that frees it either: a rank pushes a unit's
+gradients only after gathering that unit from the same owners, which waited for the version
+that step published.
 
 Hybrid sharding (shard_group G < world size; the paper's section 6.1): a node is G
 consecutive ranks, each unit is sharded over its node's ranks, and every node holds a
@@ -42,8 +46,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from datetime import timedelta
 from time import perf_counter as _now
@@ -61,8 +67,10 @@ from odc_core.transport.registry import make_heap
 FLAGS = "odc/flags"
 VERSION, DONE = 0, 1
 CLAIMS = "odc/claims"  # rank 0's work counter for run-time balancing (dynamic)
-# A wait looks up between slices whether this rank's server failed or the engine is closing.
+# A wait looks up between slices whether the engine is closing.
 _WAIT_SLICE_S = 0.2
+# A worker with steps of its own due polls between 10 us and 1 ms, as the transports' waits do.
+_POLL_FIRST_S, _POLL_LAST_S = 1e-5, 1e-3
 
 
 def _alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
@@ -150,9 +158,10 @@ class OdcEngine:
         self._opt: torch.optim.Optimizer | None = None
         self._ready: list[int] = [0] * self.world_size  # highest VERSION seen per owner
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="odc-prefetch") if prefetch else None
-        # The owner's side of stale-synchronous ODC: steps run here, in minibatch order.
-        self._server = ThreadPoolExecutor(max_workers=1, thread_name_prefix="odc-server") if staleness else None
-        self._steps: list[Future] = []
+        # The owner's side of stale-synchronous ODC: minibatches finished here whose steps are
+        # not applied yet, oldest first, and the highest DONE seen of each rank.
+        self._unstepped: deque[int] = deque()
+        self._done_seen: list[int] = [0] * self.world_size
         self._closing = threading.Event()
         self._handles: list = []
 
@@ -244,12 +253,12 @@ class OdcEngine:
 
     def begin_minibatch(self) -> None:
         """Nothing here waits for a peer: the first gather from an owner waits for its version."""
-        self._raise_if_server_failed()
+        self._serve()
         self.minibatch += 1
 
     def finish_minibatch(self) -> None:
         """This rank's gradients of the minibatch have landed; the minibatch's step is applied
-        here (s = 0, after the one barrier) or handed to this rank's server (s >= 1)."""
+        here (s = 0, after the one barrier) or queued for this owner to serve (s >= 1)."""
         k = self.minibatch
         for unit in self.units:
             if unit.grad is not None:
@@ -257,11 +266,10 @@ class OdcEngine:
         t0 = _now()
         self.heap.quiet()
         self.heap.store(FLAGS, DONE, k + 1)
-        if self._server is not None:
+        if self.staleness:
+            self._unstepped.append(k)
             self._emit("sync", t0)
-            self._raise_if_server_failed()
-            self._steps = [f for f in self._steps if not f.done()]
-            self._steps.append(self._server.submit(self._serve, k))
+            self._serve()
             return
         for peer in self.peers:
             self._wait(peer, DONE, k + 1, f"its gradients of minibatch {k}")
@@ -284,21 +292,39 @@ class OdcEngine:
             dist.all_reduce(unit.acc[k % self.slots], group=self._replicas)
 
     def drain(self) -> None:
-        """Wait until every owner has applied the step of every minibatch begun so far."""
+        """Wait until every owner has applied the step of every minibatch begun so far (this
+        rank's own steps included, which it applies here as their pushes land)."""
         t0 = _now()
+        while self._unstepped:
+            k = self._unstepped[0]
+            for peer in self.peers:
+                self._wait(peer, DONE, k + 1, f"its gradients of minibatch {k} (for step {k})", serve=True)
+            self._serve()
         for owner in self.peers:
-            self._wait(owner, VERSION, self.minibatch + 2, f"step {self.minibatch} of its shards")
-        if self._server is not None:  # synchronous, the barrier was the wait: a trace as before
+            self._wait(owner, VERSION, self.minibatch + 2, f"step {self.minibatch} of its shards", serve=True)
+        if self.staleness:  # synchronous, the barrier was the wait: a trace as before
             self._emit("sync", t0)
-        for step in self._steps:
-            step.result()  # published: done; re-raises nothing, keeps no future behind
-        self._steps.clear()
 
-    def _serve(self, k: int) -> None:
-        """Step k on the server thread, once every rank's pushes of minibatch k have landed."""
+    def _serve(self) -> None:
+        """Apply, oldest first, each step of this owner whose pushes have all landed (s >= 1).
+
+        Called by the worker only (at unit boundaries and inside its waits), never by the
+        prefetch thread: steps are applied one at a time, in order, by one thread."""
+        while self._unstepped and self._landed(self._unstepped[0]):
+            k = self._unstepped.popleft()
+            for peer in self.peers:  # acquire: each rank's pushes before its DONE are visible here
+                self.heap.wait_until(FLAGS, peer, DONE, k + 1, self.timeout_s)
+            self._step(k)
+
+    def _landed(self, k: int) -> bool:
+        """Whether every rank has pushed its gradients of minibatch k. Reads a flag only until
+        the first rank that has not (usually one read: the flags only grow)."""
         for peer in self.peers:
-            self._wait(peer, DONE, k + 1, f"its gradients of minibatch {k} (for step {k})", on_server=True)
-        self._step(k)
+            if self._done_seen[peer] < k + 1:
+                self._done_seen[peer] = self.heap.load(FLAGS, peer, DONE)
+                if self._done_seen[peer] < k + 1:
+                    return False
+        return True
 
     def _step(self, k: int) -> None:
         """Version k + 1 = AdamW(version k, minibatch k's gradients), written into its own slot;
@@ -330,36 +356,35 @@ class OdcEngine:
         return self.heap.fetch_add(CLAIMS, 0, 0, 1)
 
     # ---- waiting on peers ---------------------------------------------------------------
-    def _wait(self, peer: int, index: int, at_least: int, what: str, on_server: bool = False) -> None:
+    def _wait(self, peer: int, index: int, at_least: int, what: str, serve: bool = False) -> None:
         """Until peer's flag reaches `at_least`. PeerTimeout names the peer when its flag has
-        not moved for timeout_s (a server waits for a peer up to s + 1 minibatches behind,
-        so progress, not the whole wait, is what is timed); the engine closing, or (for the
-        worker's waits) this rank's server failing, ends the wait at once."""
-        seen, deadline = -1, 0.0
+        not moved for timeout_s (with staleness a peer may be up to s + 1 minibatches behind,
+        so progress, not the whole wait, is what is timed); the engine closing ends the wait at
+        once. With `serve` (the worker's waits) this rank's due steps are applied meanwhile: a
+        peer may be waiting for one of them while this rank waits for it."""
+        seen, deadline, delay = -1, 0.0, _POLL_FIRST_S
         while (value := self.heap.load(FLAGS, peer, index)) < at_least:
             if value != seen:
                 seen, deadline = value, time.monotonic() + self.timeout_s
             if self._closing.is_set():
                 raise RuntimeError(f"the engine closed while waiting for rank {peer}: {what}")
-            if not on_server:
-                self._raise_if_server_failed()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PeerTimeout(peer, what, self.timeout_s)
-            # A slice, not the timeout: then look at the server and the deadline again.
+            if serve and self._unstepped:
+                self._serve()
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_LAST_S)
+                continue
+            # A slice, not the timeout: then look at the engine and the deadline again.
             with contextlib.suppress(PeerTimeout):
                 self.heap.wait_until(FLAGS, peer, index, value + 1, min(remaining, _WAIT_SLICE_S))
-
-    def _raise_if_server_failed(self) -> None:
-        """Re-raise a failed step's error (it names the peer the server waited for) in the
-        worker, which would otherwise wait for a version that never comes."""
-        for step in list(self._steps):
-            error = step.exception() if step.done() else None
-            if error is not None:
-                raise error
+        # Acquire (returns at once): what the peer wrote before its flag is visible from here on.
+        self.heap.wait_until(FLAGS, peer, index, at_least, self.timeout_s)
 
     # ---- hooks ------------------------------------------------------------------------
     def _pre_forward(self, unit: _Unit, args: tuple):
+        self._serve()
         self._ensure_gathered(unit)
         if unit.index + 1 < len(self.units):
             self._prefetch(self.units[unit.index + 1])
@@ -409,32 +434,43 @@ class OdcEngine:
             p.grad = None
         unit.grad = None
         self._reshard(unit)
+        self._serve()
 
     # ---- gathering --------------------------------------------------------------------
     def _ensure_gathered(self, unit: _Unit) -> None:
         if unit.pending is not None:
             t0 = _now()
-            unit.pending.result()
+            self._prefetched(unit.pending)
             unit.pending = None
             self._emit("prefetch_wait", t0, unit=unit.name)
         if not unit.gathered:
             t0 = _now()
-            self._gather(unit)
+            self._gather(unit, serve=True)
             self._emit("gather", t0, unit=unit.name)
+
+    def _prefetched(self, pending: Future) -> None:
+        """Wait for a prefetch, applying this rank's due steps meanwhile (the prefetch may be
+        waiting for a peer that waits for one of them)."""
+        delay = _POLL_FIRST_S
+        while self._unstepped and not pending.done():
+            self._serve()
+            wait_futures([pending], timeout=delay)
+            delay = min(delay * 2, _POLL_LAST_S)
+        pending.result()
 
     def _prefetch(self, unit: _Unit) -> None:
         if self._pool is None or unit.gathered or unit.pending is not None:
             return
         unit.pending = self._pool.submit(self._gather, unit)
 
-    def _gather(self, unit: _Unit) -> None:
+    def _gather(self, unit: _Unit, serve: bool = False) -> None:
         storage = unit.full.untyped_storage()
         storage.resize_(unit.layout.padded_numel * unit.full.element_size())
         version = self.read_version(self.minibatch)
         for owner in self.peers:
             if self._ready[owner] < version + 1:
                 t0 = _now()
-                self._wait(owner, VERSION, version + 1, f"version {version} of its shards")
+                self._wait(owner, VERSION, version + 1, f"version {version} of its shards", serve)
                 self._ready[owner] = version + 1
                 self._emit("wait", t0, unit=unit.name, peer=owner)
         kind = "shadow" if unit.shadow is not None else "master"
@@ -466,14 +502,13 @@ class OdcEngine:
         return out
 
     def close(self) -> None:
-        self._closing.set()  # a server or prefetch thread waiting on a dead peer stops now
+        self._closing.set()  # a prefetch thread waiting on a dead peer stops now
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for pool in (self._pool, self._server):
-            if pool is not None:
-                # After a failure a queued gather or step would only wait out its timeout on a dead peer.
-                pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            # After a failure a queued gather would only wait out its timeout on a dead peer.
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self.heap.close()
         if self._replicas is not None:
             group, self._replicas = self._replicas, None

@@ -18,6 +18,8 @@ from tests.helpers.mpi import requires_mpi
 from tests.helpers.reference import relative_error, train_single_process
 from tests.integration.test_hybrid import HYBRID
 from tests.integration.test_reliability import MARGIN_S, SMALL, TIMEOUT_S, killing_entry
+from tests.integration.test_staleness import SMALL as STALE_SMALL
+from tests.integration.test_staleness import SPLITS as STALE_SPLITS
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
 MPI = ("engine=odc", "engine.transport=mpi", "engine.mpi_network_only=true")
@@ -33,6 +35,20 @@ def test_odc_over_mpi_with_uneven_counts_matches_a_single_process():
     params = run_mpi(spec, collect_params=True)[0]["params"]
     reference, _ = train_single_process(spec)
     assert relative_error(params, reference) < 1e-5
+
+
+def test_stale_odc_over_mpi_equals_delayed_gradient_training_in_one_process():
+    """Staleness over MPI's network path: each owner applies its steps from inside its own
+    training (the engine's serve points), reading the pushes that landed in its window."""
+    spec = resolve(run_config(*MPI, *STALE_SMALL, "engine.staleness=1", f"num_minibatches={len(STALE_SPLITS)}",
+                              f"timeout_s={60}"))
+    spec = replace(spec, minibatches=[replace(mb, plan=[[[i] for i in mine], [[i] for i in theirs]])
+                                      for mb, (mine, theirs) in zip(spec.minibatches, STALE_SPLITS, strict=True)])
+    params = run_mpi(spec, collect_params=True)[0]["params"]
+    reference, _ = train_single_process(spec, staleness=1)
+    # The bound of the shm test (test_staleness.py): fp32 pushes land in any order.
+    assert relative_error(params, reference) < 1e-4
+    assert relative_error(train_single_process(spec, staleness=0)[0], reference) > 1e-3
 
 
 def test_odc_hybrid_over_mpi_matches_a_single_process():

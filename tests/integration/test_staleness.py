@@ -53,20 +53,29 @@ def test_stale_odc_equals_delayed_gradient_training_in_one_process(staleness):
     assert relative_error(train_single_process(spec, staleness=staleness - 1)[0], reference) > 1e-3
 
 
-def holding_entry(hold: tuple[int, int, int, int, int], rank: int, job: RankJob) -> None:
+def holding_entry(hold: tuple[int, int, int, int, int], rank: int, job: RankJob, version_by_finish: int = 0) -> None:
     """rank_entry where rank `holder`, about to load its second sample of minibatch `minibatch`,
-    holds still until rank `peer`'s flag `index` reaches `value` (at most HOLD_S). Bind `hold`
-    with functools.partial: the ranks unpickle the entry by name."""
+    holds still until rank `peer`'s flag `index` reaches `value` (at most HOLD_S), and fails
+    the run unless its own VERSION has reached `version_by_finish` by the time it enters that
+    minibatch's finish_minibatch. Bind `hold` with
+    functools.partial: the ranks unpickle the entry by name."""
     holder, minibatch, peer, index, value = hold
     if rank == holder:
         state: dict = {"engine": None, "minibatch": -1, "samples": 0}
-        begin = OdcEngine.begin_minibatch
+        begin, finish = OdcEngine.begin_minibatch, OdcEngine.finish_minibatch
 
         def counting_begin(self):
             begin(self)
             state.update(engine=self, minibatch=state["minibatch"] + 1, samples=0)
 
-        OdcEngine.begin_minibatch = counting_begin
+        def checked_finish(self):
+            mine = self.heap.load(FLAGS, self.rank, VERSION)
+            if state["minibatch"] == minibatch and mine < version_by_finish:
+                raise RuntimeError(f"own VERSION {mine} < {version_by_finish} entering finish_minibatch "
+                                   f"of minibatch {minibatch}")
+            finish(self)
+
+        OdcEngine.begin_minibatch, OdcEngine.finish_minibatch = counting_begin, checked_finish
         source = worker.token_source
 
         def holding_source(name: str):
@@ -88,9 +97,11 @@ def holding_entry(hold: tuple[int, int, int, int, int], rank: int, job: RankJob)
 HOLD_S = 4.0
 
 
-def _held_run(staleness: int, splits, hold: tuple[int, int, int, int, int], results_dir: Path) -> dict:
+def _held_run(staleness: int, splits, hold: tuple[int, int, int, int, int], results_dir: Path,
+              version_by_finish: int = 0) -> dict:
     spec = _spec(staleness, splits, "timeout_s=20")
-    return execute(spec, results_dir, launch=partial(run_local, entry=partial(holding_entry, hold)))
+    entry = partial(holding_entry, hold, version_by_finish=version_by_finish)
+    return execute(spec, results_dir, launch=partial(run_local, entry=entry))
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
@@ -107,11 +118,13 @@ def test_a_rank_finishes_its_next_minibatch_while_a_peer_is_still_in_the_last(st
 
 
 def test_an_owner_steps_while_its_worker_is_inside_a_minibatch(results_dir):
-    """Rank 1 holds inside minibatch 1 until its own shards hold version 1 (VERSION = 2): step 0,
-    which needs only rank 0's minibatch-0 pushes (rank 1 has none), must be applied by rank 1's
-    server while its worker is mid-minibatch, not at the worker's next boundary."""
+    """Step 0 needs only rank 0's minibatch-0 pushes (rank 1 has none). Rank 1, already inside
+    minibatch 1, holds before its second sample until rank 0 has pushed them (DONE = 1); the
+    step must then be applied by rank 1 during that minibatch's compute (its own VERSION = 2
+    before it enters finish_minibatch), not at the minibatch's end."""
     splits = [([0, 1, 2, 3], []), ([0, 1], [2, 3]), ([0, 1], [2, 3])]
-    row = _held_run(1, splits, (1, 1, 1, VERSION, 2), results_dir)
+    hold = (1, 1, 0, DONE, 1)
+    row = _held_run(1, splits, hold, results_dir, version_by_finish=2)
     assert row["status"] == "ok", row["error"]
 
 
