@@ -9,6 +9,12 @@ of the last WINDOW steps), the steps and seconds to a target loss, and their gap
 staleness 0; the target is the loss ODC at staleness 0 reaches (smoothed over WINDOW steps) at
 half of its run, a loss every series reaches unless staleness costs more than half a run.
 
+Steps and losses do not depend on timing; seconds do, on a 2-core host by more than the gaps in
+question. Where the series ran as side-by-side sets (set i: each series' i-th ok run, as
+sweep=ssp_convergence runs them), the seconds are the median over the complete sets, each set's
+gap to ODC at staleness 0 taken within the set, with the range of those gaps; the time panel
+draws every set.
+
 Loss of minibatch k: the ranks' loss sums over its labelled tokens (its microbatches' tokens
 less one per sample); its time: when the last rank left minibatch k.
 """
@@ -114,15 +120,20 @@ def colors_of(labels: list[str]) -> dict[str, object]:
     return colors
 
 
-def plot(curves: dict[str, pd.DataFrame], title: str = "") -> Figure:
-    order = ordered(list(curves))
+def plot(sets: list[dict[str, pd.DataFrame]], title: str = "") -> Figure:
+    """Loss against steps (the first set: steps do not depend on timing) and against seconds
+    (every set, the later ones fainter)."""
+    order = ordered(list(sets[0]))
     colors = colors_of(order)
     fig = Figure(figsize=(12, 4.4))
     by_step, by_time = fig.subplots(1, 2, sharey=True)
     for label in order:
-        curve = curves[label]
-        for ax, x in ((by_step, "step"), (by_time, "seconds")):
-            ax.plot(curve[x], smoothed(curve), color=colors[label], label=label, gid=label)
+        curve = sets[0][label]
+        by_step.plot(curve["step"], smoothed(curve), color=colors[label], label=label, gid=label)
+        for i, curves in enumerate(sets):
+            curve = curves[label]
+            by_time.plot(curve["seconds"], smoothed(curve), color=colors[label], gid=label,
+                         alpha=1.0 if i == 0 else 0.35, linewidth=1.5 if i == 0 else 0.8)
     for ax, xlabel in ((by_step, "optimizer step"), (by_time, "wall-clock time since the run's start (s)")):
         ax.set_xlabel(xlabel)
     by_step.set_ylabel(f"training loss per token (mean of {WINDOW} steps)")
@@ -132,14 +143,30 @@ def plot(curves: dict[str, pd.DataFrame], title: str = "") -> Figure:
     return fig
 
 
+def over_sets(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """The median of each column over the sets' tables, with the range of the seconds gap
+    (seconds_gap_lo, seconds_gap_hi) and the number of sets."""
+    every = pd.concat(tables)
+    by_series = every.groupby(level=0, sort=False)
+    return by_series.median().assign(seconds_gap_lo=by_series["seconds_gap"].min(),
+                                     seconds_gap_hi=by_series["seconds_gap"].max(), sets=len(tables))
+
+
 def markdown(table: pd.DataFrame) -> str:
     target = float(table["target"].iloc[0])
-    lines = [f"Target loss {target:.3f} (ODC at staleness 0, smoothed over {WINDOW} steps, at half its run).", "",
-             "| series | final loss | gap | steps to target | gap | seconds to target | gap | run's seconds |",
-             "|---|---|---|---|---|---|---|---|"]
+    sets = int(table["sets"].iloc[0])
+    lines = [f"Target loss {target:.3f} (ODC at staleness 0, smoothed over {WINDOW} steps, at half its run)."]
+    if sets > 1:
+        lines.append(f"Seconds: the median of {sets} side-by-side sets; a seconds gap is taken within each set, "
+                     "its range over the sets in brackets.")
+    lines += ["", "| series | final loss | gap | steps to target | gap | seconds to target | gap | run's seconds |",
+              "|---|---|---|---|---|---|---|---|"]
     for series, r in table.iterrows():
+        # The reference's gap is zero in every set: no range to give.
+        spread = f" ({r.seconds_gap_lo:+.1%} to {r.seconds_gap_hi:+.1%})" \
+            if sets > 1 and (r.seconds_gap_lo, r.seconds_gap_hi) != (0, 0) else ""
         lines.append(f"| {series} | {r.final_loss:.3f} | {r.final_loss_gap:+.3f} | {r.steps_to_target:.0f} "
-                     f"| {r.steps_gap:+.1%} | {r.seconds_to_target:.1f} | {r.seconds_gap:+.1%} "
+                     f"| {r.steps_gap:+.1%} | {r.seconds_to_target:.1f} | {r.seconds_gap:+.1%}{spread} "
                      f"| {r.total_seconds:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -149,19 +176,33 @@ def _draw(runs: pd.DataFrame) -> dict[str, object]:
     if not (runs["staleness"] != REFERENCE[1]).any():
         # Synchronous runs only (sweep=convergence): the convergence figure draws them.
         raise Skip("no ODC run at engine.staleness >= 1")
-    # The setting with the most series (then the first); its latest run of each series, one curve each.
+    # The setting with the most series (then the first).
     keys = ["model", "dataset", "world_size", "minibatch_size", "length_scale", "num_minibatches", "seed"]
     setting = max(runs.groupby(keys, dropna=False), key=lambda kv: (kv[1]["series"].nunique(), -len(kv[1])))[1]
     setting = setting.assign(label=[series_label(r.engine, r.balancer, r.staleness, r.series)
-                                    for r in setting.itertuples()]).drop_duplicates("label", keep="last")
+                                    for r in setting.itertuples()])
     reference = setting[(setting["engine"] == REFERENCE[0]) & (setting["staleness"] == REFERENCE[1])]
     if reference.empty:
         raise Skip("no ODC run at staleness 0 to measure the others against")
-    curves = {row["label"]: loss_curve(read_trace(row)) for _, row in setting.iterrows()}
-    table = convergence_table(curves, str(reference["label"].iloc[0]))
+    sets = side_by_side(setting)
+    curves = [{row["label"]: loss_curve(read_trace(row)) for _, row in part.iterrows()} for part in sets]
+    table = over_sets([convergence_table(c, str(reference["label"].iloc[0])) for c in curves])
+    table = table.loc[ordered(list(table.index))]  # the legend's order, whichever ran first
     first = setting.iloc[0]
-    return {"figure": plot(curves, f"Loss with staleness: {describe_setting(first)}, seed {first['seed']}"),
-            "table": markdown(table)}
+    title = f"Loss with staleness: {describe_setting(first)}, seed {first['seed']}"
+    if len(sets) > 1:
+        title += f", {len(sets)} side-by-side sets"
+    return {"figure": plot(curves, title), "table": markdown(table)}
+
+
+def side_by_side(setting: pd.DataFrame) -> list[pd.DataFrame]:
+    """Set i: each series' i-th ok run (in the order of its rows' attempts, as a sweep of rounds
+    runs them); only the sets every series has a run in."""
+    attempts = setting["attempt"].fillna(0) if "attempt" in setting else pd.Series(0, index=setting.index)
+    ordered_runs = setting.assign(_attempt=attempts).sort_values("_attempt", kind="stable")
+    numbered = ordered_runs.assign(_set=ordered_runs.groupby("label").cumcount())
+    complete = int(numbered.groupby("label")["_set"].max().min()) + 1
+    return [part.drop(columns=["_attempt", "_set"]) for i, part in numbered.groupby("_set") if i < complete]
 
 
 def render(inputs: Inputs) -> dict[str, object]:

@@ -177,25 +177,31 @@ def staleness_trace(decay: float, seconds: float) -> pd.DataFrame:
     return pd.DataFrame(events)
 
 
-def write_staleness_runs(folder: Path) -> None:
-    """Runs of sweep=ssp_convergence whose loss curves and clocks are known (paper_figures/staleness.py)."""
+def write_staleness_runs(folder: Path, sets: int = 1, slower: dict[str, tuple[float, ...]] | None = None,
+                         incomplete: tuple[str, ...] = ()) -> None:
+    """Runs of sweep=ssp_convergence whose loss curves and clocks are known (paper_figures/staleness.py):
+    `sets` side-by-side sets (attempt j of each series' run key), a series' seconds per step
+    multiplied by slower[series][j] in set j, and one more run of the `incomplete` series alone."""
     (folder / "traces").mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, (engine, balancer, s, decay, seconds) in enumerate(STALENESS_SERIES.values()):
+    for i, (label, (engine, balancer, s, decay, seconds)) in enumerate(STALENESS_SERIES.items()):
         engine_cfg = {"name": engine} if s is None else {"name": engine, "staleness": s}
-        row = {c: None for c in COLUMNS}
-        row.update(run_id=f"r{i}", schema_version=2, status="ok", backend="local", engine=engine, balancer=balancer,
-                   cost_model="calibrated:tiny-cpu", precision="fp32", bubble_rate=0.2, tokens_per_s=100.0,
-                   model="tiny", dataset="pareto", world_size=2, minibatch_size=4, max_tokens=2048, packing_ratio=1,
-                   length_scale=1 / 64, num_minibatches=STALENESS_STEPS, warmup_minibatches=2, seed=0,
-                   samples_per_s=1.0, trace=f"traces/r{i}.csv",
-                   config=yaml.safe_dump({"engine": engine_cfg, "dataset": {"tokens": "learnable"}}))
-        rows.append(row)
-        staleness_trace(decay, seconds).to_csv(folder / "traces" / f"r{i}.csv", index=False)
+        for j in range(sets + (label in incomplete)):
+            factor = (slower or {}).get(label, (1.0,) * (sets + 1))[j]
+            row = {c: None for c in COLUMNS}
+            row.update(run_id=f"r{i}", attempt=j, schema_version=2, status="ok", backend="local", engine=engine,
+                       balancer=balancer, cost_model="calibrated:tiny-cpu", precision="fp32", bubble_rate=0.2,
+                       tokens_per_s=100.0, model="tiny", dataset="pareto", world_size=2, minibatch_size=4,
+                       max_tokens=2048, packing_ratio=1, length_scale=1 / 64, num_minibatches=STALENESS_STEPS,
+                       warmup_minibatches=2, seed=0, samples_per_s=1.0, trace=f"traces/r{i}-{j}.csv",
+                       config=yaml.safe_dump({"engine": engine_cfg, "dataset": {"tokens": "learnable"}}))
+            rows.append(row)
+            staleness_trace(decay, seconds * factor).to_csv(folder / "traces" / f"r{i}-{j}.csv", index=False)
     # A short learnable run and a synthetic-token run: neither is drawn.
-    short = dict(rows[1], run_id="short", num_minibatches=10)
-    synthetic = dict(rows[1], run_id="syn", config=yaml.safe_dump({"engine": {"name": "odc"},
-                                                                    "dataset": {"tokens": "synthetic"}}))
+    odc = next(row for row in rows if row["run_id"] == "r1")
+    short = dict(odc, run_id="short", num_minibatches=10)
+    synthetic = dict(odc, run_id="syn", config=yaml.safe_dump({"engine": {"name": "odc"},
+                                                                "dataset": {"tokens": "synthetic"}}))
     pd.DataFrame([*rows, short, synthetic], columns=COLUMNS).to_csv(folder / "runs.csv", index=False)
 
 
