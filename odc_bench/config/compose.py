@@ -17,6 +17,8 @@ from odc_bench.config.run import RunConfig, load
 from odc_bench.provenance import REPO_ROOT
 
 SWEEPS_DIR = Path(os.environ.get("ODC_SWEEPS_DIR", REPO_ROOT / "sweeps"))
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+_ABSENT = object()
 
 
 def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
@@ -43,12 +45,29 @@ def hydra_error_line(error: Exception) -> str:
     """Hydra's or OmegaConf's error about a command line, in one line saying what to do."""
     unknown_key = re.match(r"Could not override '([^']+)'", str(error))
     if unknown_key:
-        return (f"unknown config key {unknown_key.group(1)!r}; check its spelling "
+        key = unknown_key.group(1)
+        group, owners = options_with_key(key)
+        if owners:
+            return (f"config key {key!r} belongs to {', '.join(f'{group}={o}' for o in owners)}, not to the "
+                    f"{group} chosen; choose {'one of those' if len(owners) > 1 else f'{group}={owners[0]}'} "
+                    f"or leave {key} out")
+        return (f"unknown config key {key!r}; check its spelling "
                 f"(`python -m odc_bench --cfg job` prints every key)")
     if isinstance(error, MissingConfigException) and error.options:
-        group = (error.missing_cfg_file or "").rsplit("/", 1)
-        if len(group) == 2:
-            return (f"unknown {group[0]} option {group[1]!r}; choose one of {', '.join(sorted(error.options))}")
+        missing = (error.missing_cfg_file or "").rsplit("/", 1)
+        if len(missing) == 2:
+            return (f"unknown {missing[0]} option {missing[1]!r}; choose one of {', '.join(sorted(error.options))}")
     first = str(error).strip().splitlines()
     text = " ".join(line.strip() for line in first[:2] if line.strip())
     return text or type(error).__name__
+
+
+def options_with_key(key: str) -> tuple[str, list[str]]:
+    """For a key GROUP.REST (engine.staleness): the group and those of its options
+    (odc_bench/conf/GROUP/*.yaml) that have REST, so a key set on the wrong option is named as such."""
+    group, _, rest = key.partition(".")
+    folder = CONF_DIR / group
+    if not rest or not folder.is_dir():
+        return group, []
+    return group, sorted(path.stem for path in folder.glob("*.yaml")
+                         if OmegaConf.select(OmegaConf.load(path), rest, default=_ABSENT) is not _ABSENT)

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from odc_bench.cli.precheck import precheck
+from odc_bench.config.compose import CONF_DIR, options_with_key
 from odc_bench.errors import ConfigError
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from tests.helpers import REPO
@@ -71,6 +73,8 @@ TWO_NODES = ["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.laun
 CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] | None]] = {
     # the command line
     "unknown-key": (["no_such_key=1"], "unknown config key 'no_such_key'; check its spelling", None),
+    "key-of-another-option": (["engine=collective", "engine.staleness=1"],
+                              "config key 'engine.staleness' belongs to engine=odc, not to the engine chosen", None),
     "added-key": (["+no_such_key=1"], "unknown config key 'no_such_key' (added by '+no_such_key=1')", None),
     "added-option": (["balancer=lb_mini", "engine=odc", "+balancer.options.nosuch=1"],
                      "unknown config key 'balancer.options.nosuch'", None),
@@ -267,3 +271,18 @@ def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(case, 
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and CASES[case][1] in lines[0], proc.stderr
     assert _files_under(tmp_path) == before, "nothing written, no Hydra output folder either"
+
+
+def test_a_key_of_any_group_option_is_traced_to_the_options_that_have_it():
+    """Every top-level key of every option file (conf/GROUP/NAME.yaml) names NAME among its owners,
+    and a key no option has names none, so the error says 'check its spelling'."""
+    checked = 0
+    for folder in (f for f in CONF_DIR.iterdir() if f.is_dir() and not f.name.startswith("_")):
+        for path in folder.glob("*.yaml"):
+            for key in OmegaConf.load(path):
+                if key != "defaults":
+                    assert path.stem in options_with_key(f"{folder.name}.{key}")[1], (path, key)
+                    checked += 1
+        assert options_with_key(f"{folder.name}.no_such_key") == (folder.name, [])
+    assert checked > 20
+
