@@ -45,27 +45,22 @@ def _spec(staleness: int, splits=SPLITS, *overrides: str, base: tuple[str, ...] 
                                       for mb, (mine, theirs) in zip(spec.minibatches, splits, strict=True)])
 
 
-@pytest.mark.parametrize("staleness", [1, 2])
-def test_stale_odc_equals_delayed_gradient_training_in_one_process(staleness):
-    """Order-free sums (PAIRS): the parameters equal the reference's to 1e-5 after five steps."""
-    spec = _spec(staleness, PAIR_SPLITS, base=PAIRS)
-    results = run_local(spec, collect_params=True)
-    reference, losses = train_single_process(spec, staleness=staleness)
-    assert relative_error(results[0]["params"], reference) < 1e-5
-    run_losses = minibatch_losses(events_frame(results), [mb.labelled_tokens for mb in spec.minibatches])
-    assert run_losses == pytest.approx(losses, rel=1e-5)
-    assert relative_error(train_single_process(spec, staleness=staleness - 1)[0], reference) > 1e-3
+# (minibatch splits, run options, parameter bound): with at most two pushes per accumulator
+# element the engine's sums cannot depend on the order pushes land in, and the issue's 1e-5 holds;
+# with up to four microbatches per rank and minibatch the order is the runtime's, fp32 addition
+# does not commute, and over five AdamW steps that moves the parameters by up to ~2e-5
+# (docs/staleness.md, "Semantics"). A version off by one moves them past 1e-3 (below).
+WORKLOADS = {"two-pushes": (PAIR_SPLITS, PAIRS, 1e-5), "four-pushes": (SPLITS, SMALL, 1e-4)}
 
 
+@pytest.mark.parametrize("workload", WORKLOADS)
 @pytest.mark.parametrize("staleness", [1, 2])
-def test_stale_odc_with_many_pushes_per_element_equals_delayed_gradient_training(staleness):
-    """Up to four microbatches per rank and minibatch, so the pushes' order is the runtime's."""
-    spec = _spec(staleness)
+def test_stale_odc_equals_delayed_gradient_training_in_one_process(staleness, workload):
+    splits, base, bound = WORKLOADS[workload]
+    spec = _spec(staleness, splits, base=base)
     results = run_local(spec, collect_params=True)
     reference, losses = train_single_process(spec, staleness=staleness)
-    # fp32 pushes land in any order (reliability.md); over five AdamW steps that moves the
-    # parameters by up to ~2e-5, and a version off by one moves them 50 times further (below).
-    assert relative_error(results[0]["params"], reference) < 1e-4
+    assert relative_error(results[0]["params"], reference) < bound
     run_losses = minibatch_losses(events_frame(results), [mb.labelled_tokens for mb in spec.minibatches])
     assert run_losses == pytest.approx(losses, rel=1e-5)
     # The delay matters at this learning rate: an engine one version off (reading the slot
