@@ -23,10 +23,13 @@ from odc_bench.balancers.plan import Microbatch, Plan
 from odc_bench.balancers.quality import (
     Prediction,
     StaleClock,
+    bubble_rate,
+    least_work,
     predict,
     rank_work,
     run_bubble_rate,
     stale_bubble_rate,
+    stale_lower_bound,
     stale_window,
 )
 from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
@@ -92,6 +95,18 @@ class RunSpec:
         if staleness == 0:
             return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size)
         return stale_bubble_rate(self._rank_works(), staleness, self.config.warmup_minibatches)
+
+    def bound_bubble_rate(self) -> float:
+        """The bubble no balancer can remove from the measured minibatches under the cost model:
+        each one's lower bound run one after another, or with staleness the stale-synchronous bound
+        over them (balancers/quality.py; its ramp counted from the first measured minibatch)."""
+        staleness = self.config.engine.staleness
+        if staleness == 0:
+            return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size, of_bound=True)
+        lengths = [mb.lengths for mb in self.measured]
+        work = sum(least_work(lens, self.max_tokens, self.cost_model) for lens in lengths)
+        bound = stale_lower_bound(lengths, self.world_size, self.max_tokens, self.cost_model, staleness)
+        return max(0.0, bubble_rate(work, self.world_size, bound))  # a bound with no bubble: 0, not -1e-16
 
     def predicted_time(self) -> float:
         """The cost model's time for the measured minibatches, in its units: what a predicted

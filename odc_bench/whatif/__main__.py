@@ -51,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
                     help="multiply every length (default: 1, the lengths as they are)")
     ap.add_argument("--all-balancers", action="store_true",
                     help="every balancer of the registry (Dynamic, verl too), not only the paper's comparison")
+    ap.add_argument("--staleness", type=int, nargs="+", default=[], metavar="S",
+                    help="also stale-synchronous ODC with LB-Carry at these staleness values (beyond the paper: "
+                         "ranks run up to S minibatches apart and train on gradients S steps old; "
+                         "docs/staleness.md), beside the verdict")
     ap.add_argument("--out", type=Path, default=Path("results/local/whatif"),
                     help="where verdict.csv and verdict.png go (default: %(default)s)")
     return ap
@@ -65,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                             devices_per_node=args.devices_per_node, minibatch_sizes=tuple(args.minibatch),
                             num_minibatches=args.minibatches, field=args.field, tokenizer=args.tokenizer,
                             text_field=args.text_field, length_scale=args.length_scale,
-                            all_balancers=args.all_balancers, overrides=tuple(args.overrides))
+                            all_balancers=args.all_balancers, staleness=tuple(args.staleness),
+                            overrides=tuple(args.overrides))
         runs = plan(question)
         if args.out.exists() and not args.out.is_dir():
             raise ConfigError(f"--out {args.out} is not a folder; give a folder for verdict.csv and verdict.png")
@@ -83,8 +88,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for line in verdict_lines(table, accuracy):
         say(line)
     say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
+    stale = " (with engine.staleness=S in the stale rows)" if question.staleness else ""
     say(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B minibatch_size=N"
-        f"{''.join(' ' + o for o in question.overrides)}`.")
+        f"{''.join(' ' + o for o in question.overrides)}`{stale}.")
     write_csv(table, args.out / "verdict.csv")
     draw(table, question, accuracy, args.out / "verdict.png")
     say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")

@@ -15,7 +15,6 @@ import pandas as pd
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from odc_bench.balancers.quality import run_bubble_rate
 from odc_bench.config.compose import compose_run, hydra_error_line
 from odc_bench.config.run import RunConfig
 from odc_bench.data.real import write_pending_caches
@@ -27,7 +26,7 @@ from odc_bench.whatif.question import Question, Series, series
 
 GIB = 2**30
 
-COLUMNS = ["series", "engine", "balancer", "minibatch_size", "samples_per_s", "tokens_per_s", "speedup",
+COLUMNS = ["series", "engine", "balancer", "staleness", "minibatch_size", "samples_per_s", "tokens_per_s", "speedup",
            "bubble_rate", "bound_bubble_rate", "predicted_bubble_rate", "mem_gib", "mem_limit_gib", "fits",
            "run_id", "overrides"]
 
@@ -48,7 +47,7 @@ def plan(question: Question) -> list[tuple[Series, int, list[str], RunSpec]]:
     tests check against `python -m odc_bench`)."""
     runs = []
     first = question.minibatch_sizes[0]
-    for s in series(question.all_balancers):
+    for s in series(question.all_balancers, question.staleness):
         config = _config(question.run(s, first))
         for m in question.minibatch_sizes:
             spec = resolve(replace(config, minibatch_size=m))
@@ -68,9 +67,8 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
     for s, m, overrides, spec in runs:
         limit = spec.memory_limit
         fits = limit is None or spec.memory.total <= limit
-        measured = [mb.prediction for mb in spec.measured]
-        row = dict(series=s.label, engine=s.engine, balancer=s.balancer, minibatch_size=m,
-                   bound_bubble_rate=run_bubble_rate(measured, spec.world_size, of_bound=True),
+        row = dict(series=s.label, engine=s.engine, balancer=s.balancer, staleness=s.staleness, minibatch_size=m,
+                   bound_bubble_rate=spec.bound_bubble_rate(),
                    predicted_bubble_rate=spec.predicted_bubble_rate(), mem_gib=spec.memory.total / GIB,
                    mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
                    overrides=" ".join(overrides))
@@ -82,7 +80,7 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
             on_row(row)
     table = pd.DataFrame(rows).reindex(columns=COLUMNS)
     base = {m: r.samples_per_s for _, r in table.iterrows()
-            for m in [r.minibatch_size] if Series(r.engine, r.balancer).is_baseline}
+            for m in [r.minibatch_size] if Series(r.engine, r.balancer, r.staleness).is_baseline}
     table["speedup"] = table.apply(lambda r: r.samples_per_s / base[r.minibatch_size]
                                    if base.get(r.minibatch_size) else float("nan"), axis=1)
     return table

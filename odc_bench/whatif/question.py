@@ -5,7 +5,9 @@ The series are every engine the simulator models (odc_core's engine registry) wi
 balancer the balancer registry marks for the verdict (`BalancerSpec.verdict`: LocalSort,
 LB-Micro, LB-Mini; all of them on request), minus the pairs that cannot run together (collective
 FSDP with a balancer that gives ranks different microbatch counts). The baseline is the paper's:
-the baseline engine with LB-Micro.
+the baseline engine with LB-Micro. On request (`--staleness`), stale-synchronous series too:
+each engine that has a staleness option at each value asked, with the balancer that plans for
+it (docs/staleness.md); beyond the paper, so they stand beside the verdict, not in it.
 """
 
 from __future__ import annotations
@@ -30,32 +32,40 @@ GPU_DEFAULTS = ("precision=bf16", "backend.recompute=true")
 
 # Keys the verdict varies or derives from its options, which an override must not change.
 OWN_KEYS = {"backend", "engine", "balancer", "minibatch_size", "world_size", "model", "dataset", "num_minibatches",
-            "backend/hardware", "backend.hardware.gpus_per_node", "dataset.path", "dataset.length_scale"}
+            "backend/hardware", "backend.hardware.gpus_per_node", "dataset.path", "dataset.length_scale",
+            "engine.staleness"}
 
 
 @dataclass(frozen=True)
 class Series:
     engine: str
     balancer: str
+    staleness: int = 0  # engine.staleness: 0 is the synchronous engine of the paper
 
     @property
     def label(self) -> str:
-        return f"{ENGINES[self.engine].label} + {BALANCERS[self.balancer].label}"
+        stale = f" [s={self.staleness}]" if self.staleness else ""
+        return f"{ENGINES[self.engine].label}{stale} + {BALANCERS[self.balancer].label}"
 
     @property
     def is_baseline(self) -> bool:
         return ENGINES[self.engine].baseline and self.balancer == BASELINE_BALANCERS[0]
 
 
-def series(all_balancers: bool = False) -> list[Series]:
-    """The series of the verdict, the baseline engine's first, each engine's in registry order."""
+def series(all_balancers: bool = False, staleness: tuple[int, ...] = ()) -> list[Series]:
+    """The series of the verdict, the baseline engine's first, each engine's in registry order;
+    then, per staleness asked, each engine with that option paired with each carry planner."""
     out = []
-    for engine, spec in sorted(ENGINES.items(), key=lambda kv: not kv[1].baseline):
-        if spec.simulated_as is None:
-            continue
+    simulated = sorted(((e, s) for e, s in ENGINES.items() if s.simulated_as is not None),
+                       key=lambda kv: not kv[1].baseline)
+    for engine, spec in simulated:
         for balancer, b in BALANCERS.items():
             if (b.verdict or all_balancers) and not (spec.equal_microbatch_counts and not b.equal_counts):
                 out.append(Series(engine, balancer))
+    for s in staleness:
+        out += [Series(engine, balancer, s) for engine, spec in simulated
+                if spec.series_option == "staleness"
+                for balancer, b in BALANCERS.items() if b.carry is not None]
     return out
 
 
@@ -75,6 +85,7 @@ class Question:
     text_field: str | None = None
     length_scale: float = 1.0
     all_balancers: bool = False
+    staleness: tuple[int, ...] = ()  # stale-synchronous series to add, beyond the paper's
     overrides: tuple[str, ...] = ()  # any other `key=value` of the harness
 
     def __post_init__(self) -> None:
@@ -84,6 +95,9 @@ class Question:
                 f"--minibatch takes one or more sizes >= 1 (samples per device), got {list(self.minibatch_sizes)}")
         require(self.num_minibatches >= 1, f"--minibatches must be at least 1, got {self.num_minibatches}")
         require(self.length_scale > 0, f"--length-scale must be a positive number, got {self.length_scale}")
+        require(all(s >= 1 for s in self.staleness),
+                f"--staleness takes values >= 1 (0 is the synchronous ODC the verdict has already), "
+                f"got {list(self.staleness)}")
         for o in self.overrides:
             key = o.split("=", 1)[0].lstrip("+")
             require(key not in OWN_KEYS, f"{o!r}: the what-if sets {key} itself; use its options (--help) instead")
@@ -125,5 +139,6 @@ class Question:
 
     def run(self, s: Series, minibatch_size: int) -> list[str]:
         """The command line of one row: `python -m odc_bench` with these overrides (the user's last: they win)."""
-        return [*self.shared(), f"engine={s.engine}", f"balancer={s.balancer}", f"minibatch_size={minibatch_size}",
-                *self.overrides]
+        stale = [f"engine.staleness={s.staleness}"] if s.staleness else []
+        return [*self.shared(), f"engine={s.engine}", *stale, f"balancer={s.balancer}",
+                f"minibatch_size={minibatch_size}", *self.overrides]

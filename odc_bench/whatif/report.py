@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import cycle
 from pathlib import Path
 
 import numpy as np
@@ -18,17 +19,25 @@ from odc_core.engine.registry import ENGINES
 
 # Baseline engine's series in blues, the others' in oranges to reds (the paper figures' scheme).
 BLUES = ["#9ecae1", "#2171b5", "#08306b", "#6baed6"]
-REDS = ["#fdae6b", "#e6550d", "#a50f15", "#756bb1", "#fd8d3c"]
+REDS = ["#fdae6b", "#e6550d", "#a50f15", "#756bb1", "#fd8d3c", "#67000d"]
+# Stale-synchronous series (beyond the paper): greens, dashed.
+GREENS = ["#74c476", "#31a354", "#006d2c"]
+LEGEND_COLUMNS = 4
 
 
 def _cell(value: float, fmt: str) -> str:
     return "-" if pd.isna(value) else format(value, fmt)
 
 
+def _validated(row: pd.Series) -> bool:
+    """Whether the simulator's validated error applies to the row: validation measured synchronous
+    ODC against collective FSDP, so neither the baseline engine's own series nor stale ones have it."""
+    return not ENGINES[row.engine].baseline and not row.staleness
+
+
 def _range(accuracy: Accuracy, row: pd.Series) -> str:
-    """The speedup a measurement would give if the simulator errs as it did in validation (which
-    measured ODC against collective FSDP: the baseline engine's own series have no such range)."""
-    if ENGINES[row.engine].baseline or pd.isna(row.speedup):
+    """The speedup a measurement would give if the simulator errs as it did in validation."""
+    if not _validated(row) or pd.isna(row.speedup):
         return "-"
     span = accuracy.measured_range(row.speedup)
     return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
@@ -66,12 +75,14 @@ def print_table(table: pd.DataFrame, question: Question, accuracy: Accuracy, con
 
 
 def verdict_lines(table: pd.DataFrame, accuracy: Accuracy) -> list[str]:
-    """Per minibatch size: the fastest series of another engine than the baseline's against the
-    baseline, and whether the simulator's validated error leaves the gain standing."""
+    """Per minibatch size: the fastest synchronous series of another engine than the baseline's
+    against the baseline, and whether the simulator's validated error leaves the gain standing;
+    then, where stale-synchronous series were asked for, the fastest of them beside it."""
     lines = []
     for m, group in table.groupby("minibatch_size", sort=True):
         base = group[[Series(e, b).is_baseline for e, b in zip(group.engine, group.balancer, strict=True)]]
-        others = group[~group.engine.map(lambda e: ENGINES[e].baseline) & group.samples_per_s.notna()]
+        others = group[~group.engine.map(lambda e: ENGINES[e].baseline) & group.samples_per_s.notna()
+                       & (group.staleness == 0)]
         if base.empty or base.samples_per_s.isna().all() or others.empty:
             lines.append(f"minibatch {m}/device: does not fit in memory (see GiB/device); lower max_tokens, keep "
                          f"backend.recompute=true, or add devices")
@@ -86,7 +97,26 @@ def verdict_lines(table: pd.DataFrame, accuracy: Accuracy) -> list[str]:
                     else f"too close to call ({within})")
         lines.append(f"minibatch {m}/device: {best.series} runs at {best.speedup:.2f}x {b.series}: {call}; bubble "
                      f"{best.bubble_rate:.0%} against {b.bubble_rate:.0%}, {best.bound_bubble_rate:.0%} unavoidable")
+        lines += _stale_line(m, group, best, b)
     return lines
+
+
+def _stale_line(m: int, group: pd.DataFrame, best: pd.Series, base: pd.Series) -> list[str]:
+    """The fastest stale-synchronous series at this minibatch size against the baseline and the
+    synchronous best (no line when none was asked for; one saying so when none fits)."""
+    stale = group[group.staleness > 0]
+    if stale.empty:
+        return []
+    fitting = stale[stale.samples_per_s.notna()]
+    if fitting.empty:
+        return [f"minibatch {m}/device, stale-synchronous: no staleness asked for fits in memory (s + 1 copies of "
+                f"each owned shard and accumulator; see GiB/device)"]
+    top = fitting.loc[fitting.speedup.idxmax()]
+    steps = f"{top.staleness} step{'s' * int(top.staleness > 1)}"
+    return [f"minibatch {m}/device, stale-synchronous (beyond the paper): {top.series} runs at {top.speedup:.2f}x "
+            f"{base.series} ({top.samples_per_s / best.samples_per_s:.2f}x {best.series}); bubble "
+            f"{top.bubble_rate:.0%}, {top.bound_bubble_rate:.0%} unavoidable. It trains on gradients {steps} old, "
+            f"which costs steps to a given loss: weigh it with docs/staleness.md"]
 
 
 def write_csv(table: pd.DataFrame, path: Path) -> None:
@@ -96,18 +126,21 @@ def write_csv(table: pd.DataFrame, path: Path) -> None:
 def draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path) -> None:
     """Samples/s by minibatch size per series, and each series' speedup over the baseline with the
     range the validated error allows; every number simulated."""
-    fig = Figure(figsize=(11, 4.2))
+    every = list(dict.fromkeys(map(Series, table.engine, table.balancer, table.staleness)))
+    legend_rows = -(-len(every) // LEGEND_COLUMNS)
+    fig = Figure(figsize=(11, 3.8 + 0.3 * legend_rows))
     left, right = fig.subplots(1, 2)
-    blues, reds = iter(BLUES), iter(REDS)
-    colors = {s.label: next(blues if ENGINES[s.engine].baseline else reds)
-              for s in dict.fromkeys(map(Series, table.engine, table.balancer))}
+    # Cycled: a registry that grows past a palette repeats a colour rather than failing to draw.
+    blues, reds, greens = cycle(BLUES), cycle(REDS), cycle(GREENS)
+    colors = {s.label: next(greens if s.staleness else blues if ENGINES[s.engine].baseline else reds) for s in every}
     sizes = sorted(table.minibatch_size.unique())
     for label, rows in table[table.samples_per_s.notna()].groupby("series", sort=False):
         rows = rows.sort_values("minibatch_size")
-        left.plot(rows.minibatch_size, rows.samples_per_s, marker="o", color=colors[label], label=label)
-        right.plot(rows.minibatch_size, rows.speedup, marker="o", color=colors[label])
+        style = dict(marker="o", color=colors[label], linestyle="--" if rows.staleness.iloc[0] else "-")
+        left.plot(rows.minibatch_size, rows.samples_per_s, label=label, **style)
+        right.plot(rows.minibatch_size, rows.speedup, **style)
         spans = [accuracy.measured_range(v) for v in rows.speedup]
-        if not ENGINES[rows.engine.iloc[0]].baseline and all(s is not None for s in spans):
+        if _validated(rows.iloc[0]) and all(s is not None for s in spans):
             right.fill_between(rows.minibatch_size, [s[0] for s in spans if s], [s[1] for s in spans if s],
                                color=colors[label], alpha=0.15, linewidth=0)
     right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
@@ -123,9 +156,10 @@ def draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path
     fig.suptitle(f"Simulated: {title(question)}", fontsize=11)
     handles, labels = left.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), frameon=False)
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), LEGEND_COLUMNS), frameon=False)
     else:
         fig.text(0.5, 0.04, "no run fits in the devices' memory", ha="center")
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    # The legend's rows below the axes, each about 0.3 inch of the figure's height.
+    fig.tight_layout(rect=(0, 0.3 * legend_rows / fig.get_figheight() + 0.02, 1, 1))
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)

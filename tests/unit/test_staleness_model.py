@@ -156,6 +156,22 @@ def test_a_stale_run_predicts_its_bubble_on_the_stale_timeline():
             "warmup_minibatches=2")).measured], spec.world_size))
 
 
+@pytest.mark.parametrize("dataset", ["longalign", "swe_smith", "pareto"])
+def test_the_unavoidable_bubble_is_each_minibatchs_bound_at_zero_and_shrinks_with_staleness(dataset):
+    """RunSpec.bound_bubble_rate, the what-if's "unavoidable" column: with s = 0 the per-minibatch
+    bounds run one after another; with staleness the stale bound, which relaxes as s grows."""
+    def spec(staleness: int):
+        return resolve(run_config("engine=odc", "balancer=lb_carry", f"dataset={dataset}", "world_size=4",
+                                  "num_minibatches=8", "warmup_minibatches=0", f"engine.staleness={staleness}"))
+    sync = spec(0)
+    assert sync.bound_bubble_rate() == pytest.approx(
+        run_bubble_rate([mb.prediction for mb in sync.measured], sync.world_size, of_bound=True))
+    rates = [spec(s).bound_bubble_rate() for s in (0, 1, 2)]
+    assert rates[0] == pytest.approx(sync.bound_bubble_rate())
+    eps = 1e-12  # a bound that leaves no bubble comes out at 0 to rounding
+    assert rates[0] + eps >= rates[1] and rates[1] + eps >= rates[2] and rates[2] > -eps
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (("balancer=dynamic",), "balancer dynamic hands out work from one counter.*use balancer=lb_carry"),
     (("engine.staleness=-1",), "engine.staleness must be an integer >= 0, got -1"),

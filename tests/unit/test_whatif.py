@@ -17,6 +17,7 @@ import pytest
 from odc_bench.results.table import read_table
 from odc_bench.whatif.accuracy import Accuracy, validated
 from odc_bench.whatif.question import Question, Series, series
+from odc_bench.whatif.report import _range
 from tests.helpers import REPO, run_cli
 
 EXAMPLE = REPO / "examples" / "lengths.jsonl"
@@ -42,6 +43,50 @@ def test_the_series_are_the_registries_paper_comparison_with_the_baseline_first(
     every = series(all_balancers=True)
     assert Series("odc", "dynamic") in every and Series("collective", "dynamic") not in every, \
         "a pair that cannot run is never a series"
+
+
+def test_stale_series_come_after_the_verdicts_one_per_staleness_with_the_carry_planner():
+    assert series(staleness=(1, 2)) == [*series(), Series("odc", "lb_carry", 1), Series("odc", "lb_carry", 2)]
+    assert Series("odc", "lb_carry", 2).label == "ODC [s=2] + LB-Carry"
+    assert "engine.staleness=2" in Question(lengths="longalign").run(Series("odc", "lb_carry", 2), 4)
+    assert not any("staleness" in o for o in Question(lengths="longalign").run(Series("odc", "lb_mini"), 4))
+
+
+def test_a_stale_row_has_no_validated_range_a_synchronous_odc_row_has_one():
+    acc = Accuracy(ratio=(-0.05, 0.10), throughput=(0.0, 0.1), configs=6, source=REPO)
+    row = pd.Series(dict(engine="odc", staleness=0, speedup=1.2))
+    assert _range(acc, row) == f"{1.2 / 1.10:.2f}-{1.2 / 0.95:.2f}x"
+    assert _range(acc, pd.Series(dict(engine="odc", staleness=1, speedup=1.2))) == "-"
+    assert _range(acc, pd.Series(dict(engine="collective", staleness=0, speedup=1.2))) == "-"
+
+
+@pytest.mark.slow
+def test_stale_rows_are_their_backend_sim_runs_and_stand_beside_the_verdict(tmp_path):
+    # Every balancer too: more series than a palette has colours still draws (it did not).
+    done = whatif("longalign", *SMALL, "--all-balancers", "--staleness", "1", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "verdict.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    verdict = pd.read_csv(tmp_path / "out" / "verdict.csv")
+    assert len(verdict) == 2 * (len(series(all_balancers=True)) + 1)
+    stale = verdict[verdict.staleness == 1]
+    assert stale.series.unique().tolist() == ["ODC [s=1] + LB-Carry"] and stale.minibatch_size.tolist() == [1, 2]
+    question = Question(lengths="longalign", model="qwen2_1p5b", nodes=2, devices_per_node=4,
+                        minibatch_sizes=(1, 2), num_minibatches=3)
+    sweep = run_cli("-m", *question.shared(), "engine=odc", "engine.staleness=1", "balancer=lb_carry",
+                    "minibatch_size=1,2", f"results_dir={tmp_path / 'sim'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert sweep.returncode == 0, sweep.stderr
+    rows = read_table(tmp_path / "sim" / "runs.csv").set_index("run_id")
+    assert set(rows.index) == set(stale.run_id)
+    for _, v in stale.iterrows():
+        assert v.samples_per_s == pytest.approx(rows.loc[v.run_id, "samples_per_s"], rel=1e-12)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("minibatch ")]
+    verdicts = [ln for ln in lines if "stale-synchronous" not in ln]
+    assert len(verdicts) == 2 and not any("[s=" in v for v in verdicts), "the verdict is the paper's series'"
+    beside = [ln for ln in lines if "stale-synchronous" in ln]
+    assert [ln.split(",")[0] for ln in beside] == ["minibatch 1/device", "minibatch 2/device"]
+    for m, line in zip((1, 2), beside, strict=True):
+        top = stale[stale.minibatch_size == m].iloc[0]
+        assert f"ODC [s=1] + LB-Carry runs at {top.speedup:.2f}x" in line and "gradients 1 step old" in line
 
 
 @pytest.mark.slow
@@ -125,6 +170,8 @@ def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path):
     (["longalign", "engine=odc"], None, "the what-if sets engine itself"),
     (["longalign", "backend.hardware.link_gbps=0"], None, "backend.hardware.link_gbps must be a positive number"),
     (["longalign", "--minibatch", "0"], None, "--minibatch takes one or more sizes >= 1"),
+    (["longalign", "--staleness", "0"], None, "--staleness takes values >= 1"),
+    (["longalign", "engine.staleness=1"], None, "the what-if sets engine.staleness itself"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, setup, message):
     if setup is not None:
