@@ -62,7 +62,7 @@ def series(all_balancers: bool = False, staleness: tuple[int, ...] = ()) -> list
         for balancer, b in BALANCERS.items():
             if (b.verdict or all_balancers) and not (spec.equal_microbatch_counts and not b.equal_counts):
                 out.append(Series(engine, balancer))
-    for s in staleness:
+    for s in sorted(set(staleness)):  # each value once, however often it was asked for
         out += [Series(engine, balancer, s) for engine, spec in simulated
                 if spec.series_option == "staleness"
                 for balancer, b in BALANCERS.items() if b.carry is not None]

@@ -47,6 +47,7 @@ def test_the_series_are_the_registries_paper_comparison_with_the_baseline_first(
 
 def test_stale_series_come_after_the_verdicts_one_per_staleness_with_the_carry_planner():
     assert series(staleness=(1, 2)) == [*series(), Series("odc", "lb_carry", 1), Series("odc", "lb_carry", 2)]
+    assert series(staleness=(2, 1, 2)) == series(staleness=(1, 2))
     assert Series("odc", "lb_carry", 2).label == "ODC [s=2] + LB-Carry"
     assert "engine.staleness=2" in Question(lengths="longalign").run(Series("odc", "lb_carry", 2), 4)
     assert not any("staleness" in o for o in Question(lengths="longalign").run(Series("odc", "lb_mini"), 4))
