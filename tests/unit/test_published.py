@@ -7,8 +7,23 @@ import pytest
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published"
 # A row's shape, run and hardware: a blank here must be explained in `assumptions`.
-DESCRIBED = ["model", "n_layers", "d_model", "n_heads", "n_kv_heads", "ffn_hidden", "vocab", "seq_len",
-             "microbatch_per_gpu", "gpus", "gpus_per_node", "gpu", "precision", "activation_checkpointing", "compile"]
+DESCRIBED = [
+    "model",
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_hidden",
+    "vocab",
+    "seq_len",
+    "microbatch_per_gpu",
+    "gpus",
+    "gpus_per_node",
+    "gpu",
+    "precision",
+    "activation_checkpointing",
+    "compile",
+]
 CHECKPOINTING = {"none", "full", "selective (op)", "selective (blocks)"}
 
 
