@@ -1,8 +1,11 @@
-"""`python -m odc_bench.whatif LENGTHS [options] [key=value ...]`: see odc_bench/whatif/__init__.py."""
+"""`python -m odc_bench.whatif LENGTHS [options] [key=value ...]` (settings anywhere on the line): see
+odc_bench/whatif/__init__.py."""
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +21,8 @@ from odc_bench.whatif.question import Question
 from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
+# A harness setting as Hydra writes it (key=value, +key=value, ++key=value, ~key): never an option.
+OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w.@/-]*=|~[A-Za-z_])")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
                     "count per line) or JSONL file (counts, token-id lists, or objects: --field), or a folder "
                     "written by datasets' save_to_disk (--tokenizer)")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="any other setting of `python -m odc_bench`, e.g. model.num_layers=40 max_tokens=32768 "
+                    help="any other setting of `python -m odc_bench`, anywhere on the line, e.g. model.num_layers=40 "
+                         "max_tokens=32768 "
                          "packing_ratio=2 backend.hardware.nic_gbps=200 precision=fp32")
     ap.add_argument("--model", default="qwen2_7b", help="a model config (tiny, qwen2_1p5b, qwen2_7b, qwen2_14b, "
                     "qwen2_32b); change its shape with model.KEY=VALUE overrides (default: %(default)s)")
@@ -60,8 +66,29 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def split_overrides(ap: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The options and the key=value settings of a command line, wherever the settings stand.
+
+    argparse alone reads `--minibatch 1 2 dataset.num_samples=5000` as three sizes, so the
+    settings are taken out first. A token that is the value of a one-value option (`--out a=b`)
+    stays that option's value."""
+    takes_one = {flag for action in ap._actions if action.option_strings and action.nargs is None
+                 for flag in action.option_strings}
+    options: list[str] = []
+    overrides: list[str] = []
+    for i, token in enumerate(argv):
+        if OVERRIDE.match(token) and not (i > 0 and argv[i - 1] in takes_one):
+            overrides.append(token)
+        else:
+            options.append(token)
+    return options, overrides
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_intermixed_args(argv)
+    ap = parser()
+    options, overrides = split_overrides(ap, sys.argv[1:] if argv is None else list(argv))
+    args = ap.parse_intermixed_args(options)
+    args.overrides = [*args.overrides, *overrides]
     t0 = time.perf_counter()
     console = Console(width=max(Console().width, 140))  # the table's columns, also in logs
     try:

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from odc_bench.results.table import read_table
+from odc_bench.whatif.__main__ import parser, split_overrides
 from odc_bench.whatif.accuracy import Accuracy, validated
 from odc_bench.whatif.question import Question, Series, series
 from odc_bench.whatif.report import _range
@@ -145,6 +146,16 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_settings_stand_anywhere_on_the_line():
+    ap = parser()
+    options, overrides = split_overrides(ap, ["longalign", "--minibatch", "1", "2", "dataset.num_samples=5000",
+                                              "--out", "a=b", "+model.x=1", "--nodes", "2", "~max_tokens"])
+    args = ap.parse_intermixed_args(options)
+    assert args.minibatch == [1, 2] and args.lengths == "longalign" and args.nodes == 2
+    assert str(args.out) == "a=b", "a one-value option keeps its value, = or not"
+    assert overrides == ["dataset.num_samples=5000", "+model.x=1", "~max_tokens"]
+
+
 def test_the_measured_range_divides_by_the_validated_error():
     acc = Accuracy(ratio=(-0.05, 0.10), throughput=(0.0, 0.1), configs=6, source=REPO)
     low, high = acc.measured_range(1.2)
@@ -173,6 +184,8 @@ def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path):
     (["longalign", "--minibatch", "0"], None, "--minibatch takes one or more sizes >= 1"),
     (["longalign", "--staleness", "0"], None, "--staleness takes values >= 1"),
     (["longalign", "engine.staleness=1"], None, "the what-if sets engine.staleness itself"),
+    # A setting after a many-valued option is a setting, not one more value of it.
+    (["longalign", "--minibatch", "1", "2", "engine=odc"], None, "the what-if sets engine itself"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, setup, message):
     if setup is not None:
