@@ -17,7 +17,7 @@ from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
 from odc_bench.whatif.accuracy import validated
 from odc_bench.whatif.answer import answer, plan
-from odc_bench.whatif.question import Question
+from odc_bench.whatif.question import Question, in_user_terms
 from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
@@ -98,11 +98,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                             text_field=args.text_field, length_scale=args.length_scale,
                             all_balancers=args.all_balancers, staleness=tuple(args.staleness),
                             overrides=tuple(args.overrides))
+    except ConfigError as e:
+        fail(e, PROG)
+    try:
         runs = plan(question)
         if args.out.exists() and not args.out.is_dir():
             raise ConfigError(f"--out {args.out} is not a folder; give a folder for verdict.csv and verdict.png")
     except ConfigError as e:
-        fail(e, PROG)
+        fail(ConfigError(in_user_terms(str(e))), PROG)
     def say(text: str) -> None:  # verbatim and unwrapped: paths and commands stay whole
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 

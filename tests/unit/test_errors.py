@@ -112,7 +112,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-odc-fetch": (["backend=sim", "backend.odc_fetch=random"],
                       "backend.odc_fetch must be one of owner, nearest, got 'random'", None),
     "bad-nic-rails": (["backend=sim", "backend.hardware.nic_rails=3"],
-                      "backend.hardware.nic_rails must divide gpus_per_node (8), got 3", None),
+                      "the hardware's NIC rails per node, backend.hardware.nic_rails (3), must divide "
+                      "gpus_per_node (8): give gpus_per_node a multiple of 3, or set backend.hardware.nic_rails "
+                      "to a divisor of 8", None),
     "model-size-zero": (["model.hidden_size=0"], "model.hidden_size must be at least 1, got 0", None),
     "hardware-not-a-number": (["backend=sim", "backend.hardware.peak_tflops=abc"],
                               "backend.hardware.peak_tflops must be a number, got 'abc'", None),

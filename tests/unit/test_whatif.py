@@ -17,7 +17,7 @@ import pytest
 from odc_bench.results.table import read_table
 from odc_bench.whatif.__main__ import parser, split_overrides
 from odc_bench.whatif.accuracy import Accuracy, validated
-from odc_bench.whatif.question import Question, Series, series
+from odc_bench.whatif.question import DERIVED, Question, Series, in_user_terms, series
 from odc_bench.whatif.report import _range
 from tests.helpers import REPO, run_cli
 
@@ -144,6 +144,25 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
     assert "Each row is `python -m odc_bench backend=sim backend/hardware=a100" in out
     png = tmp_path / "out" / "verdict.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("args", "message", "derived"), [
+    (["--hardware", "h100", "--devices-per-node", "3"], "must divide --devices-per-node (3): give "
+     "--devices-per-node a multiple of 8, or set backend.hardware.nic_rails to a divisor of 3", "gpus_per_node"),
+    (["--minibatches", "1", "warmup_minibatches=3"], "warmup_minibatches (3) must be below --minibatches (1)",
+     "num_minibatches"),
+    (["--length-scale", "4", "max_tokens=1000"], "or lower --length-scale", "dataset.length_scale"),
+])
+def test_errors_about_derived_settings_name_the_option_given(tmp_path, args, message, derived):
+    done = whatif("longalign", *args, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and message in done.stderr and derived not in done.stderr, done.stderr
+
+
+def test_every_derived_key_reads_as_its_option():
+    for key, option in DERIVED:
+        assert in_user_terms(f"{key} is wrong; change {key}=7") == f"{option} is wrong; change {option} 7"
+    untouched = "model.world_size_x and my_minibatch_size stay"
+    assert in_user_terms(untouched) == untouched
 
 
 def test_settings_stand_anywhere_on_the_line():
