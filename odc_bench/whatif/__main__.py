@@ -31,7 +31,9 @@ def parser() -> argparse.ArgumentParser:
         description="Will ODC pay off for my data, my model and my cluster? Simulates every series the registries "
                     "name (Collective and ODC with LocalSort, LB-Micro, LB-Mini) at each minibatch size and prints "
                     "the verdict: predicted throughput, speedup over Collective + LB-Micro with the simulator's "
-                    "validated error, bubble, the bubble no balancer can remove, and memory per device.",
+                    "validated error, bubble, the bubble no balancer can remove, and memory per device. On GPUs only "
+                    "the collective baseline can be measured today: ODC runs on CPU ranks and here, in the simulator "
+                    "(docs/transport.md).",
         epilog="Example: python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --hardware a100 "
                "--nodes 8 --devices-per-node 8 --minibatch 2 4 8")
     ap.add_argument("lengths", help=f"a length profile ({', '.join(PROFILES)}), a lengths file (one token "
@@ -118,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for line in verdict_lines(table, accuracy):
         say(line)
     say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
+    if question.hardware != "cpu":
+        say("To measure on GPUs: only the collective baseline runs there today (engine=collective); ODC needs a "
+            "CUDA transport that does not exist yet (docs/transport.md), so its rows stay predictions. Measure the "
+            "baseline on your cluster and set it beside this table's collective rows.")
     stale = " (with engine.staleness=S in the stale rows)" if question.staleness else ""
     say(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B minibatch_size=N"
         f"{''.join(' ' + o for o in question.overrides)}`{stale}.")

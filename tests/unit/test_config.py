@@ -65,6 +65,20 @@ def test_the_collective_process_group_is_resolved_so_auto_and_its_choice_are_one
     assert sim.config.engine.options.backend == "auto", "the simulator models the transport itself"
 
 
+@pytest.mark.parametrize("transport", ["auto", "shm", "mpi"])
+def test_odc_on_a_gpu_is_one_line_that_says_what_runs_there_instead(transport):
+    # The device is chosen on the host that runs the ranks; the engine's options are checked for it
+    # whatever the transport asked for, so this holds on a CPU-only machine as on a GPU node.
+    config = run_config("engine=odc", f"engine.transport={transport}").engine
+    with pytest.raises(ConfigError) as refused:
+        config.for_device("cuda")
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("engine=odc has no CUDA transport yet")
+    for instead in ("engine=collective", "backend=sim", "device=cpu", "docs/transport.md"):
+        assert instead in line
+    assert config.for_device("cpu").options.transport in ("shm", "mpi")
+
+
 @pytest.mark.parametrize(("override", "message"), [
     ("world_size=0", "world_size must be at least 1"),
     ("minibatch_size=0", "minibatch_size must be at least 1"),

@@ -141,6 +141,7 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
     assert accuracy.ratio is not None, "the committed validation results are read"
     assert f"speedup (odc/collective) {accuracy.ratio[0]:+.1%} to {accuracy.ratio[1]:+.1%}" in out.replace("\n", " ")
     assert "not validated against GPU runs" in out.replace("\n", " ")
+    assert "only the collective baseline runs there today (engine=collective); ODC needs a CUDA transport" in out
     assert "Each row is `python -m odc_bench backend=sim backend/hardware=a100" in out
     png = tmp_path / "out" / "verdict.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
