@@ -17,6 +17,7 @@ from rich.table import Table
 
 from odc_bench.config.backend import SimBackendConfig
 from odc_bench.config.run import RunConfig
+from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
 from odc_bench.jobs import progress
@@ -112,7 +113,10 @@ def describe_lengths(spec: RunSpec) -> str:
     """One line: the sample lengths the run trains on, after dataset.length_scale (the row has them too)."""
     s, ds = spec.length_stats(), spec.config.dataset
     scale = "" if ds.length_scale == 1 else f", dataset.length_scale={ds.length_scale:g}"
-    return (f"lengths: {s['samples']} samples of {ds.name}{scale}: mean {s['len_mean']:.0f}, p50 {s['len_p50']:.0f}, "
+    reuse = reuse_note(spec.pool_size, int(s["samples"]))
+    drawn = (f"{s['samples']} samples drawn from the {spec.pool_size} of {ds.name}{scale} ({reuse})" if reuse else
+             f"{s['samples']} samples of {ds.name}{scale}")
+    return (f"lengths: {drawn}: mean {s['len_mean']:.0f}, p50 {s['len_p50']:.0f}, "
             f"p99 {s['len_p99']:.0f}, max {s['len_max']} tokens; max_tokens {spec.max_tokens}")
 
 

@@ -73,6 +73,7 @@ class RunSpec:
     # available memory shared by the run's ranks; None where nothing bounds it (the CPU profile).
     memory_limit: int | None
     minibatches: list[Minibatch] = field(default_factory=list)
+    pool_size: int = 0  # samples the run draws its minibatches from (the dataset's, after num_samples)
 
     @property
     def world_size(self) -> int:
@@ -357,7 +358,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
                       cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),
                       version_slots=engine.staleness + 1)
     return RunSpec(resolved, run_key(keyed_config(resolved)), device_type, cost, options, memory,
-                   memory_limit(config, device_type), minibatches)
+                   memory_limit(config, device_type), minibatches, len(lengths))
 
 
 def keyed_config(config: RunConfig) -> dict[str, Any]:

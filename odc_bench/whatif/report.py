@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from odc_bench.data.lengths import reuse_note
 from odc_bench.files import atomic_path, atomic_write_text
 from odc_bench.whatif.accuracy import Accuracy
 from odc_bench.whatif.question import Question, Series
@@ -47,9 +48,16 @@ def describe_pool(lengths: np.ndarray, question: Question, source: str) -> str:
     """One line: the lengths the runs draw from (after --length-scale) and how they draw them."""
     p50, p99 = np.percentile(lengths, [50, 99])
     scale = "as given" if question.length_scale == 1 else f"x {question.length_scale:g}"
+    drawn = {m: question.num_minibatches * question.world_size * m for m in question.minibatch_sizes}
+    reused = [m for m in sorted(drawn) if reuse_note(lengths.size, drawn[m])]
+    reuse = ""
+    if reused:
+        top = reused[-1]
+        reuse = (f"; from minibatch {reused[0]} on a run draws more samples than there are, so samples repeat "
+                 f"(at minibatch {top}: {drawn[top]} drawn, {reuse_note(lengths.size, drawn[top])})")
     return (f"lengths: {lengths.size} samples of {source} ({scale}): mean {lengths.mean():.0f}, p50 {p50:.0f}, "
             f"p99 {p99:.0f}, max {lengths.max()} tokens; each run draws {question.num_minibatches} minibatches of "
-            f"{question.world_size} devices x the minibatch size")
+            f"{question.world_size} devices x the minibatch size{reuse}")
 
 
 def title(question: Question) -> str:

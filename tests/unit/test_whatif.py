@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -18,7 +19,7 @@ from odc_bench.results.table import read_table
 from odc_bench.whatif.__main__ import parser, split_overrides
 from odc_bench.whatif.accuracy import Accuracy, validated
 from odc_bench.whatif.question import DERIVED, Question, Series, in_user_terms, series
-from odc_bench.whatif.report import _range
+from odc_bench.whatif.report import _range, describe_pool
 from tests.helpers import REPO, run_cli
 
 EXAMPLE = REPO / "examples" / "lengths.jsonl"
@@ -164,6 +165,14 @@ def test_every_derived_key_reads_as_its_option():
         assert in_user_terms(f"{key} is wrong; change {key}=7") == f"{option} is wrong; change {option} 7"
     untouched = "model.world_size_x and my_minibatch_size stay"
     assert in_user_terms(untouched) == untouched
+
+
+def test_the_pool_line_says_from_which_minibatch_size_samples_repeat_and_how_often():
+    question = Question(lengths="mine.jsonl", nodes=4, devices_per_node=8, minibatch_sizes=(1, 2, 8))
+    line = describe_pool(np.arange(100, 400), question, "mine.jsonl")
+    assert line.endswith("; from minibatch 2 on a run draws more samples than there are, so samples repeat (at "
+                         "minibatch 8: 2048 drawn, each used 6.8 times on average)")
+    assert "repeat" not in describe_pool(np.arange(100, 3000), question, "mine.jsonl")
 
 
 def test_settings_stand_anywhere_on_the_line():
