@@ -15,12 +15,16 @@ from rich.console import Console
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
+from odc_bench.plan.spec import RunSpec
 from odc_bench.whatif.accuracy import validated
 from odc_bench.whatif.answer import answer, plan
+from odc_bench.whatif.fit import advice as ways
 from odc_bench.whatif.question import Question, in_user_terms
 from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
+# Exit status when no series fits in memory at any minibatch size (2 stays bad input).
+NOTHING_FITS = 3
 # A harness setting as Hydra writes it (key=value, +key=value, ++key=value, ~key): never an option.
 OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w.@/-]*=|~[A-Za-z_])")
 
@@ -117,7 +121,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     table = answer(runs)
     accuracy = validated()
     print_table(table, question, accuracy, console)
-    for line in verdict_lines(table, accuracy):
+    too_big: dict[int, list[RunSpec]] = {}
+    for s, m, _, run_spec in runs:
+        if s.staleness == 0 and not run_spec.fits:
+            too_big.setdefault(m, []).append(run_spec)
+    advice = {m: ways(specs, question) for m, specs in too_big.items()}
+    for line in verdict_lines(table, accuracy, advice):
         say(line)
     say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
     if question.hardware != "cpu":
@@ -128,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     say(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B minibatch_size=N"
         f"{''.join(' ' + o for o in question.overrides)}`{stale}.")
     write_csv(table, args.out / "verdict.csv")
+    if not table["fits"].any():
+        say(f"Wrote {args.out / 'verdict.csv'} and no figure: no series fits in memory at any minibatch size "
+            f"({time.perf_counter() - t0:.1f} s).")
+        sys.exit(NOTHING_FITS)
     draw(table, question, accuracy, args.out / "verdict.png")
     say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")
 

@@ -82,18 +82,19 @@ def print_table(table: pd.DataFrame, question: Question, accuracy: Accuracy, con
     console.print(t)
 
 
-def verdict_lines(table: pd.DataFrame, accuracy: Accuracy) -> list[str]:
+def verdict_lines(table: pd.DataFrame, accuracy: Accuracy, advice: dict[int, str] | None = None) -> list[str]:
     """Per minibatch size: the fastest synchronous series of another engine than the baseline's
     against the baseline, and whether the simulator's validated error leaves the gain standing;
-    then, where stale-synchronous series were asked for, the fastest of them beside it."""
+    then, where stale-synchronous series were asked for, the fastest of them beside it. Where
+    the comparison does not fit in memory, `advice` says what would make it fit."""
     lines = []
     for m, group in table.groupby("minibatch_size", sort=True):
         base = group[[Series(e, b).is_baseline for e, b in zip(group.engine, group.balancer, strict=True)]]
         others = group[~group.engine.map(lambda e: ENGINES[e].baseline) & group.samples_per_s.notna()
                        & (group.staleness == 0)]
         if base.empty or base.samples_per_s.isna().all() or others.empty:
-            lines.append(f"minibatch {m}/device: does not fit in memory (see GiB/device); lower max_tokens, keep "
-                         f"backend.recompute=true, or add devices")
+            fix = (advice or {}).get(int(m), "")
+            lines.append(f"minibatch {m}/device: does not fit in memory (see GiB/device){'; ' + fix if fix else ''}")
             continue
         best, b = others.loc[others.speedup.idxmax()], base.iloc[0]
         span = accuracy.measured_range(best.speedup)

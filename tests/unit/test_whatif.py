@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ import pytest
 from odc_bench.results.table import read_table
 from odc_bench.whatif.__main__ import parser, split_overrides
 from odc_bench.whatif.accuracy import Accuracy, validated
+from odc_bench.whatif.answer import plan
+from odc_bench.whatif.fit import ways_to_fit
 from odc_bench.whatif.question import DERIVED, Question, Series, in_user_terms, series
 from odc_bench.whatif.report import _range, describe_pool
 from tests.helpers import REPO, run_cli
@@ -196,11 +199,32 @@ def test_the_measured_range_divides_by_the_validated_error():
 def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path):
     done = whatif("longalign", "--model", "qwen2_32b", "--nodes", "1", "--devices-per-node", "2", "--minibatch", "1",
                   "--minibatches", "1", "backend.recompute=false", "--out", str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, "no series fits: its own exit status"
     verdict = pd.read_csv(tmp_path / "out" / "verdict.csv")
     assert not verdict["fits"].any() and verdict["samples_per_s"].isna().all()
     assert (verdict["mem_gib"] > verdict["mem_limit_gib"]).all()
-    assert "minibatch 1/device: does not fit in memory" in done.stdout
+    assert not (tmp_path / "out" / "verdict.png").exists(), "no empty figure"
+    assert ("minibatch 1/device: does not fit in memory (see GiB/device); it would fit with recomputed activations "
+            "(leave out backend.recompute=false) and --nodes ") in done.stdout
+    assert "no figure: no series fits in memory" in done.stdout and "max_tokens" not in done.stdout
+
+
+def _too_big(question: Question) -> list:
+    return [spec for s, _, _, spec in plan(question) if s.staleness == 0 and not spec.fits]
+
+
+def test_fit_advice_names_only_changes_that_fit_when_replanned():
+    question = Question(lengths="longalign", model="qwen2_14b", nodes=1, devices_per_node=2, minibatch_sizes=(1,),
+                        num_minibatches=1)
+    ways = ways_to_fit(_too_big(question), question)
+    nodes = [w for w in ways if w.startswith("--nodes ")]
+    assert len(nodes) == 1 and not any("max_tokens" in w for w in ways), ways
+    fewest = int(nodes[0].split()[1].rstrip(","))
+    assert not _too_big(replace(question, nodes=fewest)), "the suggested node count fits"
+    assert _too_big(replace(question, nodes=fewest - 1)), "and it is the fewest"
+    # More nodes than the data fills a minibatch with are not offered: a 4-sample pool.
+    small = replace(question, overrides=("dataset.num_samples=4",))
+    assert not any(w.startswith("--nodes") for w in ways_to_fit(_too_big(small), small))
 
 
 @pytest.mark.parametrize(("args", "setup", "message"), [
