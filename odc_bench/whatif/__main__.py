@@ -4,6 +4,7 @@ odc_bench/whatif/__init__.py."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -12,11 +13,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
 from odc_bench.plan.spec import RunSpec
-from odc_bench.whatif.accuracy import validated
+from odc_bench.provenance import host_fingerprint
+from odc_bench.sim.hardware import calibration_path
+from odc_bench.whatif.accuracy import calibrated_elsewhere, validated
 from odc_bench.whatif.answer import answer, plan
 from odc_bench.whatif.fit import advice as ways
 from odc_bench.whatif.question import Question, in_user_terms
@@ -129,6 +133,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     for line in verdict_lines(table, accuracy, advice):
         say(line)
     say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
+    hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
+    if isinstance(hardware, CalibratedHardwareConfig):
+        path = calibration_path(hardware, question.model)
+        elsewhere = calibrated_elsewhere(json.loads(path.read_text()), path, host_fingerprint())
+        if elsewhere:
+            say(elsewhere)
     if question.hardware != "cpu":
         say("To measure on GPUs: only the collective baseline runs there today (engine=collective); ODC needs a "
             "CUDA transport that does not exist yet (docs/transport.md), so its rows stay predictions. Measure the "

@@ -6,6 +6,7 @@ The timing target (under 10 s for 64 devices) is a measurement, not a test: docs
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,9 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from odc_bench.provenance import host_fingerprint
 from odc_bench.results.table import read_table
 from odc_bench.whatif.__main__ import parser, split_overrides
-from odc_bench.whatif.accuracy import Accuracy, validated
+from odc_bench.whatif.accuracy import Accuracy, calibrated_elsewhere, validated
 from odc_bench.whatif.answer import plan
 from odc_bench.whatif.fit import ways_to_fit
 from odc_bench.whatif.question import DERIVED, Question, Series, in_user_terms, series
@@ -176,6 +178,25 @@ def test_the_pool_line_says_from_which_minibatch_size_samples_repeat_and_how_oft
     assert line.endswith("; from minibatch 2 on a run draws more samples than there are, so samples repeat (at "
                          "minibatch 8: 2048 drawn, each used 6.8 times on average)")
     assert "repeat" not in describe_pool(np.arange(100, 3000), question, "mine.jsonl")
+
+
+def test_a_cpu_profile_from_another_machine_says_so_and_how_to_calibrate_this_one(tmp_path):
+    committed = REPO / "results" / "calibration" / "sim-tiny-cpu.json"
+    here = host_fingerprint()
+    data = json.loads(committed.read_text())
+    assert calibrated_elsewhere({**data, "fingerprint": here}, committed, here) is None, "this machine: no line"
+    unknown = calibrated_elsewhere({k: v for k, v in data.items() if k != "fingerprint"}, committed, here)
+    assert unknown is not None and "records no hardware fingerprint" in unknown
+    foreign = {**data, "fingerprint": {"cpu_model": "Some Other CPU", "logical_cores": 96}}
+    (tmp_path / "sim-tiny-cpu.json").write_text(json.dumps(foreign))
+    done = whatif("longalign", "--model", "tiny", "--hardware", "cpu", "--nodes", "1", "--devices-per-node", "2",
+                  "--minibatch", "2", "--minibatches", "2", "--out", str(tmp_path / "out"),
+                  f"backend.hardware.calibration={tmp_path / 'sim-tiny-cpu.json'}")
+    assert done.returncode == 0, done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("The cpu profile"))
+    assert "was calibrated on another machine (Some Other CPU, 96 logical cores; this one: " in line
+    assert line.endswith("To calibrate this machine (a few minutes): python -m odc_bench.tools.sim_calibrate "
+                         "model=tiny --engines collective odc")
 
 
 def test_settings_stand_anywhere_on_the_line():
