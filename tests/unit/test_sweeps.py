@@ -218,3 +218,15 @@ def test_a_sweep_with_a_failed_run_ends_with_a_summary_and_exit_status_1(tmp_pat
     assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in proc.stdout
     assert "odc_bench: failed: minibatch_size=1" in proc.stderr and "Invalid learning rate" in proc.stderr
     assert list(read_table(tmp_path / "r" / "runs.csv")["status"]) == ["failed"]
+
+
+def test_demo_runs_the_four_series_five_times_in_alternating_order():
+    jobs = jobs_of("demo")
+    series = [(j["engine"], j["balancer"]) for j in jobs]
+    assert len(jobs) == 20 and len(set(series)) == 4
+    for count in range(1, 6):  # round r asks every series for r runs
+        round_r = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == str(count)]
+        assert sorted(round_r) == sorted(set(series)), count
+    first = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == "1"]
+    second = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == "2"]
+    assert second == first[::-1], "even rounds run in reverse order"
