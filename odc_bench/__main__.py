@@ -9,5 +9,5 @@ except KeyboardInterrupt:
 if __name__ == "__main__":
     try:
         main()
-    except KeyboardInterrupt:
-        interrupted()
+    except KeyboardInterrupt as e:
+        interrupted(str(e))

@@ -37,13 +37,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(e)
     try:
         hydra_main()
-    except KeyboardInterrupt:
-        interrupted()
+    except KeyboardInterrupt as e:
+        interrupted(str(e))
 
 
-def interrupted() -> NoReturn:
+def interrupted(what: str = "") -> NoReturn:
     """Ctrl-C: one line and status 130. The run under way was stopped and wrote nothing (its ranks
-    are gone and their shared memory removed: run/local.py); rows of runs that finished stay."""
-    print("odc_bench: interrupted; the run under way was stopped and wrote nothing (finished runs' rows are kept)",
-          file=sys.stderr)
+    are gone and their shared memory removed: run/local.py); rows of runs that finished stay. `what`:
+    what the interrupted launcher did instead (the SLURM jobs it cancelled)."""
+    print(f"odc_bench: interrupted; {what or 'the run under way was stopped and wrote nothing'} (finished runs' "
+          f"rows are kept)", file=sys.stderr)
     sys.exit(130)

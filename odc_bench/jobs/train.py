@@ -7,11 +7,13 @@ together and writes what they produce: the trace beside the results table, and t
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -120,7 +122,7 @@ def describe_lengths(spec: RunSpec) -> str:
             f"p99 {s['len_p99']:.0f}, max {s['len_max']} tokens; max_tokens {spec.max_tokens}")
 
 
-def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict] | None:
+def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None = None) -> dict | list[dict] | None:
     """The task=train job: plan, run the config until the table holds `repeat` ok runs of it,
     print each row.
 
@@ -128,6 +130,11 @@ def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict]
     with status 1; in a sweep the next job goes on. Returns the row, the rows of several
     repeats, or None when the table already had them."""
     results_dir = Path(config.results_dir)
+    if job_gpus and slurm_task.in_task() and not torch.cuda.is_available():
+        # Resolved for CUDA where it was submitted; a CPU run here would be another run.
+        raise RunFailed(f"this SLURM job asked for GPUs (hydra.launcher.gpus_per_node={job_gpus}) but its node "
+                        f"{socket.gethostname()} sees no CUDA device; check hydra.launcher.partition, or leave out "
+                        f"gpus_per_node to run CPU ranks")
     spec = resolve(config)
     check_results_dir(results_dir)
     done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)

@@ -162,9 +162,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
     "slurm-not-on-path": (["-m", "hydra/launcher=slurm"], "hydra/launcher=slurm needs SLURM's sbatch and squeue on "
                           "PATH, and this machine has none", _no_slurm),
-    "slurm-gpus-without-cuda": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2"],
-                                "hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine",
-                                None),
+    "slurm-odc-on-gpus": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2", "engine=odc"],
+                          "engine=odc has no CUDA transport yet", None),
     "pool-smaller-than-minibatch": (["dataset.num_samples=3"],
                                     "the dataset has 3 usable samples, fewer than one minibatch", None),
     "sample-over-max-tokens": (["max_tokens=64"], "over the microbatch limit max_tokens=64", None),
