@@ -67,7 +67,9 @@ def jsonl_lengths(path: Path, field: str | None) -> np.ndarray:
     lengths: list[int] = []
     n = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a file saved with a byte-order mark (Windows editors, some exporters) reads as
+        # the same text; the mark is dropped, only at the start of the file.
+        with open(path, encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
                 lengths.extend(_line_lengths(path, n, line, field, first=not lengths))
     except UnicodeDecodeError:

@@ -182,3 +182,13 @@ def test_too_few_samples_names_the_settings_that_change_the_outcome(tmp_path):
     with pytest.raises(ConfigError, match="fewer than one minibatch"):
         resolve(run_config(*data, "minibatch_size=3", "dataset.num_samples=1000"))
     assert resolve(run_config(*data, "minibatch_size=2")).pool_size == 10, "the named setting does"
+
+
+def test_a_byte_order_mark_is_read_like_any_other_utf8_file(tmp_path):
+    plain = write_jsonl(tmp_path / "plain.jsonl", [12, [1, 2, 3]])
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_lengths("jsonl", str(marked)).tolist() == load_lengths("jsonl", str(plain)).tolist() == [12, 3]
+    objects = tmp_path / "objects.jsonl"
+    objects.write_bytes(b"\xef\xbb\xbf" + b'{"n": 5}\n{"n": [7, 8]}\n')
+    assert load_lengths("jsonl", str(objects), field="n").tolist() == [5, 2], "the first key is 'n', not '\\ufeffn'"
