@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from odc_core.engine.base import EngineContext, TraceHook
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
+from odc_core.engine.sharing import sharing_groups, unit_parameters
 
 
 class CollectiveEngine:
@@ -97,8 +98,12 @@ class CollectiveEngine:
         mesh = self._mesh()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.precision == "bf16" else MixedPrecisionPolicy()
-        for unit in units:
-            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+        # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
+        # a parameter in one group only, so the shared one falls to the root's group with the rest
+        # of those units' parameters, gathered for the whole forward and backward.
+        for group in sharing_groups(unit_parameters(units)):
+            if len(group) == 1:
+                fully_shard(units[group[0]], mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         self.model = model
         return model
