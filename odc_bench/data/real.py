@@ -67,7 +67,8 @@ def jsonl_lengths(path: Path, field: str | None) -> np.ndarray:
     lengths: list[int] = []
     n = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: editors on Windows start UTF-8 files with a byte-order mark, which is not JSON
+        with open(path, encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
                 lengths.extend(_line_lengths(path, n, line, field, first=not lengths))
     except UnicodeDecodeError:

@@ -158,3 +158,9 @@ def test_missing_data_is_a_one_line_error_and_no_row(tmp_path, results_dir):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("odc_bench: error: dataset.path") and "does not exist" in lines[0]
     assert not (results_dir / "runs.csv").exists()
+
+
+def test_a_byte_order_mark_is_read_like_any_other_utf8(tmp_path):
+    src = tmp_path / "bom.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + b"120\n[5, 6, 7]\n")
+    assert load_lengths("jsonl", str(src)).tolist() == [120, 3]
