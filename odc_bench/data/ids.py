@@ -41,8 +41,9 @@ def check_vocabulary(pool: Pool, num_samples: int | None, vocab_size: int) -> No
                     f"synthetic ids of the same lengths with dataset.tokens=synthetic")
 
 
-def resolve_tokens(ds: DatasetConfig, vocab_size: int) -> DatasetConfig:
-    """The dataset with `tokens` decided (see DatasetConfig.tokens); DataError when the ids cannot be trained on."""
+def resolve_tokens(ds: DatasetConfig, vocab_size: int, check_ids: bool = True) -> DatasetConfig:
+    """The dataset with `tokens` decided (see DatasetConfig.tokens); DataError when the ids cannot be
+    trained on (against the vocabulary only with `check_ids`)."""
     if ds.tokens not in (None, "data"):
         return ds
     pool = real_pool(ds) if ds.loader in ("jsonl", "hf_disk") else None
@@ -55,7 +56,8 @@ def resolve_tokens(ds: DatasetConfig, vocab_size: int) -> DatasetConfig:
         raise DataError(f"{pool.source} gives token counts, not ids, so dataset.tokens=data has nothing to train "
                         f"on; give every sample as a list of ids (dataset=hf_disk: with dataset.tokenizer), or "
                         f"set dataset.tokens=synthetic")
-    check_vocabulary(pool, ds.num_samples, vocab_size)
+    if check_ids:
+        check_vocabulary(pool, ds.num_samples, vocab_size)
     return replace(ds, tokens="data")
 
 

@@ -325,8 +325,8 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
     dataset = config.dataset
     if lengths is None:
         lengths = dataset_lengths(config.dataset, config.seed)
-        if not config.simulated:  # the simulator makes no tokens: only a run that trains needs its ids
-            dataset = resolve_tokens(dataset, config.model.vocab_size)
+        # the simulator makes no tokens: only a run that trains needs ids its model can embed
+        dataset = resolve_tokens(dataset, config.model.vocab_size, check_ids=not config.simulated)
     drawn = minibatch_samples(config.dataset, len(lengths), world * per_rank, config.num_minibatches, config.seed)
     max_tokens = config.max_tokens
     if max_tokens is None:

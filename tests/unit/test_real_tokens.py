@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from odc_bench.data.real import write_pending_caches
+from odc_bench.data.tokens import token_source
 from odc_bench.errors import DataError
 from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import events_frame, minibatch_losses
@@ -71,3 +72,26 @@ def test_an_empty_list_is_a_sample_with_nothing_to_learn(tmp_path):
     src = write_jsonl(tmp_path / "e.jsonl", [[], [3], *([list(range(8))] * 8)])
     spec = resolve(run_config(*SMALL, "dataset=jsonl", f"dataset.path={src}", "num_minibatches=1"))
     assert spec.config.dataset.tokens == "data" and {n for mb in spec.minibatches for n in mb.lengths} == {8}
+
+
+def test_the_simulator_resolves_tokens_alike_but_embeds_no_ids(tmp_path):
+    src = write_jsonl(tmp_path / "big.jsonl", [[1, 5000, 2]] * 16)
+    sim = resolve(run_config(*SMALL, "backend=sim", "dataset=jsonl", f"dataset.path={src}"))
+    assert sim.config.dataset.tokens == "data", "same key as a real run's; the vocabulary is not its concern"
+
+
+def test_hf_disk_ids_columns_and_tokenized_text_are_trained_on(tmp_path):
+    import datasets
+
+    from tests.helpers.real_data import write_hf_dataset, write_tokenizer
+
+    datasets.Dataset.from_dict({"input_ids": [[3, 4, 5, 6]] * 16}).save_to_disk(str(tmp_path / "ids"))
+    spec = resolve(run_config(*SMALL, "dataset=hf_disk", f"dataset.path={tmp_path / 'ids'}",
+                              "dataset.text_field=input_ids", "num_minibatches=1"))
+    assert spec.config.dataset.tokens == "data"
+    assert token_source(spec.config.dataset)(0, 5, 4, 2048).tolist() == [3, 4, 5, 6]
+    data, tok = write_hf_dataset(tmp_path / "ds", [6] * 16), write_tokenizer(tmp_path / "tok")
+    text = resolve(run_config(*SMALL, "dataset=hf_disk", f"dataset.path={data}", f"dataset.tokenizer={tok}",
+                              "num_minibatches=1"))
+    ids = token_source(text.config.dataset)(0, 0, 6, 2048)
+    assert text.config.dataset.tokens == "data" and ids.numel() == 6 and int(ids.max()) < 16, "word-level ids"
