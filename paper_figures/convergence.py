@@ -24,6 +24,7 @@ else the first series), at which step, and the final losses.
 from __future__ import annotations
 
 import sys
+from pathlib import PurePath
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -171,7 +172,8 @@ def table_text(table: pd.DataFrame, titles: dict[str, str]) -> str:
 
 
 def _title(row: pd.Series) -> str:
-    ids = f", token ids of {row['data_path']}" if row.get("tokens") == "data" else ", learnable tokens"
+    # a line of its own: a path beside the setting runs into the next panel's title
+    ids = f"\ntoken ids of {PurePath(row['data_path']).name}" if row.get("tokens") == "data" else ""
     return f"{describe_setting(row)}, {row.get('precision')}, seed {row.get('seed')}{ids}"
 
 

@@ -171,6 +171,6 @@ def test_convergence_draws_runs_on_real_token_ids_without_a_floor(tmp_path):
     fig = convergence.render(load(tmp_path / "results"))["convergence-cpu_convergence"]
     assert len(fig.axes) == 2 * len(PRECISIONS), "every real-token setting drawn; the synthetic run left out"
     for ax in fig.axes:
-        assert "token ids of /data/ids.jsonl" in ax.get_title()
+        assert ax.get_title().endswith("\ntoken ids of ids.jsonl")
         assert not [line for line in ax.lines if line.get_gid() == "floor"], "real data has no known floor"
         assert {line.get_label() for line in ax.lines} == {_label(*s) for s in LOSS_SERIES}
