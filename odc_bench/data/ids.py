@@ -24,18 +24,16 @@ def real_pool(ds: DatasetConfig) -> Pool:
 
 def check_vocabulary(pool: Pool, num_samples: int | None, vocab_size: int) -> None:
     """DataError naming the first sample (its line or row) with an id the model has no embedding for."""
-    usable = pool.usable[:num_samples]
     starts = np.cumsum(pool.raw_lengths) - pool.raw_lengths
-    # every sample's largest id; reduceat would run a sample into the next when that one is empty
-    in_use = np.zeros(pool.ids.size, dtype=bool)
-    for s in usable:
-        in_use[starts[s]:starts[s] + pool.raw_lengths[s]] = True
-    bad = np.flatnonzero(in_use & (np.asarray(pool.ids) >= vocab_size))
-    if bad.size == 0:
+    # the ids out of range first (almost always none), then which of them a run can draw
+    bad = np.flatnonzero(np.asarray(pool.ids) >= vocab_size)
+    raw_of = np.searchsorted(starts, bad, side="right") - 1
+    drawn = np.isin(raw_of, pool.usable[:num_samples])
+    if not drawn.any():
         return
-    raw = int(np.searchsorted(starts, bad[0], side="right") - 1)
+    first, raw = int(bad[drawn][0]), int(raw_of[drawn][0])
     sample = int(np.searchsorted(pool.usable, raw))
-    raise DataError(f"{pool.where(sample)}: token id {int(pool.ids[bad[0]])} at position {int(bad[0] - starts[raw])} "
+    raise DataError(f"{pool.where(sample)}: token id {int(pool.ids[first])} at position {first - int(starts[raw])} "
                     f"is outside the model's vocabulary (model.vocab_size={vocab_size}: ids 0 to {vocab_size - 1}); "
                     f"tokenize with the model's tokenizer or choose a model with a larger vocabulary, or train on "
                     f"synthetic ids of the same lengths with dataset.tokens=synthetic")

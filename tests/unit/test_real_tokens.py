@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from odc_bench.data import real
 from odc_bench.data.real import write_pending_caches
 from odc_bench.data.tokens import token_source
 from odc_bench.errors import DataError
@@ -95,3 +96,21 @@ def test_hf_disk_ids_columns_and_tokenized_text_are_trained_on(tmp_path):
                               "num_minibatches=1"))
     ids = token_source(text.config.dataset)(0, 0, 6, 2048)
     assert text.config.dataset.tokens == "data" and ids.numel() == 6 and int(ids.max()) < 16, "word-level ids"
+
+
+def test_only_samples_a_run_can_draw_are_checked_against_the_vocabulary(tmp_path):
+    # an out-of-range id in a 1-token sample (dropped) or past dataset.num_samples is never trained on
+    src = write_jsonl(tmp_path / "tail.jsonl", [[4000], *([list(range(8))] * 8), [1, 4000]])
+    spec = resolve(run_config(*SMALL, "dataset=jsonl", f"dataset.path={src}", "dataset.num_samples=8",
+                              "num_minibatches=1"))
+    assert spec.config.dataset.tokens == "data"
+    with pytest.raises(DataError, match=r"tail.jsonl line 10: token id 4000 at position 1 is outside"):
+        resolve(run_config(*SMALL, "dataset=jsonl", f"dataset.path={src}", "num_minibatches=1"))
+
+
+def test_a_lengths_cache_without_ids_is_not_taken_for_a_source_without_ids(tmp_path):
+    src = write_jsonl(tmp_path / "old.jsonl", [list(range(8))] * 8)
+    pool = real.load_pool("jsonl", str(src))
+    write_pending_caches()
+    next(tmp_path.glob("old.jsonl.ids-*.npy")).unlink()  # as a cache from before ids were kept
+    assert real.load_pool("jsonl", str(src)).has_ids and pool.has_ids
