@@ -96,7 +96,8 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, line) of every line that is not blank; DataError when the file is not text."""
     n = 0
     try:
-        # utf-8-sig: editors on Windows start UTF-8 files with a byte-order mark, which is not JSON
+        # utf-8-sig: a file saved with a byte-order mark (Windows editors, some exporters) reads as
+        # the same text; the mark is dropped, only at the start of the file.
         with open(path, encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
                 if "\x00" in line:

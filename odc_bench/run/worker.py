@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -197,5 +198,9 @@ def collect_garbage_between_minibatches() -> None:
 
 def rank_entry(rank: int, job: RankJob) -> None:
     """Entry point of a locally spawned rank (torch.multiprocessing passes the rank first)."""
+    # Ctrl-C reaches every process of the terminal's group: the parent alone decides, stops the
+    # ranks and removes what they leave (run/local.py), so a rank ignores it rather than dying
+    # mid-write with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run_rank(rank, job)

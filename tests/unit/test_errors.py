@@ -112,7 +112,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-odc-fetch": (["backend=sim", "backend.odc_fetch=random"],
                       "backend.odc_fetch must be one of owner, nearest, got 'random'", None),
     "bad-nic-rails": (["backend=sim", "backend.hardware.nic_rails=3"],
-                      "backend.hardware.nic_rails must divide gpus_per_node (8), got 3", None),
+                      "the hardware's NIC rails per node, backend.hardware.nic_rails (3), must divide "
+                      "gpus_per_node (8): give gpus_per_node a multiple of 3, or set backend.hardware.nic_rails "
+                      "to a divisor of 8", None),
     "model-size-zero": (["model.hidden_size=0"], "model.hidden_size must be at least 1, got 0", None),
     "hardware-not-a-number": (["backend=sim", "backend.hardware.peak_tflops=abc"],
                               "backend.hardware.peak_tflops must be a number, got 'abc'", None),
@@ -160,9 +162,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
     "slurm-not-on-path": (["-m", "hydra/launcher=slurm"], "hydra/launcher=slurm needs SLURM's sbatch and squeue on "
                           "PATH, and this machine has none", _no_slurm),
-    "slurm-gpus-without-cuda": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2"],
-                                "hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine",
-                                None),
+    "slurm-odc-on-gpus": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2", "engine=odc"],
+                          "engine=odc has no CUDA transport yet", None),
     "pool-smaller-than-minibatch": (["dataset.num_samples=3"],
                                     "the dataset has 3 usable samples, fewer than one minibatch", None),
     "sample-over-max-tokens": (["max_tokens=64"], "over the microbatch limit max_tokens=64", None),
