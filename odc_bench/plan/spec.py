@@ -37,6 +37,7 @@ from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
+from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CombinationError, ConfigError
@@ -334,15 +335,18 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
             "sees the GPUs")
     cost = cost_model_for(config.balancer, config.model, device_tag("cuda") if remote else hardware_tag(device_type))
 
+    dataset = config.dataset
     if lengths is None:
         lengths = dataset_lengths(config.dataset, config.seed)
+        # the simulator makes no tokens: only a run that trains needs ids its model can embed
+        dataset = resolve_tokens(dataset, config.model.vocab_size, check_ids=not config.simulated)
     drawn = minibatch_samples(config.dataset, len(lengths), world * per_rank, config.num_minibatches, config.seed)
     max_tokens = config.max_tokens
     if max_tokens is None:
         max_tokens = int(dataset_max_len(config.dataset, lengths) * config.packing_ratio)
     require(max_tokens >= 2, f"max_tokens must be null or an integer >= 2, got {max_tokens}")
 
-    resolved = replace(config, max_tokens=max_tokens, engine=engine)
+    resolved = replace(config, max_tokens=max_tokens, engine=engine, dataset=dataset)
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"
     clock = StaleClock(world, engine.staleness)  # when each rank is free for the next minibatch
     minibatches = []

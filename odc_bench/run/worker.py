@@ -124,7 +124,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         o = config.optim
         engine.configure_optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         recorder.enabled = True
-        tokens_of = token_source(config.dataset.tokens)
+        tokens_of = token_source(config.dataset)
         claim_base = 0
         collect_garbage_between_minibatches()
         for k, mb in enumerate(spec.minibatches):

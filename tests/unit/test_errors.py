@@ -203,6 +203,19 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                              _jsonl("12\n-4\n")),
     "data-no-usable-sample": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"], "has no sample of at least 2 tokens",
                               _jsonl("1\n0\n")),
+    "data-id-outside-vocabulary": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
+                                   "d.jsonl line 3: token id 2048 at position 1 is outside the model's vocabulary",
+                                   _jsonl("[1, 2, 3]\n\n[4, 2048]\n")),
+    "data-tokens-without-ids": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl", "dataset.tokens=data"],
+                                "d.jsonl gives token counts, not ids, so dataset.tokens=data has nothing to train on",
+                                _jsonl("12\n40\n")),
+    "data-tokens-scaled": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl", "dataset.tokens=data",
+                            "dataset.length_scale=0.5"],
+                           "dataset.tokens=data trains on the data's ids as they are, which dataset.length_scale=0.5",
+                           _jsonl("[1, 2, 3]\n")),
+    "data-tokens-of-a-profile": (["dataset.tokens=data"],
+                                 "dataset.tokens=data trains on a file's token ids, but dataset=longalign has none",
+                                 None),
     "hf-disk-not-a-dataset": (["dataset=hf_disk", "dataset.path={tmp}/not_a_dataset"],
                               "with datasets.load_from_disk", _empty_dir),
     # the results folder
@@ -260,7 +273,8 @@ def test_docs_list_exactly_the_cases_tested():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json", "sample-over-memory",
+@pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json", "data-id-outside-vocabulary",
+                                  "sample-over-memory",
                                   "runs-csv-other-schema-version", "results-dir-on-sys"])
 def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_path):
     argv, extra = _argv(case, tmp_path)

@@ -39,7 +39,7 @@ def test_lengths_are_cached_next_to_the_source_once_accepted_and_reused(tmp_path
     def no_reading(*_a, **_k):
         raise AssertionError("the cache should have been used")
 
-    monkeypatch.setattr(real, "jsonl_lengths", no_reading)
+    monkeypatch.setattr(real, "jsonl_samples", no_reading)
     assert load_lengths("jsonl", str(src)).tolist() == [10, 20, 30]
 
 
@@ -60,7 +60,7 @@ def test_cache_dir_option_keeps_the_source_folder_clean(tmp_path):
     src = write_jsonl(tmp_path / "e.jsonl", [10, 20])
     load_lengths("jsonl", str(src), cache_dir=str(tmp_path / "cache"))
     write_pending_caches()
-    assert not list(tmp_path.glob("*.npy")) and len(list((tmp_path / "cache").glob("*.npy"))) == 1
+    assert not list(tmp_path.glob("*.npy")) and len(list((tmp_path / "cache").glob("*.npy"))) == 2
 
 
 @pytest.mark.parametrize(("lines", "message"), [
