@@ -192,3 +192,10 @@ def test_a_byte_order_mark_is_read_like_any_other_utf8_file(tmp_path):
     objects = tmp_path / "objects.jsonl"
     objects.write_bytes(b"\xef\xbb\xbf" + b'{"n": 5}\n{"n": [7, 8]}\n')
     assert load_lengths("jsonl", str(objects), field="n").tolist() == [5, 2], "the first key is 'n', not '\\ufeffn'"
+
+
+def test_for_a_length_profile_the_hint_names_its_pool_size_which_changes_the_outcome():
+    small = ("world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
+    with pytest.raises(ConfigError, match=r"or raise dataset.num_samples to at least 8 \(the profile's pool\)"):
+        resolve(run_config(*small, "dataset.num_samples=5"))
+    assert resolve(run_config(*small, "dataset.num_samples=8")).pool_size == 8
