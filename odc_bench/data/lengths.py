@@ -43,7 +43,7 @@ def reuse_note(pool_size: int, drawn: int) -> str:
     """How often a run's draws reuse each sample of its pool, or "" when none is drawn twice."""
     if drawn <= pool_size:
         return ""
-    return f"each used {drawn / pool_size:.1f} times on average"
+    return f"each used {drawn / pool_size:.3g} times on average"
 
 
 def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_minibatches: int,

@@ -166,7 +166,7 @@ def test_a_run_that_draws_more_than_the_data_holds_says_how_often_each_sample_is
     spec = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "world_size=2", "minibatch_size=4",
                               "num_minibatches=5", "warmup_minibatches=0"))
     assert spec.pool_size == 10 and spec.length_stats()["samples"] == 40
-    assert describe_lengths(spec).startswith("lengths: 40 samples drawn from the 10 of jsonl (each used 4.0 times on "
+    assert describe_lengths(spec).startswith("lengths: 40 samples drawn from the 10 of jsonl (each used 4 times on "
                                              "average): ")
     once = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "world_size=2", "minibatch_size=5",
                               "num_minibatches=1", "warmup_minibatches=0"))

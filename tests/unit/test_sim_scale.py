@@ -252,9 +252,9 @@ def test_a_job_after_the_command_lines_precheck_plans_once(tmp_path, monkeypatch
     calls = []
     plan = plan_spec._resolve
 
-    def counting(config, device_type):
+    def counting(config, device_type, **kwargs):
         calls.append(config.world_size)
-        return plan(config, device_type)
+        return plan(config, device_type, **kwargs)
 
     monkeypatch.setattr(plan_spec, "_resolve", counting)
     monkeypatch.setattr(plan_spec, "_planned", None)

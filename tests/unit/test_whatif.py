@@ -176,7 +176,7 @@ def test_the_pool_line_says_from_which_minibatch_size_samples_repeat_and_how_oft
     question = Question(lengths="mine.jsonl", nodes=4, devices_per_node=8, minibatch_sizes=(1, 2, 8))
     line = describe_pool(np.arange(100, 400), question, "mine.jsonl")
     assert line.endswith("; from minibatch 2 on a run draws more samples than there are, so samples repeat (at "
-                         "minibatch 8: 2048 drawn, each used 6.8 times on average)")
+                         "minibatch 8: 2048 drawn, each used 6.83 times on average)")
     assert "repeat" not in describe_pool(np.arange(100, 3000), question, "mine.jsonl")
 
 
