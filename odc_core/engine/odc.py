@@ -47,7 +47,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -107,6 +107,17 @@ class _Unit:
 
 def _buffer_name(kind: str, unit: str, slot: int) -> str:
     return f"odc/{kind}/{unit}/{slot}"
+
+
+def _grad_tensors(output: object) -> list[torch.Tensor]:
+    """The tensors in a unit's output (nested tuples, lists and dicts) that carry a gradient."""
+    if torch.is_tensor(output):
+        return [output] if output.requires_grad else []
+    if isinstance(output, Mapping):
+        output = list(output.values())
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in _grad_tensors(item)]
+    return []
 
 
 class _AfterBackward(torch.autograd.Function):
@@ -397,10 +408,15 @@ class OdcEngine:
     def _post_forward(self, unit: _Unit, output) -> None:
         if unit.index + 1 < len(self.units):
             self._reshard(unit)  # the last unit's backward starts at once: keep it
-        if torch.is_tensor(output) and output.requires_grad:
-            output.register_hook(lambda _g, u=unit: self._pre_backward(u))
+        # A unit may return a tuple, list or dict (transformers decoder layers return tuples):
+        # every output that carries a gradient gets the hook, as the first to receive its
+        # gradient is the start of the unit's backward.
+        for t in _grad_tensors(output):
+            t.register_hook(lambda _g, u=unit: self._pre_backward(u))
 
     def _pre_backward(self, unit: _Unit) -> None:
+        if unit.grad is not None:
+            return  # another output of the unit already started its backward
         self._ensure_gathered(unit)
         unit.grad = torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
         for p, off in zip(unit.params, unit.offsets, strict=True):
