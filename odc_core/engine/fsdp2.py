@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from odc_core.engine.base import EngineContext, TraceHook
+from odc_core.engine.base import EngineContext, TraceHook, shared_parameters
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 
 
@@ -97,7 +97,13 @@ class CollectiveEngine:
         mesh = self._mesh()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.precision == "bf16" else MixedPrecisionPolicy()
-        for unit in units:
+        # A unit holding a parameter another unit also holds (tied embeddings) is not sharded
+        # on its own: FSDP2 refuses a parameter in two groups, so such units' parameters fall
+        # to the root's group, gathered for the whole forward and backward.
+        tied = {i for held in shared_parameters(model, units).values() for i in held}
+        for index, unit in enumerate(units):
+            if index in tied:
+                continue
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         self.model = model

@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_core.engine.base import EngineContext, TraceHook
+from odc_core.engine.base import EngineContext, TraceHook, shared_parameters
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
@@ -182,6 +182,13 @@ class OdcEngine:
 
     # ---- set-up -------------------------------------------------------------------------
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
+        shared = shared_parameters(model, units)
+        if shared:
+            # Its gradient would have to be summed over every user before the push, and every
+            # user would have to fetch it; the engine keeps one unit per parameter.
+            name, held = next(iter(shared.items()))
+            raise ValueError(f"parameter {name} is shared by units {held}; ODC shards each parameter "
+                             f"with one unit: untie it or put its users in one unit")
         names = {id(p): n for n, p in model.named_parameters()}
         seen: set[int] = set()
         for index, module in enumerate(units):
