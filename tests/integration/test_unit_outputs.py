@@ -88,3 +88,36 @@ def test_odc_refuses_a_parameter_shared_by_two_units_naming_it(one_rank_group):
             engine.wrap(model, list(model.layers))
     finally:
         engine.close()
+
+
+def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_group):
+    """unit.compile() after wrap(): Dynamo runs the module hooks too (with graph breaks at the
+    heap calls), and two steps still match eager single-process AdamW."""
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    engine = build(EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"),
+                   OdcOptions(transport="shm", prefetch=False))
+    x = torch.randn(4, 8, requires_grad=True)
+    try:
+        engine.wrap(model, list(model.layers))
+        for layer in model.layers:
+            layer.compile()
+        torch._dynamo.utils.counters.clear()
+        # eps as in the test above: the comparison measures the engine, not rounding noise.
+        engine.configure_optimizer(lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+        for _ in range(2):
+            engine.begin_minibatch()
+            model(x).backward()
+            engine.finish_minibatch()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "the units ran compiled"
+    opt = torch.optim.AdamW(reference.parameters(), lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+    for _ in range(2):
+        opt.zero_grad()
+        reference(x).backward()
+        opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
