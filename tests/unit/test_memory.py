@@ -78,7 +78,8 @@ def test_the_full_sharding_estimate_of_the_committed_cpu_runs_is_unchanged():
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_unit_params_count_the_models_parameters_and_tied_embeddings_once(tied):
-    cfg = resolve(run_config("model.num_layers=1", f"model.tie_embeddings={str(tied).lower()}")).config.model
+    tie = f"model.tie_embeddings={str(tied).lower()}"
+    cfg = resolve(run_config("engine=collective", "model.num_layers=1", tie)).config.model
     with torch.device("meta"):  # shapes only: nothing allocated
         model = Qwen2Model(cfg)
     assert sum(unit_params(cfg)) == sum(p.numel() for p in model.parameters())  # parameters() dedups tied ones
