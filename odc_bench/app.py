@@ -24,6 +24,9 @@ def main(cfg: DictConfig) -> dict | list[dict] | None:
         config = load(cfg)
         if config.task == "primitives":
             return run_primitives(config)
-        return run_training(config, in_sweep=HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN)
+        hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+        gpus = getattr(hydra_cfg.launcher, "gpus_per_node", None) if hydra_cfg is not None else None
+        return run_training(config, in_sweep=hydra_cfg is not None and hydra_cfg.mode == RunMode.MULTIRUN,
+                            job_gpus=gpus)
     except ConfigError as e:
         fail(e)

@@ -1,7 +1,10 @@
-"""Where a result came from: the commit it was produced at (rows, calibrations, benchmarks)."""
+"""Where a result came from: the commit it was produced at (rows, calibrations, benchmarks), and
+the machine it was measured on."""
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 from pathlib import Path
 
@@ -16,3 +19,16 @@ def git_commit() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def host_fingerprint() -> dict[str, object]:
+    """What makes CPU timings of one machine apply to another: the processor model and how many
+    logical cores there are (the hostname does not: VMs of one name differ, and one machine may be
+    renamed)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu_model": model, "logical_cores": os.cpu_count() or 0}

@@ -1,14 +1,17 @@
 """Appendix analog: loss curves of every series on the learnable token source, against the step
 and against wall-clock time, and the largest per-step gap between series.
 
-Only runs on `dataset.tokens=learnable` are drawn (random ids give a loss curve that says nothing;
+Only runs on `dataset.tokens=learnable` or on real token ids (`dataset.tokens=data`: a JSONL or
+hf_disk source's own ids) are drawn (random ids give a loss curve that says nothing;
 data/learnable.py): the loss of a minibatch is read from the run's trace, its ranks' `loss_sum`
 over its labelled tokens (every token but the last of each document, counted from the trace's
 microbatch events), every minibatch warm-up included; its time is when its last rank finished,
-from the start of the run's first minibatch. The source's floor, its entropy rate
-(data/chain.py), is drawn as a dashed line.
+from the start of the run's first minibatch. The learnable source's floor, its entropy rate
+(data/chain.py), is drawn as a dashed line; real data has no known floor, and its panels are
+titled with the file the ids came from.
 
-Runs that computed the same minibatches (one setting: workload, precision and seed) share a row
+Runs that computed the same minibatches (one setting: workload, precision, seed, token source
+and data file) share a row
 of panels; one line per series. A series is engine x balancer and the engine's variant (ODC's
 staleness: `ODC [s=1]`), with any other engine or balancer option whose value differs between
 the row's runs (say `balancer.options.equal_samples`), so variants appear side by side without
@@ -21,6 +24,7 @@ else the first series), at which step, and the final losses.
 from __future__ import annotations
 
 import sys
+from pathlib import PurePath
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -75,15 +79,21 @@ def label(runs: pd.DataFrame) -> pd.Series:
     return base.where(extra == "", base + " [" + extra + "]")
 
 
-def learnable_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs on the learnable token source with a trace, each with its setting key."""
+# The token sources whose loss curves say something, and what each setting's title says of them.
+DRAWN_TOKENS = ("learnable", "data")
+
+
+def loss_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs on the learnable token source or on real ids, with a trace, each with its setting key
+    and its `tokens` (and `data_path`: the file real ids came from)."""
     if runs.empty:
         return runs
-    runs = runs[config_value(runs, "dataset.tokens") == "learnable"]
-    runs = with_traces(runs)
+    runs = runs.assign(tokens=config_value(runs, "dataset.tokens"), data_path=config_value(runs, "dataset.path"))
+    runs = with_traces(runs[runs["tokens"].isin(DRAWN_TOKENS)])
     if runs.empty:
         return runs
-    cols = [c for c in SETTING if c in runs]
+    runs = runs.assign(data_path=runs["data_path"].where(runs["tokens"] == "data", ""))
+    cols = [c for c in [*SETTING, "tokens", "data_path"] if c in runs]
     return runs.assign(setting=runs[cols].astype(str).agg("|".join, axis=1))
 
 
@@ -120,14 +130,13 @@ def gaps(data: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot(data: pd.DataFrame, titles: dict[str, str]) -> Figure:
-    """Two panels per setting: loss against step and against wall-clock time."""
+def plot(data: pd.DataFrame, titles: dict[str, str], floors: dict[str, float | None]) -> Figure:
+    """Two panels per setting: loss against step and against wall-clock time; the floor where it is known."""
     settings = sorted(data["setting"].unique())
     fig = Figure(figsize=(11, 3.6 * len(settings)))
     axes = fig.subplots(len(settings), 2, squeeze=False)
     hue_order = ordered(data["series"])
     colors = palette(hue_order)
-    floor = entropy_rate()
     for (ax_step, ax_time), setting in zip(axes, settings, strict=True):
         part = data[data["setting"] == setting]
         for s in hue_order:
@@ -137,12 +146,16 @@ def plot(data: pd.DataFrame, titles: dict[str, str]) -> Figure:
             ax_step.plot(line["step"], line["loss"], label=s, color=colors[s], lw=1.2)
             ax_time.plot(line["time"], line["loss"], label=s, color=colors[s], lw=1.2)
         for ax, xlabel in ((ax_step, STEP_LABEL), (ax_time, TIME_LABEL)):
-            ax.axhline(floor, color="black", ls="--", lw=0.8, gid="floor")
+            floor = floors[setting]
+            if floor is not None:
+                ax.axhline(floor, color="black", ls="--", lw=0.8, gid="floor")
             ax.set_xlabel(xlabel)
             ax.set_ylabel(Y_LABEL)
             ax.set_title(titles[setting], fontsize=9)
         ax_step.legend(fontsize=7)
-    fig.suptitle(f"Loss on the learnable token source (floor {floor:.2f} nats, dashed)")
+    known = {f for f in floors.values() if f is not None}
+    floor_note = f" (the learnable source's floor {known.pop():.2f} nats, dashed)" if known else ""
+    fig.suptitle(f"Loss per minibatch{floor_note}")
     fig.tight_layout()
     return fig
 
@@ -153,12 +166,15 @@ def table_text(table: pd.DataFrame, titles: dict[str, str]) -> str:
     return ("## Convergence: the largest per-step loss gap between series\n\n"
             "Per setting, each series against the baseline on the same minibatches: the largest absolute "
             "difference of the minibatch loss (nats per labelled token) over all steps, where it falls, the "
-            f"largest relative difference, the mean absolute one and both final losses; floor {entropy_rate():.3f}.\n\n"
+            f"largest relative difference, the mean absolute one and both final losses; the learnable source's "
+            f"floor {entropy_rate():.3f} (real token ids have no known floor).\n\n"
             f"{body}\n")
 
 
 def _title(row: pd.Series) -> str:
-    return f"{describe_setting(row)}, {row.get('precision')}, seed {row.get('seed')}"
+    # a line of its own: a path beside the setting runs into the next panel's title
+    ids = f"\ntoken ids of {PurePath(row['data_path']).name}" if row.get("tokens") == "data" else ""
+    return f"{describe_setting(row)}, {row.get('precision')}, seed {row.get('seed')}{ids}"
 
 
 def render(inputs: Inputs) -> dict[str, object]:
@@ -166,17 +182,20 @@ def render(inputs: Inputs) -> dict[str, object]:
         raise Skip("no runs.csv tables found below the results root")
     out: dict[str, object] = {}
     for source, part in by_source(inputs.runs).items():
-        runs = learnable_runs(part)
+        runs = loss_runs(part)
         if runs.empty:
             continue
-        titles = {r["setting"]: _title(r) for _, r in runs.drop_duplicates("setting").iterrows()}
+        firsts = runs.drop_duplicates("setting")
+        titles = {r["setting"]: _title(r) for _, r in firsts.iterrows()}
+        floors = {r["setting"]: entropy_rate() if r["tokens"] == "learnable" else None for _, r in firsts.iterrows()}
         data = curves(runs)
-        out[f"{NAME}-{source}"] = plot(data, titles)
+        out[f"{NAME}-{source}"] = plot(data, titles, floors)
         table = gaps(data)
         out[f"{NAME}_gap-{source}"] = table_text(table, titles) if not table.empty else Skip(
             "one series per setting: no gap to report")
     if not out:
-        raise Skip("no run on dataset.tokens=learnable with a trace: run sweep=convergence")
+        raise Skip("no run on dataset.tokens=learnable or on real token ids (dataset.tokens=data) with a trace: run "
+                   "sweep=convergence, or a run on a JSONL file of token ids")
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from odc_bench.app import main as hydra_main
 from odc_bench.cli.help import text as help_text
@@ -36,5 +37,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(e)
     try:
         hydra_main()
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        interrupted(str(e))
+
+
+def interrupted(what: str = "") -> NoReturn:
+    """Ctrl-C: one line and status 130. The run under way was stopped and wrote nothing (its ranks
+    are gone and their shared memory removed: run/local.py); rows of runs that finished stay. `what`:
+    what the interrupted launcher did instead (the SLURM jobs it cancelled)."""
+    print(f"odc_bench: interrupted; {what or 'the run under way was stopped and wrote nothing'} (finished runs' "
+          f"rows are kept)", file=sys.stderr)
+    sys.exit(130)

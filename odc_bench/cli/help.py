@@ -61,6 +61,9 @@ def text() -> str:
         "  python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --nodes 8",
         "  python -m odc_bench sweep=smoke hydra/launcher=slurm",
         "",
+        "Devices: both engines run on CPU ranks. On GPUs only engine=collective runs today: ODC needs a CUDA",
+        "  transport that does not exist yet (docs/transport.md); predict ODC there with backend=sim or the what-if.",
+        "",
         "Bad input ends in one line and exit status 2 (docs/errors.md). Hydra's own flags: --hydra-help.",
     ]
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from odc_bench.cli.slurm import check_slurm_available, job_parameters
+from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_parameters
 from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
@@ -94,11 +94,12 @@ def check_run(cfg: DictConfig) -> None:
         if config.primitives is not None and config.primitives.transport == "mpi":
             mpiexec_path()
         return
-    spec = resolve(config)
+    on_slurm = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher")
+    spec = resolve(config, remote_cuda=on_slurm and gpus_requested(cfg))
     check_results_dir(Path(config.results_dir))
     if config.simulated:
         check_hardware(spec)
-    if str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher"):
+    if on_slurm:
         job_parameters(cfg, spec)
         check_slurm_available()
     else:  # ranks of this host: their memory is this host's

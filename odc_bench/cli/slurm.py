@@ -10,7 +10,9 @@ that left the queue without a result even on clusters without accounting (no sac
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import re
 import shutil
@@ -29,7 +31,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
-from submitit.core.utils import JobPaths
+from submitit.core.utils import FailedJobError, JobPaths
 
 from odc_bench.cli import submissions
 from odc_bench.cli.sweeper import outcome_of
@@ -61,6 +63,8 @@ PER_RUN_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "me
 POLL_S = 1.0
 # A job gone from squeue whose result files are still missing after this long has died.
 GONE_GRACE_S = 15.0
+# A job still pending this long after submission gets a line saying why it waits.
+PENDING_NOTE_S = 10.0
 # srun's plugin that hands MPICH (engine.transport=mpi) its ranks: PMI-2, which the mpich wheel speaks.
 SRUN_MPI = "pmi2"
 
@@ -107,17 +111,19 @@ def check_srun_mpi() -> None:
             "or run ODC on one node with engine.transport=shm")
 
 
+def gpus_requested(cfg: DictConfig) -> bool:
+    """Whether the job asks SLURM for GPUs (hydra.launcher.gpus_per_node): its runs are then
+    resolved for CUDA, whatever this machine has (plan/spec.py resolve's remote_cuda)."""
+    return bool(OmegaConf.select(cfg, "hydra.launcher.gpus_per_node", default=None))
+
+
 def check_placement(spec: RunSpec, params: dict[str, Any]) -> None:
     """Refuse jobs whose ranks would land where the resolved run cannot work.
 
-    The run is resolved here, on the submitting machine: `device=auto` and `auto` engine
-    options follow this machine's CUDA. GPUs requested from a machine that sees none would reach
-    the nodes as a CPU run; and memory that one host shares (ODC's shared-memory heap, the
-    collective engine's shm group) cannot span nodes.
+    The run is resolved here, on the submitting machine, for the devices the job asks for (CUDA
+    when it asks for GPUs, even from a login node that has none). Memory that one host shares
+    (ODC's shared-memory heap, the collective engine's shm group) cannot span nodes.
     """
-    require(not (params.get("gpus_per_node") and spec.device_type != "cuda"),
-            "hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine, which sees no CUDA "
-            "device; submit from a node that sees the GPUs")
     bound = spec.config.engine.options.host_bound()
     if params["nodes"] > 1 and bound is not None:
         what, fix = bound
@@ -135,15 +141,40 @@ def check_placement(spec: RunSpec, params: dict[str, Any]) -> None:
 
 def _queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
     """SLURM's state of each queued job (array tasks one by one); None when squeue cannot answer."""
+    queue = _queue(job_ids)
+    return None if queue is None else {job: fields[0] for job, fields in queue.items()}
+
+
+def _queue(job_ids: Sequence[str]) -> dict[str, list[str]] | None:
+    """Per queued job: its state, why it waits, its partition and nodes (squeue's %T %r %P %D)."""
     raw = sorted({j.split("_")[0] for j in job_ids})
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(raw)], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T|%r|%P|%D", "-j", ",".join(raw)],
+                             capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0 and "Invalid job id" not in out.stderr:
         return None
-    return dict(line.split("|", 1) for line in out.stdout.split() if "|" in line)
+    return {fields[0]: fields[1:] for line in out.stdout.splitlines() if len(fields := line.split("|")) == 5}
+
+
+def _partition_nodes(partition: str) -> int | None:
+    """How many nodes the partition has (sinfo), or None when sinfo cannot say."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-p", partition, "-o", "%D"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    counts = [int(n) for n in out.stdout.split() if n.isdigit()]
+    return sum(counts) if out.returncode == 0 and counts else None
+
+
+def pending_reason(reason: str, partition: str, nodes: str) -> str:
+    """Why a job waits, in a user's words where SLURM's reason code is about its size."""
+    if reason in ("PartitionNodeLimit", "Resources", "ReqNodeNotAvail", "PartitionConfig", "BadConstraints"):
+        have = _partition_nodes(partition)
+        size = f"needs {nodes} node{'s' * (nodes != '1')}" + (f", partition {partition} has {have}" if have else "")
+        return f"{size} (SLURM: {reason})"
+    return f"SLURM: {reason}"
 
 
 def _job_return(overrides: Sequence[str], status: JobStatus, value: Any) -> JobReturn:
@@ -180,7 +211,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
             with open_dict(job_cfg):
                 del job_cfg["hydra"]
             try:
-                spec = resolve(load(job_cfg))
+                spec = resolve(load(job_cfg), remote_cuda=gpus_requested(cfg))
                 check_results_dir(Path(job_cfg.results_dir))
                 params = job_parameters(cfg, spec)
             except ConfigError as e:
@@ -205,9 +236,14 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         earlier.forget_gone()
         write_pending_caches()  # every run is accepted: the ranks on the nodes find the lengths cached
         submitted: dict[int, tuple[submitit.Job, int]] = {}
+        # array_parallelism=1 runs a sweep's jobs one after another: within a job array SLURM keeps
+        # them apart (%1), and arrays of different resources are submitted one after the other.
+        one_at_a_time = int(self.params.get("array_parallelism") or 0) == 1
         try:
             for params, items in groups.values():
-                jobs = self._executor(params).map_array(self, *zip(*(args for _, args in items), strict=True))
+                # submitit prints a refused sbatch's stderr itself; the refusal's one line says it instead
+                with contextlib.redirect_stderr(io.StringIO()):
+                    jobs = self._executor(params).map_array(self, *zip(*(args for _, args in items), strict=True))
                 tasks = params["nodes"] * params["tasks_per_node"]
                 submitted.update({i: (job, tasks) for (i, _), job in zip(items, jobs, strict=True)})
                 self._remember(runs, submitted, items, job_overrides)
@@ -216,9 +252,27 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                     label = " ".join(filter_overrides(job_overrides[i])) or "default job"
                     print(f"odc_bench: #{initial_job_idx + i} submitted as SLURM job {job.job_id}: {label}; "
                           f"logs in {job.paths.folder}")
-            self._wait(submitted, runs, job_overrides, returns, bar, initial_job_idx)
-        except BaseException:  # Ctrl-C, SIGTERM, or an error of the driver: the jobs must not be forgotten
-            self._interrupted({i: job for i, (job, _) in submitted.items() if returns[i] is None}, runs)
+                if one_at_a_time:  # the next group only once this one is done: runs never share nodes
+                    self._wait({i: submitted[i] for i, _ in items}, runs, job_overrides, returns, bar,
+                               initial_job_idx)
+            self._wait({i: s for i, s in submitted.items() if returns[i] is None}, runs, job_overrides, returns, bar,
+                       initial_job_idx)
+        except FailedJobError as e:  # sbatch refused a job: none of the sweep may stay
+            waiting = {i: job for i, (job, _) in submitted.items() if returns[i] is None}
+            cancelled = self._cancel(waiting, runs)
+            said = " ".join(str(e).strip().splitlines()[-1:]) or "no reason given"
+            also = (f"; cancelled the {len(waiting)} job(s) this command had submitted" if cancelled and waiting else
+                    f"; cancel the jobs it had submitted: scancel {' '.join(j.job_id for j in waiting.values())}"
+                    if waiting else "")
+            fail(ConfigError(f"SLURM refused a job of this sweep ({said}); check hydra.launcher.gpus_per_node, "
+                             f"partition, nodes and mem_gb against what the cluster offers (sinfo -o '%P %D %G %m')"
+                             f"{also}"))
+        except BaseException as e:  # Ctrl-C, SIGTERM, or an error of the driver: the jobs must not be forgotten
+            said = self._interrupted({i: job for i, (job, _) in submitted.items() if returns[i] is None}, runs)
+            if isinstance(e, KeyboardInterrupt) and said:
+                raise KeyboardInterrupt(said) from None  # the command's one line says it (cli.interrupted)
+            if said:
+                print(f"odc_bench: interrupted; {said}", file=sys.stderr)
             raise
         return returns  # type: ignore[return-value]
 
@@ -235,29 +289,36 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         for results_dir, add in by_dir.items():
             submissions.update(results_dir, add=add)
 
-    def _interrupted(self, pending: dict[int, submitit.Job], runs: dict[int, tuple[str, Path]]) -> None:
-        """Cancel the jobs still queued or running (hydra.launcher.on_interrupt=cancel), or say how to."""
+    def _interrupted(self, pending: dict[int, submitit.Job], runs: dict[int, tuple[str, Path]]) -> str:
+        """Cancel the jobs still queued or running (hydra.launcher.on_interrupt=cancel), or say how
+        to; what was done, in words ("" when no job was under way)."""
         if not pending:
-            return
+            return ""
         ids = [job.job_id for job in pending.values()]
         if self.params.get("on_interrupt", "cancel") != "cancel":
-            print(f"odc_bench: interrupted; {len(ids)} SLURM job(s) left queued or running "
-                  f"(hydra.launcher.on_interrupt={self.params['on_interrupt']}): their rows land in the results "
-                  f"folder when they finish, and the same command run again skips them while they are queued or "
-                  f"running; cancel them with: scancel {' '.join(ids)}", file=sys.stderr)
-            return
+            return (f"{len(ids)} SLURM job(s) left queued or running (hydra.launcher.on_interrupt="
+                    f"{self.params['on_interrupt']}): their rows land in the results folder when they finish, and the "
+                    f"same command run again skips them while they are queued or running; cancel them with: "
+                    f"scancel {' '.join(ids)}")
+        if not self._cancel(pending, runs):
+            return f"cancelling the SLURM jobs failed; cancel them with: scancel {' '.join(ids)}"
+        return f"cancelled SLURM job(s) {' '.join(ids)}"
+
+    @staticmethod
+    def _cancel(pending: dict[int, submitit.Job], runs: dict[int, tuple[str, Path]]) -> bool:
+        """scancel these jobs and forget them in their results folders; False when scancel failed."""
+        if not pending:
+            return True
         try:
-            done = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
-            ok = done.returncode == 0
+            done = subprocess.run(["scancel", *(job.job_id for job in pending.values())], capture_output=True,
+                                  text=True, timeout=60)
         except (OSError, subprocess.SubprocessError):
-            ok = False
-        if not ok:
-            print(f"odc_bench: interrupted, and cancelling the SLURM jobs failed; cancel them with: "
-                  f"scancel {' '.join(ids)}", file=sys.stderr)
-            return
+            return False
+        if done.returncode != 0:
+            return False
         for results_dir in {runs[i][1] for i in pending}:
             submissions.update(results_dir, remove=[runs[i][0] for i in pending if runs[i][1] == results_dir])
-        print(f"odc_bench: interrupted; cancelled SLURM job(s) {' '.join(ids)}", file=sys.stderr)
+        return True
 
     def _wait(self, submitted: dict[int, tuple[submitit.Job, int]], runs: dict[int, tuple[str, Path]],
               job_overrides: Sequence[Sequence[str]], returns: list[JobReturn | None],
@@ -270,8 +331,18 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         """
         pending = dict(submitted)
         left_queue: dict[int, float] = {}
+        since = time.monotonic()
+        told: set[int] = set()
         while pending:
-            states = _queue_states([job.job_id for job, _ in pending.values()])
+            queue = _queue([job.job_id for job, _ in pending.values()])
+            states = None if queue is None else {job: fields[0] for job, fields in queue.items()}
+            if queue is not None and time.monotonic() - since > PENDING_NOTE_S:
+                for i, (job, _) in pending.items():  # still waiting to start: say why, once
+                    state, reason, partition, nodes = queue.get(job.job_id, ["", "", "", ""])
+                    if i not in told and state == "PENDING" and reason not in ("None", "Priority", ""):
+                        told.add(i)
+                        print(f"odc_bench: #{first_idx + i} SLURM job {job.job_id} pending: "
+                              f"{pending_reason(reason, partition, nodes)}", file=sys.stderr)
             for i, (job, tasks) in list(pending.items()):
                 results = [JobPaths(self.params["submitit_folder"], job.job_id, t).result_pickle for t in range(tasks)]
                 if all(p.exists() for p in results):  # every task has returned, the job may still be ending

@@ -156,9 +156,26 @@ def outcome_of(job_return: JobReturn) -> str:
     rows = job_return.return_value
     if rows is None:
         return "skipped"
-    if isinstance(rows, dict):  # a training run returns its row; task=primitives a list of rows
-        rows = [rows]
-    return "ok" if all(r.get("status", "ok") == "ok" for r in rows) else "failed"
+    return "ok" if all(r.get("status", "ok") == "ok" for r in _rows(job_return)) else "failed"
+
+
+def _rows(job_return: JobReturn) -> list[dict]:
+    """The rows a completed job returned: a training run's row, its repeats' rows, or
+    task=primitives' rows."""
+    rows = job_return.return_value
+    return [rows] if isinstance(rows, dict) else list(rows or [])
+
+
+def run_counts(job_returns: Sequence[JobReturn]) -> dict[str, int]:
+    """Runs executed by outcome, each repeat one run; a job that raised counts as one failed run."""
+    counts = {"ok": 0, "failed": 0}
+    for r in job_returns:
+        if r.status != JobStatus.COMPLETED:
+            counts["failed"] += 1
+            continue
+        for row in _rows(r):
+            counts["ok" if row.get("status", "ok") == "ok" else "failed"] += 1
+    return counts
 
 
 def _error_of(job_return: JobReturn) -> str:
@@ -166,22 +183,30 @@ def _error_of(job_return: JobReturn) -> str:
     if job_return.status != JobStatus.COMPLETED:
         raw: Any = job_return._return_value  # the exception (return_value would raise it)
         return f"{type(raw).__name__}: {str(raw).strip().splitlines()[-1] if str(raw).strip() else ''}"
-    rows = job_return.return_value
-    rows = [rows] if isinstance(rows, dict) else rows or []
-    return next((str(r.get("error", "")) for r in rows if r.get("status", "ok") != "ok"), "")
+    return next((str(r.get("error", "")) for r in _rows(job_return) if r.get("status", "ok") != "ok"), "")
 
 
 def print_summary(job_returns: Sequence[JobReturn], cannot_run: Sequence[tuple[list[str], CombinationError]]) -> int:
-    """The sweep's last lines: its runs by outcome, each failure with its error; the number failed."""
+    """The sweep's last lines: its runs by outcome (each repeat counted), each failure with its
+    error; the number of configs with a failed run."""
     outcomes = [outcome_of(r) for r in job_returns]
     counts = {k: outcomes.count(k) for k in ("ok", "failed", "skipped")}
-    parts = [f"{counts['ok']} ok", f"{counts['failed']} failed"]
+    runs = run_counts(job_returns)
+    configs = len(job_returns) + len(cannot_run)
+    # A config of repeat=N runs N times: then the outcomes count runs and the configs stand apart.
+    repeated = sum(runs.values()) > len(job_returns) - counts["skipped"]
+    parts = [f"{runs['ok']} ok", f"{runs['failed']} failed"]
     if counts["skipped"]:
-        parts.append(f"{counts['skipped']} already done or under way (skipped)")
+        configs_word = f" config{'s' * (counts['skipped'] != 1)}" if repeated else ""
+        parts.append(f"{counts['skipped']}{configs_word} already done or under way (skipped)")
     if cannot_run:
         parts.append(f"{len(cannot_run)} combination{'s' * (len(cannot_run) > 1)} that cannot run (skipped)")
-    total = len(job_returns) + len(cannot_run)
-    print(f"odc_bench: sweep of {total} run{'s' * (total != 1)}: {', '.join(parts)}")
+    if repeated:
+        executed = sum(runs.values())
+        head = f"sweep of {configs} config{'s' * (configs != 1)}, {executed} runs with their repeats"
+    else:
+        head = f"sweep of {configs} run{'s' * (configs != 1)}"
+    print(f"odc_bench: {head}: {', '.join(parts)}")
     for r, outcome in zip(job_returns, outcomes, strict=True):
         if outcome == "failed":
             if r.status != JobStatus.COMPLETED and isinstance(r._return_value, BaseException):

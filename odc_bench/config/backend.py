@@ -62,7 +62,9 @@ class GpuHardwareConfig:
             require(inside, f"backend.hardware.{key} must be {what}, got {value!r}")
         require(self.gpus_per_node >= 1, f"backend.hardware.gpus_per_node must be at least 1, got {self.gpus_per_node}")
         require(self.nic_rails >= 1 and self.gpus_per_node % self.nic_rails == 0,
-                f"backend.hardware.nic_rails must divide gpus_per_node ({self.gpus_per_node}), got {self.nic_rails}")
+                f"the hardware's NIC rails per node, backend.hardware.nic_rails ({self.nic_rails}), must divide "
+                f"gpus_per_node ({self.gpus_per_node}): give gpus_per_node a multiple of {self.nic_rails}, or set "
+                f"backend.hardware.nic_rails to a divisor of {self.gpus_per_node}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -59,9 +59,12 @@ class DatasetConfig:
     length_scale: float = 1.0
     num_samples: int | None = None
     cache_dir: str | None = None
-    # What the samples' token ids are (data/tokens.py): synthetic progressions, or walks on a
-    # seeded Markov chain whose loss floor is known (data/learnable.py), for loss curves.
-    tokens: Literal["synthetic", "learnable"] = "synthetic"
+    # What the samples' token ids are (data/tokens.py): the data's own (jsonl, hf_disk sources
+    # that give ids; data/ids.py), synthetic progressions, or walks on a seeded Markov chain whose
+    # loss floor is known (data/learnable.py), for loss curves. null: the data's own where the
+    # source gives ids at their own lengths (length_scale 1), synthetic otherwise; a planned run
+    # records what it resolved to.
+    tokens: Literal["data", "synthetic", "learnable"] | None = None
     grpo: GrpoConfig | None = None
 
     def __post_init__(self) -> None:
@@ -72,6 +75,12 @@ class DatasetConfig:
                 "dataset.profile is null; name a length profile or choose dataset=jsonl or dataset=hf_disk")
         require(self.loader != "grpo" or self.grpo is not None,
                 "dataset.loader=grpo needs the dataset.grpo section; use dataset=grpo")
+        require(self.tokens != "data" or self.loader in ("jsonl", "hf_disk"),
+                f"dataset.tokens=data trains on a file's token ids, but dataset={self.name} has none; choose "
+                f"dataset=jsonl or dataset=hf_disk, or dataset.tokens=synthetic")
+        require(self.tokens != "data" or self.length_scale == 1,
+                f"dataset.tokens=data trains on the data's ids as they are, which dataset.length_scale="
+                f"{self.length_scale:g} would change; set dataset.length_scale=1, or dataset.tokens=synthetic")
         require(self.loader != "grpo" or self.num_samples is None,
                 "dataset.num_samples does not apply to dataset=grpo (its pool is whole groups); "
                 "set dataset.grpo.num_prompts instead")

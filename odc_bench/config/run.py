@@ -95,10 +95,6 @@ class RunConfig:
         require(self.packing_ratio >= 1, f"packing_ratio must be a number >= 1, got {self.packing_ratio}")
         require(self.max_tokens is None or self.max_tokens >= 2,
                 f"max_tokens must be null or an integer >= 2, got {self.max_tokens}")
-        # Caught here, before any rank starts, rather than by the engine's wrap() in every rank.
-        require(not (self.model.tie_embeddings and self.engine.name == "odc" and not self.simulated),
-                "engine=odc does not support model.tie_embeddings=true (a parameter shared by two units); "
-                "use engine=collective or model.tie_embeddings=false")
 
     @property
     def simulated(self) -> bool:

@@ -39,6 +39,13 @@ def dataset_max_len(ds: DatasetConfig, lengths: np.ndarray) -> int:
     return int(lengths.max())
 
 
+def reuse_note(pool_size: int, drawn: int) -> str:
+    """How often a run's draws reuse each sample of its pool, or "" when none is drawn twice."""
+    if drawn <= pool_size:
+        return ""
+    return f"each used {drawn / pool_size:.1f} times on average"
+
+
 def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_minibatches: int,
                       seed: int) -> list[list[int]]:
     """Sample ids of each minibatch; ConfigError when a minibatch cannot be drawn from the pool.
@@ -57,9 +64,13 @@ def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_m
                 f"a minibatch of {global_size} samples needs {global_size // g} prompts, more than "
                 f"dataset.grpo.num_prompts={prompts}; raise dataset.grpo.num_prompts or lower minibatch_size")
         return group_minibatches(prompts, g, global_size // g, num_minibatches, seed)
+    more = (f"raise dataset.num_samples to at least {global_size} (the profile's pool)" if ds.loader == "profile" else
+            f"give data with at least {global_size} samples (dataset.num_samples only takes the first N of them, it "
+            f"adds none)")
     require(pool_size >= global_size,
             f"the dataset has {pool_size} usable samples, fewer than one minibatch of world_size x minibatch_size "
-            f"= {global_size}; lower minibatch_size or world_size, or use more data (dataset.num_samples)")
+            f"= {global_size}; lower minibatch_size or world_size until their product is at most {pool_size}, or "
+            f"{more}")
     order = np.random.default_rng(seed + 1).permutation(pool_size)
     return [[int(order[(k * global_size + j) % pool_size]) for j in range(global_size)]
             for k in range(num_minibatches)]

@@ -1,26 +1,33 @@
-"""Sample lengths of real data, cached as a .npy file.
+"""Sample lengths and token ids of real data, cached as .npy files.
 
-The benchmark needs only each sample's token count (the tokens themselves are synthetic,
-see data/tokens.py), and tokenizing a long-context corpus takes minutes, so the lengths are
-computed once and cached. The cache file's name carries a hash of the source's and the
+Planning needs each sample's token count; training on the data's own ids (dataset.tokens=data,
+data/ids.py) needs the ids. Tokenizing a long-context corpus takes minutes, so both are
+computed in one pass and cached: `<source>.lengths-<key>.npy` (the count of every sample, in
+the source's order) and `<source>.ids-<key>.npy` (every sample's ids end to end, int32; empty
+when the source gives counts, not ids). A cache is used only when both files are there, so a
+lengths cache written before ids were kept is read again rather than taken for a source
+without ids. The names carry a hash of the source's and the
 tokenizer's sizes and modification times and of the loader options: editing the data,
 swapping the tokenizer or changing the field gives a new name, and older caches of the same
-source are deleted when the new one is written (atomically: a temporary file renamed).
+source are deleted when the new ones are written (atomically: a temporary file renamed).
 
 Two sources:
 - `jsonl`: one sample per line, as a token count, a list of token ids, or an object
   holding either under `field`;
 - `hf_disk`: a Hugging Face dataset saved with `save_to_disk`; a text column is tokenized
-  with a local tokenizer (a directory with tokenizer.json, or the file), a chat column
+  with a local tokenizer (a directory with tokenizer.json, or the file; its ids are kept), a chat column
   (a list of messages with `content`) by joining the contents with newlines, which leaves
   out the chat template's few tokens; without a tokenizer the column must hold token ids or
   counts.
 
 Samples shorter than 2 tokens have nothing to learn (no next-token label) and are dropped.
 
+A source gives ids only when every sample is a list of ids (or tokenized text); a file
+mixing counts and lists gives counts. UTF-8 files may start with a byte-order mark.
+
 The cache is written only once the run is accepted (`write_pending_caches`, called by the
 job after its last check): a refused input leaves nothing beside the user's data. Until then
-the lengths are held in this process, so checking a run and running it read the source once.
+the lengths and ids are held in this process, so checking a run and running it read the source once.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,49 +47,81 @@ from odc_bench.files import atomic_path
 
 LOADERS = ("jsonl", "hf_disk")
 CACHE_VERSION = 1
+# Ids are kept as int32 (4 bytes a token beside the data); no vocabulary comes near its limit.
+ID_LIMIT = 2**31
 
 
 _FORMAT = "one JSON value per line: a token count, a list of token ids, or an object holding either (dataset.field)"
 
 
-def _count(value: object, where: str) -> int:
+def _sample(value: object, where: str) -> tuple[int, list[int] | None]:
+    """The sample's token count and its ids (None for a bare count)."""
     if isinstance(value, bool):
         raise DataError(f"{where}: expected a token count or a list of token ids, got {value!r}")
     if isinstance(value, int):
         if value < 0:
             raise DataError(f"{where}: negative token count {value}")
-        return value
+        return value, None
     if isinstance(value, list):
         bad = next((i for i, v in enumerate(value) if type(v) is not int or v < 0), None)
         if bad is not None:
             raise DataError(f"{where}: token ids must be integers >= 0, got {value[bad]!r} at position {bad}; "
                             f"give the tokenizer's ids, or the token count")
-        return len(value)
+        huge = next((i for i, v in enumerate(value) if v >= ID_LIMIT), None)
+        if huge is not None:
+            raise DataError(f"{where}: token id {value[huge]} at position {huge} is beyond any vocabulary (ids are "
+                            f"below {ID_LIMIT}); give the tokenizer's ids, or the token count")
+        return len(value), value
     if isinstance(value, str):
         raise DataError(f"{where}: expected a token count or a list of token ids, got text; tokenize it first, or "
                         f"save it with datasets' save_to_disk and use dataset=hf_disk with dataset.tokenizer")
     raise DataError(f"{where}: expected a token count or a list of token ids, got {type(value).__name__}")
 
 
-def jsonl_lengths(path: Path, field: str | None) -> np.ndarray:
+def _collect(samples: Iterable[tuple[int, list[int] | None]]) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, ids end to end); the ids are empty unless every sample gave its ids."""
     lengths: list[int] = []
+    chunks: list[np.ndarray] = []
+    all_ids = True
+    for n, ids in samples:
+        lengths.append(n)
+        all_ids = all_ids and ids is not None
+        if all_ids and ids:
+            chunks.append(np.asarray(ids, dtype=np.int32))
+    flat = np.concatenate(chunks) if all_ids and chunks else np.zeros(0, dtype=np.int32)
+    return np.asarray(lengths, dtype=np.int64), flat
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line that is not blank; DataError when the file is not text."""
     n = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a file saved with a byte-order mark (Windows editors, some exporters) reads as
+        # the same text; the mark is dropped, only at the start of the file.
+        with open(path, encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
-                lengths.extend(_line_lengths(path, n, line, field, first=not lengths))
+                if "\x00" in line:
+                    raise DataError(f"{path} is not text: line {n} holds NUL bytes; dataset=jsonl reads a text file "
+                                    f"with {_FORMAT}")
+                if line.strip():
+                    yield n, line
     except UnicodeDecodeError:
         raise DataError(f"{path} is not text: it holds bytes that are not UTF-8 (reading from line {n + 1}); "
                         f"dataset=jsonl reads a text file with {_FORMAT}") from None
-    return np.asarray(lengths, dtype=np.int64)
 
 
-def _line_lengths(path: Path, n: int, line: str, field: str | None, first: bool) -> list[int]:
-    """The line's token count (none for a blank line)."""
-    if "\x00" in line:
-        raise DataError(f"{path} is not text: line {n} holds NUL bytes; dataset=jsonl reads a text file with {_FORMAT}")
-    if not line.strip():
-        return []
+def jsonl_samples(path: Path, field: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every sample's token count, and their ids end to end (empty unless every line gives ids)."""
+    return _collect(_line_sample(path, n, line, field, first=k == 0)
+                    for k, (n, line) in enumerate(_jsonl_lines(path)))
+
+
+def jsonl_line(path: Path, sample: int) -> int:
+    """The line number of the file's `sample`-th sample (counting from 0; blank lines hold none)."""
+    return next(n for k, (n, _) in enumerate(_jsonl_lines(path)) if k == sample)
+
+
+def _line_sample(path: Path, n: int, line: str, field: str | None, first: bool) -> tuple[int, list[int] | None]:
     where = f"{path} line {n}"
     try:
         value = json.loads(line)
@@ -98,7 +138,7 @@ def _line_lengths(path: Path, n: int, line: str, field: str | None, first: bool)
             raise DataError(f"{where} has no key {field!r}; set dataset.field to one of "
                             f"{', '.join(sorted(value))}")
         value = value[field]
-    return [_count(value, where)]
+    return _sample(value, where)
 
 
 def _text(value: object, where: str) -> str:
@@ -119,7 +159,9 @@ def tokenizer_file(tokenizer: Path) -> Path:
     return path
 
 
-def hf_disk_lengths(path: Path, text_field: str, tokenizer: Path | None, split: str | None) -> np.ndarray:
+def hf_disk_samples(path: Path, text_field: str, tokenizer: Path | None,
+                    split: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's token count, and their ids end to end (empty when the column holds counts)."""
     try:
         import datasets
         from tokenizers import Tokenizer
@@ -140,14 +182,16 @@ def hf_disk_lengths(path: Path, text_field: str, tokenizer: Path | None, split: 
         raise DataError(f"{path} has no column {text_field!r}; set dataset.text_field to one of "
                         f"{', '.join(ds.column_names)}")
     tok = Tokenizer.from_file(str(tokenizer_file(tokenizer))) if tokenizer is not None else None
-    lengths: list[int] = []
-    for start, batch in enumerate(ds.iter(batch_size=256)):
-        values, where = batch[text_field], f"{path} column {text_field!r} (batch {start})"
-        if tok is None:
-            lengths.extend(_count(v, where) for v in values)
-        else:
-            lengths.extend(len(e.ids) for e in tok.encode_batch([_text(v, where) for v in values]))
-    return np.asarray(lengths, dtype=np.int64)
+
+    def rows() -> Iterator[tuple[int, list[int] | None]]:
+        for start, batch in enumerate(ds.iter(batch_size=256)):
+            values, where = batch[text_field], f"{path} column {text_field!r} (batch {start})"
+            if tok is None:
+                yield from (_sample(v, where) for v in values)
+            else:
+                yield from ((len(e.ids), e.ids) for e in tok.encode_batch([_text(v, where) for v in values]))
+
+    return _collect(rows())
 
 
 def _fingerprint(path: Path) -> list[tuple[str, int, int]]:
@@ -167,8 +211,9 @@ def _atomic_save(path: Path, array: np.ndarray) -> None:
         np.save(f, array)
 
 
-# Lengths computed by this process whose cache file is not written yet, by cache path.
-_pending: dict[Path, np.ndarray] = {}
+# (lengths, ids) this process read whose cache files are not written yet, by their paths.
+_pending: dict[tuple[Path, Path], tuple[np.ndarray, np.ndarray]] = {}
+KINDS = ("lengths", "ids")
 
 
 def _writable(folder: Path) -> bool:
@@ -178,42 +223,76 @@ def _writable(folder: Path) -> bool:
     return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
 
 
-def cached(source: Path, key: str, compute: Callable[[], np.ndarray], cache_dir: Path | None) -> np.ndarray:
-    """The lengths from `<source name>.lengths-<key>.npy`, computed when missing; the file itself
-    is written by write_pending_caches, once the run is accepted."""
+def cached(source: Path, key: str, compute: Callable[[], tuple[np.ndarray, np.ndarray]],
+           cache_dir: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, ids) from `<source name>.{lengths,ids}-<key>.npy`, read from the source when either
+    is missing; the files themselves are written by write_pending_caches, once the run is accepted."""
     folder = cache_dir if cache_dir is not None else source.parent
-    path = folder / f"{source.name}.lengths-{key}.npy"
-    if path in _pending:
-        return _pending[path]
-    if path.is_file():
+    lengths_path, ids_path = paths = (folder / f"{source.name}.lengths-{key}.npy",
+                                      folder / f"{source.name}.ids-{key}.npy")
+    if paths in _pending:
+        return _pending[paths]
+    if lengths_path.is_file() and ids_path.is_file():
         with contextlib.suppress(OSError, ValueError):
-            return np.load(path)
+            # mapped, not read: a rank touches only the ids of the samples it trains on
+            return np.load(lengths_path), np.load(ids_path, mmap_mode="r")
     if not _writable(folder):
         raise DataError(f"cannot write the lengths cache into {folder}; set dataset.cache_dir to a writable "
                         f"directory")
-    _pending[path] = compute()
-    return _pending[path]
+    _pending[paths] = compute()
+    return _pending[paths]
 
 
 def write_pending_caches() -> None:
-    """Write the caches of the lengths this process computed (older caches of the same source
+    """Write the caches of the lengths and ids this process read (older caches of the same source
     are deleted): call it once the run that read them has passed every check."""
-    for path, lengths in list(_pending.items()):
-        try:
-            _atomic_save(path, lengths)
-            for stale in path.parent.glob(f"{path.name.rsplit('.lengths-', 1)[0]}.lengths-*.npy"):
-                if stale != path:
-                    stale.unlink(missing_ok=True)
-        except OSError as e:
-            raise DataError(f"cannot write the lengths cache {path} ({e.strerror}); set dataset.cache_dir to a "
-                            f"writable directory") from None
-        del _pending[path]
+    for paths, arrays in list(_pending.items()):
+        for path, array, kind in zip(paths, arrays, KINDS, strict=True):
+            try:
+                _atomic_save(path, array)
+                for stale in path.parent.glob(f"{path.name.rsplit(f'.{kind}-', 1)[0]}.{kind}-*.npy"):
+                    if stale != path:
+                        stale.unlink(missing_ok=True)
+            except OSError as e:
+                raise DataError(f"cannot write the {kind} cache {path} ({e.strerror}); set dataset.cache_dir to a "
+                                f"writable directory") from None
+        del _pending[paths]
 
 
-def load_lengths(loader: str, path: str | None, *, field: str | None = None, text_field: str = "text",
-                 tokenizer: str | None = None, split: str | None = "train",
-                 cache_dir: str | None = None) -> np.ndarray:
-    """Token counts of every usable sample (at least 2 tokens), in the source's order."""
+@dataclass(frozen=True)
+class Pool:
+    """A real source's usable samples (at least 2 tokens), in its order, and their ids when it gives them."""
+
+    source: Path
+    loader: str
+    raw_lengths: np.ndarray  # every sample's count, unusable ones too
+    ids: np.ndarray  # every sample's ids end to end; empty when the source gives counts
+    usable: np.ndarray  # indices into raw_lengths of the usable samples
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.raw_lengths[self.usable]
+
+    @property
+    def has_ids(self) -> bool:
+        return self.ids.size > 0
+
+    @property
+    def starts(self) -> np.ndarray:
+        """Where each usable sample's ids begin in `ids`."""
+        return (np.cumsum(self.raw_lengths) - self.raw_lengths)[self.usable]
+
+    def where(self, sample: int) -> str:
+        """The usable sample's place in the source, as a user finds it: a line, or a row."""
+        raw = int(self.usable[sample])
+        if self.loader == "jsonl":
+            return f"{self.source} line {jsonl_line(self.source, raw)}"
+        return f"{self.source} row {raw}"
+
+
+def load_pool(loader: str, path: str | None, *, field: str | None = None, text_field: str = "text",
+              tokenizer: str | None = None, split: str | None = "train", cache_dir: str | None = None) -> Pool:
+    """Every usable sample of a real source (at least 2 tokens), in the source's order."""
     if loader not in LOADERS:
         raise DataError(f"unknown dataset loader {loader!r}; choose one of {', '.join(LOADERS)}")
     if not path:
@@ -227,13 +306,21 @@ def load_lengths(loader: str, path: str | None, *, field: str | None = None, tex
         if not source.is_file():
             raise DataError(f"dataset.path {source} is not a file; dataset=jsonl reads one .jsonl file")
         key = cache_key(source, dict(loader=loader, field=field))
-        lengths = cached(source, key, lambda: jsonl_lengths(source, field), cache)
+        lengths, ids = cached(source, key, lambda: jsonl_samples(source, field), cache)
     else:
         tok = Path(tokenizer).expanduser() if tokenizer else None
         tok_file = tokenizer_file(tok) if tok is not None else None
         key = cache_key(source, dict(loader=loader, text_field=text_field, split=split), tok_file)
-        lengths = cached(source, key, lambda: hf_disk_lengths(source, text_field, tok, split), cache)
-    lengths = lengths[lengths >= 2]
-    if lengths.size == 0:
+        lengths, ids = cached(source, key, lambda: hf_disk_samples(source, text_field, tok, split), cache)
+    usable = np.flatnonzero(lengths >= 2)
+    if usable.size == 0:
         raise DataError(f"{source} has no sample of at least 2 tokens")
-    return lengths
+    return Pool(source, loader, lengths, ids, usable)
+
+
+def load_lengths(loader: str, path: str | None, *, field: str | None = None, text_field: str = "text",
+                 tokenizer: str | None = None, split: str | None = "train",
+                 cache_dir: str | None = None) -> np.ndarray:
+    """Token counts of every usable sample (at least 2 tokens), in the source's order."""
+    return load_pool(loader, path, field=field, text_field=text_field, tokenizer=tokenizer, split=split,
+                     cache_dir=cache_dir).lengths

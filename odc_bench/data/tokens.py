@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from odc_bench.config.dataset import DatasetConfig
+
 
 def sample_tokens(seed: int, sample_index: int, length: int, vocab_size: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed((seed * 1_000_003 + sample_index) % (2**63 - 1))
@@ -27,9 +29,14 @@ def sample_tokens(seed: int, sample_index: int, length: int, vocab_size: int) ->
 TokenSource = Callable[[int, int, int, int], torch.Tensor]
 
 
-def token_source(name: str) -> TokenSource:
-    """The ids dataset.tokens names: `synthetic` (above) or `learnable` (data/learnable.py)."""
-    if name == "learnable":
+def token_source(ds: DatasetConfig) -> TokenSource:
+    """The ids dataset.tokens names: `synthetic` (above), `learnable` (data/learnable.py) or `data`
+    (the source's own, data/ids.py; a planned run's config has `tokens` decided)."""
+    if ds.tokens == "data":
+        from odc_bench.data.ids import DataTokens
+
+        return DataTokens(ds)
+    if ds.tokens == "learnable":
         from odc_bench.data.learnable import learnable_tokens
 
         return learnable_tokens

@@ -7,16 +7,19 @@ together and writes what they produce: the trace beside the results table, and t
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from odc_bench.config.backend import SimBackendConfig
 from odc_bench.config.run import RunConfig
+from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
 from odc_bench.jobs import progress
@@ -112,11 +115,14 @@ def describe_lengths(spec: RunSpec) -> str:
     """One line: the sample lengths the run trains on, after dataset.length_scale (the row has them too)."""
     s, ds = spec.length_stats(), spec.config.dataset
     scale = "" if ds.length_scale == 1 else f", dataset.length_scale={ds.length_scale:g}"
-    return (f"lengths: {s['samples']} samples of {ds.name}{scale}: mean {s['len_mean']:.0f}, p50 {s['len_p50']:.0f}, "
+    reuse = reuse_note(spec.pool_size, int(s["samples"]))
+    drawn = (f"{s['samples']} samples drawn from the {spec.pool_size} of {ds.name}{scale} ({reuse})" if reuse else
+             f"{s['samples']} samples of {ds.name}{scale}")
+    return (f"lengths: {drawn}: mean {s['len_mean']:.0f}, p50 {s['len_p50']:.0f}, "
             f"p99 {s['len_p99']:.0f}, max {s['len_max']} tokens; max_tokens {spec.max_tokens}")
 
 
-def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict] | None:
+def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None = None) -> dict | list[dict] | None:
     """The task=train job: plan, run the config until the table holds `repeat` ok runs of it,
     print each row.
 
@@ -124,6 +130,11 @@ def run_training(config: RunConfig, in_sweep: bool = False) -> dict | list[dict]
     with status 1; in a sweep the next job goes on. Returns the row, the rows of several
     repeats, or None when the table already had them."""
     results_dir = Path(config.results_dir)
+    if job_gpus and slurm_task.in_task() and not torch.cuda.is_available():
+        # Resolved for CUDA where it was submitted; a CPU run here would be another run.
+        raise RunFailed(f"this SLURM job asked for GPUs (hydra.launcher.gpus_per_node={job_gpus}) but its node "
+                        f"{socket.gethostname()} sees no CUDA device; check hydra.launcher.partition, or leave out "
+                        f"gpus_per_node to run CPU ranks")
     spec = resolve(config)
     check_results_dir(results_dir)
     done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)

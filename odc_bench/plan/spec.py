@@ -37,6 +37,7 @@ from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
+from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CombinationError, ConfigError
@@ -73,6 +74,7 @@ class RunSpec:
     # available memory shared by the run's ranks; None where nothing bounds it (the CPU profile).
     memory_limit: int | None
     minibatches: list[Minibatch] = field(default_factory=list)
+    pool_size: int = 0  # samples the run draws its minibatches from (the dataset's, after num_samples)
 
     @property
     def world_size(self) -> int:
@@ -278,12 +280,13 @@ def shard_group(config: RunConfig) -> int:
 _planned: tuple[str, RunSpec] | None = None
 
 
-def _plan_key(config: RunConfig, device_type: str) -> str:
+def _plan_key(config: RunConfig, device_type: str, remote: bool) -> str:
     """The config as a string, with the size and time of every file planning reads (real data,
     a cost-model calibration), so that a changed file plans again."""
     paths = [config.dataset.path]
     if config.balancer.cost_model == "calibrated":
-        paths.append(str(calibration_path(config.model.name, hardware_tag(device_type), config.balancer.calibration)))
+        tag = device_tag("cuda") if remote else hardware_tag(device_type)
+        paths.append(str(calibration_path(config.model.name, tag, config.balancer.calibration)))
     stamps = []
     for path in paths:
         try:
@@ -294,42 +297,56 @@ def _plan_key(config: RunConfig, device_type: str) -> str:
     return json.dumps([config.to_dict(), device_type, stamps], sort_keys=True, default=str)
 
 
-def resolve(config: RunConfig, reuse: bool = True, lengths: np.ndarray | None = None) -> RunSpec:
+def resolve(config: RunConfig, reuse: bool = True, lengths: np.ndarray | None = None,
+            remote_cuda: bool = False) -> RunSpec:
     """Plan every minibatch of the run; ConfigError (one line) for input that cannot run.
+
+    `remote_cuda`: the ranks will run on CUDA devices of other hosts (a SLURM job asking for
+    GPUs, submitted from a login node): the run is resolved for CUDA without this machine's,
+    its device memory left unbounded here (the job's node checks it).
 
     Planning the run just planned (same config, same files) returns that plan, unless
     `reuse` is False: a job after the command line's precheck plans once. `lengths` replaces
     the dataset's pool (studies that vary the length distribution itself, tools/sensitivity.py);
     such a spec is never reused, and its key still names the dataset, so it is not recorded."""
     global _planned
-    device_type = "cpu" if config.simulated else device_type_of(config)
+    remote = remote_cuda and not config.simulated and config.device != "cpu" and not torch.cuda.is_available()
+    device_type = "cpu" if config.simulated else "cuda" if remote else device_type_of(config)
     if lengths is not None:
-        return _resolve(config, device_type, lengths)
-    key = _plan_key(config, device_type)
+        return _resolve(config, device_type, lengths, remote)
+    key = _plan_key(config, device_type, remote)
     if reuse and _planned is not None and _planned[0] == key:
         return _planned[1]
-    spec = _resolve(config, device_type)
+    spec = _resolve(config, device_type, remote=remote)
     _planned = (key, spec)
     return spec
 
 
-def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = None) -> RunSpec:
+def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = None,
+             remote: bool = False) -> RunSpec:
     world, per_rank = config.world_size, config.minibatch_size
     engine = config.engine if config.simulated else config.engine.for_device(device_type)
     balancer = balancer_spec(config.balancer.name)
     check_combination(config)
     options = balancer_options(balancer.name, config.balancer.options)
-    cost = cost_model_for(config.balancer, config.model, hardware_tag(device_type))
+    require(not (remote and config.balancer.cost_model == "calibrated"),
+            "balancer.cost_model=calibrated reads the calibration of the job's GPU, which this machine cannot name "
+            "(it sees no CUDA device); choose balancer.cost_model=flops or quadratic, or submit from a node that "
+            "sees the GPUs")
+    cost = cost_model_for(config.balancer, config.model, device_tag("cuda") if remote else hardware_tag(device_type))
 
+    dataset = config.dataset
     if lengths is None:
         lengths = dataset_lengths(config.dataset, config.seed)
+        # the simulator makes no tokens: only a run that trains needs ids its model can embed
+        dataset = resolve_tokens(dataset, config.model.vocab_size, check_ids=not config.simulated)
     drawn = minibatch_samples(config.dataset, len(lengths), world * per_rank, config.num_minibatches, config.seed)
     max_tokens = config.max_tokens
     if max_tokens is None:
         max_tokens = int(dataset_max_len(config.dataset, lengths) * config.packing_ratio)
     require(max_tokens >= 2, f"max_tokens must be null or an integer >= 2, got {max_tokens}")
 
-    resolved = replace(config, max_tokens=max_tokens, engine=engine)
+    resolved = replace(config, max_tokens=max_tokens, engine=engine, dataset=dataset)
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"
     clock = StaleClock(world, engine.staleness)  # when each rank is free for the next minibatch
     minibatches = []
@@ -357,7 +374,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
                       cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),
                       version_slots=engine.staleness + 1)
     return RunSpec(resolved, run_key(keyed_config(resolved)), device_type, cost, options, memory,
-                   memory_limit(config, device_type), minibatches)
+                   None if remote else memory_limit(config, device_type), minibatches, len(lengths))
 
 
 def keyed_config(config: RunConfig) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Runs are grouped by their workload (results/series.py); within a workload every series is set
 against the paper's strongest collective baseline, the baseline engine with LB-Micro (or
 LocalSort when that is all there is), in the engine's preferred variant (FSDP2 on shared
-memory or NCCL before gloo). Seeds and repeats are averaged and their spread shown, with three
+memory or NCCL before gloo). A series' runs (seeds and repeats) are summarised by their median,
+robust to the one slow run a shared host gives, and their spread is shown, with three
 lines under the tables saying what the columns mean and how far the runs' spread lets a
 difference be trusted. This is what `make demo` prints.
 """
@@ -25,20 +26,23 @@ from odc_bench.results.series import (
     series_names,
     variant_rank,
 )
+from odc_bench.results.split import PARTS, gain_shares, per_sample
 
 
 def comparison(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per workload and series: mean throughput, bubbles, memory, and the speedup."""
+    """One row per workload and series: median throughput over its runs with their range, bubbles,
+    memory, and the speedup with the range its runs allow."""
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return pd.DataFrame()
     # Runs of another shard layout (hybrid sharding, topology-aware fetch) are another workload.
     ok = ok.assign(variant=engine_variants(ok), layout=layouts(ok))
+    ok = pd.concat([ok, per_sample(ok)], axis=1)
     means = (ok.groupby([*WORKLOAD, "layout", "engine", "variant", "balancer"], dropna=False)
-             .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "mean"),
+             .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "median"),
                   slowest=("samples_per_s", "min"), fastest=("samples_per_s", "max"),
                   bubble_rate=("bubble_rate", "mean"), predicted_bubble_rate=("predicted_bubble_rate", "mean"),
-                  peak_mem_mb=("peak_mem_mb", "mean"))
+                  peak_mem_mb=("peak_mem_mb", "mean"), **{p: (p, "median") for p in PARTS})
              .reset_index())
     parts = []
     for _, workload in means.groupby(WORKLOAD, dropna=False):
@@ -55,13 +59,19 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
                     best = base.iloc[int(base.apply(lambda r: variant_rank(r.engine, r.variant), axis=1).argmin())]
                     rows["baseline"] = best.series
                     rows["speedup"] = rows["samples_per_s"] / float(best.samples_per_s)
+                    # Every pairing of a run with a baseline run lies within these.
+                    rows["speedup_low"] = rows["slowest"] / float(best.fastest)
+                    rows["speedup_high"] = rows["fastest"] / float(best.slowest)
+                    shares = [gain_shares(r, best) for _, r in rows.iterrows()]
+                    for part in PARTS:
+                        rows[f"gain_{part}"] = [s[part] if s else float("nan") for s in shares]
                     break
             parts.append(rows.sort_values("samples_per_s"))
     return pd.concat(parts, ignore_index=True)
 
 
 def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None:
-    console = console or Console(width=max(Console().width, 100))  # room for the series names in logs
+    console = console or Console(width=max(Console().width, 150))  # room for the series names in logs
     if rows.empty:
         console.print("no successful runs to compare")
         return
@@ -73,15 +83,22 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
         title = (f"{first.model} on {first.dataset}, {first.world_size} ranks, minibatch {first.minibatch_size}/rank "
                  f"({first.backend}{layout}); speedup vs {baseline}")
         table = Table(title=escape(title))
-        for col in ("series", "samples/s", "runs' range", "speedup", "bubble", "predicted", "peak MB", "runs"):
-            table.add_column(col, justify="left" if col == "series" else "right")
+        for col in ("series", "samples/s", "runs' range", "speedup", "saved: idle/optim/compute", "bubble",
+                    "predicted", "peak MB", "runs"):
+            # The series' names whole, whatever the width: the other columns wrap instead.
+            table.add_column(col, justify="left" if col == "series" else "right",
+                             min_width=max(map(len, group.series)) if col == "series" else None)
         for _, r in group.iterrows():
             speedup = f"{r.speedup:.2f}x" if "speedup" in r and pd.notna(r.speedup) else "-"
+            if speedup != "-" and r.series != baseline and r.speedup_low != r.speedup_high:
+                speedup += f" ({r.speedup_low:.2f}-{r.speedup_high:.2f})"
+            saved = ("/".join(f"{r[f'gain_{p}']:.0%}" for p in ("idle", "optimizer", "compute"))
+                     if "gain_idle" in r and pd.notna(r.gain_idle) else "-")
             predicted = "-" if pd.isna(r.predicted_bubble_rate) else f"{r.predicted_bubble_rate:.0%}"
             spread = f"{r.slowest:.3g}-{r.fastest:.3g}" if r.runs > 1 else "-"
             memory = "-" if pd.isna(r.peak_mem_mb) else f"{r.peak_mem_mb:.0f}"
-            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", spread, speedup, f"{r.bubble_rate:.0%}",
-                          predicted, memory, str(r.runs))
+            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", spread, speedup, saved,
+                          f"{r.bubble_rate:.0%}", predicted, memory, str(r.runs))
         console.print(table)
     for line in legend(rows):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -96,12 +113,15 @@ def legend(rows: pd.DataFrame) -> list[str]:
                   "(repeat=5) and compare the runs' ranges.")
     else:
         width = float(((repeated["fastest"] - repeated["slowest"]) / repeated["samples_per_s"]).max())
-        spread = (f"Runs of one series here span up to {width:.0%} of their mean (runs' range): a smaller "
+        spread = (f"Runs of one series here span up to {width:.0%} of their median (runs' range): a smaller "
                   f"difference between series is noise; more repeats (repeat=N) narrow it.")
     return [
-        "samples/s: the mean over a series' runs (runs' range: slowest-fastest); speedup: over the collective "
-        "baseline named in the title.",
+        "samples/s: the median over a series' runs (runs' range: slowest-fastest); speedup: the medians' ratio "
+        "over the collective baseline named in the title, in brackets the range its runs allow (its slowest over "
+        "the baseline's fastest to its fastest over the baseline's slowest).",
         "bubble: the share of rank-time spent not computing, as measured; predicted: what the balancer's cost "
-        "model expected for the same plans.",
+        "model expected for the same plans; saved: of the time per sample a series saves against the baseline, "
+        "the shares that were idle time (what the paper's claim is about), the optimizer step and the units' "
+        "compute (results/split.py).",
         spread,
     ]

@@ -1,4 +1,5 @@
-"""What the paper reports, as the shared notes (/work/shared/PAPER.md) have it: the numbers that
+"""What the paper reports, as the project's notes on it record them (the same relative results,
+with their P/R marks and sections, are in results/published/paper_relative.csv): the numbers that
 tables, figures and studies set beside ours.
 
 Speedups are keyed by (model, dataset, minibatch size per device, comparison); a comparison is

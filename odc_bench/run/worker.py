@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -123,7 +124,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         o = config.optim
         engine.configure_optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         recorder.enabled = True
-        tokens_of = token_source(config.dataset.tokens)
+        tokens_of = token_source(config.dataset)
         claim_base = 0
         collect_garbage_between_minibatches()
         for k, mb in enumerate(spec.minibatches):
@@ -197,5 +198,9 @@ def collect_garbage_between_minibatches() -> None:
 
 def rank_entry(rank: int, job: RankJob) -> None:
     """Entry point of a locally spawned rank (torch.multiprocessing passes the rank first)."""
+    # Ctrl-C reaches every process of the terminal's group: the parent alone decides, stops the
+    # ranks and removes what they leave (run/local.py), so a rank ignores it rather than dying
+    # mid-write with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     run_rank(rank, job)

@@ -38,7 +38,7 @@ from odc_bench.config.compose import compose_run
 from odc_bench.files import atomic_write_text
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import RunSpec, resolve
-from odc_bench.provenance import REPO_ROOT
+from odc_bench.provenance import REPO_ROOT, host_fingerprint
 from odc_bench.sim.hardware import GAP_CLASSES
 from odc_bench.sim.layout import KINDS, PHASES, Layout, doc_features
 from odc_core.engine.registry import ENGINES
@@ -188,7 +188,7 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     engines = {engine: fit_engine(pairs, engine, layout) for engine, pairs in runs.items()}
     c = first.config
     return dict(version=2, model=c.model.name, world_size=first.world_size,
-                threads_per_rank=c.threads_per_rank, host=socket.gethostname(),
+                threads_per_rank=c.threads_per_rank, host=socket.gethostname(), fingerprint=host_fingerprint(),
                 date=time.strftime("%Y-%m-%d"), knots=list(knots), compute=fit_compute(units), engines=engines,
                 runs={e: [spec.run_id for spec, _ in pairs] for e, pairs in runs.items()})
 

@@ -1,23 +1,36 @@
-"""`python -m odc_bench.whatif LENGTHS [options] [key=value ...]`: see odc_bench/whatif/__init__.py."""
+"""`python -m odc_bench.whatif LENGTHS [options] [key=value ...]` (settings anywhere on the line): see
+odc_bench/whatif/__init__.py."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 
+from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
-from odc_bench.whatif.accuracy import validated
+from odc_bench.plan.spec import RunSpec
+from odc_bench.provenance import host_fingerprint
+from odc_bench.sim.hardware import calibration_path
+from odc_bench.whatif.accuracy import calibrated_elsewhere, validated
 from odc_bench.whatif.answer import answer, plan
-from odc_bench.whatif.question import Question
+from odc_bench.whatif.fit import advice as ways
+from odc_bench.whatif.question import Question, in_user_terms
 from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
+# Exit status when no series fits in memory at any minibatch size (2 stays bad input).
+NOTHING_FITS = 3
+# A harness setting as Hydra writes it (key=value, +key=value, ++key=value, ~key): never an option.
+OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w.@/-]*=|~[A-Za-z_])")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,14 +39,17 @@ def parser() -> argparse.ArgumentParser:
         description="Will ODC pay off for my data, my model and my cluster? Simulates every series the registries "
                     "name (Collective and ODC with LocalSort, LB-Micro, LB-Mini) at each minibatch size and prints "
                     "the verdict: predicted throughput, speedup over Collective + LB-Micro with the simulator's "
-                    "validated error, bubble, the bubble no balancer can remove, and memory per device.",
+                    "validated error, bubble, the bubble no balancer can remove, and memory per device. On GPUs only "
+                    "the collective baseline can be measured today: ODC runs on CPU ranks and here, in the simulator "
+                    "(docs/transport.md).",
         epilog="Example: python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --hardware a100 "
                "--nodes 8 --devices-per-node 8 --minibatch 2 4 8")
     ap.add_argument("lengths", help=f"a length profile ({', '.join(PROFILES)}), a lengths file (one token "
                     "count per line) or JSONL file (counts, token-id lists, or objects: --field), or a folder "
                     "written by datasets' save_to_disk (--tokenizer)")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="any other setting of `python -m odc_bench`, e.g. model.num_layers=40 max_tokens=32768 "
+                    help="any other setting of `python -m odc_bench`, anywhere on the line, e.g. model.num_layers=40 "
+                         "max_tokens=32768 "
                          "packing_ratio=2 backend.hardware.nic_gbps=200 precision=fp32")
     ap.add_argument("--model", default="qwen2_7b", help="a model config (tiny, qwen2_1p5b, qwen2_7b, qwen2_14b, "
                     "qwen2_32b); change its shape with model.KEY=VALUE overrides (default: %(default)s)")
@@ -60,8 +76,29 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def split_overrides(ap: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The options and the key=value settings of a command line, wherever the settings stand.
+
+    argparse alone reads `--minibatch 1 2 dataset.num_samples=5000` as three sizes, so the
+    settings are taken out first. A token that is the value of a one-value option (`--out a=b`)
+    stays that option's value."""
+    takes_one = {flag for action in ap._actions if action.option_strings and action.nargs is None
+                 for flag in action.option_strings}
+    options: list[str] = []
+    overrides: list[str] = []
+    for i, token in enumerate(argv):
+        if OVERRIDE.match(token) and not (i > 0 and argv[i - 1] in takes_one):
+            overrides.append(token)
+        else:
+            options.append(token)
+    return options, overrides
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_intermixed_args(argv)
+    ap = parser()
+    options, overrides = split_overrides(ap, sys.argv[1:] if argv is None else list(argv))
+    args = ap.parse_intermixed_args(options)
+    args.overrides = [*args.overrides, *overrides]
     t0 = time.perf_counter()
     console = Console(width=max(Console().width, 140))  # the table's columns, also in logs
     try:
@@ -71,11 +108,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                             text_field=args.text_field, length_scale=args.length_scale,
                             all_balancers=args.all_balancers, staleness=tuple(args.staleness),
                             overrides=tuple(args.overrides))
+    except ConfigError as e:
+        fail(e, PROG)
+    try:
         runs = plan(question)
         if args.out.exists() and not args.out.is_dir():
             raise ConfigError(f"--out {args.out} is not a folder; give a folder for verdict.csv and verdict.png")
     except ConfigError as e:
-        fail(e, PROG)
+        fail(ConfigError(in_user_terms(str(e))), PROG)
     def say(text: str) -> None:  # verbatim and unwrapped: paths and commands stay whole
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
@@ -85,13 +125,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     table = answer(runs)
     accuracy = validated()
     print_table(table, question, accuracy, console)
-    for line in verdict_lines(table, accuracy):
+    too_big: dict[int, list[RunSpec]] = {}
+    for s, m, _, run_spec in runs:
+        if s.staleness == 0 and not run_spec.fits:
+            too_big.setdefault(m, []).append(run_spec)
+    advice = {m: ways(specs, question) for m, specs in too_big.items()}
+    for line in verdict_lines(table, accuracy, advice):
         say(line)
     say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
+    hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
+    if isinstance(hardware, CalibratedHardwareConfig):
+        path = calibration_path(hardware, question.model)
+        elsewhere = calibrated_elsewhere(json.loads(path.read_text()), path, host_fingerprint())
+        if elsewhere:
+            say(elsewhere)
+    if question.hardware != "cpu":
+        say("To measure on GPUs: only the collective baseline runs there today (engine=collective); ODC needs a "
+            "CUDA transport that does not exist yet (docs/transport.md), so its rows stay predictions. Measure the "
+            "baseline on your cluster and set it beside this table's collective rows.")
     stale = " (with engine.staleness=S in the stale rows)" if question.staleness else ""
     say(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B minibatch_size=N"
         f"{''.join(' ' + o for o in question.overrides)}`{stale}.")
     write_csv(table, args.out / "verdict.csv")
+    if not table["fits"].any():
+        say(f"Wrote {args.out / 'verdict.csv'} and no figure: no series fits in memory at any minibatch size "
+            f"({time.perf_counter() - t0:.1f} s).")
+        sys.exit(NOTHING_FITS)
     draw(table, question, accuracy, args.out / "verdict.png")
     say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")
 

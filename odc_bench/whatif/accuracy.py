@@ -59,3 +59,23 @@ def validated(folder: Path = VALIDATION) -> Accuracy:
     throughput = t["predicted_samples_per_s"] / t["measured_samples_per_s"] - 1
     return Accuracy((float(r["error"].min()), float(r["error"].max())),
                     (float(throughput.min()), float(throughput.max())), len(r), folder)
+
+
+def calibrated_elsewhere(calibration: dict, path: Path, here: dict[str, object]) -> str | None:
+    """A line saying the CPU profile was measured on another machine, with the command that
+    calibrates this one; None when its fingerprint is this machine's."""
+    recorded = calibration.get("fingerprint")
+    if recorded == here:
+        return None
+    where = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    this = f"{here['cpu_model']}, {here['logical_cores']} logical cores"
+    command = (f"python -m odc_bench.tools.sim_calibrate model={calibration.get('model', 'tiny')} "
+               f"--engines collective odc")
+    if not isinstance(recorded, dict):
+        whose = (f"was calibrated on host {calibration.get('host', '?')} on {calibration.get('date', '?')} and records "
+                 f"no hardware fingerprint, so nothing shows that it describes this machine ({this})")
+    else:
+        whose = (f"was calibrated on another machine ({recorded.get('cpu_model')}, {recorded.get('logical_cores')} "
+                 f"logical cores; this one: {this}): its samples/s and the validated error describe that machine")
+    return f"The cpu profile ({where}) {whose}. To calibrate this machine (a few minutes): {command}"
+

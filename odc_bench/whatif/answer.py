@@ -21,14 +21,15 @@ from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.record.row import timing
+from odc_bench.results.split import gain_shares, per_sample
 from odc_bench.sim import check_hardware, simulate
 from odc_bench.whatif.question import Question, Series, series
 
 GIB = 2**30
 
 COLUMNS = ["series", "engine", "balancer", "staleness", "minibatch_size", "samples_per_s", "tokens_per_s", "speedup",
-           "bubble_rate", "bound_bubble_rate", "predicted_bubble_rate", "mem_gib", "mem_limit_gib", "fits",
-           "run_id", "overrides"]
+           "saved_idle", "bubble_rate", "bound_bubble_rate", "predicted_bubble_rate", "mem_gib", "mem_limit_gib",
+           "fits", "run_id", "overrides"]
 
 
 def _config(overrides: list[str]) -> RunConfig:
@@ -74,13 +75,18 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
                    overrides=" ".join(overrides))
         if fits:
             row.update({k: v for k, v in timing(spec, simulate(spec).events).items()
-                        if k in ("samples_per_s", "tokens_per_s", "bubble_rate")})
+                        if k in ("samples_per_s", "tokens_per_s", "bubble_rate", "compute_s", "wall_s")})
         rows.append(row)
         if on_row is not None:
             on_row(row)
-    table = pd.DataFrame(rows).reindex(columns=COLUMNS)
-    base = {m: r.samples_per_s for _, r in table.iterrows()
-            for m in [r.minibatch_size] if Series(r.engine, r.balancer, r.staleness).is_baseline}
-    table["speedup"] = table.apply(lambda r: r.samples_per_s / base[r.minibatch_size]
-                                   if base.get(r.minibatch_size) else float("nan"), axis=1)
+    table = pd.DataFrame(rows)
+    parts = per_sample(table.reindex(columns=["samples_per_s", "bubble_rate", "compute_s", "wall_s"]))
+    table = table.reindex(columns=COLUMNS)
+    base = {r.minibatch_size: i for i, r in table.iterrows() if Series(r.engine, r.balancer, r.staleness).is_baseline}
+    table["speedup"] = table.apply(lambda r: r.samples_per_s / table.samples_per_s[base[r.minibatch_size]]
+                                   if r.minibatch_size in base else float("nan"), axis=1)
+    # Of the time per sample a series saves against the baseline, the share that was idle time.
+    shares = [gain_shares(parts.loc[i], parts.loc[base[r.minibatch_size]]) if r.minibatch_size in base else None
+              for i, r in table.iterrows()]
+    table["saved_idle"] = [s["idle"] if s else float("nan") for s in shares]
     return table

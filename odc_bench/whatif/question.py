@@ -12,6 +12,7 @@ it (docs/staleness.md); beyond the paper, so they stand beside the verdict, not 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,22 @@ def series(all_balancers: bool = False, staleness: tuple[int, ...] = ()) -> list
                 if spec.series_option == "staleness"
                 for balancer, b in BALANCERS.items() if b.carry is not None]
     return out
+
+
+# Harness keys the what-if derives from its options, and those options: an error about one of
+# them speaks of the option the user gave, not of a key they never set.
+DERIVED = (("backend.hardware.gpus_per_node", "--devices-per-node"), ("gpus_per_node", "--devices-per-node"),
+           ("world_size", "the device count (--nodes x --devices-per-node)"), ("minibatch_size", "--minibatch"),
+           ("num_minibatches", "--minibatches"), ("dataset.length_scale", "--length-scale"),
+           ("dataset.field", "--field"), ("dataset.tokenizer", "--tokenizer"), ("dataset.text_field", "--text-field"))
+
+
+def in_user_terms(message: str) -> str:
+    """An error of the harness, with every key the what-if derived named by the what-if's option."""
+    for key, option in DERIVED:
+        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])=", f"{option} ", message)
+        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])", option, message)
+    return message
 
 
 @dataclass(frozen=True)

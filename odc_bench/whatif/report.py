@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from odc_bench.data.lengths import reuse_note
 from odc_bench.files import atomic_path, atomic_write_text
 from odc_bench.whatif.accuracy import Accuracy
 from odc_bench.whatif.question import Question, Series
@@ -47,9 +48,16 @@ def describe_pool(lengths: np.ndarray, question: Question, source: str) -> str:
     """One line: the lengths the runs draw from (after --length-scale) and how they draw them."""
     p50, p99 = np.percentile(lengths, [50, 99])
     scale = "as given" if question.length_scale == 1 else f"x {question.length_scale:g}"
+    drawn = {m: question.num_minibatches * question.world_size * m for m in question.minibatch_sizes}
+    reused = [m for m in sorted(drawn) if reuse_note(lengths.size, drawn[m])]
+    reuse = ""
+    if reused:
+        top = reused[-1]
+        reuse = (f"; from minibatch {reused[0]} on a run draws more samples than there are, so samples repeat "
+                 f"(at minibatch {top}: {drawn[top]} drawn, {reuse_note(lengths.size, drawn[top])})")
     return (f"lengths: {lengths.size} samples of {source} ({scale}): mean {lengths.mean():.0f}, p50 {p50:.0f}, "
             f"p99 {p99:.0f}, max {lengths.max()} tokens; each run draws {question.num_minibatches} minibatches of "
-            f"{question.world_size} devices x the minibatch size")
+            f"{question.world_size} devices x the minibatch size{reuse}")
 
 
 def title(question: Question) -> str:
@@ -74,18 +82,19 @@ def print_table(table: pd.DataFrame, question: Question, accuracy: Accuracy, con
     console.print(t)
 
 
-def verdict_lines(table: pd.DataFrame, accuracy: Accuracy) -> list[str]:
+def verdict_lines(table: pd.DataFrame, accuracy: Accuracy, advice: dict[int, str] | None = None) -> list[str]:
     """Per minibatch size: the fastest synchronous series of another engine than the baseline's
     against the baseline, and whether the simulator's validated error leaves the gain standing;
-    then, where stale-synchronous series were asked for, the fastest of them beside it."""
+    then, where stale-synchronous series were asked for, the fastest of them beside it. Where
+    the comparison does not fit in memory, `advice` says what would make it fit."""
     lines = []
     for m, group in table.groupby("minibatch_size", sort=True):
         base = group[[Series(e, b).is_baseline for e, b in zip(group.engine, group.balancer, strict=True)]]
         others = group[~group.engine.map(lambda e: ENGINES[e].baseline) & group.samples_per_s.notna()
                        & (group.staleness == 0)]
         if base.empty or base.samples_per_s.isna().all() or others.empty:
-            lines.append(f"minibatch {m}/device: does not fit in memory (see GiB/device); lower max_tokens, keep "
-                         f"backend.recompute=true, or add devices")
+            fix = (advice or {}).get(int(m), "")
+            lines.append(f"minibatch {m}/device: does not fit in memory (see GiB/device){'; ' + fix if fix else ''}")
             continue
         best, b = others.loc[others.speedup.idxmax()], base.iloc[0]
         span = accuracy.measured_range(best.speedup)
@@ -95,8 +104,11 @@ def verdict_lines(table: pd.DataFrame, accuracy: Accuracy) -> list[str]:
             within = f"{span[0]:.2f}-{span[1]:.2f}x within the validated error"
             call = (f"pays off ({within})" if span[0] > 1 else f"does not pay off ({within})" if span[1] < 1
                     else f"too close to call ({within})")
+        idle = (f"; idle time is {best.saved_idle:.0%} of the time it saves per sample (the rest: optimizer step "
+                f"and compute)" if pd.notna(best.saved_idle) else "")
         lines.append(f"minibatch {m}/device: {best.series} runs at {best.speedup:.2f}x {b.series}: {call}; bubble "
-                     f"{best.bubble_rate:.0%} against {b.bubble_rate:.0%}, {best.bound_bubble_rate:.0%} unavoidable")
+                     f"{best.bubble_rate:.0%} against {b.bubble_rate:.0%}, {best.bound_bubble_rate:.0%} unavoidable"
+                     f"{idle}")
         lines += _stale_line(m, group, best, b)
     return lines
 

@@ -21,18 +21,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-
-def shared_parameters(model: nn.Module, units: Sequence[nn.Module]) -> dict[str, list[int]]:
-    """Each parameter that more than one unit holds (tied embeddings), by its name in `model`,
-    with the indices of the units that hold it."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    users: dict[int, list[int]] = {}
-    for index, unit in enumerate(units):
-        for p in unit.parameters():
-            users.setdefault(id(p), []).append(index)
-    return {names[key]: held for key, held in users.items() if len(held) > 1}
-
-
 # (kind, t0, t1, info) -> None: engines report their communication and waits through it.
 TraceHook = Callable[..., None]
 

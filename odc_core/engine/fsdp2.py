@@ -29,8 +29,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from odc_core.engine.base import EngineContext, TraceHook, shared_parameters
+from odc_core.engine.base import EngineContext, TraceHook
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
+from odc_core.engine.sharing import sharing_groups, unit_parameters
 
 
 class CollectiveEngine:
@@ -97,22 +98,22 @@ class CollectiveEngine:
         mesh = self._mesh()
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.precision == "bf16" else MixedPrecisionPolicy()
-        # A unit holding a parameter another unit also holds (tied embeddings) is not sharded
-        # on its own: FSDP2 refuses a parameter in two groups, so such units' parameters fall
-        # to the root's group, gathered for the whole forward and backward.
-        tied = {i for held in shared_parameters(model, units).values() for i in held}
-        for index, unit in enumerate(units):
-            if index in tied:
-                continue
-            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+        # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
+        # a parameter in one group only, so the shared one falls to the root's group with the rest
+        # of those units' parameters, gathered for the whole forward and backward.
+        for group in sharing_groups(unit_parameters(units)):
+            if len(group) == 1:
+                fully_shard(units[group[0]], mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         self.model = model
         return model
 
     def configure_optimizer(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
         assert self.model is not None, "wrap() the model first"
+        # Fused AdamW: one kernel over all of a rank's DTensor shards instead of a Python loop over
+        # them, the fastest FSDP2 offers on CPU and CUDA (docs/odc_engine.md, "A fair baseline").
         self._opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
-                                      weight_decay=weight_decay)
+                                      weight_decay=weight_decay, fused=True)
 
     def begin_minibatch(self) -> None:
         """Nothing to do: FSDP2 synchronises inside every unit's forward and backward."""

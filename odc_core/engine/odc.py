@@ -47,7 +47,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -58,8 +58,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_core.engine.base import EngineContext, TraceHook, shared_parameters
+from odc_core.engine.base import EngineContext, TraceHook
 from odc_core.engine.registry import OdcOptions, shard_group_size
+from odc_core.engine.sharing import sharing_groups, unit_parameters
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import make_heap
@@ -85,9 +86,11 @@ def _alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
 
 @dataclass
 class _Unit:
+    """One flat group of parameters: a unit's, or several units' that share a parameter."""
+
     index: int
     name: str
-    module: nn.Module
+    modules: list[int]                  # positions of its units in the order wrap() was given them
     params: list[nn.Parameter]
     names: list[str]
     layout: ShardLayout
@@ -100,24 +103,29 @@ class _Unit:
     gathered: bool = False
     pending: Future | None = None
     grads_ready: int = 0
-    input_done: bool = False
-    takes_grad_input: bool = False
+    # Gradients of its units' inputs still to leave them in this backward: until they have, the
+    # units' backward still reads the gathered parameters.
+    inputs_pending: int = 0
+    # Set by a forward, cleared by the first hook of its backward: one gradient buffer per backward.
+    armed: bool = False
     offsets: list[int] = field(default_factory=list)
+
+
+def _tensors(output: object) -> Iterator[torch.Tensor]:
+    """The tensors in a module's output: itself, or inside tuples, lists and dicts (a
+    transformers ModelOutput is a dict), however nested."""
+    if torch.is_tensor(output):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for item in output:
+            yield from _tensors(item)
+    elif isinstance(output, dict):
+        for item in output.values():
+            yield from _tensors(item)
 
 
 def _buffer_name(kind: str, unit: str, slot: int) -> str:
     return f"odc/{kind}/{unit}/{slot}"
-
-
-def _grad_tensors(output: object) -> list[torch.Tensor]:
-    """The tensors in a unit's output (nested tuples, lists and dicts) that carry a gradient."""
-    if torch.is_tensor(output):
-        return [output] if output.requires_grad else []
-    if isinstance(output, Mapping):
-        output = list(output.values())
-    if isinstance(output, (tuple, list)):
-        return [t for item in output for t in _grad_tensors(item)]
-    return []
 
 
 class _AfterBackward(torch.autograd.Function):
@@ -165,6 +173,8 @@ class OdcEngine:
         self.slots = staleness + 1
         self.trace: TraceHook | None = None
         self.units: list[_Unit] = []
+        self._modules: list[nn.Module] = []  # the units as wrap() was given them
+        self._group_of: list[_Unit | None] = []  # each of them's flat group
         self.minibatch = -1
         self._opt: torch.optim.Optimizer | None = None
         self._ready: list[int] = [0] * self.world_size  # highest VERSION seen per owner
@@ -182,19 +192,26 @@ class OdcEngine:
 
     # ---- set-up -------------------------------------------------------------------------
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
-        shared = shared_parameters(model, units)
-        if shared:
-            # Its gradient would have to be summed over every user before the push, and every
-            # user would have to fetch it; the engine keeps one unit per parameter.
-            name, held = next(iter(shared.items()))
-            raise ValueError(f"parameter {name} is shared by units {held}; ODC shards each parameter "
-                             f"with one unit: untie it or put its users in one unit")
+        """Shard every parameter: one flat group per unit, except that units sharing a parameter
+        (tied embeddings) share one group, gathered from its first unit's forward until the last
+        gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
         names = {id(p): n for n, p in model.named_parameters()}
+        self._modules = list(units)
+        self._group_of = [None] * len(self._modules)
+        held = unit_parameters(self._modules)
         seen: set[int] = set()
-        for index, module in enumerate(units):
-            params = [p for p in module.parameters() if id(p) not in seen]
-            seen.update(id(p) for p in params)
-            self.units.append(self._shard_unit(index, module, params, [names[id(p)] for p in params]))
+        for group in sharing_groups(held):
+            params: list[nn.Parameter] = []
+            for p in (p for pos in group for p in held[pos]):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+            if not params:  # a unit with no parameters of its own has nothing to gather
+                continue
+            unit = self._shard_unit(len(self.units), group, params, [names[id(p)] for p in params])
+            self.units.append(unit)
+            for pos in group:
+                self._group_of[pos] = unit
         missing = [n for n, p in model.named_parameters() if id(p) not in seen]
         if missing:
             raise ValueError(f"parameters outside every unit cannot be sharded: {missing[:3]}")
@@ -220,7 +237,7 @@ class OdcEngine:
         assert mine is not None
         return mine
 
-    def _shard_unit(self, index: int, module: nn.Module, params: list[nn.Parameter],
+    def _shard_unit(self, index: int, modules: list[int], params: list[nn.Parameter],
                     names: list[str]) -> _Unit:
         numel = sum(p.numel() for p in params)
         layout = ShardLayout(numel, len(self.peers))
@@ -247,14 +264,16 @@ class OdcEngine:
             p.data = full[off:off + p.numel()].view(p.shape)
         full.untyped_storage().resize_(0)
         shard_param = nn.Parameter(master[0], requires_grad=True)
-        return _Unit(index, name, module, params, names, layout, full, master, shadow, acc, shard_param,
+        return _Unit(index, name, modules, params, names, layout, full, master, shadow, acc, shard_param,
                      offsets=offsets)
 
     def _register_hooks(self, unit: _Unit) -> None:
-        self._handles.append(unit.module.register_forward_pre_hook(
-            lambda _m, args, u=unit: self._pre_forward(u, args)))
-        self._handles.append(unit.module.register_forward_hook(
-            lambda _m, _args, out, u=unit: self._post_forward(u, out)))
+        for pos in unit.modules:
+            module = self._modules[pos]
+            self._handles.append(module.register_forward_pre_hook(
+                lambda _m, args, kwargs, u=unit, pos=pos: self._pre_forward(u, pos, args, kwargs), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(
+                lambda _m, _args, out, u=unit, pos=pos: self._post_forward(u, pos, out)))
         for p in unit.params:
             self._handles.append(p.register_post_accumulate_grad_hook(
                 lambda _p, u=unit: self._param_grad_done(u)))
@@ -401,38 +420,56 @@ class OdcEngine:
         self.heap.wait_until(FLAGS, peer, index, at_least, self.timeout_s)
 
     # ---- hooks ------------------------------------------------------------------------
-    def _pre_forward(self, unit: _Unit, args: tuple):
+    def _group_at(self, pos: int) -> _Unit | None:
+        return self._group_of[pos] if 0 <= pos < len(self._modules) else None
+
+    def _pre_forward(self, unit: _Unit, pos: int, args: tuple, kwargs: dict):
         self._serve()
         self._ensure_gathered(unit)
-        if unit.index + 1 < len(self.units):
-            self._prefetch(self.units[unit.index + 1])
-        x = args[0] if args else None
-        unit.takes_grad_input = torch.is_tensor(x) and x.requires_grad
-        if unit.takes_grad_input:
-            return (_AfterBackward.apply(x, self, unit.index), *args[1:])
+        following = self._group_at(pos + 1)
+        if following is not None and following is not unit:
+            self._prefetch(following)
+        if not torch.is_grad_enabled():
+            return None
+        # The first input that carries a gradient, positional or keyword (transformers' layers
+        # take hidden_states either way): its gradient leaving the unit ends the unit's backward.
+        for i, x in enumerate(args):
+            if torch.is_tensor(x) and x.requires_grad:
+                unit.inputs_pending += 1
+                return (*args[:i], _AfterBackward.apply(x, self, unit.index), *args[i + 1:]), kwargs
+        for key, x in kwargs.items():
+            if torch.is_tensor(x) and x.requires_grad:
+                unit.inputs_pending += 1
+                return args, {**kwargs, key: _AfterBackward.apply(x, self, unit.index)}
         return None
 
-    def _post_forward(self, unit: _Unit, output) -> None:
-        if unit.index + 1 < len(self.units):
-            self._reshard(unit)  # the last unit's backward starts at once: keep it
-        # A unit may return a tuple, list or dict (transformers decoder layers return tuples):
-        # every output that carries a gradient gets the hook, as the first to receive its
-        # gradient is the start of the unit's backward.
-        for t in _grad_tensors(output):
-            t.register_hook(lambda _g, u=unit: self._pre_backward(u))
+    def _post_forward(self, unit: _Unit, pos: int, output) -> None:
+        # A group stays gathered until its last unit's forward; the last unit's backward starts
+        # at once, so it stays gathered for that too.
+        if pos == unit.modules[-1] and pos + 1 < len(self._modules):
+            self._reshard(unit)
+        if not torch.is_grad_enabled():
+            return
+        # Every output that carries a gradient (transformers' layers return tuples): the first
+        # of them whose gradient arrives starts the group's backward.
+        outputs = [t for t in _tensors(output) if t.requires_grad]
+        unit.armed = unit.armed or bool(outputs)
+        for t in outputs:
+            t.register_hook(lambda _g, u=unit, pos=pos: self._pre_backward(u, pos))
 
-    def _pre_backward(self, unit: _Unit) -> None:
-        if unit.grad is not None:
-            return  # another output of the unit already started its backward
-        self._ensure_gathered(unit)
-        unit.grad = torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
-        for p, off in zip(unit.params, unit.offsets, strict=True):
-            # Autograd accumulates into an existing .grad in place, so the flat buffer fills
-            # up without a copy and is pushed as it is.
-            p.grad = unit.grad[off:off + p.numel()].view(p.shape)
-        unit.grads_ready, unit.input_done = 0, False
-        if unit.index > 0:
-            self._prefetch(self.units[unit.index - 1])
+    def _pre_backward(self, unit: _Unit, pos: int) -> None:
+        if unit.armed:
+            unit.armed = False
+            self._ensure_gathered(unit)
+            unit.grad = torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
+            for p, off in zip(unit.params, unit.offsets, strict=True):
+                # Autograd accumulates into an existing .grad in place, so the flat buffer fills
+                # up without a copy and is pushed as it is.
+                p.grad = unit.grad[off:off + p.numel()].view(p.shape)
+            unit.grads_ready = 0
+        preceding = self._group_at(pos - 1)
+        if preceding is not None and preceding is not unit:
+            self._prefetch(preceding)
 
     def _param_grad_done(self, unit: _Unit) -> None:
         unit.grads_ready += 1
@@ -440,13 +477,13 @@ class OdcEngine:
 
     def _input_grad_done(self, index: int) -> None:
         unit = self.units[index]
-        unit.input_done = True
+        unit.inputs_pending -= 1
         self._maybe_push(unit)
 
     def _maybe_push(self, unit: _Unit) -> None:
         """Push once the unit's backward is over: all its parameter gradients have
         accumulated and (when it has one) the gradient of its input has left it."""
-        if unit.grads_ready < len(unit.params) or (unit.takes_grad_input and not unit.input_done):
+        if unit.grads_ready < len(unit.params) or unit.inputs_pending > 0:
             return
         assert unit.grad is not None, "_pre_backward gave the unit its flat gradient"
         t0 = _now()

@@ -129,6 +129,15 @@ class OdcOptions:
 
     def for_device(self, device_type: str) -> OdcOptions:
         """The options as they run on `device_type`: `auto` replaced by the transport it picks."""
+        held = sorted(name for name, spec in TRANSPORTS.items() if device_type in spec.devices)
+        if not held:
+            kinds = sorted({kind.upper() for spec in TRANSPORTS.values() for kind in spec.devices})
+            raise ValueError(
+                f"engine=odc has no {device_type.upper()} transport yet: its symmetric-heap transports "
+                f"({', '.join(TRANSPORTS)}) hold {' and '.join(kinds)} tensors only (docs/transport.md); on "
+                f"{device_type.upper()} "
+                f"devices measure the baseline with engine=collective, get ODC's prediction with backend=sim "
+                f"(or python -m odc_bench.whatif), or run ODC on CPU ranks with device=cpu")
         try:
             name = transport_for(self.transport, device_type).name
         except ValueError as e:

@@ -26,7 +26,7 @@ def train_single_process(spec: RunSpec, staleness: int = 0) -> tuple[dict[str, t
     versions = [[p.detach().clone() for p in current]]
     o = config.optim
     opt = torch.optim.AdamW(current, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    vocab, seed, tokens_of = config.model.vocab_size, config.seed, token_source(config.dataset.tokens)
+    vocab, seed, tokens_of = config.model.vocab_size, config.seed, token_source(config.dataset)
     losses = []
     for k, mb in enumerate(spec.minibatches):
         with torch.no_grad():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import time
 from functools import partial
@@ -220,3 +221,37 @@ def test_odc_with_several_pushes_per_owner_differs_at_most_by_rounding():
     (losses, _), (again, _) = _train(spec), _train(spec)
     assert losses[0] == again[0], "the first minibatch runs on the seed's weights, before any push"
     assert again == pytest.approx(losses, rel=1e-5, abs=0)
+
+
+def _odc_segments() -> set[str]:
+    return set(list_segments())
+
+
+# Where Ctrl-C lands: (a line of the run's output to wait for, or None for the start, and seconds
+# after it). Importing the harness; composing and planning; the ranks starting (the line before
+# them is the lengths); mid-run; and between two runs, just after the first one's row.
+INTERRUPTS = [(None, 0.3), (None, 1.2), ("lengths: ", 0.0), ("lengths: ", 1.5), ("samples_per_s", 0.0)]
+
+
+@pytest.mark.parametrize(("after", "delay"), INTERRUPTS)
+def test_ctrl_c_at_any_moment_is_one_line_status_130_and_leaves_no_segment(after, delay, tmp_path):
+    before = _odc_segments()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *SMALL, "engine=odc", "repeat=20",
+                             f"results_dir={tmp_path / 'r'}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True,  # its own group, as a terminal's job
+                            # SIGINT at its default, as a terminal starts it, even where this test runs in the
+                            # background (a non-interactive shell's `&` ignores SIGINT, and children inherit that)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout is not None
+    if after is not None:
+        for line in proc.stdout:
+            if after in line:
+                break
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)  # the whole group, as Ctrl-C does
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130 and len(lines) == 1, err
+    assert lines[0].startswith("odc_bench: interrupted; ") and "Traceback" not in err
+    assert _odc_segments() <= before, "no shared memory left behind"

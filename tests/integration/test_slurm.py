@@ -217,3 +217,59 @@ def test_an_odc_run_on_the_mpi_transport_runs_as_srun_bootstrapped_mpi_tasks(tmp
     assert len(list(job_dir.glob("*_result.pkl"))) == 2, "one task per rank"
     (script,) = job_dir.glob("*_submission.sh")
     assert "--mpi=pmi2" in script.read_text(), "srun's PMI bootstraps MPICH in the tasks"
+
+
+@pytest.mark.slurm
+def test_a_gpu_request_from_a_host_without_gpus_reaches_slurm_and_a_refusal_is_one_line(tmp_path):
+    # This host (like a login node) sees no GPU: the run is resolved for the job's CUDA devices and
+    # submitted; CI's node has no GPUs (no gres), so sbatch refuses it, in one line, leaving no job.
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    proc = run_cli("-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2", "num_minibatches=3",
+                   f"results_dir={tmp_path / 'results'}", f"hydra.sweep.dir={tmp_path / 'multirun'}", timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("odc_bench: error: SLURM refused a job of this sweep (sbatch: error: ")
+    assert "sees no CUDA" not in proc.stderr, "the submitting host's own devices are not checked"
+    after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert set(after) <= set(before), "nothing queued"
+    assert not (tmp_path / "results").exists(), "no row, no record of a job"
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_job_that_cannot_start_says_why_and_ctrl_c_cancels_it(tmp_path):
+    # Two nodes on CI's one-node cluster: SLURM keeps the job pending (PartitionNodeLimit).
+    proc = _start(tmp_path, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1", "engine.backend=gloo",
+                  "minibatch_size=1")
+    ids = []
+    try:
+        ids = _submitted_ids(proc, 1)
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the driver's next word on stderr: why the job waits
+        assert line.startswith(f"odc_bench: #0 SLURM job {ids[0]} pending: needs 2 nodes, partition ") and \
+            line.rstrip().endswith("has 1 (SLURM: PartitionNodeLimit)"), line
+        status, _, err = _interrupt(proc)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert status == 130 and lines == [f"odc_bench: interrupted; cancelled SLURM job(s) {ids[0]} (finished runs' "
+                                           f"rows are kept)"], err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_array_parallelism_one_runs_a_sweeps_jobs_one_after_another(tmp_path):
+    # Two world sizes are two job arrays (other resources); with array_parallelism=1 the second is
+    # submitted only once the first has its result, so timed runs never share the node.
+    proc = run_cli("-m", "world_size=1,2", "model=tiny", "num_minibatches=2", "warmup_minibatches=0",
+                   "dataset.length_scale=0.00390625", "hydra/launcher=slurm", "hydra.launcher.array_parallelism=1",
+                   f"results_dir={tmp_path / 'results'}", f"hydra.sweep.dir={tmp_path / 'multirun'}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [("submitted" if " submitted as SLURM job " in ln else "done", ln.split()[1])
+              for ln in proc.stdout.splitlines() if re.match(r"odc_bench: #\d (submitted|SLURM job)", ln)]
+    assert events == [("submitted", "#0"), ("done", "#0"), ("submitted", "#1"), ("done", "#1")], proc.stdout
+    scripts = list((tmp_path / "multirun" / ".submitit").rglob("*submission.sh"))
+    assert scripts and all("%1" in s.read_text() for s in scripts if "#SBATCH --array" in s.read_text())

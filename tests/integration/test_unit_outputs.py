@@ -78,18 +78,6 @@ def test_units_returning_tuples_get_their_backward_hooks(one_rank_group):
     assert not torch.allclose(got["layers.0.lin.weight"], initial)
 
 
-def test_odc_refuses_a_parameter_shared_by_two_units_naming_it(one_rank_group):
-    model = Net()
-    model.layers[1].lin.weight = model.layers[0].lin.weight  # tied, as input/output embeddings are
-    engine = build(EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"),
-                   OdcOptions(transport="shm", prefetch=False))
-    try:
-        with pytest.raises(ValueError, match=r"parameter layers\.0\.lin\.weight is shared by units \[0, 1\]"):
-            engine.wrap(model, list(model.layers))
-    finally:
-        engine.close()
-
-
 def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_group):
     """unit.compile() after wrap(): Dynamo runs the module hooks too (with graph breaks at the
     heap calls), and two steps still match eager single-process AdamW."""

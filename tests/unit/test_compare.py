@@ -8,6 +8,7 @@ from odc_bench.results.__main__ import main as results_main
 from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.pairs import paired_ratios, summarize
 from odc_bench.results.series import WORKLOAD
+from odc_bench.results.split import gain_shares as split_of
 
 
 def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
@@ -137,4 +138,26 @@ def test_the_comparison_ends_with_three_lines_on_its_columns_and_the_runs_spread
     console = Console(record=True, width=400)
     print_comparison(twice, console)
     spread = console.export_text().strip().splitlines()[-1]
-    assert spread.startswith("Runs of one series here span up to 20% of their mean") and "repeat=N" in spread
+    assert spread.startswith("Runs of one series here span up to 20% of their median") and "repeat=N" in spread
+
+
+def test_a_speedup_splits_into_idle_optimizer_and_compute_shares_that_add_up():
+    # Baseline: 1 s per sample = 0.4 idle + 0.5 compute + 0.1 optimizer. Series: 0.8 s = 0.25 idle +
+    # 0.5 compute + 0.05 optimizer. Saved 0.2 s: 75% idle, 25% optimizer, none from compute.
+    def timed(run_id, engine, balancer, bubble, compute_share):
+        return _row(run_id, engine, balancer, 0.0) | dict(samples_per_s=1 / per, bubble_rate=bubble,
+                                                           compute_s=compute_share * 10.0, wall_s=10.0)
+    per = 1.0
+    base = timed("a", "collective", "lb_micro", 0.4, 0.5)
+    per = 0.8
+    odc = timed("b", "odc", "lb_mini", 0.25 / 0.8, 0.5 / 0.8)
+    rows = comparison(pd.DataFrame([base, odc])).set_index("engine")
+    assert rows.loc["odc", "speedup"] == pytest.approx(1.25)
+    shares = rows.loc["odc", ["gain_idle", "gain_optimizer", "gain_compute"]]
+    assert list(shares) == pytest.approx([0.75, 0.25, 0.0]) and sum(shares) == pytest.approx(1.0)
+    console = Console(record=True, width=400)
+    print_comparison(rows.reset_index(), console)
+    assert "75%/25%/0%" in console.export_text()
+    slower = split_of(pd.Series({"idle": 0.5, "compute": 0.5, "optimizer": 0.1}),
+                      pd.Series({"idle": 0.4, "compute": 0.5, "optimizer": 0.1}))
+    assert slower is None, "nothing saved: no split"

@@ -1,11 +1,14 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from odc_bench.balancers.registry import BALANCERS
-from odc_bench.errors import ConfigError
+from odc_bench.errors import ConfigError, RunFailed
 from odc_bench.jobs.primitives import plan_from_config
+from odc_bench.jobs.train import run_training
 from odc_bench.plan.spec import resolve
+from odc_bench.run import slurm_task
 from tests.helpers import REPO, run_cli, run_config
 from tests.helpers.real_data import write_hf_dataset, write_jsonl, write_tokenizer
 
@@ -63,6 +66,40 @@ def test_the_collective_process_group_is_resolved_so_auto_and_its_choice_are_one
     assert auto.run_id == shm.run_id != gloo.run_id
     sim = resolve(run_config("backend=sim", "backend/hardware=a100", "model=qwen2_1p5b"))
     assert sim.config.engine.options.backend == "auto", "the simulator models the transport itself"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="resolves for another host's GPUs: this host has its own")
+def test_a_run_for_another_hosts_gpus_resolves_for_cuda_without_this_hosts():
+    spec = resolve(run_config("engine=collective"), remote_cuda=True)
+    assert spec.device_type == "cuda" and spec.config.engine.options.backend == "nccl"
+    assert spec.memory_limit is None, "the job's node checks its own memory"
+    assert spec.run_id != resolve(run_config("engine=collective")).run_id, "another run than the CPU one"
+    with pytest.raises(ConfigError, match="balancer.cost_model=calibrated reads the calibration of the job's GPU"):
+        resolve(run_config("balancer.cost_model=calibrated"), remote_cuda=True)
+    assert resolve(run_config("device=cpu"), remote_cuda=True).device_type == "cpu", "device=cpu stays CPU"
+
+
+def test_a_slurm_job_that_asked_for_gpus_fails_in_one_line_on_a_node_without_cuda(monkeypatch, tmp_path):
+    monkeypatch.setattr(slurm_task, "in_task", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RunFailed, match=r"this SLURM job asked for GPUs \(hydra.launcher.gpus_per_node=8\) but its "
+                                        r"node \S+ sees no CUDA device"):
+        run_training(run_config(f"results_dir={tmp_path}"), job_gpus=8)
+    assert not list(tmp_path.iterdir()), "nothing written"
+
+
+@pytest.mark.parametrize("transport", ["auto", "shm", "mpi"])
+def test_odc_on_a_gpu_is_one_line_that_says_what_runs_there_instead(transport):
+    # The device is chosen on the host that runs the ranks; the engine's options are checked for it
+    # whatever the transport asked for, so this holds on a CPU-only machine as on a GPU node.
+    config = run_config("engine=odc", f"engine.transport={transport}").engine
+    with pytest.raises(ConfigError) as refused:
+        config.for_device("cuda")
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("engine=odc has no CUDA transport yet")
+    for instead in ("engine=collective", "backend=sim", "device=cpu", "docs/transport.md"):
+        assert instead in line
+    assert config.for_device("cpu").options.transport in ("shm", "mpi")
 
 
 @pytest.mark.parametrize(("override", "message"), [

@@ -112,7 +112,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-odc-fetch": (["backend=sim", "backend.odc_fetch=random"],
                       "backend.odc_fetch must be one of owner, nearest, got 'random'", None),
     "bad-nic-rails": (["backend=sim", "backend.hardware.nic_rails=3"],
-                      "backend.hardware.nic_rails must divide gpus_per_node (8), got 3", None),
+                      "the hardware's NIC rails per node, backend.hardware.nic_rails (3), must divide "
+                      "gpus_per_node (8): give gpus_per_node a multiple of 3, or set backend.hardware.nic_rails "
+                      "to a divisor of 8", None),
     "model-size-zero": (["model.hidden_size=0"], "model.hidden_size must be at least 1, got 0", None),
     "hardware-not-a-number": (["backend=sim", "backend.hardware.peak_tflops=abc"],
                               "backend.hardware.peak_tflops must be a number, got 'abc'", None),
@@ -160,9 +162,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
     "slurm-not-on-path": (["-m", "hydra/launcher=slurm"], "hydra/launcher=slurm needs SLURM's sbatch and squeue on "
                           "PATH, and this machine has none", _no_slurm),
-    "slurm-gpus-without-cuda": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2"],
-                                "hydra.launcher.gpus_per_node asks for GPUs, but runs are resolved on this machine",
-                                None),
+    "slurm-odc-on-gpus": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2", "engine=odc"],
+                          "engine=odc has no CUDA transport yet", None),
     "pool-smaller-than-minibatch": (["dataset.num_samples=3"],
                                     "the dataset has 3 usable samples, fewer than one minibatch", None),
     "sample-over-max-tokens": (["max_tokens=64"], "over the microbatch limit max_tokens=64", None),
@@ -202,6 +203,19 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                              _jsonl("12\n-4\n")),
     "data-no-usable-sample": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"], "has no sample of at least 2 tokens",
                               _jsonl("1\n0\n")),
+    "data-id-outside-vocabulary": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
+                                   "d.jsonl line 3: token id 2048 at position 1 is outside the model's vocabulary",
+                                   _jsonl("[1, 2, 3]\n\n[4, 2048]\n")),
+    "data-tokens-without-ids": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl", "dataset.tokens=data"],
+                                "d.jsonl gives token counts, not ids, so dataset.tokens=data has nothing to train on",
+                                _jsonl("12\n40\n")),
+    "data-tokens-scaled": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl", "dataset.tokens=data",
+                            "dataset.length_scale=0.5"],
+                           "dataset.tokens=data trains on the data's ids as they are, which dataset.length_scale=0.5",
+                           _jsonl("[1, 2, 3]\n")),
+    "data-tokens-of-a-profile": (["dataset.tokens=data"],
+                                 "dataset.tokens=data trains on a file's token ids, but dataset=longalign has none",
+                                 None),
     "hf-disk-not-a-dataset": (["dataset=hf_disk", "dataset.path={tmp}/not_a_dataset"],
                               "with datasets.load_from_disk", _empty_dir),
     # the results folder
@@ -259,7 +273,8 @@ def test_docs_list_exactly_the_cases_tested():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json", "sample-over-memory",
+@pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json", "data-id-outside-vocabulary",
+                                  "sample-over-memory",
                                   "runs-csv-other-schema-version", "results-dir-on-sys"])
 def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_path):
     argv, extra = _argv(case, tmp_path)

@@ -129,7 +129,7 @@ def test_convergence_plots_every_series_loss_against_step_and_time(loss_inputs):
 
 
 def test_convergence_gap_table_is_the_largest_per_step_difference(loss_inputs):
-    runs = convergence.learnable_runs(loss_inputs.runs)
+    runs = convergence.loss_runs(loss_inputs.runs)
     table = convergence.gaps(convergence.curves(runs))
     assert len(table) == len(PRECISIONS) * (len(LOSS_SERIES) - 1)
     assert set(table["baseline"]) == {"Collective + LB-Micro"}
@@ -157,3 +157,20 @@ def test_loss_curve_divides_the_ranks_loss_sums_by_the_labelled_tokens():
     assert list(curve["loss"]) == [pytest.approx(26.0 / 13)]
     assert list(curve["time"]) == [1.5]
     assert math.isclose(curve["step"].iloc[0], 0)
+
+
+def test_convergence_draws_runs_on_real_token_ids_without_a_floor(tmp_path):
+    folder = tmp_path / "results" / "cpu_convergence"
+    write_loss_runs(folder)
+    table = pd.read_csv(folder / "runs.csv")
+    # the same runs, trained on a file's own ids instead (what a run on a JSONL file of ids records)
+    on_data = table["config"].str.contains("tokens: learnable")
+    table.loc[on_data, "config"] = table.loc[on_data, "config"].str.replace(
+        "tokens: learnable", "path: /data/ids.jsonl\n  tokens: data", regex=False)
+    table.to_csv(folder / "runs.csv", index=False)
+    fig = convergence.render(load(tmp_path / "results"))["convergence-cpu_convergence"]
+    assert len(fig.axes) == 2 * len(PRECISIONS), "every real-token setting drawn; the synthetic run left out"
+    for ax in fig.axes:
+        assert ax.get_title().endswith("\ntoken ids of ids.jsonl")
+        assert not [line for line in ax.lines if line.get_gid() == "floor"], "real data has no known floor"
+        assert {line.get_label() for line in ax.lines} == {_label(*s) for s in LOSS_SERIES}

@@ -6,6 +6,7 @@ import pytest
 from odc_bench.data import real
 from odc_bench.data.real import load_lengths, write_pending_caches
 from odc_bench.errors import ConfigError, DataError
+from odc_bench.jobs.train import describe_lengths
 from odc_bench.plan.spec import resolve
 from odc_bench.results.table import read_table
 from tests.helpers import run_cli, run_config
@@ -38,7 +39,7 @@ def test_lengths_are_cached_next_to_the_source_once_accepted_and_reused(tmp_path
     def no_reading(*_a, **_k):
         raise AssertionError("the cache should have been used")
 
-    monkeypatch.setattr(real, "jsonl_lengths", no_reading)
+    monkeypatch.setattr(real, "jsonl_samples", no_reading)
     assert load_lengths("jsonl", str(src)).tolist() == [10, 20, 30]
 
 
@@ -59,7 +60,7 @@ def test_cache_dir_option_keeps_the_source_folder_clean(tmp_path):
     src = write_jsonl(tmp_path / "e.jsonl", [10, 20])
     load_lengths("jsonl", str(src), cache_dir=str(tmp_path / "cache"))
     write_pending_caches()
-    assert not list(tmp_path.glob("*.npy")) and len(list((tmp_path / "cache").glob("*.npy"))) == 1
+    assert not list(tmp_path.glob("*.npy")) and len(list((tmp_path / "cache").glob("*.npy"))) == 2
 
 
 @pytest.mark.parametrize(("lines", "message"), [
@@ -158,3 +159,43 @@ def test_missing_data_is_a_one_line_error_and_no_row(tmp_path, results_dir):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("odc_bench: error: dataset.path") and "does not exist" in lines[0]
     assert not (results_dir / "runs.csv").exists()
+
+
+def test_a_run_that_draws_more_than_the_data_holds_says_how_often_each_sample_is_reused(tmp_path):
+    src = write_jsonl(tmp_path / "few.jsonl", [100 + i for i in range(10)])
+    spec = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "world_size=2", "minibatch_size=4",
+                              "num_minibatches=5", "warmup_minibatches=0"))
+    assert spec.pool_size == 10 and spec.length_stats()["samples"] == 40
+    assert describe_lengths(spec).startswith("lengths: 40 samples drawn from the 10 of jsonl (each used 4.0 times on "
+                                             "average): ")
+    once = resolve(run_config("dataset=jsonl", f"dataset.path={src}", "world_size=2", "minibatch_size=5",
+                              "num_minibatches=1", "warmup_minibatches=0"))
+    assert describe_lengths(once).startswith("lengths: 10 samples of jsonl: "), "no sample drawn twice: no note"
+
+
+def test_too_few_samples_names_the_settings_that_change_the_outcome(tmp_path):
+    src = write_jsonl(tmp_path / "few.jsonl", [100 + i for i in range(10)])
+    data = ("dataset=jsonl", f"dataset.path={src}", "world_size=4", "num_minibatches=2", "warmup_minibatches=0")
+    with pytest.raises(ConfigError, match="lower minibatch_size or world_size until their product is at most 10"):
+        resolve(run_config(*data, "minibatch_size=3"))
+    # What the hint says does not help does not: dataset.num_samples cannot add samples.
+    with pytest.raises(ConfigError, match="fewer than one minibatch"):
+        resolve(run_config(*data, "minibatch_size=3", "dataset.num_samples=1000"))
+    assert resolve(run_config(*data, "minibatch_size=2")).pool_size == 10, "the named setting does"
+
+
+def test_a_byte_order_mark_is_read_like_any_other_utf8_file(tmp_path):
+    plain = write_jsonl(tmp_path / "plain.jsonl", [12, [1, 2, 3]])
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_lengths("jsonl", str(marked)).tolist() == load_lengths("jsonl", str(plain)).tolist() == [12, 3]
+    objects = tmp_path / "objects.jsonl"
+    objects.write_bytes(b"\xef\xbb\xbf" + b'{"n": 5}\n{"n": [7, 8]}\n')
+    assert load_lengths("jsonl", str(objects), field="n").tolist() == [5, 2], "the first key is 'n', not '\\ufeffn'"
+
+
+def test_for_a_length_profile_the_hint_names_its_pool_size_which_changes_the_outcome():
+    small = ("world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
+    with pytest.raises(ConfigError, match=r"or raise dataset.num_samples to at least 8 \(the profile's pool\)"):
+        resolve(run_config(*small, "dataset.num_samples=5"))
+    assert resolve(run_config(*small, "dataset.num_samples=8")).pool_size == 8

@@ -177,6 +177,17 @@ def test_a_sweep_skips_each_combination_that_cannot_run_in_one_line_and_counts_t
     assert "odc_bench: sweep of 4 runs: 0 ok, 0 failed, 4 already done or under way (skipped)" in again.stdout
 
 
+def test_the_summary_counts_every_repeat_as_a_run(tmp_path):
+    proc = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=2", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                   f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert proc.returncode == 0, proc.stderr
+    assert len(read_table(tmp_path / "r" / "runs.csv")) == 4
+    assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in proc.stdout
+    again = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=3", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                    f"hydra.sweep.dir={tmp_path / 'm2'}")
+    assert "odc_bench: sweep of 2 runs: 2 ok, 0 failed" in again.stdout, "the third repeat of each config"
+
+
 def test_a_sweep_starting_on_a_combination_that_cannot_run_checks_the_next(tmp_path):
     # The command line's first combination (collective + lb_mini) cannot run; the check takes the next.
     proc = run_cli("-m", "balancer=lb_mini,lb_micro", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
@@ -207,3 +218,15 @@ def test_a_sweep_with_a_failed_run_ends_with_a_summary_and_exit_status_1(tmp_pat
     assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in proc.stdout
     assert "odc_bench: failed: minibatch_size=1" in proc.stderr and "Invalid learning rate" in proc.stderr
     assert list(read_table(tmp_path / "r" / "runs.csv")["status"]) == ["failed"]
+
+
+def test_demo_runs_the_four_series_five_times_in_alternating_order():
+    jobs = jobs_of("demo")
+    series = [(j["engine"], j["balancer"]) for j in jobs]
+    assert len(jobs) == 20 and len(set(series)) == 4
+    for count in range(1, 6):  # round r asks every series for r runs
+        round_r = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == str(count)]
+        assert sorted(round_r) == sorted(set(series)), count
+    first = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == "1"]
+    second = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == "2"]
+    assert second == first[::-1], "even rounds run in reverse order"

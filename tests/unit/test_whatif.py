@@ -6,18 +6,25 @@ The timing target (under 10 s for 64 devices) is a measurement, not a test: docs
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from odc_bench.provenance import host_fingerprint
 from odc_bench.results.table import read_table
-from odc_bench.whatif.accuracy import Accuracy, validated
-from odc_bench.whatif.question import Question, Series, series
-from odc_bench.whatif.report import _range
+from odc_bench.whatif.__main__ import parser, split_overrides
+from odc_bench.whatif.accuracy import Accuracy, calibrated_elsewhere, validated
+from odc_bench.whatif.answer import plan
+from odc_bench.whatif.fit import ways_to_fit
+from odc_bench.whatif.question import DERIVED, Question, Series, in_user_terms, series
+from odc_bench.whatif.report import _range, describe_pool
 from tests.helpers import REPO, run_cli
 
 EXAMPLE = REPO / "examples" / "lengths.jsonl"
@@ -140,9 +147,66 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
     assert accuracy.ratio is not None, "the committed validation results are read"
     assert f"speedup (odc/collective) {accuracy.ratio[0]:+.1%} to {accuracy.ratio[1]:+.1%}" in out.replace("\n", " ")
     assert "not validated against GPU runs" in out.replace("\n", " ")
+    assert "only the collective baseline runs there today (engine=collective); ODC needs a CUDA transport" in out
     assert "Each row is `python -m odc_bench backend=sim backend/hardware=a100" in out
     png = tmp_path / "out" / "verdict.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("args", "message", "derived"), [
+    (["--hardware", "h100", "--devices-per-node", "3"], "must divide --devices-per-node (3): give "
+     "--devices-per-node a multiple of 8, or set backend.hardware.nic_rails to a divisor of 3", "gpus_per_node"),
+    (["--minibatches", "1", "warmup_minibatches=3"], "warmup_minibatches (3) must be below --minibatches (1)",
+     "num_minibatches"),
+    (["--length-scale", "4", "max_tokens=1000"], "or lower --length-scale", "dataset.length_scale"),
+])
+def test_errors_about_derived_settings_name_the_option_given(tmp_path, args, message, derived):
+    done = whatif("longalign", *args, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and message in done.stderr and derived not in done.stderr, done.stderr
+
+
+def test_every_derived_key_reads_as_its_option():
+    for key, option in DERIVED:
+        assert in_user_terms(f"{key} is wrong; change {key}=7") == f"{option} is wrong; change {option} 7"
+    untouched = "model.world_size_x and my_minibatch_size stay"
+    assert in_user_terms(untouched) == untouched
+
+
+def test_the_pool_line_says_from_which_minibatch_size_samples_repeat_and_how_often():
+    question = Question(lengths="mine.jsonl", nodes=4, devices_per_node=8, minibatch_sizes=(1, 2, 8))
+    line = describe_pool(np.arange(100, 400), question, "mine.jsonl")
+    assert line.endswith("; from minibatch 2 on a run draws more samples than there are, so samples repeat (at "
+                         "minibatch 8: 2048 drawn, each used 6.8 times on average)")
+    assert "repeat" not in describe_pool(np.arange(100, 3000), question, "mine.jsonl")
+
+
+def test_a_cpu_profile_from_another_machine_says_so_and_how_to_calibrate_this_one(tmp_path):
+    committed = REPO / "results" / "calibration" / "sim-tiny-cpu.json"
+    here = host_fingerprint()
+    data = json.loads(committed.read_text())
+    assert calibrated_elsewhere({**data, "fingerprint": here}, committed, here) is None, "this machine: no line"
+    unknown = calibrated_elsewhere({k: v for k, v in data.items() if k != "fingerprint"}, committed, here)
+    assert unknown is not None and "records no hardware fingerprint" in unknown
+    foreign = {**data, "fingerprint": {"cpu_model": "Some Other CPU", "logical_cores": 96}}
+    (tmp_path / "sim-tiny-cpu.json").write_text(json.dumps(foreign))
+    done = whatif("longalign", "--model", "tiny", "--hardware", "cpu", "--nodes", "1", "--devices-per-node", "2",
+                  "--minibatch", "2", "--minibatches", "2", "--out", str(tmp_path / "out"),
+                  f"backend.hardware.calibration={tmp_path / 'sim-tiny-cpu.json'}")
+    assert done.returncode == 0, done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("The cpu profile"))
+    assert "was calibrated on another machine (Some Other CPU, 96 logical cores; this one: " in line
+    assert line.endswith("To calibrate this machine (a few minutes): python -m odc_bench.tools.sim_calibrate "
+                         "model=tiny --engines collective odc")
+
+
+def test_settings_stand_anywhere_on_the_line():
+    ap = parser()
+    options, overrides = split_overrides(ap, ["longalign", "--minibatch", "1", "2", "dataset.num_samples=5000",
+                                              "--out", "a=b", "+model.x=1", "--nodes", "2", "~max_tokens"])
+    args = ap.parse_intermixed_args(options)
+    assert args.minibatch == [1, 2] and args.lengths == "longalign" and args.nodes == 2
+    assert str(args.out) == "a=b", "a one-value option keeps its value, = or not"
+    assert overrides == ["dataset.num_samples=5000", "+model.x=1", "~max_tokens"]
 
 
 def test_the_measured_range_divides_by_the_validated_error():
@@ -156,11 +220,32 @@ def test_the_measured_range_divides_by_the_validated_error():
 def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path):
     done = whatif("longalign", "--model", "qwen2_32b", "--nodes", "1", "--devices-per-node", "2", "--minibatch", "1",
                   "--minibatches", "1", "backend.recompute=false", "--out", str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, "no series fits: its own exit status"
     verdict = pd.read_csv(tmp_path / "out" / "verdict.csv")
     assert not verdict["fits"].any() and verdict["samples_per_s"].isna().all()
     assert (verdict["mem_gib"] > verdict["mem_limit_gib"]).all()
-    assert "minibatch 1/device: does not fit in memory" in done.stdout
+    assert not (tmp_path / "out" / "verdict.png").exists(), "no empty figure"
+    assert ("minibatch 1/device: does not fit in memory (see GiB/device); it would fit with recomputed activations "
+            "(leave out backend.recompute=false) and --nodes ") in done.stdout
+    assert "no figure: no series fits in memory" in done.stdout and "max_tokens" not in done.stdout
+
+
+def _too_big(question: Question) -> list:
+    return [spec for s, _, _, spec in plan(question) if s.staleness == 0 and not spec.fits]
+
+
+def test_fit_advice_names_only_changes_that_fit_when_replanned():
+    question = Question(lengths="longalign", model="qwen2_14b", nodes=1, devices_per_node=2, minibatch_sizes=(1,),
+                        num_minibatches=1)
+    ways = ways_to_fit(_too_big(question), question)
+    nodes = [w for w in ways if w.startswith("--nodes ")]
+    assert len(nodes) == 1 and not any("max_tokens" in w for w in ways), ways
+    fewest = int(nodes[0].split()[1].rstrip(","))
+    assert not _too_big(replace(question, nodes=fewest)), "the suggested node count fits"
+    assert _too_big(replace(question, nodes=fewest - 1)), "and it is the fewest"
+    # More nodes than the data fills a minibatch with are not offered: a 4-sample pool.
+    small = replace(question, overrides=("dataset.num_samples=4",))
+    assert not any(w.startswith("--nodes") for w in ways_to_fit(_too_big(small), small))
 
 
 @pytest.mark.parametrize(("args", "setup", "message"), [
@@ -173,6 +258,8 @@ def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path):
     (["longalign", "--minibatch", "0"], None, "--minibatch takes one or more sizes >= 1"),
     (["longalign", "--staleness", "0"], None, "--staleness takes values >= 1"),
     (["longalign", "engine.staleness=1"], None, "the what-if sets engine.staleness itself"),
+    # A setting after a many-valued option is a setting, not one more value of it.
+    (["longalign", "--minibatch", "1", "2", "engine=odc"], None, "the what-if sets engine itself"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, setup, message):
     if setup is not None:
