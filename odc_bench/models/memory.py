@@ -46,7 +46,8 @@ def unit_params(cfg: ModelConfig) -> list[int]:
     kv = cfg.num_kv_heads * cfg.head_dim
     layer = layer_linear_params(cfg) + cfg.hidden_size + 2 * kv + 2 * cfg.hidden_size  # qkv biases, two norms
     embed = cfg.vocab_size * cfg.hidden_size
-    head = cfg.vocab_size * cfg.hidden_size + cfg.hidden_size
+    # Tied embeddings: the head's projection is the embedding matrix, held (and counted) once.
+    head = (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size) + cfg.hidden_size
     return [embed, *([layer] * cfg.num_layers), head]
 
 

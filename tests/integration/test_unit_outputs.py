@@ -1,0 +1,111 @@
+"""ODC's hooks on units that return tuples, as transformers decoder layers do."""
+
+import copy
+import uuid
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from odc_core.engine.base import EngineContext
+from odc_core.engine.odc import build
+from odc_core.engine.registry import OdcOptions
+
+
+class TupleLayer(nn.Module):
+    """Returns (hidden, aux) with both carrying gradients, like a decoder layer with a cache."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(self.lin(x))
+        return h, h.square().mean()
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(TupleLayer(width) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        aux = x.new_zeros(())
+        for layer in self.layers:
+            x, a = layer(x)
+            aux = aux + a
+        return x.sum() + aux
+
+
+@pytest.fixture
+def one_rank_group():
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield store
+    finally:
+        dist.destroy_process_group()
+
+
+def test_units_returning_tuples_get_their_backward_hooks(one_rank_group):
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    initial = model.layers[0].lin.weight.detach().clone()
+    engine = build(EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"),
+                   OdcOptions(transport="shm", prefetch=False))
+    try:
+        engine.wrap(model, list(model.layers))
+        # eps well above the gradients' fp32 rounding: a tiny eps would turn summation-order
+        # noise in near-zero gradients into full-size steps and hide what the engine did.
+        engine.configure_optimizer(lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+        x = torch.randn(4, 8, requires_grad=True)
+        engine.begin_minibatch()
+        model(x).backward()  # without the hooks on tuple outputs, no flat gradient exists to push into
+        engine.finish_minibatch()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    opt = torch.optim.AdamW(reference.parameters(), lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+    reference(x.detach().requires_grad_()).backward()
+    opt.step()
+    want = dict(reference.named_parameters())
+    assert set(got) == set(want)
+    for name, p in want.items():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
+    # The step moved the weights: the comparison is not of two untouched copies.
+    assert not torch.allclose(got["layers.0.lin.weight"], initial)
+
+
+def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_group):
+    """unit.compile() after wrap(): Dynamo runs the module hooks too (with graph breaks at the
+    heap calls), and two steps still match eager single-process AdamW."""
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    engine = build(EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"),
+                   OdcOptions(transport="shm", prefetch=False))
+    x = torch.randn(4, 8, requires_grad=True)
+    try:
+        engine.wrap(model, list(model.layers))
+        for layer in model.layers:
+            layer.compile()
+        torch._dynamo.utils.counters.clear()
+        # eps as in the test above: the comparison measures the engine, not rounding noise.
+        engine.configure_optimizer(lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+        for _ in range(2):
+            engine.begin_minibatch()
+            model(x).backward()
+            engine.finish_minibatch()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "the units ran compiled"
+    opt = torch.optim.AdamW(reference.parameters(), lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+    for _ in range(2):
+        opt.zero_grad()
+        reference(x).backward()
+        opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
