@@ -68,3 +68,4 @@ def test_paper_relative_results_keep_their_marks() -> None:
     relative = pd.read_csv(PUBLISHED / "paper_relative.csv")
     assert set(relative["mark"]) <= {"P", "R"}
     assert relative["section_in_shared_PAPER_md"].notna().all()
+    assert (relative["source_url"] == "https://arxiv.org/abs/2601.19362").all(), "the paper itself"
