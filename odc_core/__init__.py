@@ -1,2 +1,38 @@
 """The runtime the paper proposes: symmetric-heap transports, ODC primitives, and two
-data-parallel engines (on-demand and collective) behind one interface. No Hydra, no pandas."""
+data-parallel engines (on-demand and collective) behind one interface. No Hydra, no pandas.
+
+The public API is what __all__ lists (docs/use_odc.md shows it in a training loop). Names load
+on first use, so that importing odc_core.engine.registry, as config checks do, loads no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from odc_core.engine.base import DataParallelEngine, EngineContext, OptimizerFactory, SchedulerFactory
+    from odc_core.engine.build import engine_context, make_engine
+    from odc_core.engine.registry import CollectiveOptions, EngineOptions, OdcOptions
+    from odc_core.transport.base import PeerTimeout
+
+_WHERE = {
+    "make_engine": "odc_core.engine.build",
+    "OdcOptions": "odc_core.engine.registry",
+    "CollectiveOptions": "odc_core.engine.registry",
+    "EngineOptions": "odc_core.engine.registry",
+    "engine_context": "odc_core.engine.build",
+    "EngineContext": "odc_core.engine.base",
+    "DataParallelEngine": "odc_core.engine.base",
+    "OptimizerFactory": "odc_core.engine.base",
+    "SchedulerFactory": "odc_core.engine.base",
+    "PeerTimeout": "odc_core.transport.base",
+}
+__all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "OdcOptions",
+           "OptimizerFactory", "PeerTimeout", "SchedulerFactory", "engine_context", "make_engine"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'odc_core' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

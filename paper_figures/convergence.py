@@ -29,9 +29,9 @@ from pathlib import PurePath
 import pandas as pd
 from matplotlib.figure import Figure
 
+from odc_bench.config.engine import ENGINES
 from odc_bench.data.chain import entropy_rate
 from odc_bench.results.series import SETTING, config_value
-from odc_core.engine.registry import ENGINES
 from paper_figures.inputs import Inputs, Skip, by_source, read_trace, with_traces
 from paper_figures.series import BALANCER_NAMES, BASELINE, ENGINE_NAMES, describe_setting, ordered, palette, with_series
 

@@ -12,8 +12,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.colors import to_rgb
 
+from odc_bench.config.engine import ENGINES
 from odc_bench.results.series import BALANCER_LABELS, BASELINE_BALANCERS, ENGINE_LABELS, SETTING, series_names
-from odc_core.engine.registry import ENGINES
 
 ENGINE_NAMES = ENGINE_LABELS
 BALANCER_NAMES = BALANCER_LABELS

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from odc_bench.balancers.cost import CostModel
+from odc_bench.balancers.cost import CostModel, linear
 from odc_bench.balancers.dynamic import DynamicOptions, dynamic_queue, scheduled
 from odc_bench.balancers.lb_carry import LbCarryOptions, lb_carry
 from odc_bench.balancers.lb_micro import LbMicroOptions, lb_micro
@@ -79,3 +79,15 @@ def plan_minibatch(spec: BalancerSpec, options: Any, lengths: Sequence[int], wor
         plan = spec.plan(lengths, world_size, max_tokens, cost, options)
     check_plan(plan, lengths, world_size, max_tokens)
     return plan, queue
+
+
+def balance(lengths: Sequence[int], world_size: int, max_tokens: int, balancer: str = "lb_mini",
+            cost: CostModel | None = None, ready: Sequence[float] | None = None, **options: Any) -> Plan:
+    """One minibatch's plan by the balancer named: for each rank, its microbatches as lists of
+    indices into `lengths`, each microbatch within max_tokens. `cost` prices a sample of n
+    tokens (default linear: tokens); `options` are the balancer's (e.g. equal_samples=True for
+    lb_mini). A run-time balancer (dynamic) gives its predicted outcome under `cost`."""
+    spec = balancer_spec(name=balancer)
+    plan, _ = plan_minibatch(spec, balancer_options(balancer, options), lengths, world_size, max_tokens,
+                             linear() if cost is None else cost, ready)
+    return plan

@@ -1,4 +1,5 @@
-"""Which data-parallel engine runs and its options (conf/engine/*.yaml; odc_core's engine registry)."""
+"""Which data-parallel engine runs and its options (conf/engine/*.yaml), and what the harness
+shows and simulates of each engine (one record each, beside odc_core's runtime registry)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,56 @@ from typing import Any
 
 from odc_bench.config.fields import as_dict, build
 from odc_bench.errors import ConfigError
-from odc_core.engine.registry import ENGINES, EngineOptions, EngineSpec, OdcOptions
+from odc_core.engine import registry as runtime
+from odc_core.engine.registry import EngineOptions, OdcOptions
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """An engine as figures, tables and the simulator see it; `runtime` is how it is built and run."""
+
+    name: str
+    label: str  # how figures and tables name it
+    # The simulator's timeline for it ("collective": a barrier per position; "odc": ranks run
+    # alone between minibatch barriers), or None when the simulator does not model it.
+    simulated_as: str | None
+    # The paper's baseline: comparisons and figures report speedups against it.
+    baseline: bool = False
+    # An option whose value tells two series of this engine apart (FSDP2 on shared memory and
+    # on gloo are different baselines; ODC at different staleness), and its values in the order
+    # a comparison prefers one to stand for the engine (the fairest first; the last is what rows
+    # written before the option existed ran with).
+    series_option: str | None = None
+    series_preference: tuple[str, ...] = ()
+    # Whether simulated rows differ by it too (not where it picks a transport, which the
+    # simulator's hardware profile stands for).
+    series_option_simulated: bool = False
+    # How a figure's legend writes a value of it ("{}" for a name such as shm; "s={}" says what
+    # a bare number means).
+    series_pretty: str = "{}"
+
+    @property
+    def runtime(self) -> runtime.EngineSpec:
+        return runtime.ENGINES[self.name]
+
+    @property
+    def options(self) -> type[EngineOptions]:
+        return self.runtime.options
+
+    @property
+    def equal_microbatch_counts(self) -> bool:
+        return self.runtime.equal_microbatch_counts
+
+
+ENGINES: dict[str, EngineRecord] = {
+    "collective": EngineRecord("collective", "Collective", simulated_as="collective", baseline=True,
+                               series_option="backend", series_preference=("shm", "nccl", "gloo")),
+    "odc": EngineRecord("odc", "ODC", simulated_as="odc", series_option="staleness", series_preference=("0",),
+                        series_option_simulated=True, series_pretty="s={}"),
+}
+if set(ENGINES) != set(runtime.ENGINES):  # an engine added to one registry and not the other
+    raise ImportError(f"odc_bench/config/engine.py records engines {sorted(ENGINES)} but odc_core runs "
+                      f"{sorted(runtime.ENGINES)}: add or remove the record here")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -17,7 +67,7 @@ class EngineConfig:
     options: EngineOptions  # the engine's own options class (EngineSpec.options)
 
     @property
-    def spec(self) -> EngineSpec:
+    def spec(self) -> EngineRecord:
         return ENGINES[self.name]
 
     @property

@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from odc_bench.balancers.registry import BALANCERS
-from odc_core.engine.registry import ENGINES
+from odc_bench.config.engine import ENGINES
 
 WORKLOAD = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_tokens", "packing_ratio",
             "length_scale", "precision", "num_minibatches", "warmup_minibatches"]

@@ -27,8 +27,9 @@ from odc_bench.files import atomic_write_text
 from odc_bench.models.qwen2 import build_model
 from odc_bench.plan.spec import Minibatch, RunSpec
 from odc_bench.run import trace
+from odc_bench.run.optim import adamw
 from odc_core.engine.base import DataParallelEngine, EngineContext
-from odc_core.engine.registry import make_engine
+from odc_core.engine.build import make_engine
 from odc_core.liveness import Liveness, one_line
 from odc_core.transport.base import PeerTimeout
 
@@ -121,8 +122,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         model = build_model(config.model, config.seed, device)
         wrapped = engine.wrap(model, model.units())
         trace.instrument(recorder, model.named_units())
-        o = config.optim
-        engine.configure_optimizer(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        engine.configure_optimizer(adamw(config.optim))
         recorder.enabled = True
         tokens_of = token_source(config.dataset)
         claim_base = 0

@@ -35,13 +35,13 @@ import numpy as np
 import pandas as pd
 
 from odc_bench.config.compose import compose_run
+from odc_bench.config.engine import ENGINES
 from odc_bench.files import atomic_write_text
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT, host_fingerprint
 from odc_bench.sim.hardware import GAP_CLASSES
 from odc_bench.sim.layout import KINDS, PHASES, Layout, doc_features
-from odc_core.engine.registry import ENGINES
 
 DEFAULT_RUNS = (("dataset=longalign",), ("dataset=swe_smith",))
 SIM_ENGINES = [name for name, spec in ENGINES.items() if spec.simulated_as is not None]

@@ -146,7 +146,7 @@ def markdown(table: pd.DataFrame, ratio: pd.DataFrame, provenance: str, repeat: 
             lines.append(f"| {r.config} | {r.engine} | {r.count} | {r.min:.3f} | {r.max:.3f} | {r.cv:.1%} |")
     lines += ["", "## odc / collective throughput ratio", ""]
     if ratio.empty:
-        lines.append("Not measured: the real `odc` engine is not installed (odc_core.engine.ENGINES lacks it).")
+        lines.append("Not measured: the real `odc` engine is not installed (the engine registry lacks it).")
     else:
         lines += ["Measured: the median over pairs of runs made side by side (one run of each engine), with "
                   "the pairs' range; the ratio of the two engines' median throughputs beside it.", "",

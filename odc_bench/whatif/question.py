@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from odc_bench.balancers.registry import BALANCERS
+from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
 from odc_bench.data.profiles import PROFILES
 from odc_bench.results.series import BASELINE_BALANCERS
-from odc_core.engine.registry import ENGINES
 
 # The settings the verdict's runs share unless the user overrides them: no trace files (the
 # verdict reads the rows), balancers planning with the model's own FLOPs, no warm-up (nothing

@@ -12,11 +12,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from odc_bench.config.engine import ENGINES
 from odc_bench.data.lengths import reuse_note
 from odc_bench.files import atomic_path, atomic_write_text
 from odc_bench.whatif.accuracy import Accuracy
 from odc_bench.whatif.question import Question, Series
-from odc_core.engine.registry import ENGINES
 
 # Baseline engine's series in blues, the others' in oranges to reds (the paper figures' scheme).
 BLUES = ["#9ecae1", "#2171b5", "#08306b", "#6baed6"]

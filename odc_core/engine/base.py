@@ -23,6 +23,11 @@ from torch import nn
 
 # (kind, t0, t1, info) -> None: engines report their communication and waits through it.
 TraceHook = Callable[..., None]
+# The user's optimizer, built over the parameters a rank steps: FSDP2's DTensor shards, or
+# ODC's flat fp32 shards (one per unit, so per-parameter groups cannot be told apart there).
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+# A learning-rate schedule over that optimizer, stepped once per optimizer step.
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,16 @@ class DataParallelEngine(Protocol):
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module: ...
 
-    def configure_optimizer(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-        """AdamW over the parameters this rank steps; the engine applies it."""
+    def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
+                            max_grad_norm: float | None = None) -> None:
+        """Build the optimizer over the parameters this rank steps (`factory(params)`, any
+        torch.optim optimizer) and its schedule; the engine applies both, after scaling the
+        minibatch's gradients down to a global norm of `max_grad_norm` when it is given."""
+        ...
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer configure_optimizer() built (its state is sharded like the parameters)."""
         ...
 
     def begin_minibatch(self) -> None: ...
@@ -77,3 +90,8 @@ class DataParallelEngine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def check_max_grad_norm(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"max_grad_norm must be a number > 0 or None, got {value!r}")

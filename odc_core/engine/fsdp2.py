@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from odc_core.engine.base import EngineContext, TraceHook
+from odc_core.engine.base import EngineContext, OptimizerFactory, SchedulerFactory, TraceHook, check_max_grad_norm
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 
@@ -65,6 +65,8 @@ class CollectiveEngine:
         self.trace: TraceHook | None = None
         self.model: nn.Module | None = None
         self._opt: torch.optim.Optimizer | None = None
+        self._sched: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.max_grad_norm: float | None = None
 
     def _mesh(self) -> DeviceMesh:
         """1D over every rank, or (hybrid) 2D: replicas across nodes by shard within a node."""
@@ -75,9 +77,13 @@ class CollectiveEngine:
             return init_device_mesh(self.device.type, (nodes, group), mesh_dim_names=("replicate", "shard"))
         from odc_core.transport.shm_group import new_shm_group
 
+        # DeviceMesh equality ignores the mesh's process groups, so DTensor's caches would hand a
+        # later engine's mesh the groups of an earlier one, closed with it (a second engine in one
+        # process): dimension names with this engine's job id keep the meshes apart.
+        names = (f"replicate.{self.job_id}", f"shard.{self.job_id}")
         if nodes == 1:
             self.groups = [new_shm_group(self.job_id, self.timeout_s)]
-            return DeviceMesh.from_group(self.groups[0], self.device.type)
+            return DeviceMesh.from_group(self.groups[0], self.device.type, mesh_dim_names=names[1:])
         # new_group is collective over every rank: every rank makes every group, in one order,
         # and keeps the two it is in. Each group names its segments after its own job id.
         layout = torch.arange(self.world_size).view(nodes, group)
@@ -92,7 +98,7 @@ class CollectiveEngine:
             if rank % group == index:
                 mine["replicate"] = made
         self.groups = [mine["replicate"], mine["shard"]]
-        return DeviceMesh.from_group(self.groups, self.device.type, layout, mesh_dim_names=("replicate", "shard"))
+        return DeviceMesh.from_group(self.groups, self.device.type, layout, mesh_dim_names=names)
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
         mesh = self._mesh()
@@ -101,6 +107,8 @@ class CollectiveEngine:
         # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
         # a parameter in one group only, so the shared one falls to the root's group with the rest
         # of those units' parameters, gathered for the whole forward and backward.
+        # The model itself among the units is the root, sharded last below.
+        units = [u for u in units if u is not model]
         for group in sharing_groups(unit_parameters(units)):
             if len(group) == 1:
                 fully_shard(units[group[0]], mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
@@ -108,12 +116,21 @@ class CollectiveEngine:
         self.model = model
         return model
 
-    def configure_optimizer(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-        assert self.model is not None, "wrap() the model first"
-        # Fused AdamW: one kernel over all of a rank's DTensor shards instead of a Python loop over
-        # them, the fastest FSDP2 offers on CPU and CUDA (docs/odc_engine.md, "A fair baseline").
-        self._opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
-                                      weight_decay=weight_decay, fused=True)
+    def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
+                            max_grad_norm: float | None = None) -> None:
+        """The optimizer over this rank's DTensor shards, as an FSDP2 training loop builds it."""
+        if self.model is None:
+            raise RuntimeError("wrap() the model before configure_optimizer()")
+        check_max_grad_norm(max_grad_norm)
+        self._opt = factory(list(self.model.parameters()))
+        self._sched = scheduler(self._opt) if scheduler is not None else None
+        self.max_grad_norm = max_grad_norm
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._opt is None:
+            raise RuntimeError("configure_optimizer() first")
+        return self._opt
 
     def begin_minibatch(self) -> None:
         """Nothing to do: FSDP2 synchronises inside every unit's forward and backward."""
@@ -121,11 +138,17 @@ class CollectiveEngine:
     def finish_minibatch(self) -> None:
         """The optimizer step; nothing to wait for: FSDP2's post-backward callback already
         waited for the last reduce-scatter."""
-        assert self._opt is not None, "configure_optimizer() first"
+        opt = self.optimizer
         self._emit("sync", perf_counter())  # a span of nothing, as a real and a simulated trace both have
         t0 = perf_counter()
-        self._opt.step()
-        self._opt.zero_grad(set_to_none=True)
+        if self.max_grad_norm is not None:
+            assert self.model is not None
+            # DTensor gradients: the norm's partial sums are reduced over the mesh inside.
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if self._sched is not None:
+            self._sched.step()
         self._emit("optimizer", t0)
 
     def drain(self) -> None:

@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_core.engine.base import EngineContext, TraceHook
+from odc_core.engine.base import EngineContext, OptimizerFactory, SchedulerFactory, TraceHook, check_max_grad_norm
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
@@ -177,6 +177,8 @@ class OdcEngine:
         self._group_of: list[_Unit | None] = []  # each of them's flat group
         self.minibatch = -1
         self._opt: torch.optim.Optimizer | None = None
+        self._sched: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.max_grad_norm: float | None = None
         self._ready: list[int] = [0] * self.world_size  # highest VERSION seen per owner
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="odc-prefetch") if prefetch else None
         # The owner's side of stale-synchronous ODC: minibatches finished here whose steps are
@@ -197,6 +199,11 @@ class OdcEngine:
         gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
         names = {id(p): n for n, p in model.named_parameters()}
         self._modules = list(units)
+        # FSDP2's convention: what no unit holds belongs to the root, the model itself, which is
+        # gathered for the whole forward and backward (last in order: nothing prefetches it).
+        inside = {id(p) for u in self._modules for p in u.parameters()}
+        if all(u is not model for u in self._modules) and any(id(p) not in inside for p in model.parameters()):
+            self._modules.append(model)
         self._group_of = [None] * len(self._modules)
         held = unit_parameters(self._modules)
         seen: set[int] = set()
@@ -212,9 +219,6 @@ class OdcEngine:
             self.units.append(unit)
             for pos in group:
                 self._group_of[pos] = unit
-        missing = [n for n, p in model.named_parameters() if id(p) not in seen]
-        if missing:
-            raise ValueError(f"parameters outside every unit cannot be sharded: {missing[:3]}")
         if self.owners is not None:
             self._replicas = self._replica_group(len(self.owners))
         self.heap.alloc(FLAGS, 2, torch.int64)
@@ -278,10 +282,27 @@ class OdcEngine:
             self._handles.append(p.register_post_accumulate_grad_hook(
                 lambda _p, u=unit: self._param_grad_done(u)))
 
-    def configure_optimizer(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-        """AdamW over this rank's own fp32 shards: optimizer state is sharded like FSDP's."""
-        self._opt = torch.optim.AdamW([u.shard_param for u in self.units], lr=lr, betas=betas, eps=eps,
-                                      weight_decay=weight_decay)
+    def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
+                            max_grad_norm: float | None = None) -> None:
+        """The optimizer over this rank's own fp32 shards, one flat shard per unit: its state is
+        sharded like FSDP's. The owners step it, so ODC, not the training loop, calls step()."""
+        if not self._modules:
+            raise RuntimeError("wrap() the model before configure_optimizer()")
+        check_max_grad_norm(max_grad_norm)
+        if max_grad_norm is not None and self.staleness:
+            # The global norm of minibatch k needs every owner's part of it before any owner
+            # steps: a barrier per step, which stale-synchronous ODC exists to avoid.
+            raise ValueError("max_grad_norm needs staleness 0: clipping by the global norm makes every owner "
+                             "wait for every other's gradients before each step")
+        self._opt = factory([u.shard_param for u in self.units])
+        self._sched = scheduler(self._opt) if scheduler is not None else None
+        self.max_grad_norm = max_grad_norm
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._opt is None:
+            raise RuntimeError("configure_optimizer() first")
+        return self._opt
 
     # ---- the minibatch protocol ------------------------------------------------------
     def read_version(self, minibatch: int) -> int:
@@ -367,7 +388,7 @@ class OdcEngine:
         """Version k + 1 = AdamW(version k, minibatch k's gradients), written into its own slot;
         then minibatch k's accumulator slot is zeroed for minibatch k + s + 1 and the version
         published. The slot version k + 1 takes held version k - s, which only minibatch k read."""
-        assert self._opt is not None, "configure_optimizer() first"
+        opt = self.optimizer
         t0 = _now()
         now, new = k % self.slots, (k + 1) % self.slots
         for unit in self.units:
@@ -375,14 +396,30 @@ class OdcEngine:
                 unit.master[new].copy_(unit.master[now])
                 unit.shard_param.data = unit.master[new]  # AdamW keeps its moments per parameter, not per tensor
             unit.shard_param.grad = unit.acc[now]
-        self._opt.step()
-        self._opt.zero_grad(set_to_none=True)
+        if self.max_grad_norm is not None:
+            self._clip(self.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if self._sched is not None:
+            self._sched.step()
         for unit in self.units:
             unit.acc[now].zero_()
             if unit.shadow is not None:
                 unit.shadow[new].copy_(unit.master[new])
         self.heap.store(FLAGS, VERSION, k + 2)
         self._emit("optimizer", t0, minibatch=k, microbatch=-1)
+
+    def _clip(self, max_norm: float) -> None:
+        """Scale the minibatch's gradients to a global norm of at most max_norm. Each owner holds
+        the full sum of its shards' gradients, so the squared norm is the sum of the owners'
+        parts: one all-reduce of a scalar (every rank steps at the same barrier when s = 0).
+        With hybrid sharding every node holds the whole gradient once, so the sum counts it once
+        per node."""
+        shards = [u.shard_param for u in self.units]
+        square = torch.stack([g.grad.double().square().sum() for g in shards]).sum().reshape(1)  # type: ignore[union-attr]
+        dist.all_reduce(square)
+        total = (square[0] / (self.world_size // len(self.peers))).sqrt().float()
+        torch.nn.utils.clip_grads_with_norm_(shards, max_norm, total)
 
     def claim(self) -> int:
         """Take the next ticket of the run's shared work counter: one atomic add on rank 0's
@@ -446,10 +483,12 @@ class OdcEngine:
     def _post_forward(self, unit: _Unit, pos: int, output) -> None:
         # A group stays gathered until its last unit's forward; the last unit's backward starts
         # at once, so it stays gathered for that too.
+        if not torch.is_grad_enabled():  # no backward follows (evaluation)
+            if pos == unit.modules[-1]:
+                self._reshard(unit)
+            return
         if pos == unit.modules[-1] and pos + 1 < len(self._modules):
             self._reshard(unit)
-        if not torch.is_grad_enabled():
-            return
         # Every output that carries a gradient (transformers' layers return tuples): the first
         # of them whose gradient arrives starts the group's backward.
         outputs = [t for t in _tensors(output) if t.requires_grad]

@@ -1,23 +1,17 @@
-"""The engines, one record each: what the harness needs to know about an engine lives here.
+"""The engines, one record each: what the runtime needs to build one and run a plan on it.
 
-Config checks, the simulator, comparisons and figures all read these records, so adding an
-engine is its module (with a `build(ctx, options)` function), one entry below (its options
-class and its record) and one config file (odc_bench/conf/engine/NAME.yaml). A record names
-its module rather than importing it, and options classes are plain dataclasses: checking a
-config, reading a results table or drawing a figure never imports torch.
+Adding an engine is its module (with a `build(ctx, options)` function) and one entry below;
+a harness that shows or simulates engines keeps what it needs of its own (odc_bench's is
+odc_bench/config/engine.py). A record names its module rather than importing it, and options
+classes are plain dataclasses: checking a config never imports torch.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from odc_core.transport.registry import TRANSPORTS, transport_for
-
-if TYPE_CHECKING:
-    from odc_core.engine.base import DataParallelEngine, EngineContext
-
 
 # How a unit is sharded: over every rank (FSDP, ZeRO-3), or within a node and replicated
 # across nodes (hybrid sharding, FSDP2's HSDP; the paper's section 6.1). The real engines take
@@ -157,39 +151,19 @@ class OdcOptions:
 
 @dataclass(frozen=True)
 class EngineSpec:
+    """What the runtime needs to build an engine and to hand it a plan it can run."""
+
     name: str
-    label: str  # how figures and tables name it
     module: str  # the engine's module: build(ctx, options) -> DataParallelEngine
     # The engine's options with their defaults: the fields are its config keys.
     options: type[EngineOptions]
     # Every rank must run the same number of microbatches: the engine synchronises per unit.
     equal_microbatch_counts: bool
-    # The simulator's timeline for it ("collective": a barrier per position; "odc": ranks run
-    # alone between minibatch barriers), or None when the simulator does not model it.
-    simulated_as: str | None
-    # The paper's baseline: comparisons and figures report speedups against it.
-    baseline: bool = False
-    # An option whose value tells two series of this engine apart (FSDP2 on shared memory and
-    # on gloo are different baselines; ODC at different staleness), and its values in the order
-    # a comparison prefers one to stand for the engine (the fairest first; the last is what rows
-    # written before the option existed ran with).
-    series_option: str | None = None
-    series_preference: tuple[str, ...] = ()
-    # Whether simulated rows differ by it too (not where it picks a transport, which the
-    # simulator's hardware profile stands for).
-    series_option_simulated: bool = False
-    # How a figure's legend writes a value of it ("{}" for a name such as shm; "s={}" says what
-    # a bare number means).
-    series_pretty: str = "{}"
 
 
 ENGINES: dict[str, EngineSpec] = {
-    "collective": EngineSpec("collective", "Collective", "odc_core.engine.fsdp2", CollectiveOptions,
-                             equal_microbatch_counts=True, simulated_as="collective", baseline=True,
-                             series_option="backend", series_preference=("shm", "nccl", "gloo")),
-    "odc": EngineSpec("odc", "ODC", "odc_core.engine.odc", OdcOptions, equal_microbatch_counts=False,
-                      simulated_as="odc", series_option="staleness", series_preference=("0",),
-                      series_option_simulated=True, series_pretty="s={}"),
+    "collective": EngineSpec("collective", "odc_core.engine.fsdp2", CollectiveOptions, equal_microbatch_counts=True),
+    "odc": EngineSpec("odc", "odc_core.engine.odc", OdcOptions, equal_microbatch_counts=False),
 }
 
 
@@ -197,9 +171,3 @@ def engine_spec(name: str) -> EngineSpec:
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
     return ENGINES[name]
-
-
-def make_engine(name: str, ctx: EngineContext, options: EngineOptions) -> DataParallelEngine:
-    """Build an engine; torch.distributed must already be initialised."""
-    engine: DataParallelEngine = importlib.import_module(engine_spec(name).module).build(ctx, options)
-    return engine

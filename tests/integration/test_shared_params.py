@@ -4,6 +4,7 @@ in one process; odc_core/engine/sharing.py groups the units that share one."""
 import socket
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from torch import nn
 from odc_bench.plan.spec import resolve
 from odc_bench.run.local import run_local
 from odc_core.engine.base import EngineContext
-from odc_core.engine.registry import OdcOptions, make_engine
+from odc_core.engine.build import make_engine
+from odc_core.engine.registry import OdcOptions
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 from tests.helpers import run_config
 from tests.helpers.reference import relative_error, train_single_process
@@ -107,7 +109,7 @@ def _odc_rank(rank: int, port: int, out: str) -> None:
     engine = make_engine("odc", EngineContext(torch.device("cpu"), store, f"tuple{port}", 60.0, "fp32"), OdcOptions())
     model = _Lm()
     engine.wrap(model, [model.embed, *model.layers, model.head])
-    engine.configure_optimizer(lr=LR, betas=(0.9, 0.999), eps=EPS, weight_decay=0.0)
+    engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR, betas=(0.9, 0.999), eps=EPS, weight_decay=0.0))
     for step, mine in enumerate(STEPS):
         engine.begin_minibatch()
         for seq in mine[rank]:

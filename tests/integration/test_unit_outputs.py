@@ -2,6 +2,7 @@
 
 import copy
 import uuid
+from functools import partial
 
 import pytest
 import torch
@@ -59,7 +60,7 @@ def test_units_returning_tuples_get_their_backward_hooks(one_rank_group):
         engine.wrap(model, list(model.layers))
         # eps well above the gradients' fp32 rounding: a tiny eps would turn summation-order
         # noise in near-zero gradients into full-size steps and hide what the engine did.
-        engine.configure_optimizer(lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0))
         x = torch.randn(4, 8, requires_grad=True)
         engine.begin_minibatch()
         model(x).backward()  # without the hooks on tuple outputs, no flat gradient exists to push into
@@ -93,7 +94,7 @@ def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_grou
             layer.compile()
         torch._dynamo.utils.counters.clear()
         # eps as in the test above: the comparison measures the engine, not rounding noise.
-        engine.configure_optimizer(lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0)
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.0))
         for _ in range(2):
             engine.begin_minibatch()
             model(x).backward()

@@ -1,0 +1,55 @@
+"""How a rank gets an engine: its context from the process group, and the engine itself."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from odc_core.engine.base import DataParallelEngine, EngineContext
+from odc_core.engine.registry import EngineOptions, engine_spec
+
+_contexts = itertools.count()
+
+
+def engine_context(device: torch.device | None = None, *, precision: str = "fp32",
+                   timeout_s: float = 120.0) -> EngineContext:
+    """An EngineContext from the default process group, as torchrun and SLURM launchers set it
+    up: every rank calls it, in the same order. `device` defaults to this rank's current CUDA
+    device when the group runs NCCL, else the CPU; bf16 precision computes in bf16 on fp32
+    master weights. Rank 0 names the engine's shared segments (job_id) for all ranks through
+    the group's store."""
+    if not dist.is_initialized():
+        raise RuntimeError("engine_context() needs torch.distributed initialised: call "
+                           "dist.init_process_group() first (torchrun sets up its environment)")
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    if device is None:
+        nccl = "nccl" in str(dist.get_backend())
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    # The default group's own store (private in torch; the harness passes a TCPStore of its own).
+    store = dist.distributed_c10d._get_default_store()
+    key = f"odc_core/context/{next(_contexts)}"
+    if dist.get_rank() == 0:
+        store.set(key, uuid.uuid4().hex[:12])
+    job_id = store.get(key).decode()
+    return EngineContext(device, dist.PrefixStore(f"odc_core/{job_id}", store), job_id, timeout_s, precision)
+
+
+def make_engine(name: str, ctx: EngineContext | None = None,
+                options: EngineOptions | None = None) -> DataParallelEngine:
+    """This rank's engine `name` ("odc" or "collective"); torch.distributed must already be
+    initialised (under torchrun: dist.init_process_group()). `ctx` defaults to engine_context()
+    of the default process group, `options` to the engine's defaults; either way the options
+    are resolved for ctx's device (ValueError, one line, where the device cannot run them)."""
+    spec = engine_spec(name)
+    if ctx is None:
+        ctx = engine_context()
+    chosen = spec.options() if options is None else options
+    if not isinstance(chosen, spec.options):
+        raise TypeError(f"engine {name!r} takes {spec.options.__name__}, got {type(chosen).__name__}")
+    engine: DataParallelEngine = importlib.import_module(spec.module).build(ctx, chosen.for_device(ctx.device.type))
+    return engine
