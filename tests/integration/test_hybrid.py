@@ -77,7 +77,8 @@ def mesh_entry(rank: int, job: RankJob) -> None:
 
     def recording(self):
         mesh = next(self.model.parameters()).device_mesh
-        meshes.append({"shape": list(mesh.shape), "names": list(mesh.mesh_dim_names or ())})
+        # The roles of its dimensions (the engine suffixes each name with its job id).
+        meshes.append({"shape": list(mesh.shape), "names": [n.split(".")[0] for n in mesh.mesh_dim_names or ()]})
         return full_parameters(self)
 
     CollectiveEngine.full_parameters = recording
