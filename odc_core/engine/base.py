@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -87,6 +87,15 @@ class DataParallelEngine(Protocol):
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Unsharded fp32 copies of every parameter; may communicate, so call between minibatches."""
+        ...
+
+    def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+        """{"model": ..., "optim": ...} as DCP's get_state_dict lays them out for FSDP2, this
+        rank's shards; with for_load, views that a DCP load fills (odc_core/checkpoint.py)."""
+        ...
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        """Apply what a DCP load left in sharded_state(for_load=True)'s dict."""
         ...
 
     def close(self) -> None: ...

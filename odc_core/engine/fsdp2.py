@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from time import perf_counter
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -171,6 +171,21 @@ class CollectiveEngine:
     def heap_bytes(self) -> int:
         """Shared memory this rank owns for the shm group's collectives (0 on other groups)."""
         return sum(getattr(group, "heap_bytes", 0) for group in self.groups)
+
+    def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+        """The model's and optimizer's state dicts as DCP's get_state_dict gives them (DTensors)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        if self.model is None:
+            raise RuntimeError("wrap() the model before saving or loading a checkpoint")
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        assert self.model is not None
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def close(self) -> None:
         self.model = None

@@ -53,6 +53,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from datetime import timedelta
 from time import perf_counter as _now
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -173,6 +174,7 @@ class OdcEngine:
         self.slots = staleness + 1
         self.trace: TraceHook | None = None
         self.units: list[_Unit] = []
+        self._model: nn.Module | None = None
         self._modules: list[nn.Module] = []  # the units as wrap() was given them
         self._group_of: list[_Unit | None] = []  # each of them's flat group
         self.minibatch = -1
@@ -198,6 +200,7 @@ class OdcEngine:
         (tied embeddings) share one group, gathered from its first unit's forward until the last
         gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
         names = {id(p): n for n, p in model.named_parameters()}
+        self._model = model
         self._modules = list(units)
         # FSDP2's convention: what no unit holds belongs to the root, the model itself, which is
         # gathered for the whole forward and backward (last in order: nothing prefetches it).
@@ -600,6 +603,73 @@ class OdcEngine:
         self.heap.barrier(self.timeout_s)  # nobody closes the heap while a peer still reads it
         return out
 
+    # ---- checkpoints (odc_core/checkpoint.py) ------------------------------------------
+    def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+        """The parameters and optimizer state in DCP's FSDP2 layout: each parameter by name as
+        a ShardedTensor of the boxes this rank's flat shards hold, viewing the heap."""
+        from odc_core.checkpoint import flat_pieces
+
+        if self._model is None:
+            raise RuntimeError("wrap() the model before saving or loading a checkpoint")
+        if self.owners is not None:
+            raise ValueError("checkpoints of hybrid-sharded ODC are not supported yet; save with shard=full")
+        if for_load and self.minibatch >= 0:
+            raise RuntimeError("load a checkpoint before the first minibatch")
+        opt = self.optimizer
+        _init_state(opt)
+        slot = (self.minibatch + 1) % self.slots
+        aliases: dict[int, list[str]] = {}
+        for name, p in self._model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(name)
+        model_sd: dict[str, Any] = {}
+        optim_sd: dict[str, Any] = {}
+        for unit in self.units:
+            size = unit.layout.shard_numel
+            lo = self.shard_index * size
+            state = opt.state[unit.shard_param]
+            for p, off, name in zip(unit.params, unit.offsets, unit.names, strict=True):
+                n = p.numel()
+                ranges = [(r, max(0, r * size - off), min(n, (r + 1) * size - off)) for r in range(self.world_size)]
+                ranges = [(r, a, b) for r, a, b in ranges if a < b]
+                a, b = max(off, lo), min(off + n, lo + size)
+
+                mine = slice(a - lo, b - lo) if a < b else slice(0, 0)
+                start = max(0, a - off)  # the parameter's first flat element this rank holds
+
+                def piece(buf: torch.Tensor, name: str = name, shape: torch.Size = p.shape, mine: slice = mine,
+                          start: int = start, ranges: list[tuple[int, int, int]] = ranges) -> torch.Tensor:
+                    return flat_pieces(name, shape, buf[mine], start, ranges, self.rank)
+
+                for alias in aliases[id(p)]:
+                    model_sd[alias] = piece(unit.master[slot])
+                optim_sd[name] = {k: piece(v) if torch.is_tensor(v) and v.numel() == size else v.detach().clone()
+                                  for k, v in state.items()}
+        for name, buf in self._model.state_dict().items():  # persistent buffers, replicated
+            if name not in model_sd:
+                model_sd[name] = buf
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(optim_sd)} for g in opt.param_groups]
+        return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": groups}}
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        """After DCP has loaded into sharded_state(for_load=True)'s views: what is not a view
+        (scalars, hyperparameters, buffers) is applied, and the version published to peers."""
+        assert self._model is not None
+        opt = self.optimizer
+        loaded = state["optim"]
+        for key, value in loaded["param_groups"][0].items():
+            if key != "params":
+                opt.param_groups[0][key] = value
+        for unit in self.units:
+            first = loaded["state"][unit.names[0]]
+            for key, value in opt.state[unit.shard_param].items():
+                if torch.is_tensor(value) and value.numel() != unit.layout.shard_numel:
+                    value.copy_(first[key])
+            if unit.shadow is not None:
+                unit.shadow[0].copy_(unit.master[0])
+        buffers = {n for n, _ in self._model.named_buffers()}
+        self._model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
+        self.heap.barrier(self.timeout_s)  # nobody gathers a shard before its owner has loaded it
+
     def close(self) -> None:
         self._closing.set()  # a prefetch thread waiting on a dead peer stops now
         for handle in self._handles:
@@ -619,3 +689,19 @@ def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
                      ctx.store, ctx.timeout_s)
     return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness,
                      shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))
+
+
+def _init_state(opt: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state (a step at learning rate 0 on zero gradients), so that
+    a checkpoint can be loaded into it."""
+    if opt.state:
+        return
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    for g, lr in zip(opt.param_groups, lrs, strict=True):
+        g["lr"] = lr

@@ -1,0 +1,140 @@
+"""Sharded checkpoints in one format for both engines, through torch.distributed.checkpoint (DCP).
+
+What is saved is what an FSDP2 training loop saves with DCP's get_state_dict: `model` (each
+parameter by its name, sharded) and `optim` (the optimizer's state by parameter name, and its
+param_groups), plus `extra` (the caller's: data position, RNG states, a scheduler's state,
+anything picklable). FSDP2 gives DCP its DTensors. ODC gives it, for each parameter, the pieces
+of its flat shard that fall in that parameter, as boxes of the parameter's shape (a flat range
+of a matrix is a partial row, whole rows and a partial row), viewing the heap itself: saving
+copies no shard and runs no collective per unit, and loading writes into the heap in place.
+So a checkpoint of either engine loads into the other, and at another world size (DCP reads
+each box from whichever saved chunks overlap it).
+
+A save is complete or invisible: ranks write into `<root>/step-<N>.partial`, and once DCP has
+written its metadata (after every rank's data) rank 0 renames the folder to `<root>/step-<N>`.
+A crash before the rename leaves a `.partial` folder that latest() ignores and the next save
+removes; the previous checkpoint stays what latest() finds.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
+
+from odc_core.engine.base import DataParallelEngine
+
+_STEP = re.compile(r"step-(\d+)")
+
+
+def latest(root: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint under root (the highest step), or None."""
+    folder = Path(root)
+    if not folder.is_dir():
+        return None
+    steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.fullmatch(p.name)) and p.is_dir()]
+    return max(steps)[1] if steps else None
+
+
+def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
+         extra: dict[str, Any] | None = None) -> Path:
+    """Save the engine's parameters and optimizer state, and `extra`, as checkpoint `step`
+    under root; collective over the ranks, between minibatches. Returns the folder."""
+    root = Path(root)
+    final, partial = root / f"step-{step}", root / f"step-{step}.partial"
+    engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("step-*.partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+    dist.barrier()
+    # One pickled object: DCP would flatten a dict of plain values on save but not on load.
+    state = {**engine.sharded_state(), "extra": io.BytesIO(pickle.dumps(dict(extra or {})))}
+    dcp.save(state, checkpoint_id=partial)
+    dist.barrier()  # every rank's files and DCP's metadata are written
+    if dist.get_rank() == 0:
+        partial.rename(final)
+        _fsync_dir(root)
+    dist.barrier()
+    return final
+
+
+def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a checkpoint (of either engine, any world size) into a wrapped engine whose
+    optimizer is configured, before its first minibatch; collective. Returns its `extra`."""
+    folder = Path(folder)
+    if not (folder / ".metadata").is_file():
+        raise FileNotFoundError(f"{folder} is not a complete checkpoint (no .metadata); use latest(root)")
+    state = {**engine.sharded_state(for_load=True), "extra": io.BytesIO()}
+    # No ShardedTensor here nests another, and the pass that unnests them would turn the
+    # optimizer's param_groups (plain values only) into one key the checkpoint does not have.
+    dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+    engine.load_sharded_state(state)
+    extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
+    return extra
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def boxes(shape: tuple[int, ...], lo: int, hi: int) -> list[tuple[tuple[int, ...], tuple[int, ...], int, int]]:
+    """The flat range [lo, hi) of a row-major tensor of `shape` as boxes: (offsets, sizes, start,
+    end), each box the contiguous flat range [start, end)."""
+    if lo >= hi:
+        return []
+    if not shape:
+        return [((), (), lo, hi)]
+    inner = 1
+    for d in shape[1:]:
+        inner *= d
+    first, last = lo // inner, (hi - 1) // inner
+    if first == last:  # within one index of the first dimension
+        return [((first, *off), (1, *size), start + first * inner, end + first * inner)
+                for off, size, start, end in boxes(shape[1:], lo - first * inner, hi - first * inner)]
+    out = []
+    whole_lo, whole_hi = -(-lo // inner), hi // inner
+    if lo % inner:
+        out += boxes(shape, lo, whole_lo * inner)
+    if whole_hi > whole_lo:
+        out.append(((whole_lo, *[0] * (len(shape) - 1)), (whole_hi - whole_lo, *shape[1:]),
+                    whole_lo * inner, whole_hi * inner))
+    if hi % inner:
+        out += boxes(shape, whole_hi * inner, hi)
+    return out
+
+
+def flat_pieces(name: str, shape: torch.Size, flat: torch.Tensor, flat_lo: int, ranges: list[tuple[int, int, int]],
+                rank: int) -> torch.Tensor:
+    """A ShardedTensor of a parameter of `shape` whose flat elements are spread over ranks:
+    `ranges` gives, for every rank, (rank, lo, hi) of the parameter's flat elements it holds;
+    this rank's are `flat`, starting at the parameter's flat element flat_lo. No collective."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata
+    from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
+
+    metadata, local = [], []
+    for owner, lo, hi in ranges:
+        for offsets, sizes, start, end in boxes(tuple(shape), lo, hi):
+            md = ShardMetadata(shard_offsets=list(offsets), shard_sizes=list(sizes), placement=f"rank:{owner}/cpu")
+            metadata.append(md)
+            if owner == rank:
+                local.append(Shard(flat[start - flat_lo:end - flat_lo].view(sizes), md))
+    props = TensorProperties(dtype=flat.dtype, layout=torch.strided, requires_grad=False,
+                             memory_format=torch.contiguous_format, pin_memory=False)
+    return ShardedTensor._init_from_local_shards_and_global_metadata(
+        local, ShardedTensorMetadata(shards_metadata=metadata, size=shape, tensor_properties=props))

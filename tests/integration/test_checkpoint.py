@@ -1,0 +1,162 @@
+"""Sharded checkpoints (odc_core/checkpoint.py): a resumed run equals an uninterrupted one, a
+checkpoint of either engine loads into the other and at another world size, and a save that
+never finished leaves the previous checkpoint what latest() finds."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from odc_bench.run.ranks import run_ranks
+from odc_core import checkpoint
+from odc_core.engine.base import EngineContext
+from odc_core.engine.build import make_engine
+from odc_core.engine.registry import CollectiveOptions, OdcOptions
+
+pytestmark = pytest.mark.slow
+
+STEPS, SAVE_AT, SAMPLES = 5, 2, 12  # 12 samples: equal counts for FSDP2 on 2, 3 and 4 ranks
+# eps 1e-4: engines on other world sizes add gradients in another order; with a tiny eps that
+# fp32 noise decides the sign of a near-zero parameter's step of size lr (see examples/hf_train.py).
+LR, EPS = 1e-2, 1e-4
+
+
+class Net(nn.Module):
+    """Odd shapes, so that flat shards split rows (ODC's boxes) and ranks hold unequal parts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(7, 13)
+        self.mid = nn.Sequential(nn.Tanh(), nn.Linear(13, 11), nn.Tanh())
+        self.out = nn.Linear(11, 3, bias=False)
+        self.register_buffer("scale", torch.tensor([2.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.mid(self.inp(x))) * self.scale
+
+
+def _data(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(step)
+    return [(torch.randn(4, 7, generator=g), torch.randn(4, 3, generator=g)) for _ in range(SAMPLES)]
+
+
+def _mine(step: int, rank: int, world: int, uneven: bool) -> list[int]:
+    """This rank's samples: for ODC unevenly, some ranks none, shifting with the step."""
+    if not uneven:
+        return list(range(rank, SAMPLES, world))
+    owner = [(i * i + step) % world for i in range(SAMPLES)]
+    return [i for i in range(SAMPLES) if owner[i] == rank]
+
+
+def _train(rank: int, world: int, store: dist.Store, engine_name: str, precision: str, root: str,
+           resume: bool, save_at: int | None) -> dict:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    options = OdcOptions() if engine_name == "odc" else CollectiveOptions()
+    ctx = EngineContext(torch.device("cpu"), dist.PrefixStore("engine", store), f"ck{uuid.uuid4().hex[:6]}"
+                        if rank == 0 else "", 60.0, precision)
+    job = [ctx.job_id]
+    dist.broadcast_object_list(job)
+    ctx = EngineContext(ctx.device, ctx.store, job[0], ctx.timeout_s, precision)
+    engine = make_engine(engine_name, ctx, options)
+    try:
+        torch.manual_seed(0)
+        model = Net()
+        model = engine.wrap(model, [model.inp, model.mid, model.out])
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR, eps=EPS, weight_decay=0.1))
+        start, extra = 0, {}
+        if resume:
+            folder = checkpoint.latest(root)
+            assert folder is not None
+            extra = checkpoint.load(engine, folder)
+            start = int(extra["next_step"])
+        losses = []
+        for step in range(start, STEPS):
+            data = _data(step)
+            engine.begin_minibatch()
+            total = torch.zeros(())
+            for i in _mine(step, rank, world, engine_name == "odc"):
+                x, y = data[i]
+                out = model(x.to(torch.bfloat16 if precision == "bf16" else torch.float32)).float()
+                loss = ((out - y) ** 2).sum() / SAMPLES
+                (loss * engine.loss_scale).backward()
+                total += loss.detach()
+            engine.finish_minibatch()
+            dist.all_reduce(total)
+            losses.append(float(total))
+            if save_at is not None and step + 1 == save_at:
+                checkpoint.save(engine, root, step + 1, {"next_step": step + 1, "note": {"engine": engine_name}})
+        engine.drain()
+        return {"params": engine.full_parameters(), "losses": losses, "start": start, "extra": extra}
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def _run(engine: str, world: int, root: Path, resume: bool = False, save_at: int | None = None,
+         precision: str = "fp32") -> dict:
+    return run_ranks(_train, world, engine, precision, str(root), resume, save_at, timeout_s=120)[0]
+
+
+@pytest.mark.parametrize(("engine", "precision"), [("odc", "fp32"), ("odc", "bf16"), ("collective", "fp32")])
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, engine: str, precision: str) -> None:
+    whole = _run(engine, 2, tmp_path, save_at=SAVE_AT, precision=precision)
+    resumed = _run(engine, 2, tmp_path, resume=True, precision=precision)
+    assert resumed["start"] == SAVE_AT and resumed["extra"] == {"next_step": SAVE_AT, "note": {"engine": engine}}
+    if engine == "collective":  # the same run, bit for bit
+        assert resumed["losses"] == whole["losses"][SAVE_AT:]
+        for name, value in whole["params"].items():
+            assert torch.equal(resumed["params"][name], value), name
+        return
+    # ODC: two ranks' pushes into one owner's accumulator land in whichever order they arrive,
+    # so even two uninterrupted runs differ by fp32 rounding of those sums (1e-8 here); a resume
+    # that lost or repeated any state would move a parameter by a step of about lr (1e-2).
+    torch.testing.assert_close(resumed["losses"], whole["losses"][SAVE_AT:], rtol=1e-6, atol=0)
+    for name, value in whole["params"].items():
+        torch.testing.assert_close(resumed["params"][name], value, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(("saver", "loader", "saved_on", "loaded_on"),
+                         [("odc", "collective", 2, 2), ("collective", "odc", 2, 2), ("odc", "odc", 4, 2),
+                          ("collective", "odc", 4, 3)])
+def test_a_checkpoint_loads_into_the_other_engine_and_another_world_size(
+        tmp_path: Path, saver: str, loader: str, saved_on: int, loaded_on: int) -> None:
+    whole = _run(saver, saved_on, tmp_path, save_at=SAVE_AT)
+    resumed = _run(loader, loaded_on, tmp_path, resume=True)
+    assert resumed["start"] == SAVE_AT
+    for name, value in whole["params"].items():
+        torch.testing.assert_close(resumed["params"][name], value, rtol=0, atol=1e-5, msg=name)
+    torch.testing.assert_close(resumed["losses"], whole["losses"][SAVE_AT:], rtol=1e-5, atol=0)
+
+
+def test_a_save_that_never_finished_is_ignored_and_cleared(tmp_path: Path) -> None:
+    _run("odc", 2, tmp_path, save_at=SAVE_AT)
+    crashed = tmp_path / f"step-{SAVE_AT + 1}.partial"  # what a crash while saving step 3 leaves
+    crashed.mkdir()
+    (crashed / "__0_0.distcp").write_bytes(b"half a file")
+    assert checkpoint.latest(tmp_path) == tmp_path / f"step-{SAVE_AT}"
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        checkpoint.load(None, crashed)  # type: ignore[arg-type]
+    resumed = _run("odc", 2, tmp_path, resume=True, save_at=STEPS)
+    assert resumed["start"] == SAVE_AT
+    assert checkpoint.latest(tmp_path) == tmp_path / f"step-{STEPS}" and not crashed.exists()
+
+
+def test_boxes_cover_a_flat_range_exactly() -> None:
+    shape = (3, 4, 5)
+    for lo, hi in [(0, 60), (7, 8), (3, 47), (20, 40), (19, 41), (59, 60)]:
+        seen = torch.zeros(shape, dtype=torch.int64)
+        for offsets, sizes, start, end in checkpoint.boxes(shape, lo, hi):
+            box = tuple(slice(o, o + s) for o, s in zip(offsets, sizes, strict=True))
+            assert seen[box].numel() == end - start
+            seen[box] += 1
+            assert torch.equal(torch.arange(60).view(shape)[box].flatten(), torch.arange(start, end))
+        assert torch.equal(seen.flatten(), ((torch.arange(60) >= lo) & (torch.arange(60) < hi)).long())
