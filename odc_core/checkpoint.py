@@ -18,11 +18,14 @@ removes; the previous checkpoint stays what latest() finds.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +63,8 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     dist.barrier()
     # One pickled object: DCP would flatten a dict of plain values on save but not on load.
     state = {**engine.sharded_state(), "extra": io.BytesIO(pickle.dumps(dict(extra or {})))}
-    dcp.save(state, checkpoint_id=partial)
+    with _sharded_tensors_quietly():
+        dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written
     if dist.get_rank() == 0:
         partial.rename(final)
@@ -78,10 +82,20 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str
     state = {**engine.sharded_state(for_load=True), "extra": io.BytesIO()}
     # No ShardedTensor here nests another, and the pass that unnests them would turn the
     # optimizer's param_groups (plain values only) into one key the checkpoint does not have.
-    dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+    with _sharded_tensors_quietly():
+        dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     engine.load_sharded_state(state)
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
     return extra
+
+
+@contextlib.contextmanager
+def _sharded_tensors_quietly() -> Iterator[None]:
+    """DCP warns on every ShardedTensor that DTensor replaces it; but a DTensor is an even split
+    of whole dimensions and cannot hold ODC's flat ranges, which ShardedTensor's boxes can."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Please use DTensor instead", FutureWarning)
+        yield
 
 
 def _fsync_dir(path: Path) -> None:

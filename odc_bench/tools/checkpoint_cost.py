@@ -1,0 +1,94 @@
+"""What a sharded checkpoint costs: seconds to save and to load, and bytes per rank.
+
+`python -m odc_bench.tools.checkpoint_cost [--model tiny] [--ranks 2] [--repeats 5]` wraps the
+harness's model with each engine on this machine's CPU ranks, trains one minibatch (so that the
+optimizer has its moments), then saves and loads a checkpoint (odc_core/checkpoint.py) `repeats`
+times into a temporary folder, and prints on rank 0 the median seconds with their range and each
+rank's bytes beside the model's fp32 parameter bytes. docs/checkpoints.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from odc_bench.config.compose import compose_run
+from odc_bench.data.batches import packed_batch
+from odc_bench.models.qwen2 import build_model
+from odc_bench.run.ranks import run_ranks
+from odc_core import checkpoint
+from odc_core.engine.base import EngineContext
+from odc_core.engine.build import make_engine
+
+
+def _rank(rank: int, world: int, store: dist.Store, model: str, engine_name: str, repeats: int, folder: str,
+          job: str) -> dict:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    cfg = compose_run([f"model={model}"]).model
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), dist.PrefixStore("engine", store),
+                                                    f"{job}{engine_name}", 120.0, "fp32"))
+    try:
+        net = build_model(cfg, 0, torch.device("cpu"))
+        wrapped = engine.wrap(net, net.units())
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=1e-4, fused=True))
+        ids = torch.randint(0, cfg.vocab_size, (64,), generator=torch.Generator().manual_seed(rank))
+        engine.begin_minibatch()
+        wrapped(**packed_batch([ids])).backward()
+        engine.finish_minibatch()
+        saves, loads = [], []
+        root = Path(folder) / engine_name
+        for step in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            saved = checkpoint.save(engine, root, step)
+            saves.append(time.perf_counter() - t0)
+        sizes = [p.stat().st_size for p in sorted(saved.glob("*.distcp"))]
+        for _ in range(repeats):
+            fresh = make_engine(engine_name, EngineContext(torch.device("cpu"), dist.PrefixStore(f"l{_}", store),
+                                                           f"{job}{engine_name}l{_}", 120.0, "fp32"))
+            again = build_model(cfg, 0, torch.device("cpu"))
+            fresh.wrap(again, again.units())
+            fresh.configure_optimizer(partial(torch.optim.AdamW, lr=1e-4, fused=True))
+            dist.barrier()
+            t0 = time.perf_counter()
+            checkpoint.load(fresh, saved)
+            loads.append(time.perf_counter() - t0)
+            fresh.close()
+        params = sum(p.numel() * 4 for p in build_model(cfg, 0, torch.device("cpu")).parameters())
+        return dict(saves=saves, loads=loads, sizes=sizes, param_bytes=params)
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    job = uuid.uuid4().hex[:6]
+    with tempfile.TemporaryDirectory(prefix="odc-ckpt-") as folder:
+        for engine in ("collective", "odc"):
+            r = run_ranks(_rank, args.ranks, args.model, engine, args.repeats, folder, job, timeout_s=600)[0]
+            mb, saves, loads = 1e6, r["saves"], r["loads"]
+            sizes = ", ".join(f"{s / mb:.2f}" for s in r["sizes"])
+            print(f"{engine:10s} model={args.model} on {args.ranks} CPU ranks: save {statistics.median(saves):.3f} s "
+                  f"({min(saves):.3f}-{max(saves):.3f}), load {statistics.median(loads):.3f} s "
+                  f"({min(loads):.3f}-{max(loads):.3f}), median of {args.repeats}; files per rank {sizes} MB; "
+                  f"fp32 parameters {r['param_bytes'] / mb:.2f} MB (parameters and two AdamW moments: "
+                  f"{3 * r['param_bytes'] / mb / args.ranks:.2f} MB per rank)")
+
+if __name__ == "__main__":
+    main()
