@@ -27,14 +27,15 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner
 
-from odc_core.engine.base import DataParallelEngine
+if TYPE_CHECKING:  # the engines import this module's flat_pieces
+    from odc_core.engine.base import DataParallelEngine
 
 _STEP = re.compile(r"step-(\d+)")
 

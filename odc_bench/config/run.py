@@ -27,6 +27,21 @@ class OptimConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    """Sharded checkpoints of a real run (docs/checkpoints.md); not part of the run's key."""
+
+    # Save after every `every` minibatches (0: never); the last minibatch is never saved.
+    every: int = 0
+    # auto: a run whose checkpoint folder holds a complete checkpoint continues from the newest.
+    resume: Literal["auto", "never"] = "auto"
+    # Where runs keep their checkpoints, one folder per run key; null: <results_dir>/checkpoints.
+    dir: str | None = None
+
+    def __post_init__(self) -> None:
+        require(self.every >= 0, f"checkpoint.every must be an integer >= 0 (0: no checkpoints), got {self.every}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PrimitivesConfig:
     """task=primitives: the communication microbenchmark (conf/task/primitives.yaml)."""
 
@@ -78,6 +93,7 @@ class RunConfig:
     # How many ok runs of this config the results table should hold (a measurement's repeats);
     # not part of the run's key: raising it runs the config again.
     repeat: int = 1
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
     def __post_init__(self) -> None:
         for key, least in (("world_size", 1), ("minibatch_size", 1), ("num_minibatches", 1),

@@ -7,6 +7,7 @@ together and writes what they produce: the trace beside the results table, and t
 
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
 from odc_bench.jobs import progress
-from odc_bench.plan.spec import RunSpec, resolve
+from odc_bench.plan.spec import RunSpec, checkpoint_folder, resolve
 from odc_bench.record.metrics import events_frame
 from odc_bench.record.row import failed_row, run_row, sim_row
 from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
@@ -69,7 +70,10 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
     events = events_frame(results)
     trace = _trace_path(results_dir, spec)
     write_trace(results_dir / trace, events)
-    return _record(results_dir, run_row(spec, results, events, str(trace)))
+    row = _record(results_dir, run_row(spec, results, events, str(trace)))
+    # Recorded: its checkpoints have served (a failed run keeps them for its re-run to resume).
+    shutil.rmtree(checkpoint_folder(spec.config, spec.run_id), ignore_errors=True)
+    return row
 
 
 def _trace_path(results_dir: Path, spec: RunSpec) -> Path:

@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -176,10 +177,17 @@ class RunSpec:
 
 
 def run_key(config: Mapping[str, Any]) -> str:
-    """A stable hash of a run's config, minus where results go and how often to repeat it."""
-    keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra", "repeat"}}
+    """A stable hash of a run's config, minus where results go, how often to repeat it and how
+    it is checkpointed (none of which changes what it measures)."""
+    keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra", "repeat", "checkpoint"}}
     blob = json.dumps(keyed, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def checkpoint_folder(config: RunConfig, run_id: str) -> Path:
+    """Where a real run keeps its checkpoints: one folder per run key, so that only a re-run of
+    the same config resumes from them."""
+    return Path(config.checkpoint.dir or Path(config.results_dir) / "checkpoints") / run_id
 
 
 def device_type_of(config: RunConfig) -> str:

@@ -26,7 +26,12 @@ def window_totals(events: pd.DataFrame, warmup: int) -> dict[str, float]:
     kind = measured["kind"]
     spans = measured[kind == "minibatch"]
     seconds = measured["t1"] - measured["t0"]
-    return dict(wall_s=float(spans["t1"].max() - spans["t0"].min()),
+    start, end = spans["t0"].min(), spans["t1"].max()
+    # A checkpoint is a pause of every rank together, not the run's work: its seconds (rank 0's
+    # spans inside the window) leave the window.
+    saves = measured[(kind == "checkpoint") & (measured["rank"] == 0) & (measured["t0"] >= start)
+                     & (measured["t1"] <= end)]
+    return dict(wall_s=float(end - start - (saves["t1"] - saves["t0"]).sum()),
                 busy_s=float(seconds[kind.isin(BUSY_KINDS)].sum()),
                 compute_s=float(seconds[kind.isin(("fwd", "bwd"))].sum()),
                 sync_s=float(seconds[kind == "sync"].sum()))

@@ -6,6 +6,7 @@ resolved config rides along as YAML, so a row says exactly what ran.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any
@@ -18,7 +19,7 @@ from odc_bench.provenance import git_commit
 from odc_bench.record.metrics import minibatch_losses, summarize, summary
 from odc_bench.sim import Simulation
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The tidy columns every row has, in order (results/README.md defines each).
 COLUMNS = [
@@ -28,7 +29,7 @@ COLUMNS = [
     "precision", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
     "samples_per_s", "tokens_per_s", "bubble_rate", "predicted_bubble_rate",
     "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "mem_estimate_mb", "mem_limit_mb", "wall_s",
-    "loss_first", "loss_last", "trace", "config",
+    "loss_first", "loss_last", "resumed_from", "requeues", "trace", "config",
 ]
 MB = 2**20
 
@@ -44,25 +45,29 @@ def base_row(spec: RunSpec) -> dict[str, Any]:
         warmup_minibatches=c.warmup_minibatches, max_tokens=spec.max_tokens, packing_ratio=c.packing_ratio,
         length_scale=c.dataset.length_scale, precision=c.precision, seed=c.seed,
         predicted_bubble_rate=spec.predicted_bubble_rate(), **spec.length_stats(),
-        mem_estimate_mb=spec.memory.total / MB,
+        mem_estimate_mb=spec.memory.total / MB, resumed_from=0,
+        requeues=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
         mem_limit_mb=spec.memory_limit / MB if spec.memory_limit is not None else None,
         config=yaml.safe_dump(c.to_dict(), sort_keys=False).strip(),
     )
 
 
-def _measured_work(spec: RunSpec) -> dict[str, int]:
-    measured = spec.measured
+def _measured_work(spec: RunSpec, first: int) -> dict[str, int]:
+    measured = spec.minibatches[first:]
     return dict(samples=sum(len(mb.lengths) for mb in measured), tokens=sum(sum(mb.lengths) for mb in measured))
 
 
-def timing(spec: RunSpec, events: pd.DataFrame) -> dict[str, float]:
-    """The row's timing columns from a trace, real or simulated alike."""
-    return summarize(events, spec.world_size, spec.config.warmup_minibatches, **_measured_work(spec))
+def timing(spec: RunSpec, events: pd.DataFrame, resumed_from: int = 0) -> dict[str, float]:
+    """The row's timing columns from a trace, real or simulated alike: over the minibatches after
+    the warm-up, or (a run resumed later than that) after the minibatch it resumed from."""
+    first = max(spec.config.warmup_minibatches, resumed_from)
+    return summarize(events, spec.world_size, first, **_measured_work(spec, first))
 
 
 def sim_timing(spec: RunSpec, sim: Simulation) -> dict[str, float]:
     """The same columns from a simulated timeline, without building its trace."""
-    return summary(sim.totals(spec.config.warmup_minibatches), spec.world_size, **_measured_work(spec))
+    warmup = spec.config.warmup_minibatches
+    return summary(sim.totals(warmup), spec.world_size, **_measured_work(spec, warmup))
 
 
 def failed_row(spec: RunSpec, error: str) -> dict[str, Any]:
@@ -72,7 +77,9 @@ def failed_row(spec: RunSpec, error: str) -> dict[str, Any]:
 def run_row(spec: RunSpec, rank_results: list[dict], events: pd.DataFrame, trace: str) -> dict[str, Any]:
     """The row of a real run that finished: timing, memory and the loss curve's ends."""
     losses = minibatch_losses(events, [mb.labelled_tokens for mb in spec.minibatches])
-    return {**base_row(spec), **timing(spec, events), "status": "ok", "error": "",
+    resumed_from = rank_results[0].get("resumed_from", 0)
+    return {**base_row(spec), **timing(spec, events, resumed_from), "status": "ok", "error": "",
+            "resumed_from": resumed_from,
             "peak_mem_mb": max(r["peak_bytes"] + r["heap_bytes"] for r in rank_results) / MB,
             "heap_mb": max(r["heap_bytes"] for r in rank_results) / MB,
             "loss_first": losses[0], "loss_last": losses[-1], "trace": trace}

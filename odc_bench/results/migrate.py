@@ -6,6 +6,9 @@ estimate and limit (`mem_estimate_mb`, `mem_limit_mb`). The lengths and the esti
 recomputed from the row's own config (planning it again, which reads its dataset); a row
 whose config no longer plans (a retired engine, data that has moved) keeps them empty, and so
 does the limit of a real run, which depended on the host it ran on. Every other value is kept.
+
+Schema 2 -> 3 adds `resumed_from` and `requeues` (checkpoints, docs/checkpoints.md): 0 for
+every earlier row, since no run could resume before.
 """
 
 from __future__ import annotations
@@ -54,13 +57,17 @@ def migrate_table(path: Path) -> int:
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
             return 0
-        if versions - {"1", str(SCHEMA_VERSION)}:
+        if versions - {"1", "2", str(SCHEMA_VERSION)}:
             raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
-                             f"migrates schema 1 only")
-        added = pd.DataFrame([_recomputed(c) for c in table["config"]], index=table.index)
-        for column in added.columns:
-            table[column] = added[column]
-        table["attempt"] = table.groupby("run_id").cumcount()
+                             f"migrates schemas 1 and 2")
+        old = table["schema_version"] == "1" if "schema_version" in table else pd.Series(True, index=table.index)
+        if old.any():
+            added = pd.DataFrame([_recomputed(c) for c in table.loc[old, "config"]], index=table.index[old])
+            for column in added.columns:
+                table.loc[old, column] = added[column]
+            table["attempt"] = table.groupby("run_id").cumcount()
+        for column in ("resumed_from", "requeues"):
+            table[column] = table[column].fillna(0).astype(int) if column in table else 0
         table["schema_version"] = SCHEMA_VERSION
         atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
     return len(table)

@@ -36,9 +36,11 @@ def check_table(path: Path) -> None:
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TableError(f"{path} is not a readable results table ({reason}); {fix}") from None
-    if "schema_version" in table and set(table["schema_version"].dropna()) == {"1"}:
-        raise TableError(f"{path} holds rows of results schema 1, this code writes {SCHEMA_VERSION}; bring it to "
-                         f"this schema with `python -m odc_bench.results migrate {path.parent}`, or {fix}")
+    older = set(table["schema_version"].dropna()) & {"1", "2"} if "schema_version" in table else set()
+    if older:
+        raise TableError(f"{path} holds rows of results schema {', '.join(sorted(older))}, this code writes "
+                         f"{SCHEMA_VERSION}; bring it to this schema with `python -m odc_bench.results migrate "
+                         f"{path.parent}`, or {fix}")
     if list(table.columns) != COLUMNS:
         missing = [c for c in COLUMNS if c not in table.columns]
         extra = [str(c) for c in table.columns if c not in COLUMNS]

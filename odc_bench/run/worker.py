@@ -25,9 +25,10 @@ from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
 from odc_bench.models.qwen2 import build_model
-from odc_bench.plan.spec import Minibatch, RunSpec
+from odc_bench.plan.spec import Minibatch, RunSpec, checkpoint_folder
 from odc_bench.run import trace
 from odc_bench.run.optim import adamw
+from odc_core import checkpoint
 from odc_core.engine.base import DataParallelEngine, EngineContext
 from odc_core.engine.build import make_engine
 from odc_core.liveness import Liveness, one_line
@@ -123,11 +124,14 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         wrapped = engine.wrap(model, model.units())
         trace.instrument(recorder, model.named_units())
         engine.configure_optimizer(adamw(config.optim))
+        folder = checkpoint_folder(config, spec.run_id)
+        start, claim_base = resume(engine, folder, rank) if config.checkpoint.resume == "auto" else (0, 0)
         recorder.enabled = True
         tokens_of = token_source(config.dataset)
-        claim_base = 0
         collect_garbage_between_minibatches()
         for k, mb in enumerate(spec.minibatches):
+            if k < start:
+                continue
             recorder.minibatch, recorder.microbatch = k, -1
             t_mb = trace.now()
             engine.begin_minibatch()
@@ -155,6 +159,11 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
             collect_garbage_between_minibatches()
             recorder.add("gc", t2, trace.now())
+            every = config.checkpoint.every
+            if every and (k + 1) % every == 0 and k + 1 < len(spec.minibatches):
+                t3 = trace.now()
+                save(engine, folder, k + 1, claim_base)
+                recorder.add("checkpoint", t3, trace.now())
             if rank == 0:
                 store.add(MINIBATCHES_DONE, 1)
         recorder.enabled = False
@@ -162,7 +171,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             params = engine.full_parameters()
             if rank == 0:
                 torch.save(params, Path(job.out_dir) / "params.pt")
-        result = dict(rank=rank, events=recorder.events, peak_bytes=recorder.peak_bytes, heap_bytes=engine.heap_bytes)
+        result = dict(rank=rank, events=recorder.events, peak_bytes=recorder.peak_bytes, heap_bytes=engine.heap_bytes,
+                      resumed_from=start)
         atomic_write_text(Path(job.out_dir) / f"rank{rank}.json", json.dumps(result))
         finished = True
     except Exception as e:
@@ -179,6 +189,27 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         liveness.stop(finished)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def save(engine: DataParallelEngine, folder: Path, next_minibatch: int, claim_base: int) -> None:
+    """Checkpoint the run before minibatch `next_minibatch`: the engine's shards, and where the
+    run stands (its claim counter's base and every rank's RNG state)."""
+    rng = [None] * dist.get_world_size()
+    dist.all_gather_object(rng, torch.get_rng_state())
+    checkpoint.save(engine, folder, next_minibatch,
+                    {"next_minibatch": next_minibatch, "claim_base": claim_base, "rng": rng})
+
+
+def resume(engine: DataParallelEngine, folder: Path, rank: int) -> tuple[int, int]:
+    """(first minibatch to run, claim base): from the newest complete checkpoint in `folder`,
+    loaded into the engine, or (0, 0) when there is none."""
+    found = checkpoint.latest(folder)
+    if found is None:
+        return 0, 0
+    extra = checkpoint.load(engine, found)
+    if rank < len(extra["rng"]):
+        torch.set_rng_state(extra["rng"][rank])
+    return int(extra["next_minibatch"]), int(extra["claim_base"])
 
 
 def collect_garbage_between_minibatches() -> None:

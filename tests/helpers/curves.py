@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from odc_bench.record.row import COLUMNS
+from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from tests.helpers.figures import write_runs
 
 RL_SERIES = [("collective", "verl", {}), ("collective", "lb_micro", {}), ("odc", "lb_micro", {}),
@@ -66,7 +66,8 @@ def _config(engine: str, balancer: str, options: dict, precision: str, tokens: s
 
 def _row(run_id: str, engine: str, balancer: str, trace: str | None, config: str, **setting) -> dict:
     row = {c: None for c in COLUMNS}
-    row.update(run_id=run_id, schema_version=2, status="ok", backend="local", engine=engine, balancer=balancer,
+    row.update(run_id=run_id, schema_version=SCHEMA_VERSION, status="ok", backend="local", engine=engine,
+               balancer=balancer,
                cost_model="linear", trace=trace, config=config, tokens_per_s=1.0, bubble_rate=0.1,
                **{"seed": 0, "warmup_minibatches": 0, **setting})
     return row

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from odc_bench.record.row import COLUMNS
+from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 
 SERIES = [("collective", "local_sort"), ("collective", "lb_micro"), ("odc", "lb_micro"), ("odc", "lb_mini")]
 SPEED = {("collective", "local_sort"): 0.9, ("collective", "lb_micro"): 1.0, ("odc", "local_sort"): 0.95,
@@ -51,7 +51,8 @@ def samples_per_s(engine: str, balancer: str, minibatch_size: int, bonus: float 
 
 def _row(engine: str, balancer: str, run_id: str, trace: str | None, bonus: float = 1.0, **setting) -> dict:
     row = {c: None for c in COLUMNS}
-    row.update(run_id=run_id, schema_version=2, status="ok", backend="local", engine=engine, balancer=balancer,
+    row.update(run_id=run_id, schema_version=SCHEMA_VERSION, status="ok", backend="local", engine=engine,
+               balancer=balancer,
                cost_model="linear", precision="fp32", seed=0, num_minibatches=NUM_MINIBATCHES,
                warmup_minibatches=WARMUP, trace=trace, **setting)
     row["samples_per_s"] = samples_per_s(engine, balancer, setting["minibatch_size"], bonus)
@@ -189,7 +190,8 @@ def write_staleness_runs(folder: Path, sets: int = 1, slower: dict[str, tuple[fl
         for j in range(sets + (label in incomplete)):
             factor = (slower or {}).get(label, (1.0,) * (sets + 1))[j]
             row = {c: None for c in COLUMNS}
-            row.update(run_id=f"r{i}", attempt=j, schema_version=2, status="ok", backend="local", engine=engine,
+            row.update(run_id=f"r{i}", attempt=j, schema_version=SCHEMA_VERSION, status="ok", backend="local",
+                       engine=engine,
                        balancer=balancer, cost_model="calibrated:tiny-cpu", precision="fp32", bubble_rate=0.2,
                        tokens_per_s=100.0, model="tiny", dataset="pareto", world_size=2, minibatch_size=4,
                        max_tokens=2048, packing_ratio=1, length_scale=1 / 64, num_minibatches=STALENESS_STEPS,

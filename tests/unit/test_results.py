@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from odc_bench.plan.spec import run_key
-from odc_bench.record.row import COLUMNS
+from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.table import append_row, ok_runs, read_table
 
 
@@ -53,8 +53,30 @@ def test_hex_ids_that_look_like_numbers_survive_appends(tmp_path):
 
     path = tmp_path / "runs.csv"
     for run_id in ("0123456789abcdef", "1234567890123456"):
-        append_row(path, {**{c: None for c in COLUMNS}, "run_id": run_id, "schema_version": 2, "status": "ok",
+        append_row(path, {**{c: None for c in COLUMNS}, "run_id": run_id, "schema_version": SCHEMA_VERSION,
+                          "status": "ok",
                           "commit": "310e538"})
     table = read_table(path)
     assert list(table["commit"]) == ["310e538", "310e538"]
     assert list(table["run_id"]) == ["0123456789abcdef", "1234567890123456"]
+
+
+def test_a_schema_2_table_is_refused_with_the_migration_and_migrates_to_zero_resumes(tmp_path):
+    from odc_bench.errors import TableError
+    from odc_bench.results.migrate import migrate_table
+    from odc_bench.results.table import check_table
+
+    old = [c for c in COLUMNS if c not in ("resumed_from", "requeues")]
+    path = tmp_path / "runs.csv"
+    rows = [{**{c: "" for c in old}, "run_id": run_id, "schema_version": 2, "status": "ok", "samples_per_s": rate}
+            for run_id, rate in (("a", 1.5), ("b", 2.25))]
+    pd.DataFrame(rows, columns=old).to_csv(path, index=False)
+    with pytest.raises(TableError, match=f"schema 2, this code writes {SCHEMA_VERSION}.*results migrate"):
+        check_table(path)
+    assert migrate_table(path) == 2
+    table = pd.read_csv(path)
+    assert list(table.columns) == COLUMNS
+    assert list(table["schema_version"]) == [SCHEMA_VERSION] * 2
+    assert list(table["resumed_from"]) == [0, 0] and list(table["requeues"]) == [0, 0]
+    assert list(table["samples_per_s"]) == [1.5, 2.25] and list(table["run_id"]) == ["a", "b"]
+    assert migrate_table(path) == 0  # already this schema

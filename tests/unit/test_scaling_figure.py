@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from odc_bench.record.row import COLUMNS
+from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from odc_bench.tools.sim_paper import scaling_table
 from paper_figures import fig10_acceleration, scaling
 from paper_figures.inputs import Skip, by_source, load
@@ -32,7 +32,7 @@ def row(engine: str, layout: str, world: int, model: str) -> dict:
     config = {"engine": {"name": engine, "shard": "hybrid" if layout == "hybrid" else "full"},
               "backend": {"name": "sim", "odc_fetch": "nearest" if layout == "nearest" else "owner"}}
     out = {c: None for c in COLUMNS}
-    out.update(run_id=f"{engine}-{layout}-{world}-{model}", schema_version=2, status="ok", backend="sim",
+    out.update(run_id=f"{engine}-{layout}-{world}-{model}", schema_version=SCHEMA_VERSION, status="ok", backend="sim",
                engine=engine, balancer=balancer, cost_model="linear", model=model, dataset="longalign",
                world_size=world, minibatch_size=4, max_tokens=65536, packing_ratio=1, length_scale=1.0,
                precision="bf16", seed=0, num_minibatches=3, warmup_minibatches=1,
