@@ -201,6 +201,13 @@ def print_summary(job_returns: Sequence[JobReturn], cannot_run: Sequence[tuple[l
         parts.append(f"{counts['skipped']}{configs_word} already done or under way (skipped)")
     if cannot_run:
         parts.append(f"{len(cannot_run)} combination{'s' * (len(cannot_run) > 1)} that cannot run (skipped)")
+    rows = [row for r in job_returns if r.status == JobStatus.COMPLETED for row in _rows(r)]
+    requeues = sum(int(row.get("requeues") or 0) for row in rows)
+    resumed = sum(1 for row in rows if row.get("resumed_from"))
+    if requeues:
+        parts.append(f"{requeues} requeue{'s' * (requeues != 1)} by SLURM")
+    if resumed:
+        parts.append(f"{resumed} resumed from a checkpoint")
     if repeated:
         executed = sum(runs.values())
         head = f"sweep of {configs} config{'s' * (configs != 1)}, {executed} runs with their repeats"

@@ -273,3 +273,40 @@ def test_array_parallelism_one_runs_a_sweeps_jobs_one_after_another(tmp_path):
     assert events == [("submitted", "#0"), ("done", "#0"), ("submitted", "#1"), ("done", "#1")], proc.stdout
     scripts = list((tmp_path / "multirun" / ".submitit").rglob("*submission.sh"))
     assert scripts and all("%1" in s.read_text() for s in scripts if "#SBATCH --array" in s.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path):
+    """`scontrol requeue` of a running job (what a preemption with requeue does, and submitit's
+    checkpoint hook at a time limit): SLURM kills its tasks and starts it again, and the run goes
+    on from its newest checkpoint."""
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", "-m", "hydra/launcher=slurm", "num_minibatches=30",
+                             "checkpoint.every=2", f"results_dir={results}", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    job_id = None
+    try:
+        deadline = time.monotonic() + 180
+        while not list(results.glob("checkpoints/*/step-*[0-9]")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job_id = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+        # SLURM holds a requeued job back for a while (its BeginTime); this test's cluster is ours.
+        for _ in range(50):
+            state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+            if state.stdout.strip() == "PENDING":
+                break
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    rows = read_table(results / "runs.csv")
+    assert len(rows) == 1 and rows["status"][0] == "ok", rows
+    assert rows["requeues"][0] == 1 and rows["resumed_from"][0] >= 2
+    assert "sweep of 1 run: 1 ok, 0 failed, 1 requeue by SLURM, 1 resumed from a checkpoint" in out, out
+    assert not list(results.glob("checkpoints/*/*")), "the recorded run's checkpoints are removed"
