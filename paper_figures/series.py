@@ -12,14 +12,13 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.colors import to_rgb
 
-from odc_bench.config.engine import ENGINES
-from odc_bench.results.series import BALANCER_LABELS, BASELINE_BALANCERS, ENGINE_LABELS, SETTING, series_names
+from odc_bench.results.series import BALANCER_LABELS, ENGINE_LABELS, HEADLINE_BASELINE, SETTING, series_names
 
 ENGINE_NAMES = ENGINE_LABELS
 BALANCER_NAMES = BALANCER_LABELS
 
 # The paper's comparison: ODC (with the best balancer) against the strongest collective baseline.
-BASELINE = (next(name for name, spec in ENGINES.items() if spec.baseline), BASELINE_BALANCERS[0])
+BASELINE = HEADLINE_BASELINE
 # Preference when one run per engine has to be picked (Fig. 1): the paper's headline pair first.
 PREFERRED = {"collective": ["lb_micro", "local_sort"], "odc": ["lb_mini", "lb_micro", "dynamic", "local_sort"]}
 

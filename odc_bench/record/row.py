@@ -14,6 +14,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from odc_bench.config.backend import SimBackendConfig
+from odc_bench.config.run import RunConfig
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import git_commit
 from odc_bench.record.metrics import minibatch_losses, summarize, summary
@@ -24,14 +26,27 @@ SCHEMA_VERSION = 3
 # The tidy columns every row has, in order (results/README.md defines each).
 COLUMNS = [
     "run_id", "schema_version", "attempt", "status", "error", "timestamp", "commit", "host",
-    "backend", "engine", "balancer", "cost_model", "model", "dataset", "world_size", "minibatch_size",
-    "num_minibatches", "warmup_minibatches", "max_tokens", "packing_ratio", "length_scale",
-    "precision", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
+    "backend", "engine", "balancer", "variant", "shard", "fetch", "staleness", "cost_model", "model", "dataset",
+    "world_size", "minibatch_size", "num_minibatches", "warmup_minibatches", "max_tokens", "packing_ratio",
+    "length_scale", "precision", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
     "samples_per_s", "tokens_per_s", "bubble_rate", "predicted_bubble_rate",
     "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "mem_estimate_mb", "mem_limit_mb", "wall_s",
     "loss_first", "loss_last", "resumed_from", "requeues", "trace", "config",
 ]
 MB = 2**20
+
+
+def series_columns(config: RunConfig) -> dict[str, Any]:
+    """What tells a run's series apart beyond engine and balancer (results/series.py reads these,
+    never the config text): the value of the option the engine's record names for it (FSDP2's
+    process group, ODC's staleness), the shard layout, where an on-demand engine fetches remote
+    shards from (its owners, or the simulator's nearest holder), and the staleness."""
+    record = config.engine.spec
+    options = config.engine.options
+    on_demand = record.simulated_as == "odc"
+    fetch = (config.backend.odc_fetch if isinstance(config.backend, SimBackendConfig) else "owner") if on_demand else ""
+    return dict(variant=str(getattr(options, record.series_option)) if record.series_option else "",
+                shard=options.shard, fetch=fetch, staleness=config.engine.staleness)
 
 
 def base_row(spec: RunSpec) -> dict[str, Any]:
@@ -40,7 +55,8 @@ def base_row(spec: RunSpec) -> dict[str, Any]:
     return dict(
         run_id=spec.run_id, schema_version=SCHEMA_VERSION, timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"),
         commit=git_commit(), host=socket.gethostname(), backend=c.backend.name, engine=c.engine.name,
-        balancer=c.balancer.name, cost_model=spec.cost_model.label, model=c.model.name, dataset=c.dataset.name,
+        balancer=c.balancer.name, **series_columns(c), cost_model=spec.cost_model.label, model=c.model.name,
+        dataset=c.dataset.name,
         world_size=c.world_size, minibatch_size=c.minibatch_size, num_minibatches=c.num_minibatches,
         warmup_minibatches=c.warmup_minibatches, max_tokens=spec.max_tokens, packing_ratio=c.packing_ratio,
         length_scale=c.dataset.length_scale, precision=c.precision, seed=c.seed,

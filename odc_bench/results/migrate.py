@@ -8,7 +8,10 @@ whose config no longer plans (a retired engine, data that has moved) keeps them 
 does the limit of a real run, which depended on the host it ran on. Every other value is kept.
 
 Schema 2 -> 3 adds `resumed_from` and `requeues` (checkpoints, docs/checkpoints.md): 0 for
-every earlier row, since no run could resume before.
+every earlier row, since no run could resume before; and the series columns `variant`, `shard`,
+`fetch` and `staleness` (record/row.py series_columns), read here, once, from the row's config
+text, with what rows written before each key existed ran with: collective FSDP on the default
+group (gloo on CPU), ODC synchronous, full sharding, shards fetched from their owners.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from odc_bench.config.engine import ENGINES
 from odc_bench.config.run import run_config
 from odc_bench.errors import ConfigError, TableError
 from odc_bench.files import atomic_write_text, locked
@@ -50,6 +54,19 @@ def _recomputed(config_yaml: object) -> dict[str, float | None]:
             "mem_limit_mb": limit / MB if limit is not None else None}
 
 
+def series_from_config(engine: object, backend: object, config_yaml: object) -> tuple[str, str, str, int]:
+    """(variant, shard, fetch, staleness) of a row written before schema 3, from its config."""
+    record = ENGINES.get(str(engine))
+    config = yaml.safe_load(str(config_yaml)) if isinstance(config_yaml, str) else {}
+    options = (config or {}).get("engine") or {}
+    variant = ""
+    if record is not None and record.series_option and isinstance(config_yaml, str):
+        variant = str(options.get(record.series_option, record.series_preference[-1]))
+    on_demand = record is not None and record.simulated_as == "odc"
+    fetch = ((config or {}).get("backend") or {}).get("odc_fetch", "owner") if backend == "sim" else "owner"
+    return variant, str(options.get("shard", "full")), fetch if on_demand else "", int(options.get("staleness", 0))
+
+
 def migrate_table(path: Path) -> int:
     """Rewrite one runs.csv in this schema, atomically; return how many rows changed."""
     with locked(path):
@@ -68,6 +85,12 @@ def migrate_table(path: Path) -> int:
             table["attempt"] = table.groupby("run_id").cumcount()
         for column in ("resumed_from", "requeues"):
             table[column] = table[column].fillna(0).astype(int) if column in table else 0
+        if not {"variant", "shard", "fetch", "staleness"} <= set(table.columns):
+            derived = pd.DataFrame([series_from_config(e, b, c) for e, b, c in zip(table["engine"], table["backend"],
+                                                                          table["config"], strict=True)],
+                                   index=table.index, columns=["variant", "shard", "fetch", "staleness"])
+            for column in derived.columns:
+                table[column] = derived[column]
         table["schema_version"] = SCHEMA_VERSION
         atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
     return len(table)

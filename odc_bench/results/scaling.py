@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from odc_bench.results.series import layouts
+from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, layouts
 
-ODC = ("odc", "lb_mini")
-BASELINE = ("collective", "lb_micro")
+ODC, BASELINE = HEADLINE_ODC, HEADLINE_BASELINE
 # What stays fixed along one line besides the layout and the device count.
 KEYS = ["backend", "model", "dataset", "minibatch_size", "max_tokens", "packing_ratio", "length_scale", "precision",
         "num_minibatches", "warmup_minibatches", "seed"]

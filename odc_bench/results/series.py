@@ -2,7 +2,8 @@
 the figures share.
 
 A *series* is an engine x balancer pair, with the engine's variant where its record names an
-option that tells series apart (FSDP2 on shared memory and on gloo are different baselines);
+option that tells series apart (FSDP2 on shared memory and on gloo are different baselines),
+read from the row's own columns (variant, shard, fetch, staleness), never its config text;
 names and labels come from the engine and balancer registries. A *workload* is everything
 else that defines what a run computed; a *setting* adds the seed: runs of different series at
 one setting saw the same minibatches, so their throughputs compare directly.
@@ -21,29 +22,35 @@ WORKLOAD = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_
 SETTING = [*WORKLOAD, "seed"]
 # The balancers a baseline engine is paired with for speedups, the paper's strongest first.
 BASELINE_BALANCERS = ("lb_micro", "local_sort")
+# The paper's comparison, written once: the speedup every command and figure calls "the"
+# speedup is ODC with LB-Mini over collective FSDP with LB-Micro, its strongest baseline.
+HEADLINE_ODC = ("odc", "lb_mini")
+HEADLINE_BASELINE = ("collective", BASELINE_BALANCERS[0])
 
 ENGINE_LABELS = {name: spec.label for name, spec in ENGINES.items()}
 BALANCER_LABELS = {name: spec.label for name, spec in BALANCERS.items()}
 
 
-def engine_variants(table: pd.DataFrame) -> pd.Series:
-    """Each row's engine variant: the value of its engine's series option ("" when it has none,
-    and for simulated rows where the option is the transport, which the hardware profile models).
-    Rows written before collective's `engine.backend` existed ran on the default group, gloo on
-    CPU; before odc's `engine.staleness`, synchronously (0)."""
-    def variant(row: pd.Series) -> str:
-        spec = ENGINES.get(str(row["engine"]))
-        config = row.get("config")
-        if spec is None or spec.series_option is None or not isinstance(config, str):
-            return ""
-        if row["backend"] == "sim" and not spec.series_option_simulated:
-            return ""
-        engine = (yaml.safe_load(config) or {}).get("engine", {})
-        return str(engine.get(spec.series_option, spec.series_preference[-1] if spec.series_preference else ""))
+def _text(value: object) -> str:
+    """A cell of a text column as written: "" for an empty one, and a number pandas read as a
+    float (a column of staleness values with gaps) without its ".0"."""
+    if isinstance(value, str):
+        return value
+    if value is None or pd.isna(value):
+        return ""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
-    if table.empty:
-        return pd.Series(dtype=str, index=table.index)
-    return table.apply(variant, axis=1).astype(str)
+
+def engine_variants(table: pd.DataFrame) -> pd.Series:
+    """Each row's engine variant, its `variant` column: the value of its engine's series option
+    ("" when it has none, and for simulated rows where the option is the transport, which the
+    hardware profile models)."""
+    if table.empty or "variant" not in table:
+        return pd.Series("", dtype=str, index=table.index)
+    hidden = pd.Series([spec is None or (backend == "sim" and not spec.series_option_simulated)
+                        for spec, backend in zip(table["engine"].map(ENGINES.get), table["backend"], strict=True)],
+                       index=table.index)
+    return table["variant"].map(_text).where(~hidden, "").astype(str)
 
 
 # How a run laid out and fetched its shards (engine.shard, backend.odc_fetch), when not the
@@ -58,22 +65,15 @@ def _fetches_on_demand(engine: object) -> bool:
 
 
 def layouts(table: pd.DataFrame) -> pd.Series:
-    """Each row's layout: "hybrid" (engine.shard=hybrid), "nearest" (a run of an engine that
-    fetches on demand, ODC, with backend.odc_fetch=nearest and full sharding; other engines
-    ignore the option), or "" (the default, and every row from before these keys)."""
-    def layout(engine: object, config: object) -> str:
-        if not isinstance(config, str) or "shard: hybrid" not in config and "odc_fetch: nearest" not in config:
-            return ""
-        parsed = yaml.safe_load(config) or {}
-        if (parsed.get("engine") or {}).get("shard") == "hybrid":
-            return "hybrid"
-        nearest = (parsed.get("backend") or {}).get("odc_fetch") == "nearest"
-        return "nearest" if nearest and _fetches_on_demand(engine) else ""
-
-    if table.empty or "config" not in table:
+    """Each row's layout, from its `shard` and `fetch` columns: "hybrid" (engine.shard=hybrid),
+    "nearest" (an engine that fetches on demand, ODC, with backend.odc_fetch=nearest and full
+    sharding), or "" (the default)."""
+    if table.empty or not {"shard", "fetch"} <= set(table.columns):
         return pd.Series("", dtype=str, index=table.index)
-    return pd.Series([layout(e, c) for e, c in zip(table["engine"], table["config"], strict=True)],
-                     index=table.index, dtype=str)
+    shard, fetch = table["shard"].map(_text), table["fetch"].map(_text)
+    nearest = (fetch == "nearest") & table["engine"].map(_fetches_on_demand).astype(bool)
+    found = ["hybrid" if s == "hybrid" else "nearest" if n else "" for s, n in zip(shard, nearest, strict=True)]
+    return pd.Series(found, index=table.index, dtype=str)
 
 
 def in_layout(table: pd.DataFrame, layout: str) -> pd.Series:

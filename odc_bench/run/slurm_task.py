@@ -30,6 +30,7 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import RankJob, run_rank, threads_per_rank
 from odc_core.liveness import PeerLost, one_line
 from odc_core.transport.mpi import NETWORK_ONLY_ENV
+from odc_core.transport.shm import sweep_stale_segments
 
 
 def in_task() -> bool:
@@ -55,6 +56,11 @@ def _export_torch_env(env: submitit.JobEnvironment, port: int) -> None:
                       LOCAL_WORLD_SIZE=str(env.num_tasks // env.num_nodes))
 
 
+def _job_id(spec: RunSpec, slurm_job: str, attempt: str) -> str:
+    """The id naming one attempt's shared memory: the run, the SLURM job, restart and repeat."""
+    return f"{spec.run_id[:8]}-{slurm_job}-{attempt}"
+
+
 def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
     """Run this task's rank; rank 0 returns every rank's result, the other ranks None.
 
@@ -68,7 +74,11 @@ def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
                         f"set hydra.launcher.nodes x tasks_per_node = world_size")
     timeout_s = spec.config.timeout_s
     # One exchange folder per attempt: a requeued job must not find the last attempt's store address.
-    shared = Path(env.paths.folder) / f"ranks.{os.environ.get('SLURM_RESTART_COUNT', '0')}.{repeat_index}"
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    shared = Path(env.paths.folder) / f"ranks.{restarts}.{repeat_index}"
+    if local_rank == 0:  # SLURM killed the earlier attempts' ranks (a requeue): their segments go now
+        for attempt in range(restarts):
+            sweep_stale_segments(job_id=_job_id(spec, env.job_id, f"{attempt}.{repeat_index}"))
     shared.mkdir(parents=True, exist_ok=True)
     if rank == 0:  # the store lives as long as this function, past every rank's end
         store = dist.TCPStore(env.hostnames[0], 0, world, is_master=True, wait_for_workers=False,
@@ -85,7 +95,7 @@ def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
     if getattr(spec.config.engine.options, "mpi_network_only", False):
         os.environ.update(NETWORK_ONLY_ENV)  # before the heap starts MPI
     job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared),
-                  job_id=f"{spec.run_id[:8]}-{env.job_id}-{shared.name.removeprefix('ranks.')}",
+                  job_id=_job_id(spec, env.job_id, shared.name.removeprefix("ranks.")),
                   threads=threads_per_rank(spec, world // env.num_nodes), store_rank=0)
     try:
         run_rank(rank, job, local_rank)

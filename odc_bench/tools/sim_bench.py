@@ -20,12 +20,13 @@ from typing import TypeVar
 from odc_bench.config.compose import compose_run
 from odc_bench.plan.spec import plan_digest, resolve
 from odc_bench.record.row import sim_timing
+from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC
 from odc_bench.sim import simulate
 
 CASE = ("backend=sim", "backend/hardware=a100", "backend.recompute=true", "backend.write_trace=false",
         "model=qwen2_32b", "dataset=longalign", "dataset.length_scale=1", "minibatch_size=4", "warmup_minibatches=0",
         "precision=bf16")
-SERIES = (("collective", "lb_micro"), ("odc", "lb_mini"))
+SERIES = (HEADLINE_BASELINE, HEADLINE_ODC)
 # LongAlign-10k has 10,000 samples; a minibatch of more draws a larger pool from its profile.
 PROFILE_SAMPLES = 10_000
 

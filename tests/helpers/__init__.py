@@ -17,6 +17,7 @@ from odc_bench.config.compose import compose_config as _compose
 from odc_bench.config.compose import compose_run
 from odc_bench.config.run import RunConfig
 from odc_bench.plan.spec import RunSpec, resolve
+from odc_bench.results.migrate import series_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,3 +41,9 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, "-m", "odc_bench", *args], cwd=cwd or REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def with_series(row: dict) -> dict:
+    """A synthetic row with the series columns a run of its config would have written."""
+    values = series_from_config(row["engine"], row.get("backend"), row.get("config"))
+    return {**row, **dict(zip(("variant", "shard", "fetch", "staleness"), values, strict=True))}

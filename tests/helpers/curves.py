@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from tests.helpers import with_series
 from tests.helpers.figures import write_runs
 
 RL_SERIES = [("collective", "verl", {}), ("collective", "lb_micro", {}), ("odc", "lb_micro", {}),
@@ -70,7 +71,7 @@ def _row(run_id: str, engine: str, balancer: str, trace: str | None, config: str
                balancer=balancer,
                cost_model="linear", trace=trace, config=config, tokens_per_s=1.0, bubble_rate=0.1,
                **{"seed": 0, "warmup_minibatches": 0, **setting})
-    return row
+    return with_series(row)
 
 
 def loss_trace(engine: str, balancer: str, staleness: int, precision: str) -> pd.DataFrame:

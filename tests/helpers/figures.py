@@ -16,6 +16,7 @@ import pandas as pd
 import yaml
 
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from tests.helpers import with_series
 
 SERIES = [("collective", "local_sort"), ("collective", "lb_micro"), ("odc", "lb_micro"), ("odc", "lb_mini")]
 SPEED = {("collective", "local_sort"): 0.9, ("collective", "lb_micro"): 1.0, ("odc", "local_sort"): 0.95,
@@ -126,7 +127,7 @@ def write_runs(folder: Path, engines: tuple[str, ...] = ("collective", "odc"), b
         run_id = f"odc-lb_mini-{VARIANT_COST}"  # sorts before the linear run: picked first by name alone
         rows.append(_row("odc", "lb_mini", run_id, f"traces/{run_id}.csv", **GOLDEN) | {"cost_model": VARIANT_COST})
         pd.DataFrame(trace_events("odc")).to_csv(folder / "traces" / f"{run_id}.csv", index=False)
-    table = pd.DataFrame(rows, columns=COLUMNS).assign(backend=backend)
+    table = pd.DataFrame([with_series(r | {"backend": backend}) for r in rows], columns=COLUMNS)
     folder.mkdir(parents=True, exist_ok=True)
     table.to_csv(folder / "runs.csv", index=False)
     return table
@@ -204,7 +205,8 @@ def write_staleness_runs(folder: Path, sets: int = 1, slower: dict[str, tuple[fl
     short = dict(odc, run_id="short", num_minibatches=10)
     synthetic = dict(odc, run_id="syn", config=yaml.safe_dump({"engine": {"name": "odc"},
                                                                 "dataset": {"tokens": "synthetic"}}))
-    pd.DataFrame([*rows, short, synthetic], columns=COLUMNS).to_csv(folder / "runs.csv", index=False)
+    pd.DataFrame([with_series(r) for r in (*rows, short, synthetic)], columns=COLUMNS).to_csv(
+        folder / "runs.csv", index=False)
 
 
 def results_root(root: Path, engines: tuple[str, ...] = ("collective", "odc"), primitives: bool = True,

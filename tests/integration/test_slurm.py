@@ -283,7 +283,8 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path)
     on from its newest checkpoint."""
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench", "-m", "hydra/launcher=slurm", "num_minibatches=30",
-                             "checkpoint.every=2", f"results_dir={results}", f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                             "checkpoint.every=2", f"results_dir={results}",
+                             f"hydra.sweep.dir={tmp_path / 'multirun'}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     job_id = None
@@ -310,3 +311,5 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path)
     assert rows["requeues"][0] == 1 and rows["resumed_from"][0] >= 2
     assert "sweep of 1 run: 1 ok, 0 failed, 1 requeue by SLURM, 1 resumed from a checkpoint" in out, out
     assert not list(results.glob("checkpoints/*/*")), "the recorded run's checkpoints are removed"
+    # The killed attempt's ranks could not remove their shared memory; the next attempt did.
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith("odc-") and f"_{job_id}_" in name]

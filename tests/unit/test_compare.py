@@ -13,10 +13,10 @@ from odc_bench.results.split import gain_shares as split_of
 
 def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
     workload = dict.fromkeys(WORKLOAD, 1) | {"backend": "local", "model": "tiny", "dataset": dataset}
-    config = None if group is None else f"engine:\n  name: {engine}\n  backend: {group}\n"
     return workload | dict(run_id=run_id, attempt=0, engine=engine, balancer=balancer, seed=seed, status=status,
+                           variant=group or "", shard="full", fetch="owner" if engine == "odc" else "", staleness=0,
                            samples_per_s=samples_per_s, bubble_rate=0.1, predicted_bubble_rate=0.05,
-                           peak_mem_mb=100.0, config=config)
+                           peak_mem_mb=100.0, config=None)
 
 
 def test_speedups_are_against_collective_lb_micro_with_seeds_averaged():

@@ -28,7 +28,7 @@ from paper_figures import (  # noqa: E402
     utilization,
 )
 from paper_figures.inputs import Skip, load  # noqa: E402
-from tests.helpers import REPO  # noqa: E402
+from tests.helpers import REPO, with_series  # noqa: E402
 from tests.helpers.curves import write_loss_runs, write_rl_runs  # noqa: E402
 from tests.helpers.figures import (  # noqa: E402
     COSTS,
@@ -413,7 +413,8 @@ def test_python_m_paper_figures_renders_without_torch(tmp_path):
 def test_series_name_fsdp2s_process_group_only_where_a_table_has_several():
     def row(engine, group=None):
         config = f"engine:\n  name: {engine}\n" + (f"  backend: {group}\n" if group else "")
-        return dict(engine=engine, balancer="local_sort", backend="local", cost_model="linear", config=config)
+        return with_series(dict(engine=engine, balancer="local_sort", backend="local", cost_model="linear",
+                                config=config))
 
     both = pd.DataFrame([row("collective", "shm"), row("collective", "gloo"), row("odc")])
     labels = list(series.label_series(both))

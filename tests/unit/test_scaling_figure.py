@@ -8,6 +8,7 @@ from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from odc_bench.tools.sim_paper import scaling_table
 from paper_figures import fig10_acceleration, scaling
 from paper_figures.inputs import Skip, by_source, load
+from tests.helpers import with_series
 
 WORLDS = [8, 16, 32]
 # samples/s per (engine, layout) at 8 devices; every run scales with the device count, ODC's
@@ -40,7 +41,7 @@ def row(engine: str, layout: str, world: int, model: str) -> dict:
                # hybrid sharding of the big model does not fit
                mem_estimate_mb=90_000.0 if (model == "big" and layout == "hybrid") else 50_000.0,
                mem_limit_mb=76_000.0, config=yaml.safe_dump(config))
-    return out
+    return with_series(out)
 
 
 @pytest.fixture
