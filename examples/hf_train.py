@@ -3,6 +3,8 @@
     torchrun --standalone --nproc-per-node 2 examples/hf_train.py --engine odc --out /tmp/hf
     python examples/hf_train.py --reference --out /tmp/hf      # the same training, one process
 
+`--export` also saves each trained model as a folder that transformers' from_pretrained loads.
+
 Needs `pip install 'odc-bench[hf]'` (transformers). The models are tiny Qwen2 and Llama
 configurations built from their config classes (nothing is downloaded), with input and output
 embeddings tied or not. Each run saves its parameters after the last step
@@ -143,6 +145,17 @@ def reference(model_name: str, tied: bool) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def export(model_name: str, tied: bool, params: dict[str, torch.Tensor], folder: Path) -> None:
+    """The trained parameters as a transformers folder (config and safetensors) that
+    `AutoModelForCausalLM.from_pretrained(folder)` loads."""
+    model = build(model_name, tied)
+    missing, unexpected = model.load_state_dict(params, strict=False)
+    tied_names = {"lm_head.weight"} if tied else set()
+    if unexpected or set(missing) - tied_names:  # a tied head is the embedding, loaded under its name
+        raise RuntimeError(f"parameters do not match the model: missing {missing}, unexpected {unexpected}")
+    model.save_pretrained(folder)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", nargs="+", choices=["odc", "collective"], default=["odc"])
@@ -150,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--tied", nargs="+", choices=["tied", "untied"], default=["untied"])
     ap.add_argument("--reference", action="store_true", help="train in this one process instead")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--export", action="store_true",
+                    help="also save each trained model as a from_pretrained folder, <model>-<tied>-<engine>-hf")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
@@ -165,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 params = train(engine, m, t == "tied")
                 if dist.get_rank() == 0:
                     torch.save(params, args.out / f"{m}-{t}-{engine}.pt")
+                    if args.export:
+                        export(m, t == "tied", params, args.out / f"{m}-{t}-{engine}-hf")
     finally:
         dist.destroy_process_group()
 

@@ -125,7 +125,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         trace.instrument(recorder, model.named_units())
         engine.configure_optimizer(adamw(config.optim))
         folder = checkpoint_folder(config, spec.run_id)
-        start, claim_base = resume(engine, folder, rank) if config.checkpoint.resume == "auto" else (0, 0)
+        start, claim_base = (resume(engine, folder, rank, spec.run_id) if config.checkpoint.resume == "auto"
+                             else (0, 0))
         recorder.enabled = True
         tokens_of = token_source(config.dataset)
         collect_garbage_between_minibatches()
@@ -162,7 +163,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             every = config.checkpoint.every
             if every and (k + 1) % every == 0 and k + 1 < len(spec.minibatches):
                 t3 = trace.now()
-                save(engine, folder, k + 1, claim_base)
+                save(engine, spec, folder, k + 1, claim_base)
                 recorder.add("checkpoint", t3, trace.now())
             if rank == 0:
                 store.add(MINIBATCHES_DONE, 1)
@@ -191,22 +192,26 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             dist.destroy_process_group()
 
 
-def save(engine: DataParallelEngine, folder: Path, next_minibatch: int, claim_base: int) -> None:
-    """Checkpoint the run before minibatch `next_minibatch`: the engine's shards, and where the
-    run stands (its claim counter's base and every rank's RNG state)."""
+def save(engine: DataParallelEngine, spec: RunSpec, folder: Path, next_minibatch: int, claim_base: int) -> None:
+    """Checkpoint the run before minibatch `next_minibatch`: the engine's shards, where the run
+    stands (its claim counter's base and every rank's RNG state) and the run's config."""
     rng = [None] * dist.get_world_size()
     dist.all_gather_object(rng, torch.get_rng_state())
     checkpoint.save(engine, folder, next_minibatch,
-                    {"next_minibatch": next_minibatch, "claim_base": claim_base, "rng": rng})
+                    {"next_minibatch": next_minibatch, "claim_base": claim_base, "rng": rng,
+                     "run_id": spec.run_id, "config": spec.config.to_dict()})
 
 
-def resume(engine: DataParallelEngine, folder: Path, rank: int) -> tuple[int, int]:
+def resume(engine: DataParallelEngine, folder: Path, rank: int, run_id: str) -> tuple[int, int]:
     """(first minibatch to run, claim base): from the newest complete checkpoint in `folder`,
     loaded into the engine, or (0, 0) when there is none."""
     found = checkpoint.latest(folder)
     if found is None:
         return 0, 0
     extra = checkpoint.load(engine, found)
+    if extra.get("run_id") != run_id:
+        raise RuntimeError(f"{found} is a checkpoint of run {extra.get('run_id')}, not of this run ({run_id}); "
+                           f"move it away or set checkpoint.resume=never")
     if rank < len(extra["rng"]):
         torch.set_rng_state(extra["rng"][rank])
     return int(extra["next_minibatch"]), int(extra["claim_base"])

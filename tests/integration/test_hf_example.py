@@ -30,7 +30,7 @@ def trained(tmp_path_factory) -> Path:
     variants = ["--model", *MODELS, "--tied", *TIES, "--out", str(out)]
     subprocess.run([sys.executable, str(EXAMPLE), "--reference", *variants], check=True, timeout=300)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                    str(EXAMPLE), "--engine", *ENGINES, *variants], check=True, timeout=600)
+                    str(EXAMPLE), "--engine", *ENGINES, "--export", *variants], check=True, timeout=600)
     return out
 
 
@@ -59,3 +59,16 @@ def test_two_ranks_match_one_process(trained: Path, model: str, tied: str, engin
     # of size lr (3e-3): a difference of 1e-5 is an engine's, not the noise's.
     worst = max((ranks[n] - one[n]).abs().max().item() for n in one)
     assert worst < 1e-5, f"{engine} on 2 ranks differs from one process by {worst:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", TIES)
+def test_a_trained_model_exports_a_folder_from_pretrained_loads(trained: Path, tied: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    params = torch.load(trained / f"llama-{tied}-odc.pt")
+    loaded = AutoModelForCausalLM.from_pretrained(trained / f"llama-{tied}-odc-hf")
+    mine = dict(loaded.named_parameters())
+    assert sorted(mine) == sorted(params)
+    assert all(torch.equal(mine[n].detach(), params[n]) for n in params)
+    assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == (tied == "tied")
