@@ -4,6 +4,7 @@ CI (.ci/run) starts a one-node cluster on localhost first (.ci/slurm/start.sh); 
 test needs `sbatch` on PATH and a cluster it talks to, and skips without one.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -313,3 +314,39 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path)
     assert not list(results.glob("checkpoints/*/*")), "the recorded run's checkpoints are removed"
     # The killed attempt's ranks could not remove their shared memory; the next attempt did.
     assert not [name for name in os.listdir("/dev/shm") if name.startswith("odc-") and f"_{job_id}_" in name]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path):
+    results = tmp_path / "results"
+    args = ["-m", "hydra/launcher=slurm", "num_minibatches=30", "checkpoint.every=2", f"results_dir={results}"]
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *args, f"hydra.sweep.dir={tmp_path / 'first'}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        deadline = time.monotonic() + 180
+        while not list(results.glob("checkpoints/*/step-*[0-9]")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job_id = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
+        pids = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True).stdout
+        # PID JOBID STEPID LOCALID GLOBALID: rank 1 is the task with global id 1
+        rank1 = [int(f[0]) for f in (line.split() for line in pids.splitlines()[1:]) if len(f) == 5 and f[4] == "1"]
+        assert rank1, pids
+        for pid in rank1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    failed = read_table(results / "runs.csv")
+    assert list(failed["status"]) == ["failed"] and "rank 1" in failed["error"][0], failed["error"][0]
+    assert list(results.glob("checkpoints/*/step-*[0-9]")), "a failed run keeps its checkpoints"
+
+    again = run_cli(*args, f"hydra.sweep.dir={tmp_path / 'second'}", timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = read_table(results / "runs.csv")
+    assert list(rows["status"]) == ["failed", "ok"] and rows["resumed_from"][1] >= 2, rows
+    assert "1 resumed from a checkpoint" in again.stdout
