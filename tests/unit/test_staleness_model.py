@@ -24,7 +24,7 @@ from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import resolve
 from odc_bench.results.series import engine_variants, series_names
 from odc_bench.tools.balancer_report import plan_quality
-from tests.helpers import run_config
+from tests.helpers import run_config, with_series
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -182,9 +182,9 @@ def test_bad_stale_configs_are_one_line_errors(overrides, message):
 
 
 def test_staleness_tells_odc_series_apart_in_real_and_simulated_rows():
-    def row(engine, where, **options):
-        return dict(engine=engine, backend=where, balancer="lb_carry",
-                    config=yaml.safe_dump({"engine": {"name": engine, **options}}))
+    def row(engine, where, **options):  # with the series columns its run (or the migration) writes
+        return with_series(dict(engine=engine, backend=where, balancer="lb_carry",
+                                config=yaml.safe_dump({"engine": {"name": engine, **options}})))
 
     table = pd.DataFrame([row("odc", "local", staleness=0), row("odc", "local", staleness=1),
                           row("odc", "sim", staleness=2), row("odc", "local"),  # before the option: synchronous
