@@ -320,7 +320,9 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path)
 @pytest.mark.slurm
 def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path):
     results = tmp_path / "results"
-    args = ["-m", "hydra/launcher=slurm", "num_minibatches=30", "checkpoint.every=2", f"results_dir={results}"]
+    # timeout_s: how long the survivors wait for the dead rank before naming it
+    args = ["-m", "hydra/launcher=slurm", "num_minibatches=16", "checkpoint.every=2", "timeout_s=10",
+            f"results_dir={results}"]
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *args, f"hydra.sweep.dir={tmp_path / 'first'}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
