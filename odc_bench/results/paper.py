@@ -9,15 +9,18 @@ second-hand summaries of the paper's appendix ([R] in the notes), not checked ag
 
 from __future__ import annotations
 
+from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, ODC_LB_MICRO, comparison_key, series_key
+
+_MINI, _MICRO = comparison_key(HEADLINE_ODC, HEADLINE_BASELINE), comparison_key(ODC_LB_MICRO, HEADLINE_BASELINE)
 SFT_SPEEDUP: dict[tuple[str, str, int, str], str] = {
-    ("qwen2_14b", "longalign", 4, "odc+lb_mini vs collective+lb_micro"): "+36% (45.1 -> 61.4)",
-    ("qwen2_14b", "longalign", 4, "odc+lb_micro vs collective+lb_micro"): "+28%",
-    ("qwen2_1p5b", "longalign", 4, "odc+lb_mini vs collective+lb_micro"): "+34%",
-    ("qwen2_1p5b", "longalign", 4, "odc+lb_micro vs collective+lb_micro"): "+16%",
-    ("qwen2_32b", "longalign", 2, "odc+lb_mini vs collective+lb_micro"): "-2% (17.3 -> 17.0)",
+    ("qwen2_14b", "longalign", 4, _MINI): "+36% (45.1 -> 61.4)",
+    ("qwen2_14b", "longalign", 4, _MICRO): "+28%",
+    ("qwen2_1p5b", "longalign", 4, _MINI): "+34%",
+    ("qwen2_1p5b", "longalign", 4, _MICRO): "+16%",
+    ("qwen2_32b", "longalign", 2, _MINI): "-2% (17.3 -> 17.0)",
 }
 SFT_BUBBLE: dict[tuple[str, str, int], str] = {
-    ("qwen2_14b", "longalign", 4): "collective+lb_micro 57%, odc+lb_mini 14%"}
+    ("qwen2_14b", "longalign", 4): f"{series_key(HEADLINE_BASELINE)} 57%, {series_key(HEADLINE_ODC)} 14%"}
 
 # The 14B LongAlign cell (16 devices, 4 samples per device, packing ratio 1) as numbers: the
 # bubble rates "predicted by the packing algorithm" and ODC+LB-Mini's and ODC+LB-Micro's

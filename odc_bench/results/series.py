@@ -26,6 +26,20 @@ BASELINE_BALANCERS = ("lb_micro", "local_sort")
 # speedup is ODC with LB-Mini over collective FSDP with LB-Micro, its strongest baseline.
 HEADLINE_ODC = ("odc", "lb_mini")
 HEADLINE_BASELINE = ("collective", BASELINE_BALANCERS[0])
+# The paper's other series: ODC with the baseline's balancer (what the engine alone gains) and,
+# for RL, verl's own balancing as the baseline.
+ODC_LB_MICRO = ("odc", "lb_micro")
+VERL_BASELINE = ("collective", "verl")
+
+
+def series_key(series: tuple[str, str]) -> str:
+    """`engine+balancer`, as tables and comparisons name a series."""
+    return "+".join(series)
+
+
+def comparison_key(ours: tuple[str, str], baseline: tuple[str, str]) -> str:
+    """`engine+balancer vs engine+balancer`: a speedup of `ours` over `baseline`."""
+    return f"{series_key(ours)} vs {series_key(baseline)}"
 
 ENGINE_LABELS = {name: spec.label for name, spec in ENGINES.items()}
 BALANCER_LABELS = {name: spec.label for name, spec in BALANCERS.items()}

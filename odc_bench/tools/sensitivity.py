@@ -49,6 +49,7 @@ from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
 from odc_bench.results.paper import CELL_14B, SFT_SPEEDUP
+from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, ODC_LB_MICRO, comparison_key
 from odc_bench.sim import simulate
 from odc_bench.tools.sim_paper import PAPER_SETTINGS
 
@@ -76,8 +77,7 @@ GOLDEN = Cell("qwen2_1p5b", 8)
 # with an assumed spread and a floor at 1K.
 BEFORE = LengthProfile("longalign", mean=16_500, sigma=0.60, min_len=1_024, max_len=65_536, num_samples=10_000)
 # Series at the cell: (label, engine, balancer). "collective" is the baseline every speedup is over.
-SERIES = (("collective", "collective", "lb_micro"), ("odc_lb_mini", "odc", "lb_mini"),
-          ("odc_lb_micro", "odc", "lb_micro"))
+SERIES = (("collective", *HEADLINE_BASELINE), ("odc_lb_mini", *HEADLINE_ODC), ("odc_lb_micro", *ODC_LB_MICRO))
 # The reference's LB-Micro (DynamicSameMicro), as balancers/verl.py reproduces it.
 REFERENCE_LB_MICRO = {"workload": "cost", "refine": True}
 
@@ -322,8 +322,8 @@ def candidate_lines(s: pd.DataFrame, points: Sequence[Point]) -> list[str]:
     golden = {p.label: r for p, r in _rows(s, [p for p in points if p.cell != CELL])}
     cell = sorted(((p.label, r) for p, r in _rows(s, [p for p in points if p.cell == CELL])),
                   key=lambda lr: distance(lr[1]))
-    g_mini = SFT_SPEEDUP[(GOLDEN.model, "longalign", 4, "odc+lb_mini vs collective+lb_micro")]
-    g_micro = SFT_SPEEDUP[(GOLDEN.model, "longalign", 4, "odc+lb_micro vs collective+lb_micro")]
+    g_mini = SFT_SPEEDUP[(GOLDEN.model, "longalign", 4, comparison_key(HEADLINE_ODC, HEADLINE_BASELINE))]
+    g_micro = SFT_SPEEDUP[(GOLDEN.model, "longalign", 4, comparison_key(ODC_LB_MICRO, HEADLINE_BASELINE))]
     head = ["profile (mean 16.5K)", "share > 32K", "14B: collective bubble, idle / busy", "LB-Mini, idle / busy",
             "ODC+LB-Mini speedup", "ODC+LB-Micro speedup", f"1.5B: ODC+LB-Mini (paper {g_mini})",
             f"ODC+LB-Micro (paper {g_micro})", "distance (points)"]

@@ -27,7 +27,14 @@ from odc_bench.files import atomic_write_text
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.paper import FIG10_TRENDS, RL_RANGE_TEXT, SFT_BUBBLE, SFT_SPEEDUP
 from odc_bench.results.scaling import acceleration
-from odc_bench.results.series import LAYOUTS
+from odc_bench.results.series import (
+    HEADLINE_BASELINE,
+    HEADLINE_ODC,
+    LAYOUTS,
+    ODC_LB_MICRO,
+    VERL_BASELINE,
+    series_key,
+)
 from odc_bench.results.table import read_table
 
 RESULTS = REPO_ROOT / "results" / "sim_paper"
@@ -127,9 +134,9 @@ def _speedup(s: pd.DataFrame, x: str, y: str) -> str:
 
 
 # Fig. 9's series (sweeps/fig9_rl.yaml): ODC's two against both collective ones.
-RL_COMPARISONS = (("odc+lb_mini", "collective+verl"), ("odc+lb_mini", "collective+lb_micro"),
-                  ("odc+lb_micro", "collective+verl"), ("odc+lb_micro", "collective+lb_micro"),
-                  ("collective+lb_micro", "collective+verl"))
+RL_COMPARISONS = tuple((series_key(ours), series_key(baseline)) for ours, baseline in (
+    (HEADLINE_ODC, VERL_BASELINE), (HEADLINE_ODC, HEADLINE_BASELINE), (ODC_LB_MICRO, VERL_BASELINE),
+    (ODC_LB_MICRO, HEADLINE_BASELINE), (HEADLINE_BASELINE, VERL_BASELINE)))
 
 
 def fig9_table(t: pd.DataFrame) -> list[str]:
