@@ -276,6 +276,15 @@ def test_array_parallelism_one_runs_a_sweeps_jobs_one_after_another(tmp_path):
     assert scripts and all("%1" in s.read_text() for s in scripts if "#SBATCH --array" in s.read_text())
 
 
+def _job_once_it_checkpointed(results: Path) -> str:
+    """The SLURM job of the one run under way, once it has saved its first checkpoint."""
+    deadline = time.monotonic() + 180
+    while not list(results.glob("checkpoints/*/step-*[0-9]")):
+        assert time.monotonic() < deadline, "the run saved no checkpoint in 180 s"
+        time.sleep(0.1)
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
+
+
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path):
@@ -290,10 +299,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path)
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     job_id = None
     try:
-        deadline = time.monotonic() + 180
-        while not list(results.glob("checkpoints/*/step-*[0-9]")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        job_id = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
+        job_id = _job_once_it_checkpointed(results)
         subprocess.run(["scontrol", "requeue", job_id], check=True)
         # SLURM holds a requeued job back for a while (its BeginTime); this test's cluster is ours.
         for _ in range(50):
@@ -327,10 +333,7 @@ def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path)
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
-        deadline = time.monotonic() + 180
-        while not list(results.glob("checkpoints/*/step-*[0-9]")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        job_id = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
+        job_id = _job_once_it_checkpointed(results)
         pids = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True).stdout
         # PID JOBID STEPID LOCALID GLOBALID: rank 1 is the task with global id 1
         rank1 = [int(f[0]) for f in (line.split() for line in pids.splitlines()[1:]) if len(f) == 5 and f[4] == "1"]
