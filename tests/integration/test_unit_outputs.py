@@ -110,3 +110,44 @@ def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_grou
         opt.step()
     for name, p in reference.named_parameters():
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
+
+
+class Rooted(nn.Module):
+    """Two units and a head no unit holds: the head falls to the root, the model itself."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(TupleLayer(width) for _ in range(2))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x, _ = layer(x)
+        return self.head(x).sum()
+
+
+def test_the_root_holds_what_no_unit_does_and_evaluation_reads_every_step(one_rank_group):
+    torch.manual_seed(0)
+    model = Rooted()
+    reference = copy.deepcopy(model)
+    engine = build(EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"),
+                   OdcOptions(transport="shm", prefetch=False))
+    opt = torch.optim.AdamW(reference.parameters(), lr=0.1, eps=1e-3)
+    x = torch.randn(4, 8)
+    try:
+        engine.wrap(model, list(model.layers))
+        assert len(engine.units) == 3, "the head became a third unit: the root"
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1, eps=1e-3))
+        for _ in range(2):
+            engine.begin_minibatch()
+            model(x).backward()
+            engine.finish_minibatch()
+            reference(x).backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():  # evaluation between steps: every unit gathered afresh, then let go
+                got, want = model(x), reference(x)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert not any(unit.gathered for unit in engine.units)
+    finally:
+        engine.close()
