@@ -101,6 +101,34 @@ class DataParallelEngine(Protocol):
     def close(self) -> None: ...
 
 
-def check_max_grad_norm(value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"max_grad_norm must be a number > 0 or None, got {value!r}")
+@dataclass
+class OptimizerStep:
+    """The user's optimizer as an engine applies it, the same in every engine: clip by the global
+    norm (each engine says how it computes that norm), step, drop the gradients, advance the
+    schedule."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    max_grad_norm: float | None
+
+    @classmethod
+    def build(cls, params: list[nn.Parameter], factory: OptimizerFactory, scheduler: SchedulerFactory | None,
+              max_grad_norm: float | None) -> OptimizerStep:
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be a number > 0 or None, got {max_grad_norm!r}")
+        optimizer = factory(params)
+        return cls(optimizer, scheduler(optimizer) if scheduler is not None else None, max_grad_norm)
+
+    def apply(self, clip: Callable[[float], object]) -> None:
+        if self.max_grad_norm is not None:
+            clip(self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+
+def configured(step: OptimizerStep | None) -> OptimizerStep:
+    if step is None:
+        raise RuntimeError("configure_optimizer() first")
+    return step

@@ -29,7 +29,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from odc_core.engine.base import EngineContext, OptimizerFactory, SchedulerFactory, TraceHook, check_max_grad_norm
+from odc_core.engine.base import (
+    EngineContext,
+    OptimizerFactory,
+    OptimizerStep,
+    SchedulerFactory,
+    TraceHook,
+    configured,
+)
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 
@@ -64,9 +71,7 @@ class CollectiveEngine:
         self.reshard_after_forward = reshard_after_forward
         self.trace: TraceHook | None = None
         self.model: nn.Module | None = None
-        self._opt: torch.optim.Optimizer | None = None
-        self._sched: torch.optim.lr_scheduler.LRScheduler | None = None
-        self.max_grad_norm: float | None = None
+        self._step: OptimizerStep | None = None
 
     def _mesh(self) -> DeviceMesh:
         """1D over every rank, or (hybrid) 2D: replicas across nodes by shard within a node."""
@@ -121,16 +126,11 @@ class CollectiveEngine:
         """The optimizer over this rank's DTensor shards, as an FSDP2 training loop builds it."""
         if self.model is None:
             raise RuntimeError("wrap() the model before configure_optimizer()")
-        check_max_grad_norm(max_grad_norm)
-        self._opt = factory(list(self.model.parameters()))
-        self._sched = scheduler(self._opt) if scheduler is not None else None
-        self.max_grad_norm = max_grad_norm
+        self._step = OptimizerStep.build(list(self.model.parameters()), factory, scheduler, max_grad_norm)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        if self._opt is None:
-            raise RuntimeError("configure_optimizer() first")
-        return self._opt
+        return configured(self._step).optimizer
 
     def begin_minibatch(self) -> None:
         """Nothing to do: FSDP2 synchronises inside every unit's forward and backward."""
@@ -138,17 +138,12 @@ class CollectiveEngine:
     def finish_minibatch(self) -> None:
         """The optimizer step; nothing to wait for: FSDP2's post-backward callback already
         waited for the last reduce-scatter."""
-        opt = self.optimizer
+        step, model = configured(self._step), self.model
+        assert model is not None
         self._emit("sync", perf_counter())  # a span of nothing, as a real and a simulated trace both have
         t0 = perf_counter()
-        if self.max_grad_norm is not None:
-            assert self.model is not None
-            # DTensor gradients: the norm's partial sums are reduced over the mesh inside.
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if self._sched is not None:
-            self._sched.step()
+        # DTensor gradients: the norm's partial sums are reduced over the mesh inside.
+        step.apply(lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
         self._emit("optimizer", t0)
 
     def drain(self) -> None:

@@ -59,7 +59,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_core.engine.base import EngineContext, OptimizerFactory, SchedulerFactory, TraceHook, check_max_grad_norm
+from odc_core.engine.base import (
+    EngineContext,
+    OptimizerFactory,
+    OptimizerStep,
+    SchedulerFactory,
+    TraceHook,
+    configured,
+)
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
@@ -178,9 +185,7 @@ class OdcEngine:
         self._modules: list[nn.Module] = []  # the units as wrap() was given them
         self._group_of: list[_Unit | None] = []  # each of them's flat group
         self.minibatch = -1
-        self._opt: torch.optim.Optimizer | None = None
-        self._sched: torch.optim.lr_scheduler.LRScheduler | None = None
-        self.max_grad_norm: float | None = None
+        self._step_rule: OptimizerStep | None = None
         self._ready: list[int] = [0] * self.world_size  # highest VERSION seen per owner
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="odc-prefetch") if prefetch else None
         # The owner's side of stale-synchronous ODC: minibatches finished here whose steps are
@@ -291,21 +296,16 @@ class OdcEngine:
         sharded like FSDP's. The owners step it, so ODC, not the training loop, calls step()."""
         if not self._modules:
             raise RuntimeError("wrap() the model before configure_optimizer()")
-        check_max_grad_norm(max_grad_norm)
         if max_grad_norm is not None and self.staleness:
             # The global norm of minibatch k needs every owner's part of it before any owner
             # steps: a barrier per step, which stale-synchronous ODC exists to avoid.
             raise ValueError("max_grad_norm needs staleness 0: clipping by the global norm makes every owner "
                              "wait for every other's gradients before each step")
-        self._opt = factory([u.shard_param for u in self.units])
-        self._sched = scheduler(self._opt) if scheduler is not None else None
-        self.max_grad_norm = max_grad_norm
+        self._step_rule = OptimizerStep.build([u.shard_param for u in self.units], factory, scheduler, max_grad_norm)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        if self._opt is None:
-            raise RuntimeError("configure_optimizer() first")
-        return self._opt
+        return configured(self._step_rule).optimizer
 
     # ---- the minibatch protocol ------------------------------------------------------
     def read_version(self, minibatch: int) -> int:
@@ -391,7 +391,7 @@ class OdcEngine:
         """Version k + 1 = AdamW(version k, minibatch k's gradients), written into its own slot;
         then minibatch k's accumulator slot is zeroed for minibatch k + s + 1 and the version
         published. The slot version k + 1 takes held version k - s, which only minibatch k read."""
-        opt = self.optimizer
+        step = configured(self._step_rule)
         t0 = _now()
         now, new = k % self.slots, (k + 1) % self.slots
         for unit in self.units:
@@ -399,12 +399,7 @@ class OdcEngine:
                 unit.master[new].copy_(unit.master[now])
                 unit.shard_param.data = unit.master[new]  # AdamW keeps its moments per parameter, not per tensor
             unit.shard_param.grad = unit.acc[now]
-        if self.max_grad_norm is not None:
-            self._clip(self.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if self._sched is not None:
-            self._sched.step()
+        step.apply(self._clip)
         for unit in self.units:
             unit.acc[now].zero_()
             if unit.shadow is not None:
