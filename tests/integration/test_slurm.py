@@ -276,10 +276,10 @@ def test_array_parallelism_one_runs_a_sweeps_jobs_one_after_another(tmp_path):
     assert scripts and all("%1" in s.read_text() for s in scripts if "#SBATCH --array" in s.read_text())
 
 
-def _job_once_it_checkpointed(results: Path) -> str:
-    """The SLURM job of the one run under way, once it has saved its first checkpoint."""
+def _job_once_it_checkpointed(results: Path, after: int = -1) -> str:
+    """The SLURM job of the one run under way, once it has saved a checkpoint past step `after`."""
     deadline = time.monotonic() + 180
-    while not list(results.glob("checkpoints/*/step-*[0-9]")):
+    while not list(results.glob("checkpoints/*/step-*[0-9]")) or _newest_step(results) <= after:
         assert time.monotonic() < deadline, "the run saved no checkpoint in 180 s"
         time.sleep(0.1)
     return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
@@ -287,39 +287,55 @@ def _job_once_it_checkpointed(results: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_a_requeued_job_resumes_from_its_checkpoint_and_writes_one_row(tmp_path):
-    """`scontrol requeue` of a running job (what a preemption with requeue does, and submitit's
-    checkpoint hook at a time limit): SLURM kills its tasks and starts it again, and the run goes
-    on from its newest checkpoint."""
-    results = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", "-m", "hydra/launcher=slurm", "num_minibatches=30",
-                             "checkpoint.every=2", f"results_dir={results}",
-                             f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+def test_a_job_preempted_and_then_at_its_time_limit_resumes_each_time_and_writes_one_row(tmp_path):
+    """Both ways SLURM ends a job early and starts it again. `scontrol requeue` of a running job is
+    what a preemption with requeue does: SLURM kills its tasks. A job nearing its time limit is
+    signalled (submitit's --signal=USR2@90), and submitit's hook requeues it. Each time the
+    requeued job goes on from the run's newest checkpoint."""
+    results, sweep = tmp_path / "results", tmp_path / "multirun"
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", "-m", "hydra/launcher=slurm", "num_minibatches=200",
+                             "checkpoint.every=2", "hydra.launcher.timeout_min=5", f"results_dir={results}",
+                             f"hydra.sweep.dir={sweep}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    job_id = None
     try:
         job_id = _job_once_it_checkpointed(results)
         subprocess.run(["scontrol", "requeue", job_id], check=True)
-        # SLURM holds a requeued job back for a while (its BeginTime); this test's cluster is ours.
-        for _ in range(50):
-            state = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-            if state.stdout.strip() == "PENDING":
-                break
-            time.sleep(0.2)
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+        _requeued_then_started(job_id)
+        _job_once_it_checkpointed(results, after=_newest_step(results))
+        # A one-minute limit puts the job inside its warning window: slurmctld signals it at its
+        # next time-limit check (every 30 s), and the job must still be running then.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=1"], check=True)
+        _requeued_then_started(job_id, within_s=90)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
+    logs = "".join(p.read_text(errors="replace") for p in sweep.glob(f".submitit/{job_id}/*.err"))
+    assert "Caught signal SIGUSR2 on vm: this job is timed-out" in logs.replace(os.uname().nodename, "vm"), logs[-3000:]
     rows = read_table(results / "runs.csv")
     assert len(rows) == 1 and rows["status"][0] == "ok", rows
-    assert rows["requeues"][0] == 1 and rows["resumed_from"][0] >= 2
-    assert "sweep of 1 run: 1 ok, 0 failed, 1 requeue by SLURM, 1 resumed from a checkpoint" in out, out
+    assert rows["requeues"][0] == 2 and rows["resumed_from"][0] >= 4, rows
+    assert "sweep of 1 run: 1 ok, 0 failed, 2 requeues by SLURM, 1 resumed from a checkpoint" in out, out
     assert not list(results.glob("checkpoints/*/*")), "the recorded run's checkpoints are removed"
-    # The killed attempt's ranks could not remove their shared memory; the next attempt did.
+    # The killed attempts' ranks could not remove their shared memory; the next attempt did.
     assert not [name for name in os.listdir("/dev/shm") if name.startswith("odc-") and f"_{job_id}_" in name]
+
+
+def _newest_step(results: Path) -> int:
+    return max(int(p.name.split("-")[1]) for p in results.glob("checkpoints/*/step-*[0-9]"))
+
+
+def _requeued_then_started(job_id: str, within_s: float = 10) -> None:
+    """Wait for the job to be requeued, then start it at once with its time back: SLURM holds a
+    requeued job back for a while (its BeginTime), and root administers this test's cluster."""
+    deadline = time.monotonic() + within_s
+    while subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                         text=True).stdout.strip() != "PENDING":
+        assert time.monotonic() < deadline, f"job {job_id} was not requeued within {within_s} s"
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=5", "StartTime=now"], check=True)
 
 
 @pytest.mark.slow
