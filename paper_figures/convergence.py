@@ -33,7 +33,16 @@ from odc_bench.config.engine import ENGINES
 from odc_bench.data.chain import entropy_rate
 from odc_bench.results.series import SETTING, config_value
 from paper_figures.inputs import Inputs, Skip, by_source, read_trace, with_traces
-from paper_figures.series import BALANCER_NAMES, BASELINE, ENGINE_NAMES, describe_setting, ordered, palette, with_series
+from paper_figures.series import (
+    BALANCER_NAMES,
+    BASELINE,
+    ENGINE_NAMES,
+    describe_setting,
+    ordered,
+    palette,
+    series_root,
+    with_series,
+)
 
 NAME = "convergence"
 STEP_LABEL = "step (minibatch)"
@@ -100,11 +109,11 @@ def loss_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def curves(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per run and step: setting, series, step, loss, time (repeats of a series averaged)."""
     frames = []
-    labels = label(runs)
+    labels, roots = label(runs), series_root(runs)
     for i, row in runs.iterrows():
-        frames.append(loss_curve(read_trace(row)).assign(setting=row["setting"], series=labels[i]))
+        frames.append(loss_curve(read_trace(row)).assign(setting=row["setting"], series=labels[i], root=roots[i]))
     data = pd.concat(frames, ignore_index=True)
-    return data.groupby(["setting", "series", "step"], as_index=False)[["loss", "time"]].mean()
+    return data.groupby(["setting", "series", "root", "step"], as_index=False)[["loss", "time"]].mean()
 
 
 def gaps(data: pd.DataFrame) -> pd.DataFrame:
@@ -112,8 +121,9 @@ def gaps(data: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for setting, part in data.groupby("setting", sort=True):
         loss = part.pivot(index="step", columns="series", values="loss")
-        series = ordered(loss.columns)
-        base = BASELINE_LABEL if BASELINE_LABEL in series else series[0]
+        series = ordered(part)
+        roots = dict(zip(part["series"], part["root"], strict=True))
+        base = next((s for s in series if roots[s] == BASELINE_LABEL), series[0])
         for s in series:
             if s == base:
                 continue
@@ -135,8 +145,8 @@ def plot(data: pd.DataFrame, titles: dict[str, str], floors: dict[str, float | N
     settings = sorted(data["setting"].unique())
     fig = Figure(figsize=(11, 3.6 * len(settings)))
     axes = fig.subplots(len(settings), 2, squeeze=False)
-    hue_order = ordered(data["series"])
-    colors = palette(hue_order)
+    hue_order = ordered(data)
+    colors = palette(data)
     for (ax_step, ax_time), setting in zip(axes, settings, strict=True):
         part = data[data["setting"] == setting]
         for s in hue_order:

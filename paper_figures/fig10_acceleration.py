@@ -54,7 +54,7 @@ def acceleration(runs: pd.DataFrame) -> pd.DataFrame:
     engine, balancer = BASELINE
     base = (runs[(runs["engine"] == engine) & (runs["balancer"] == balancer)]
             .groupby(keys, dropna=False)["samples_per_s"].mean().rename("baseline_samples_per_s"))
-    odc = runs[runs["engine"] == "odc"].groupby(keys + ["series"], dropna=False)["samples_per_s"].mean()
+    odc = runs[runs["engine"] == "odc"].groupby(keys + ["series", "root"], dropna=False)["samples_per_s"].mean()
     table = odc.reset_index().merge(base.reset_index(), on=keys, how="inner")
     table["acceleration"] = 100 * (table["samples_per_s"] / table["baseline_samples_per_s"] - 1)
     table["max_length"] = table["max_tokens"] / table["packing_ratio"]
@@ -98,7 +98,7 @@ def plot(table: pd.DataFrame, through: dict | None = None, word: str = "measured
     rows = -(-len(panels) // cols)
     fig = Figure(figsize=(5 * cols, 3.6 * rows + 1.2))
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    colors = palette(ordered(table["series"]))
+    colors = palette(table)
     drawn: set[str] = set()
     styles: dict[str, tuple] = {}
     for ax, (factor, label, data) in zip(axes, panels, strict=False):
@@ -123,7 +123,7 @@ def plot(table: pd.DataFrame, through: dict | None = None, word: str = "measured
         ax.set_ylabel(Y_LABEL)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    labels = [s for s in ordered(list(drawn)) if s in drawn]
+    labels = [s for s in ordered(table) if s in drawn]
     handles: list[object] = [Line2D([], [], color=colors[s], marker="o", markersize=5) for s in labels]
     if styles:  # the sweeps' line styles, in black
         handles.append(Line2D([], [], color="black", linestyle=STYLES[0][0], marker=STYLES[0][1], markersize=5))

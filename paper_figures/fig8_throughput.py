@@ -36,10 +36,10 @@ def main_setting(runs: pd.DataFrame) -> pd.DataFrame:
 def plot(runs: pd.DataFrame) -> Figure:
     """Bars of samples/s; `runs` is one source's successful run rows."""
     data = with_series(main_setting(runs))
-    hue_order = ordered(data["series"])
+    hue_order = ordered(data)
     repeats = data.groupby(["dataset", "model", "minibatch_size", "series"]).size().max() > 1
     grid = sns.catplot(data=data, kind="bar", x="minibatch_size", y="samples_per_s", hue="series",
-                       hue_order=hue_order, palette=palette(hue_order), row="dataset", col="model",
+                       hue_order=hue_order, palette=palette(data), row="dataset", col="model",
                        row_order=sorted(data["dataset"].unique()), col_order=sorted(data["model"].unique()),
                        errorbar="sd" if repeats else None, sharey=False, height=3.2, aspect=1.3,
                        legend_out=True)

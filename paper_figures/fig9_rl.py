@@ -36,12 +36,12 @@ def rl_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def plot(runs: pd.DataFrame) -> Figure:
     """Bars of samples/s; `runs` is one source's RL rows with their series."""
-    hue_order = ordered(runs["series"])
+    hue_order = ordered(runs)
     # Smallest model first: the panels read as the paper's, 1.5B to 14B.
     models = sorted(runs["model"].unique(), key=lambda m: (runs.loc[runs["model"] == m, "world_size"].min(), m))
     repeats = runs.groupby([*SETTING, "series"]).size().max() > 1
     grid = sns.catplot(data=runs, kind="bar", x="minibatch_size", y="samples_per_s", hue="series",
-                       hue_order=hue_order, palette=palette(hue_order), col="model", col_order=models,
+                       hue_order=hue_order, palette=palette(runs), col="model", col_order=models,
                        errorbar="sd" if repeats else None, sharey=False, height=3.4, aspect=1.2, legend_out=True)
     grid.set_axis_labels(X_LABEL, Y_LABEL)
     for model, ax in grid.axes_dict.items():
@@ -57,7 +57,7 @@ def speedups(runs: pd.DataFrame) -> pd.DataFrame:
     """Per setting: mean samples/s of every series, each ODC series over each collective one (%),
     and the best ODC series over the best collective series (%)."""
     means = runs.pivot_table(index=SETTING, columns="series", values="samples_per_s", aggfunc="mean")
-    means = means[ordered(means.columns)]
+    means = means[[s for s in ordered(runs) if s in means.columns]]
     odc = [s for s in means.columns if runs.loc[runs["series"] == s, "engine"].iloc[0] == "odc"]
     coll = [s for s in means.columns if s not in odc]
     table = means.copy()

@@ -47,21 +47,28 @@ def label_series(runs: pd.DataFrame) -> pd.Series:
     return base.where(~several, base + " (" + costs + ")")
 
 
-def _root(label: str) -> str:
-    """The series a label names, without its process group or cost model."""
-    engine, _, rest = label.partition(" + ")
-    return f"{engine.split(' [')[0]} + {rest.split(' (')[0]}"
+def series_root(runs: pd.DataFrame) -> pd.Series:
+    """The series each row belongs to before its variants (process group, cost model, options):
+    `Engine + Balancer`, from its engine and balancer columns."""
+    return (runs["engine"].map(lambda v: _name(v, ENGINE_NAMES)) + " + "
+            + runs["balancer"].map(lambda v: _name(v, BALANCER_NAMES)))
 
 
-def ordered(labels: pd.Series | list[str]) -> list[str]:
-    """The series present, in the paper's order (collective first), unknown ones last."""
+def _roots(runs: pd.DataFrame) -> dict[str, str]:
+    return dict(zip(runs["series"], runs["root"], strict=True))
+
+
+def ordered(runs: pd.DataFrame) -> list[str]:
+    """The series of `runs` (a frame with `series` and `root`, see with_series), in the paper's
+    order (collective first), unknown ones last."""
     known = series_order()
+    roots = _roots(runs)
 
     def rank(label: str) -> tuple[int, str]:
-        root = _root(label)
+        root = roots[label]
         return (known.index(root) if root in known else len(known), label)
 
-    return sorted(set(labels), key=rank)
+    return sorted(roots, key=rank)
 
 
 # Blues for collective, oranges to reds for ODC; the paper's headline pair in the strongest shades.
@@ -82,24 +89,36 @@ def _mix(color: str, toward: str, share: float) -> tuple[float, float, float]:
     return tuple(float(v) for v in (1 - share) * a + share * b)  # type: ignore[return-value]
 
 
-def palette(labels: list[str]) -> dict[str, object]:
-    """One fixed colour per series, the same in every figure; the variants of one series (its cost
-    models, FSDP2's process groups) each a shade of it, so no two labels share a colour; unknown
-    series get greys."""
+def palette(runs: pd.DataFrame) -> dict[str, object]:
+    """One fixed colour per series of `runs` (with `series` and `root`), the same in every figure;
+    the variants of one series (its cost models, FSDP2's process groups) each a shade of it, so no
+    two labels share a colour; unknown series get greys."""
+    labels = ordered(runs)
+    roots = _roots(runs)
+    gloo = _shown_gloo(runs)
     extra = iter(sns.color_palette("Greys", len(labels) + 2)[2:])
     out: dict[str, object] = {}
     seen: dict[str, int] = {}
-    for label in ordered(labels):
-        root = _root(label)
+    for label in labels:
+        root = roots[label]
         base = COLORS.get(root)
         # FSDP2 over gloo, beside FSDP2 over shared memory, is the slow-transport reference: grey.
-        if base is None or "[gloo]" in label:
+        if base is None or label in gloo:
             out[label] = next(extra)
             continue
         k = seen.get(root, 0)
         seen[root] = k + 1
         out[label] = base if k == 0 else _mix(base, *VARIANT_MIX[(k - 1) % len(VARIANT_MIX)])
     return out
+
+
+def _shown_gloo(runs: pd.DataFrame) -> set[str]:
+    """The series of FSDP2 over gloo where their label says so (beside another process group)."""
+    if "variant" not in runs:
+        return set()
+    variant = runs["variant"].astype(str)
+    several = variant.groupby(runs["engine"]).transform("nunique") > 1
+    return set(runs.loc[several & (variant == "gloo"), "series"])
 
 
 def measured_or_simulated(runs: pd.DataFrame) -> str:
@@ -109,7 +128,8 @@ def measured_or_simulated(runs: pd.DataFrame) -> str:
 
 
 def with_series(runs: pd.DataFrame) -> pd.DataFrame:
-    return runs.assign(series=label_series(runs))
+    """`runs` with each row's series label and its root (see series_root)."""
+    return runs.assign(series=label_series(runs), root=series_root(runs))
 
 
 def setting_key(runs: pd.DataFrame) -> pd.Series:

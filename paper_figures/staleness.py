@@ -100,31 +100,26 @@ def learnable_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return with_traces(keep)
 
 
-def _staleness(config: str) -> str:
-    return str((yaml.safe_load(config).get("engine") or {}).get("staleness", 0))
-
-
 def series_label(engine: str, balancer: str, staleness: str, collective_label: str) -> str:
     if engine != "odc":
         return collective_label
     return f"ODC s={staleness} + {BALANCER_NAMES.get(balancer, balancer)}"
 
 
-def colors_of(labels: list[str]) -> dict[str, object]:
-    """The figures' colour for collective series; ODC's by staleness."""
-    colors = palette(labels)
-    for label in labels:
-        if label.startswith("ODC s="):
-            s = int(label.split("=", 1)[1].split()[0])
-            colors[label] = STALENESS_COLORS[min(s, len(STALENESS_COLORS) - 1)]
+def colors_of(series: pd.DataFrame) -> dict[str, object]:
+    """The figures' colour for collective series; ODC's by staleness. `series`: one row per
+    series with its `series` label, `root`, `engine` and `staleness`."""
+    colors = palette(series)
+    for row in series[series["engine"] == "odc"].itertuples():
+        colors[row.series] = STALENESS_COLORS[min(int(row.staleness), len(STALENESS_COLORS) - 1)]
     return colors
 
 
-def plot(sets: list[dict[str, pd.DataFrame]], title: str = "") -> Figure:
+def plot(sets: list[dict[str, pd.DataFrame]], series: pd.DataFrame, title: str = "") -> Figure:
     """Loss against steps (the first set: steps do not depend on timing) and against seconds
-    (every set, the later ones fainter)."""
-    order = ordered(list(sets[0]))
-    colors = colors_of(order)
+    (every set, the later ones fainter); `series` as for colors_of."""
+    order = ordered(series)
+    colors = colors_of(series)
     fig = Figure(figsize=(12, 4.4))
     by_step, by_time = fig.subplots(1, 2, sharey=True)
     for label in order:
@@ -172,7 +167,7 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def _draw(runs: pd.DataFrame) -> dict[str, object]:
-    runs = with_series(runs).assign(staleness=lambda r: r["config"].map(_staleness))
+    runs = with_series(runs).assign(staleness=lambda r: r["staleness"].fillna(0).astype(int).astype(str))
     if not (runs["staleness"] != REFERENCE[1]).any():
         # Synchronous runs only (sweep=convergence): the convergence figure draws them.
         raise Skip("no ODC run at engine.staleness >= 1")
@@ -187,12 +182,13 @@ def _draw(runs: pd.DataFrame) -> dict[str, object]:
     sets = side_by_side(setting)
     curves = [{row["label"]: loss_curve(read_trace(row)) for _, row in part.iterrows()} for part in sets]
     table = over_sets([convergence_table(c, str(reference["label"].iloc[0])) for c in curves])
-    table = table.loc[ordered(list(table.index))]  # the legend's order, whichever ran first
+    labelled = setting.drop(columns="series").rename(columns={"label": "series"}).drop_duplicates("series")
+    table = table.loc[ordered(labelled)]  # the legend's order, whichever ran first
     first = setting.iloc[0]
     title = f"Loss with staleness: {describe_setting(first)}, seed {first['seed']}"
     if len(sets) > 1:
         title += f", {len(sets)} side-by-side sets"
-    return {"figure": plot(curves, title), "table": markdown(table)}
+    return {"figure": plot(curves, labelled, title), "table": markdown(table)}
 
 
 def side_by_side(setting: pd.DataFrame) -> list[pd.DataFrame]:

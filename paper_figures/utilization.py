@@ -43,7 +43,7 @@ def bubbles(runs: pd.DataFrame) -> pd.DataFrame:
     """Long table: series, which (measured or predicted), bubble rate."""
     runs = with_series(runs)
     cols = {"bubble_rate": "measured", "predicted_bubble_rate": "predicted"}
-    long = runs.melt(id_vars=["series"], value_vars=[c for c in cols if c in runs], var_name="which",
+    long = runs.melt(id_vars=["series", "root"], value_vars=[c for c in cols if c in runs], var_name="which",
                      value_name="rate")
     return long.assign(which=long["which"].map(cols)).dropna(subset=["rate"])
 
@@ -53,8 +53,9 @@ def plot(busy: pd.DataFrame, rates: pd.DataFrame, all_runs: pd.DataFrame, settin
     """`busy`: series, rank, busy_fraction and `rates`: series, which, rate at one setting;
     `all_runs`: series, bubble_rate, predicted_bubble_rate of every run. Without traces there is
     no busy panel; `word` says whether the bubbles were measured or simulated."""
-    order = ordered(pd.concat([busy["series"], rates["series"], all_runs["series"]]))
-    colors = palette(order)
+    every = pd.concat([busy[["series", "root"]], rates[["series", "root"]], all_runs[["series", "root"]]])
+    order = ordered(every)
+    colors = palette(every)
     fig = Figure(figsize=(15 if not busy.empty else 10.5, 5.4))
     axes = list(fig.subplots(1, 3 if not busy.empty else 2, width_ratios=[1.3, 1, 1] if not busy.empty else [1, 1]))
     if not busy.empty:
@@ -109,13 +110,13 @@ def draw(runs: pd.DataFrame) -> Figure:
     parts = []
     for _, row in with_traces(rows).iterrows():
         fractions = busy_fractions(read_trace(row), int(row.get("warmup_minibatches", 0) or 0))
-        parts.append(fractions.assign(series=row["series"], run_id=row["run_id"]))
-    busy = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["series", "rank",
+        parts.append(fractions.assign(series=row["series"], root=row["root"], run_id=row["run_id"]))
+    busy = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["series", "root", "rank",
                                                                                    "busy_fraction"])
     every = with_series(runs)
     if "predicted_bubble_rate" not in every:
         every = every.assign(predicted_bubble_rate=float("nan"))
-    return plot(busy, bubbles(rows), every[["series", "bubble_rate", "predicted_bubble_rate"]],
+    return plot(busy, bubbles(rows), every[["series", "root", "bubble_rate", "predicted_bubble_rate"]],
                 describe_setting(rows.iloc[0]), measured_or_simulated(runs))
 
 

@@ -261,10 +261,13 @@ def test_fig10_draws_only_lines_legends_them_outside_and_gives_each_variant_its_
 
 
 def test_every_variant_of_a_series_gets_a_colour_of_its_own():
-    labels = ["Collective + LB-Micro (linear)", "Collective + LB-Micro (calibrated:tiny-cpu)",
-              "ODC + LB-Mini (linear)", "ODC + LB-Mini (calibrated:tiny-cpu)", "ODC + LB-Mini (flops)",
-              "ODC + LB-Micro", "Collective + LocalSort"]
-    colors = series.palette(labels)
+    runs = [("collective", "lb_micro", "linear"), ("collective", "lb_micro", "calibrated:tiny-cpu"),
+            ("odc", "lb_mini", "linear"), ("odc", "lb_mini", "calibrated:tiny-cpu"), ("odc", "lb_mini", "flops"),
+            ("odc", "lb_micro", "linear"), ("collective", "local_sort", "linear")]
+    labelled = series.with_series(pd.DataFrame(runs, columns=["engine", "balancer", "cost_model"]))
+    labels = list(labelled["series"])
+    assert labels[:2] == ["Collective + LB-Micro (linear)", "Collective + LB-Micro (calibrated:tiny-cpu)"]
+    colors = series.palette(labelled)
     rgb = [matplotlib.colors.to_rgb(colors[label]) for label in labels]
     assert len(set(rgb)) == len(labels)
     distances = [np.linalg.norm(np.subtract(a, b)) for i, a in enumerate(rgb) for b in rgb[i + 1:]]
@@ -419,8 +422,9 @@ def test_series_name_fsdp2s_process_group_only_where_a_table_has_several():
     both = pd.DataFrame([row("collective", "shm"), row("collective", "gloo"), row("odc")])
     labels = list(series.label_series(both))
     assert labels == ["Collective [shm] + LocalSort", "Collective [gloo] + LocalSort", "ODC + LocalSort"]
-    assert series.ordered(labels)[-1] == "ODC + LocalSort", "tagged series keep the paper's order: collective first"
-    colors = series.palette(labels)
+    labelled = series.with_series(both.iloc[::-1])
+    assert series.ordered(labelled)[-1] == "ODC + LocalSort", "tagged series keep the paper's order: collective first"
+    colors = series.palette(labelled)
     assert colors["Collective [shm] + LocalSort"] == series.COLORS["Collective + LocalSort"]
     assert colors["Collective [gloo] + LocalSort"] not in series.COLORS.values(), "gloo is drawn in grey"
     one = pd.DataFrame([row("collective", "shm"), row("odc")])
