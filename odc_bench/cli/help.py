@@ -19,6 +19,8 @@ GROUPS = ("model", "dataset", "engine", "balancer", "backend", "backend/hardware
 ENTRY_POINTS = (
     ("python -m odc_bench.whatif LENGTHS", "odc-whatif",
      "will ODC pay off for my data, my model and my cluster? a simulated verdict in seconds"),
+    ("python -m odc_bench.whatif.calibrate RUNS.csv", "",
+     "a GPU profile fitted to a few collective FSDP runs measured on your cluster, for the what-if"),
     ("python -m odc_bench.results collect|compare|pairs|migrate", "odc-results",
      "merge results tables, print series side by side, read control sweeps pair by pair"),
     ("python -m paper_figures", "odc-figures", "the paper's figures and tables from results tables (never trains)"),
@@ -52,7 +54,7 @@ def text() -> str:
         "  hydra/launcher=slurm  one SLURM job per run through submitit, a task per rank (docs/sweeps.md)",
         "",
         "Other entry points:",
-        *[f"  {cmd}  ({script})\n      {what}" for cmd, script, what in ENTRY_POINTS],
+        *[f"  {cmd}{f'  ({script})' if script else ''}\n      {what}" for cmd, script, what in ENTRY_POINTS],
         *[f"  python -m odc_bench.tools.{p.stem}\n      {_first_line(p)}" for p in tools],
         "",
         "Examples:",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -53,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
                          "packing_ratio=2 backend.hardware.nic_gbps=200 precision=fp32")
     ap.add_argument("--model", default="qwen2_7b", help="a model config (tiny, qwen2_1p5b, qwen2_7b, qwen2_14b, "
                     "qwen2_32b); change its shape with model.KEY=VALUE overrides (default: %(default)s)")
-    ap.add_argument("--hardware", default="a100", help="a hardware profile: a100, h100, or cpu (this machine, "
-                    "calibrated) (default: %(default)s)")
+    ap.add_argument("--hardware", default="a100", help="a hardware profile: a100, h100, cpu (this machine, "
+                    "calibrated), or a profile file fitted to your own cluster (python -m "
+                    "odc_bench.whatif.calibrate; docs/calibrate.md) (default: %(default)s)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes (default: %(default)s)")
     ap.add_argument("--devices-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
     ap.add_argument("--minibatch", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N",
@@ -132,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     advice = {m: ways(specs, question) for m, specs in too_big.items()}
     for line in verdict_lines(table, accuracy, advice):
         say(line)
-    say(f"Simulated, not measured. The simulator's error: {accuracy.describe(question.hardware)}.")
+    error = accuracy.describe(question.hardware_name, question.hardware_file)
+    say(f"Simulated, not measured. The simulator's error: {error}.")
     hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
     if isinstance(hardware, CalibratedHardwareConfig):
         path = calibration_path(hardware, question.model)
@@ -144,8 +147,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "CUDA transport that does not exist yet (docs/transport.md), so its rows stay predictions. Measure the "
             "baseline on your cluster and set it beside this table's collective rows.")
     stale = " (with engine.staleness=S in the stale rows)" if question.staleness else ""
-    say(f"Each row is `python -m odc_bench {' '.join(question.shared())} engine=E balancer=B minibatch_size=N"
-        f"{''.join(' ' + o for o in question.overrides)}`{stale}.")
+    say(f"Each row is `python -m odc_bench {shlex.join(question.shared())} engine=E balancer=B minibatch_size=N"
+        f"{''.join(' ' + shlex.quote(o) for o in question.overrides)}`{stale}.")
     write_csv(table, args.out / "verdict.csv")
     if not table["fits"].any():
         say(f"Wrote {args.out / 'verdict.csv'} and no figure: no series fits in memory at any minibatch size "

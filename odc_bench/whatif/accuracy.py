@@ -36,17 +36,34 @@ class Accuracy:
         low, high = self.ratio
         return predicted_ratio / (1 + high), predicted_ratio / (1 + low)
 
-    def describe(self, hardware: str) -> str:
+    def describe(self, hardware: str, profile_file: Path | None = None) -> str:
+        """The error to quote; `profile_file`: a profile fitted to the user's cluster, whose own
+        residuals (calibrate's NAME-fit.csv beside its folder) are the error on that cluster."""
         if self.ratio is None or self.throughput is None:
             return f"the simulator's validation results are missing ({self.source}): its error is unknown here"
         r, t = self.ratio, self.throughput
         text = (f"validated against real runs on this repository's CPU host ({self.configs} configs, "
                 f"{self.source.relative_to(REPO_ROOT) if self.source.is_relative_to(REPO_ROOT) else self.source}): "
                 f"speedup (odc/collective) {r[0]:+.1%} to {r[1]:+.1%}, samples/s {t[0]:+.1%} to {t[1]:+.1%}")
-        if hardware != "cpu":
+        if profile_file is not None:
+            text += "; " + fitted_error(profile_file)
+        elif hardware != "cpu":
             text += (f"; the {hardware} profile comes from datasheets and is not validated against GPU runs "
                      f"(docs/simulator.md), so read the numbers as a model's estimate, the ranges as a floor")
         return text
+
+
+def fitted_error(profile_file: Path) -> str:
+    """What a profile fitted to measured runs says of its own error (calibrate's fit table)."""
+    table = profile_file.parent.parent.parent / f"{profile_file.stem}-fit.csv"
+    try:
+        residual = pd.read_csv(table)["residual"]
+    except (OSError, KeyError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        return (f"the {profile_file.stem} profile ({profile_file}) has no fit table beside it ({table.name}), so its "
+                f"error on GPUs is unknown")
+    return (f"the {profile_file.stem} profile was fitted to {len(residual)} runs measured on its cluster, "
+            f"simulated over measured tokens/s per GPU {residual.min():+.1%} to {residual.max():+.1%} ({table}); "
+            f"collective FSDP only, so ODC's rows are the simulator's, unmeasured there")
 
 
 def validated(folder: Path = VALIDATION) -> Accuracy:

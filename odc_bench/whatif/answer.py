@@ -8,6 +8,7 @@ not fitting (a `backend=sim` run refuses it too) and not simulated.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -32,7 +33,7 @@ COLUMNS = ["series", "engine", "balancer", "staleness", "minibatch_size", "sampl
            "fits", "run_id", "overrides"]
 
 
-def _config(overrides: list[str]) -> RunConfig:
+def compose_config(overrides: list[str]) -> RunConfig:
     """The typed config `python -m odc_bench OVERRIDES` would run; ConfigError in one line."""
     try:
         return compose_run(overrides)
@@ -49,7 +50,7 @@ def plan(question: Question) -> list[tuple[Series, int, list[str], RunSpec]]:
     runs = []
     first = question.minibatch_sizes[0]
     for s in series(question.all_balancers, question.staleness):
-        config = _config(question.run(s, first))
+        config = compose_config(question.run(s, first))
         for m in question.minibatch_sizes:
             spec = resolve(replace(config, minibatch_size=m))
             if m == first:
@@ -72,7 +73,7 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
                    bound_bubble_rate=spec.bound_bubble_rate(),
                    predicted_bubble_rate=spec.predicted_bubble_rate(), mem_gib=spec.memory.total / GIB,
                    mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
-                   overrides=" ".join(overrides))
+                   overrides=shlex.join(overrides))
         if fits:
             row.update({k: v for k, v in timing(spec, simulate(spec).events).items()
                         if k in ("samples_per_s", "tokens_per_s", "bubble_rate", "compute_s", "wall_s")})

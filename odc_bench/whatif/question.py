@@ -20,6 +20,7 @@ from odc_bench.balancers.registry import BALANCERS
 from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
 from odc_bench.data.profiles import PROFILES
+from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.series import BASELINE_BALANCERS
 
 # The settings the verdict's runs share unless the user overrides them: no trace files (the
@@ -29,6 +30,8 @@ from odc_bench.results.series import BASELINE_BALANCERS
 # no checkpointing.
 DEFAULTS = ("backend.write_trace=false", "balancer.cost_model=flops", "warmup_minibatches=0")
 GPU_DEFAULTS = ("precision=bf16", "backend.recompute=true")
+# The stock hardware profiles (--hardware NAME); a profile file is the other kind of --hardware.
+HARDWARE = tuple(sorted(p.stem for p in (REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware").glob("*.yaml")))
 
 
 # Keys the verdict varies or derives from its options, which an override must not change.
@@ -118,6 +121,22 @@ class Question:
         for o in self.overrides:
             key = o.split("=", 1)[0].lstrip("+")
             require(key not in OWN_KEYS, f"{o!r}: the what-if sets {key} itself; use its options (--help) instead")
+        if self.hardware not in HARDWARE:
+            path = Path(self.hardware).expanduser()
+            require(path.is_file() and path.suffix == ".yaml" and path.parent.name == "hardware"
+                    and path.parent.parent.name == "backend",
+                    f"--hardware {self.hardware} is neither a profile ({', '.join(HARDWARE)}) nor a profile file "
+                    f"DIR/backend/hardware/NAME.yaml (as python -m odc_bench.whatif.calibrate writes one, and "
+                    f"where Hydra's search path finds it)")
+
+    @property
+    def hardware_file(self) -> Path | None:
+        """The profile file --hardware names, or None for a stock profile."""
+        return None if self.hardware in HARDWARE else Path(self.hardware).expanduser().resolve()
+
+    @property
+    def hardware_name(self) -> str:
+        return self.hardware_file.stem if self.hardware_file else self.hardware
 
     @property
     def world_size(self) -> int:
@@ -148,7 +167,10 @@ class Question:
 
     def shared(self) -> list[str]:
         """The overrides every run of the verdict shares (before the user's own)."""
-        hardware = [f"backend/hardware={self.hardware}"]
+        file = self.hardware_file
+        # A profile file joins the config through Hydra's search path, as `python -m odc_bench` reads it too.
+        hardware = ([f"hydra.searchpath=[file://{file.parent.parent.parent}]", f"backend/hardware={file.stem}"]
+                    if file else [f"backend/hardware={self.hardware}"])
         if self.hardware != "cpu":  # the calibrated CPU profile has no node size: it is this machine
             hardware += [f"backend.hardware.gpus_per_node={self.devices_per_node}", *GPU_DEFAULTS]
         return ["backend=sim", *hardware, f"world_size={self.world_size}", f"model={self.model}",

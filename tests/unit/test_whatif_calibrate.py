@@ -1,0 +1,95 @@
+"""python -m odc_bench.whatif.calibrate: a GPU profile fitted to measured runs.
+
+The measured runs here are synthetic: simulated on a known profile (the A100 one with three of
+its constants changed), so the fit, started from the stock A100 profile, must find that profile.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from odc_bench.config.compose import compose_run
+from odc_bench.whatif import calibrate as cc
+from odc_bench.whatif.__main__ import main as whatif
+
+HEADER = "model,lengths,gpus,gpus_per_node,minibatch_size,tokens_per_s_per_gpu\n"
+# Two length profiles (attention's share differs), one and four nodes (the NIC matters only across nodes).
+SETTINGS = [("qwen2_1p5b", "longalign", 8, 8, 4), ("qwen2_1p5b", "swe_smith", 8, 8, 2),
+            ("qwen2_1p5b", "longalign", 32, 8, 2), ("qwen2_7b", "aime", 16, 8, 8)]
+TRUTH = dict(matmul_efficiency=0.45, attention_efficiency=0.3, nic_efficiency=0.05)
+
+
+def _csv(path: Path, values: list[float], settings=SETTINGS) -> Path:
+    path.write_text(HEADER + "".join(f"{m},{ln},{g},{n},{b},{v!r}\n" for (m, ln, g, n, b), v in
+                                     zip(settings, values, strict=True)))
+    return path
+
+
+def _measured(tmp_path: Path) -> Path:
+    """The settings' tokens/s per GPU on the known profile, as a runs file."""
+    runs = cc.read_runs(_csv(tmp_path / "plan.csv", [1.0] * len(SETTINGS)), "a100")
+    truth = replace(cc.base_profile("a100"), **TRUTH)
+    return _csv(tmp_path / "runs.csv", [float(v) for v in cc.predict(runs, truth)])
+
+
+def test_the_fit_recovers_the_profile_the_runs_were_measured_on_and_the_whatif_runs_on_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    cc.main([str(_measured(tmp_path)), "--name", "mine", "--out", str(out)])
+    printed = capsys.readouterr().out
+    profile = out / "backend" / "hardware" / "mine.yaml"
+    config = compose_run(["backend=sim", f"hydra.searchpath=[file://{out}]", "backend/hardware=mine"])
+    hardware = config.backend.hardware
+    for name, value in TRUTH.items():
+        assert getattr(hardware, name) == pytest.approx(value, rel=1e-3), (name, printed)
+    assert hardware.peak_tflops == cc.base_profile("a100").peak_tflops, "constants not fitted stay the base's"
+    assert "fitted matmul_efficiency, attention_efficiency, nic_efficiency to 4 runs" in printed
+
+    whatif(["longalign", "--hardware", str(profile), "--minibatch", "2", "--minibatches", "2",
+            "--out", str(tmp_path / "verdict")])
+    said = capsys.readouterr().out
+    assert "on 8 x mine (1 node x 8)" in said.replace("\n", " ")
+    assert "the mine profile was fitted to 4 runs measured on its cluster" in said.replace("\n", " ")
+    assert (tmp_path / "verdict" / "verdict.csv").exists()
+
+
+def _refused(tmp_path: Path, capsys, text: str, *args: str) -> str:
+    runs = tmp_path / "bad.csv"
+    runs.write_bytes(text.encode())
+    with pytest.raises(SystemExit) as exit_:
+        cc.main([str(runs), "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists(), "a refused file writes nothing"
+    return err
+
+
+ROW = "qwen2_1p5b,longalign,8,8,4,"
+
+
+@pytest.mark.parametrize("text, says", [
+    (HEADER + ROW + "1000\n", "holds 1 run; a fit needs at least two"),
+    ("model,lengths,gpus,minibatch_size,tokens_per_s_per_gpu\n" + "qwen2_1p5b,longalign,8,4,1000\n" * 2,
+     "lacks the column gpus_per_node"),
+    (HEADER + ROW + "1000\n" + ROW + "3.2k\n", "row 2: tokens_per_s_per_gpu is '3.2k', not a number"),
+    (HEADER + ROW + "1000\n" + ROW + "2000\n", "rows 1 and 2 are the same setting measured 1000 to 2000"),
+    (HEADER + ROW + "1000\nllama_9b,longalign,8,8,4,900\n", "row 2:"),
+    (HEADER + ROW + "1000\nqwen2_1p5b,longalign,12,8,4,900\n", "row 2: gpus (12) must be a multiple of gpus_per_node"),
+    (HEADER.replace("\n", ",speed\n") + (ROW + "1000,fast\n") * 2, "unknown column speed"),
+])
+def test_input_the_fit_cannot_use_is_refused_in_one_line(tmp_path, capsys, text, says):
+    assert says in _refused(tmp_path, capsys, text)
+
+
+def test_runs_no_profile_meets_are_refused(tmp_path, capsys):
+    # Twice the minibatch on the same data and GPUs cannot run at a hundredth of the throughput.
+    text = HEADER + ROW + "2000\n" + "qwen2_1p5b,longalign,8,8,8,20\n"
+    assert "no profile fits these runs" in _refused(tmp_path, capsys, text)
+
+
+def test_a_byte_order_mark_and_spaces_after_commas_are_read(tmp_path):
+    runs = tmp_path / "runs.csv"
+    runs.write_text("\ufeff" + HEADER.replace(",", ", ") + ROW.replace(",", ", ") + "1000\n"
+                    + "qwen2_1p5b, swe_smith, 8, 8, 2, 800\n", encoding="utf-8")
+    measured = cc.read_runs(runs, "a100")
+    assert [r.tokens_per_s_per_gpu for r in measured] == [1000.0, 800.0]
