@@ -1,4 +1,9 @@
-"""The model's shape: a Qwen2-architecture decoder (conf/model/*.yaml)."""
+"""The model: its architecture family and shape (conf/model/*.yaml).
+
+Every family is a pre-norm decoder with rotary positions; they differ in what their layers hold.
+One record per family, read alike by the harness's model (models/decoder.py), its parameter,
+FLOPs and memory counts (models/flops.py, models/memory.py) and the simulator.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,27 @@ from dataclasses import dataclass
 from odc_bench.config.fields import require
 
 
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    qkv_bias: bool  # the q, k and v projections carry biases
+    gated_mlp: bool  # SwiGLU (gate, up and down projections) or a plain GELU MLP (up and down)
+    about: str
+
+
+FAMILIES = {f.name: f for f in (
+    ModelFamily("qwen2", qkv_bias=True, gated_mlp=True, about="Qwen2 and Qwen2.5 (the paper's models)"),
+    ModelFamily("llama", qkv_bias=False, gated_mlp=True, about="Llama 2 and Llama 3: no biases"),
+    # MPT's ALiBi and bias-free LayerNorm run here as rotary positions and RMSNorm: the same
+    # parameters, and FLOPs that differ only in elementwise work.
+    ModelFamily("mpt", qkv_bias=False, gated_mlp=False, about="MosaicML's MPT: a GELU MLP, no biases"),
+)}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     name: str
+    family: str = "qwen2"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -21,6 +44,7 @@ class ModelConfig:
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
+        require(self.family in FAMILIES, f"model.family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
             value = getattr(self, key)
             require(value >= 1, f"model.{key} must be at least 1, got {value}")
@@ -32,6 +56,11 @@ class ModelConfig:
                                         f"(rotary embeddings rotate pairs of dimensions); change num_heads")
         require(self.rope_theta > 0 and self.rms_eps > 0,
                 f"model.rope_theta and model.rms_eps must be positive, got {self.rope_theta} and {self.rms_eps}")
+
+    @property
+    def arch(self) -> ModelFamily:
+        """The family's record: what the layers hold beyond the shape."""
+        return FAMILIES[self.family]
 
     @property
     def head_dim(self) -> int:

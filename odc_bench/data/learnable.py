@@ -13,7 +13,7 @@ The successor maps are permutations of the vocabulary (the k-th successor of eve
 perm_k[token]), so every token has as many ways in as out: the uniform distribution is
 stationary, documents starting from a uniform first token visit all tokens equally often, and
 a short run sees the whole table. The first token of a document has no label
-(models.qwen2.packed_batch), so every labelled token sits at the floor, not just most of them.
+(models.decoder.packed_batch), so every labelled token sits at the floor, not just most of them.
 
 Ids depend only on (seed, sample index, length, vocabulary), never on which rank draws them.
 """

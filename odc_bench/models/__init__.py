@@ -1,1 +1,1 @@
-"""The model the ranks train (qwen2.py) and the work it does (flops.py)."""
+"""The model the ranks train (decoder.py) and the work it does (flops.py)."""

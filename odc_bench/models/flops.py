@@ -1,4 +1,4 @@
-"""Floating-point operations of the Qwen2 model on packed microbatches.
+"""Floating-point operations of the decoder (any family of config/model.py) on packed microbatches.
 
 Shared by the `flops` cost model and the simulator so both count the same work. Counts are
 multiply-adds x 2. Attention is causal and per document: a document of length s costs
@@ -17,7 +17,7 @@ def layer_linear_params(cfg: ModelConfig) -> int:
     """Weights of one decoder layer's matrix multiplies (biases and norms are negligible)."""
     d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
     attn = d * d + 2 * d * kv + d * d
-    mlp = 3 * d * cfg.intermediate_size
+    mlp = (3 if cfg.arch.gated_mlp else 2) * d * cfg.intermediate_size
     return attn + mlp
 
 

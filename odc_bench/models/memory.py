@@ -23,7 +23,7 @@ across nodes in place (NCCL's all-reduce of the reduce-scatter's output, or of O
 accumulator), so only the owned part changes: every term else is per unit or per token.
 
 What it leaves out: the framework's own buffers and fragmentation (a few percent on GPUs).
-The harness's own model (models/qwen2.py) keeps the full fp32 logits; runs of it are estimated
+The harness's own model (models/decoder.py) keeps the full fp32 logits; runs of it are estimated
 with them (`fused_loss=False`).
 """
 
@@ -44,7 +44,8 @@ LOSS_CHUNK_TOKENS = 4096
 def unit_params(cfg: ModelConfig) -> list[int]:
     """Parameters of every unit (embed, each layer, head): what FSDP shards, gathers and reduces."""
     kv = cfg.num_kv_heads * cfg.head_dim
-    layer = layer_linear_params(cfg) + cfg.hidden_size + 2 * kv + 2 * cfg.hidden_size  # qkv biases, two norms
+    biases = cfg.hidden_size + 2 * kv if cfg.arch.qkv_bias else 0
+    layer = layer_linear_params(cfg) + biases + 2 * cfg.hidden_size  # two norms
     embed = cfg.vocab_size * cfg.hidden_size
     # Tied embeddings: the head's projection is the embedding matrix, held (and counted) once.
     head = (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size) + cfg.hidden_size
@@ -54,11 +55,13 @@ def unit_params(cfg: ModelConfig) -> list[int]:
 def layer_activation_bytes(cfg: ModelConfig, tokens: int, itemsize: int, longest: int | None = None) -> int:
     """What one decoder layer saves for backward on `tokens` tokens. Counted tensor by tensor:
     the two norms' inputs and outputs, q, k and v, the attention output and its log-sum-exp,
-    o_proj's input, the MLP's gate, up, their activation and product. Without flash attention
+    o_proj's input, the MLP's gate, up, their activation and product (a plain MLP: up and its
+    activation). Without flash attention
     (`longest`: the longest document) also every head's attention probabilities, whose sum of
     squared document lengths is at most tokens x longest."""
     h, i, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_kv_heads * cfg.head_dim
-    per_token = 4 * h + (h + 2 * kv) + h + h + 4 * i
+    mlp = 4 * i if cfg.arch.gated_mlp else 2 * i
+    per_token = 4 * h + (h + 2 * kv) + h + h + mlp
     scores = 0 if longest is None else cfg.num_heads * tokens * min(tokens, longest) * itemsize
     return tokens * (per_token * itemsize + 4 * cfg.num_heads) + scores
 
@@ -79,7 +82,7 @@ def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
              version_slots: int = 1) -> MemoryEstimate:
     """Per-rank bytes of a run that shards every unit over `world_size` ranks (or, with hybrid
     sharding, over the `shard_over` ranks of a node). For the harness's model on CPU
-    (models/qwen2.py), give `cpu_longest`, the longest document: attention then keeps its
+    (models/decoder.py), give `cpu_longest`, the longest document: attention then keeps its
     score matrices and the head the full fp32 logits and their gradient.
     `version_slots`: copies of the master shard, its bf16 copy and the accumulator
     (stale-synchronous ODC keeps staleness + 1; AdamW's moments stay one)."""

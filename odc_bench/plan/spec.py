@@ -176,10 +176,19 @@ class RunSpec:
         return low
 
 
+# Keys added after results were recorded, left out of the key while they hold the value every
+# earlier run had: those runs keep their keys, so a re-run sweep still finds them.
+LATER_KEYS = {("model", "family"): "qwen2"}
+
+
 def run_key(config: Mapping[str, Any]) -> str:
     """A stable hash of a run's config, minus where results go, how often to repeat it and how
     it is checkpointed (none of which changes what it measures)."""
     keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra", "repeat", "checkpoint"}}
+    for (section, key), earlier in LATER_KEYS.items():
+        part = keyed.get(section)
+        if isinstance(part, Mapping) and part.get(key) == earlier:
+            keyed[section] = {k: v for k, v in part.items() if k != key}
     blob = json.dumps(keyed, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
-from odc_bench.models.qwen2 import build_model
+from odc_bench.models.decoder import build_model
 from odc_bench.plan.spec import Minibatch, RunSpec, checkpoint_folder
 from odc_bench.run import trace
 from odc_bench.run.optim import adamw

@@ -2,7 +2,7 @@
 
 A microbatch runs 2U positions for U units (embed, layer0..layerN-1, head): forward over
 every unit, then backward from the head down to the embeddings. The embeddings' backward
-is not a traced span in real runs (its input carries no gradient, see models/qwen2.py), so
+is not a traced span in real runs (its input carries no gradient, see models/decoder.py), so
 the simulator computes it but, like a real run, records no event for it.
 """
 

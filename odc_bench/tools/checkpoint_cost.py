@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from odc_bench.config.compose import compose_run
 from odc_bench.data.batches import packed_batch
-from odc_bench.models.qwen2 import build_model
+from odc_bench.models.decoder import build_model
 from odc_bench.run.ranks import run_ranks
 from odc_core import checkpoint
 from odc_core.engine.base import EngineContext

@@ -19,7 +19,7 @@ from odc_bench.config.model import ModelConfig
 from odc_bench.data.batches import labelled_tokens, packed_batch
 from odc_bench.data.chain import entropy_rate
 from odc_bench.data.learnable import learnable_tokens
-from odc_bench.models.qwen2 import Qwen2Model, init_weights
+from odc_bench.models.decoder import DecoderModel, init_weights
 
 TINY = compose_run(["model=tiny"]).model
 
@@ -28,7 +28,7 @@ def train_curve(steps: int, docs: int = 4, min_len: int = 100, max_len: int = 30
                 cfg: ModelConfig = TINY, lr: float = 1e-3) -> list[float]:
     """Loss per labelled token at each step; step k packs `docs` fresh documents into one microbatch."""
     torch.manual_seed(seed)
-    model = Qwen2Model(cfg)
+    model = DecoderModel(cfg)
     init_weights(model, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from odc_bench.config.compose import compose_run
-from odc_bench.models.qwen2 import build_model
+from odc_bench.models.decoder import build_model
 
 # name: (foreach, fused) as torch.optim.AdamW takes them
 KERNELS = {"for-loop": (False, None), "foreach": (True, None), "fused": (None, True)}

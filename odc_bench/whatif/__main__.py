@@ -24,7 +24,7 @@ from odc_bench.sim.hardware import calibration_path
 from odc_bench.whatif.accuracy import calibrated_elsewhere, validated
 from odc_bench.whatif.answer import answer, plan
 from odc_bench.whatif.fit import advice as ways
-from odc_bench.whatif.question import Question, in_user_terms
+from odc_bench.whatif.question import MODELS, Question, in_user_terms
 from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
@@ -52,8 +52,8 @@ def parser() -> argparse.ArgumentParser:
                     help="any other setting of `python -m odc_bench`, anywhere on the line, e.g. model.num_layers=40 "
                          "max_tokens=32768 "
                          "packing_ratio=2 backend.hardware.nic_gbps=200 precision=fp32")
-    ap.add_argument("--model", default="qwen2_7b", help="a model config (tiny, qwen2_1p5b, qwen2_7b, qwen2_14b, "
-                    "qwen2_32b); change its shape with model.KEY=VALUE overrides (default: %(default)s)")
+    ap.add_argument("--model", default="qwen2_7b", help=f"a model config ({', '.join(MODELS)}); change its shape "
+                    "with model.KEY=VALUE overrides (default: %(default)s)")
     ap.add_argument("--hardware", default="a100", help="a hardware profile: a100, h100, cpu (this machine, "
                     "calibrated), or a profile file fitted to your own cluster (python -m "
                     "odc_bench.whatif.calibrate; docs/calibrate.md) (default: %(default)s)")

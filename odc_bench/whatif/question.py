@@ -31,7 +31,9 @@ from odc_bench.results.series import BASELINE_BALANCERS
 DEFAULTS = ("backend.write_trace=false", "balancer.cost_model=flops", "warmup_minibatches=0")
 GPU_DEFAULTS = ("precision=bf16", "backend.recompute=true")
 # The stock hardware profiles (--hardware NAME); a profile file is the other kind of --hardware.
-HARDWARE = tuple(sorted(p.stem for p in (REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware").glob("*.yaml")))
+CONF = REPO_ROOT / "odc_bench" / "conf"
+HARDWARE = tuple(sorted(p.stem for p in (CONF / "backend" / "hardware").glob("*.yaml")))
+MODELS = tuple(sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
 
 
 # Keys the verdict varies or derives from its options, which an override must not change.

@@ -18,7 +18,7 @@ import torch
 from odc_bench import cli
 from odc_bench.jobs import train
 from odc_bench.jobs.train import execute
-from odc_bench.models.qwen2 import build_model
+from odc_bench.models.decoder import build_model
 from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import events_frame, minibatch_losses
 from odc_bench.results.table import read_table

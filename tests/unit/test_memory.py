@@ -8,9 +8,9 @@ import torch
 import yaml
 
 from odc_bench.config.fields import build
-from odc_bench.config.model import ModelConfig
+from odc_bench.config.model import FAMILIES, ModelConfig
+from odc_bench.models.decoder import DecoderModel
 from odc_bench.models.memory import OWNED_BYTES, estimate, unit_params
-from odc_bench.models.qwen2 import Qwen2Model
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import MB
 from tests.helpers import REPO, run_config
@@ -76,10 +76,11 @@ def test_the_full_sharding_estimate_of_the_committed_cpu_runs_is_unchanged():
         assert got == pytest.approx(row["mem_estimate_mb"], rel=1e-9), row["run_id"]
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("tied", [False, True])
-def test_unit_params_count_the_models_parameters_and_tied_embeddings_once(tied):
+def test_unit_params_count_the_models_parameters_and_tied_embeddings_once(tied, family):
     tie = f"model.tie_embeddings={str(tied).lower()}"
-    cfg = resolve(run_config("engine=collective", "model.num_layers=1", tie)).config.model
+    cfg = resolve(run_config("engine=collective", "model.num_layers=1", tie, f"model.family={family}")).config.model
     with torch.device("meta"):  # shapes only: nothing allocated
-        model = Qwen2Model(cfg)
+        model = DecoderModel(cfg)
     assert sum(unit_params(cfg)) == sum(p.numel() for p in model.parameters())  # parameters() dedups tied ones

@@ -1,17 +1,19 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
-from odc_bench.config.model import ModelConfig
+from odc_bench.config.model import FAMILIES, ModelConfig
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import sample_tokens
-from odc_bench.models.qwen2 import Qwen2Model, count_parameters, init_weights
+from odc_bench.models.decoder import DecoderModel, count_parameters, init_weights
 from tests.helpers import run_config
 
 TINY = ModelConfig(name="test", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2)
 
 
-def _final_hidden(model: Qwen2Model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _final_hidden(model: DecoderModel, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     captured = {}
 
     def grab(_module, args):
@@ -25,7 +27,7 @@ def _final_hidden(model: Qwen2Model, batch: dict) -> tuple[torch.Tensor, torch.T
 
 def test_packed_document_masked_attention_equals_each_sequence_alone():
     torch.manual_seed(0)
-    model = Qwen2Model(TINY)
+    model = DecoderModel(TINY)
     init_weights(model, seed=1)
     docs = [sample_tokens(0, i, n, TINY.vocab_size) for i, n in enumerate([7, 31, 2, 16])]
     packed_h, packed_loss = _final_hidden(model, packed_batch(docs))
@@ -35,7 +37,7 @@ def test_packed_document_masked_attention_equals_each_sequence_alone():
 
 
 def test_packing_does_not_leak_across_documents():
-    model = Qwen2Model(TINY)
+    model = DecoderModel(TINY)
     init_weights(model, seed=1)
     a = sample_tokens(0, 0, 12, TINY.vocab_size)
     h1, _ = _final_hidden(model, packed_batch([a, sample_tokens(0, 1, 9, TINY.vocab_size)]))
@@ -50,9 +52,13 @@ def test_labels_stop_at_document_ends():
     assert batch["position_ids"].tolist() == [0, 1, 2, 0, 1]
 
 
-# Published totals (safetensors parameter counts of the DeepSeek-R1-Distill-Qwen models).
+# Published totals: safetensors parameter counts of the DeepSeek-R1-Distill-Qwen models and of
+# meta-llama/Llama-2-7b-hf and meta-llama/Llama-3.1-8B (https://huggingface.co/api/models/NAME,
+# safetensors.total; Llama 2's includes 2,048 rotary buffer entries the checkpoint stores), and
+# MPT-7B's NumParams in llm-foundry's benchmark table (results/published/points.csv).
 PUBLISHED = {"qwen2_1p5b": 1_777_088_000, "qwen2_7b": 7_615_616_512, "qwen2_14b": 14_770_033_664,
-             "qwen2_32b": 32_763_876_352}
+             "qwen2_32b": 32_763_876_352, "llama2_7b": 6_738_417_664, "llama3_8b": 8_030_261_248,
+             "mpt_7b": 6_658_859_008}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -62,7 +68,7 @@ def test_parameter_counts_match_published_models(name):
 
 
 def test_init_is_deterministic_and_seeded():
-    a, b, c = Qwen2Model(TINY), Qwen2Model(TINY), Qwen2Model(TINY)
+    a, b, c = DecoderModel(TINY), DecoderModel(TINY), DecoderModel(TINY)
     init_weights(a, 3)
     init_weights(b, 3)
     init_weights(c, 4)
@@ -70,3 +76,18 @@ def test_init_is_deterministic_and_seeded():
         assert torch.equal(pa, pb), n
         if n.endswith("proj.weight"):
             assert not torch.equal(pa, pc), n
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_builds_the_layers_its_record_names_and_trains(family):
+    cfg = replace(TINY, family=family)
+    model = DecoderModel(cfg)
+    init_weights(model, seed=0)
+    names = {name.split("layers.0.", 1)[1] for name, _ in model.named_parameters() if name.startswith("layers.0.")}
+    assert ("self_attn.q_proj.bias" in names) == FAMILIES[family].qkv_bias
+    assert ("mlp.gate_proj.weight" in names) == FAMILIES[family].gated_mlp
+    docs = [sample_tokens(0, i, n, cfg.vocab_size) for i, n in enumerate([7, 5])]
+    loss = model(**packed_batch(docs))
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(cfg)

@@ -1,4 +1,6 @@
-"""A Qwen2-architecture decoder that trains on packed variable-length microbatches.
+"""The decoder the ranks train, on packed variable-length microbatches: one pre-norm, rotary
+decoder whose layers follow the model's family (config/model.py: q/k/v biases for Qwen2, a GELU
+MLP for MPT).
 
 Packed microbatches are one flat token stream holding several documents; positions restart
 per document and attention never crosses a document boundary. Attention runs per document
@@ -54,9 +56,10 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         d, h, kv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=True)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=True)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=True)
+        bias = cfg.arch.qkv_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, doc_lens: list[int]) -> torch.Tensor:
@@ -73,7 +76,9 @@ class Attention(nn.Module):
         return self.o_proj(torch.cat(outs).reshape(t, -1))
 
 
-class MLP(nn.Module):
+class GatedMLP(nn.Module):
+    """SwiGLU (Qwen2, Llama)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -84,13 +89,25 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class PlainMLP(nn.Module):
+    """Up, GELU, down (MPT)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = GatedMLP(cfg) if cfg.arch.gated_mlp else PlainMLP(cfg)
 
     def forward(self, x, cos, sin, doc_lens: list[int]) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, doc_lens)
@@ -119,7 +136,7 @@ class Head(nn.Module):
         return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
 
 
-class Qwen2Model(nn.Module):
+class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -146,7 +163,7 @@ class Qwen2Model(nn.Module):
         return self.head(x, labels)
 
 
-def init_weights(model: Qwen2Model, seed: int) -> None:
+def init_weights(model: DecoderModel, seed: int) -> None:
     """Deterministic initialisation, independent of construction order and device layout."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -159,9 +176,9 @@ def init_weights(model: Qwen2Model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
-def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> Qwen2Model:
+def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> DecoderModel:
     """The model every rank starts from: the same weights for one seed on every rank."""
-    model = Qwen2Model(cfg)
+    model = DecoderModel(cfg)
     init_weights(model, seed)
     return model.to(device)
 
@@ -169,5 +186,5 @@ def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> Qwen2Model
 def count_parameters(cfg: ModelConfig) -> int:
     """Parameter count without allocating memory (the model is built on the meta device)."""
     with torch.device("meta"):
-        model = Qwen2Model(cfg)
+        model = DecoderModel(cfg)
     return sum(p.numel() for p in model.parameters())
