@@ -103,6 +103,11 @@ class SimBackendConfig:
     hardware: HardwareConfig
     # Activation checkpointing: backward recomputes each layer's forward (the paper's setting).
     recompute: bool = False
+    # What recompute=true recomputes (docs/simulator.md, "Activation checkpointing"): every
+    # layer's whole forward (full); torchtitan's op-level selective checkpointing (op: every other
+    # matrix multiply, attention's output kept); or a share of the layers, recompute_blocks (blocks).
+    recompute_mode: Literal["full", "op", "blocks"] = "full"
+    recompute_blocks: float = 0.5
     # Bytes per parameter an ODC gather moves (the reference gathers fp32 master weights).
     odc_gather_bytes: int = 4
     # Fixed-point passes of the ODC contention model.
@@ -119,6 +124,34 @@ class SimBackendConfig:
                 f"backend.odc_gather_bytes must be 1, 2, 4 or 8 bytes per parameter, got {self.odc_gather_bytes}")
         require(self.contention_passes >= 1,
                 f"backend.contention_passes must be at least 1, got {self.contention_passes}")
+        require(0 < self.recompute_blocks <= 1,
+                f"backend.recompute_blocks must be a share of the layers in (0, 1], got {self.recompute_blocks}")
+
+    @property
+    def recomputed(self) -> Recompute:
+        if not self.recompute:
+            return Recompute(0.0, 0.0, 0.0)
+        if self.recompute_mode == "op":
+            # Memory: the matrix multiplies' and attention's outputs it keeps are most of a
+            # layer's activations, so it is estimated as keeping them all (an upper bound).
+            return Recompute(0.5, 0.0, 0.0)
+        share = 1.0 if self.recompute_mode == "full" else self.recompute_blocks
+        return Recompute(share, share, share)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """What activation checkpointing costs and saves: the shares of a layer's forward matrix
+    multiplies and of its attention that its backward computes again (averaged over the layers),
+    and the share of layers that keep only their input for backward."""
+
+    matmul: float
+    attention: float
+    layers: float
+
+    @property
+    def any(self) -> bool:
+        return self.matmul > 0 or self.attention > 0
 
 
 BackendConfig = LocalBackendConfig | SimBackendConfig

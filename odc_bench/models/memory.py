@@ -11,8 +11,9 @@ every unit for the ranks of one node, `shard_over`, each node holding a replica)
   dtype, and the unit's flat gradient (three units' worth at the largest unit);
 - activations of one microbatch of max_tokens tokens, what autograd saves for backward:
   every decoder layer's tensors, or with recomputation only each layer's input plus one
-  layer's tensors; the loss head is counted as fused cross-entropy kernels run it (logits a
-  chunk at a time), since a full fp32 logits tensor at 64K tokens and a 152K vocabulary
+  layer's tensors (block-level selective recomputation: that for its share of the layers);
+  the loss head is counted as fused cross-entropy kernels run it (logits a chunk at a time),
+  since a full fp32 logits tensor at 64K tokens and a 152K vocabulary
   (40 GB) is what no long-context trainer keeps. Attention is flash attention's (linear in
   the tokens) on GPUs; on CPU, torch's attention keeps each document's score matrix: at most
   max_tokens x the longest document's length of scores per head.
@@ -78,7 +79,7 @@ class MemoryEstimate:
 
 
 def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
-             recompute: bool = False, cpu_longest: int | None = None, shard_over: int | None = None,
+             recompute: float = 0.0, cpu_longest: int | None = None, shard_over: int | None = None,
              version_slots: int = 1) -> MemoryEstimate:
     """Per-rank bytes of a run that shards every unit over `world_size` ranks (or, with hybrid
     sharding, over the `shard_over` ranks of a node). For the harness's model on CPU
@@ -95,11 +96,13 @@ def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
     working = 3 * max(units) * itemsize
     layer = layer_activation_bytes(cfg, max_tokens, itemsize, cpu_longest)
     hidden = max_tokens * cfg.hidden_size * itemsize
-    layers = cfg.num_layers * hidden + layer if recompute else cfg.num_layers * layer
+    # `recompute`: the share of layers checkpointed, which keep only their input; one layer's
+    # activations are alive again while its backward runs.
+    layers = cfg.num_layers * (recompute * hidden + (1 - recompute) * layer) + (layer if recompute else 0)
     logits = min(max_tokens, LOSS_CHUNK_TOKENS) if cpu_longest is None else 2 * max_tokens
     head = hidden + logits * cfg.vocab_size * 4
     inputs = max_tokens * 3 * 8  # token ids, positions and labels, int64
-    return MemoryEstimate(owned=owned, working=working, activations=layers + head + inputs)
+    return MemoryEstimate(owned=owned, working=working, activations=round(layers + head + inputs))
 
 
 def host_available_bytes() -> int:

@@ -137,7 +137,7 @@ class RunSpec:
     def memory_at(self, tokens: int) -> MemoryEstimate:
         """The per-rank estimate with a microbatch limit of `tokens` (samples no longer than that)."""
         c = self.config
-        recompute = isinstance(c.backend, SimBackendConfig) and c.backend.recompute
+        recompute = c.backend.recomputed.layers if isinstance(c.backend, SimBackendConfig) else 0.0
         on_cpu = not c.simulated and self.device_type == "cpu"
         return estimate(c.model, self.world_size, c.precision, tokens, recompute,
                         cpu_longest=tokens if on_cpu else None, shard_over=shard_group(c),
@@ -178,7 +178,8 @@ class RunSpec:
 
 # Keys added after results were recorded, left out of the key while they hold the value every
 # earlier run had: those runs keep their keys, so a re-run sweep still finds them.
-LATER_KEYS = {("model", "family"): "qwen2"}
+LATER_KEYS = {("model", "family"): "qwen2", ("backend", "recompute_mode"): "full",
+              ("backend", "recompute_blocks"): 0.5}
 
 
 def run_key(config: Mapping[str, Any]) -> str:
@@ -384,7 +385,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
                     f"{k}; engine={engine.name} needs equal counts, use engine=odc")
         clock.advance(rank_work(plan, lens, cost))
         minibatches.append(Minibatch(ids, lens, plan, predict(plan, lens, world, max_tokens, cost, semantics), queue))
-    recompute = isinstance(config.backend, SimBackendConfig) and config.backend.recompute
+    recompute = config.backend.recomputed.layers if isinstance(config.backend, SimBackendConfig) else 0.0
     on_cpu = not config.simulated and device_type == "cpu"
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
     memory = estimate(config.model, world, config.precision, max_tokens, recompute,

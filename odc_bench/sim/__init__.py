@@ -131,7 +131,7 @@ def check_hardware(spec: RunSpec) -> None:
     layout = Layout(config.model)
     timeline = config.engine.spec.simulated_as
     assert timeline is not None, "resolve() refuses engines the simulator does not model"
-    profile.compute_table(layout, backend.recompute)
+    profile.compute_table(layout, backend.recomputed)
     profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
                          config.engine.options.shard, backend.odc_fetch)
 
@@ -146,7 +146,7 @@ def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
     assert timeline is not None, "resolve() refuses engines the simulator does not model"
     layout = Layout(config.model)
     profile = load_profile(backend.hardware, config.model.name)
-    table = profile.compute_table(layout, backend.recompute)
+    table = profile.compute_table(layout, backend.recomputed)
     costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
                                  config.engine.options.shard, backend.odc_fetch)
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)

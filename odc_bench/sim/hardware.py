@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig, HardwareConfig
+from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig, HardwareConfig, Recompute
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_linear_params
 from odc_bench.provenance import REPO_ROOT
@@ -156,13 +156,15 @@ class GpuProfile:
         """No knots: the FLOPs model is exactly quadratic in document lengths."""
         return ()
 
-    def compute_table(self, layout: Layout, recompute: bool) -> np.ndarray:
+    def compute_table(self, layout: Layout, recompute: Recompute) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3)
         (layout.doc_features without knots).
 
-        Backward is twice the forward's FLOPs, plus one forward with recompute (layers only:
-        checkpointing wraps the decoder layers). The embedding is memory-bound: a gather of
-        rows forward, zeroing and scattering into the table's gradient backward.
+        Backward is twice the forward's FLOPs, plus what checkpointing recomputes of the
+        forward (layers only: checkpointing wraps the decoder layers): its share of the matrix
+        multiplies (the tokens term) and of attention (the squared-lengths term). The embedding
+        is memory-bound: a gather of rows forward, zeroing and scattering into the table's
+        gradient backward.
         """
         if self.hw.compute_calibration:
             return split_microbatch_fit(_load_json(self.hw.compute_calibration), layout, recompute)
@@ -173,13 +175,12 @@ class GpuProfile:
         c0 = self.hw.unit_overhead_s
         h, v = cfg.hidden_size, cfg.vocab_size
         layer_tok, layer_sq = 2.0 * layer_linear_params(cfg) / mm, 2.0 * h / attn
-        bwd_factor = 3.0 if recompute else 2.0
         head_tok = 2.0 * h * v / mm
         table = {
             ("embed", "fwd"): (c0, 2 * h * 2 / mem, 0.0),
             ("embed", "bwd"): (c0 + v * h * 4 / mem, 2 * h * 4 / mem, 0.0),
             ("layer", "fwd"): (c0, layer_tok, layer_sq),
-            ("layer", "bwd"): (c0, bwd_factor * layer_tok, bwd_factor * layer_sq),
+            ("layer", "bwd"): (c0, (2.0 + recompute.matmul) * layer_tok, (2.0 + recompute.attention) * layer_sq),
             ("head", "fwd"): (c0, head_tok, 0.0),
             ("head", "bwd"): (c0, 2 * head_tok, 0.0),
         }
@@ -250,15 +251,15 @@ def _load_json(path: str) -> dict:
                           f"on that device first") from None
 
 
-def split_microbatch_fit(fit: dict, layout: Layout, recompute: bool) -> np.ndarray:
+def split_microbatch_fit(fit: dict, layout: Layout, recompute: Recompute) -> np.ndarray:
     """Per-unit costs from a whole-microbatch fit (odc_bench.tools.calibrate's file: forward plus
     backward seconds = a * sum((len/unit)^2) + b * sum(len/unit) + c).
 
     The fit cannot tell units apart, so it is split by the FLOPs model: the quadratic term is
     attention, all in the layers; the linear term goes to the layers and the head in proportion
     to their matrix-multiply parameters; the constant is shared by every traced position; each
-    unit's backward takes two thirds of its share, its forward one third. With recompute a
-    layer's backward gains one forward.
+    unit's backward takes two thirds of its share, its forward one third. A layer's backward
+    gains what checkpointing recomputes of its forward.
     """
     try:
         a, b, c, unit = (float(fit[k]) for k in ("a", "b", "c", "unit"))
@@ -271,7 +272,7 @@ def split_microbatch_fit(fit: dict, layout: Layout, recompute: bool) -> np.ndarr
     c0 = c / (layout.positions - 1)
     layer = np.array([c0, lin * layer_lin, a / unit**2 / L]) / 3
     head = np.array([c0, lin * head_lin, 0.0]) / 3
-    bwd_layer = layer * (3.0 if recompute else 2.0)
+    bwd_layer = layer * np.array([1.0, 2.0 + recompute.matmul, 2.0 + recompute.attention])
     bwd_layer[0] = c0
     table = {
         ("embed", "fwd"): (c0, 0.0, 0.0), ("embed", "bwd"): (0.0, 0.0, 0.0),
@@ -298,9 +299,9 @@ class CalibratedProfile:
         """Document lengths past which the fitted cost per squared token rises (layout.doc_features)."""
         return tuple(float(k) for k in self.data.get("knots", ()))
 
-    def compute_table(self, layout: Layout, recompute: bool) -> np.ndarray:
+    def compute_table(self, layout: Layout, recompute: Recompute) -> np.ndarray:
         """One fit for every engine (see odc_bench.tools.sim_calibrate): shape (6, 3 + knots)."""
-        if recompute:
+        if recompute.any:
             raise ConfigError("the calibrated CPU profile has no activation checkpointing; set backend.recompute=false")
         comp = self.data["compute"]
         return np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)

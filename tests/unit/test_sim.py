@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from odc_bench.app import main as run_job
+from odc_bench.config.backend import Recompute
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import COLUMNS
 from odc_bench.sim import claimed, simulate
@@ -186,15 +187,39 @@ def test_a_whole_microbatch_fit_splits_into_units_that_add_back_up():
 
     layout = Layout(compose_model())
     fit = {"a": 0.3, "b": 0.05, "c": 0.01, "unit": 1000}
-    table = split_microbatch_fit(fit, layout, recompute=False)
+    table = split_microbatch_fit(fit, layout, recompute=NONE)
     docs = [300, 700]
     per_kind = table @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
     total = per_kind[layout.position_cost_index].sum()
     x = np.array(docs) / 1000
     assert total == pytest.approx(0.3 * (x**2).sum() + 0.05 * x.sum() + 0.01)
     # recompute adds one forward to every layer's backward
-    again = split_microbatch_fit(fit, layout, recompute=True) @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
+    again = split_microbatch_fit(fit, layout, recompute=FULL) @ np.array([1.0, sum(docs), sum(d * d for d in docs)])
     assert again[3] - per_kind[3] == pytest.approx(per_kind[2] - fit["c"] / (layout.positions - 1))
+
+
+NONE, FULL = Recompute(0.0, 0.0, 0.0), Recompute(1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("mode, matmul, attention, layers", [
+    ("full", 1.0, 1.0, 1.0), ("op", 0.5, 0.0, 0.0), ("blocks", 0.25, 0.25, 0.25)])
+def test_each_checkpointing_mode_recomputes_its_share_of_a_layers_forward(mode, matmul, attention, layers):
+    from odc_bench.sim.hardware import load_profile
+
+    config = run_config("backend=sim", "model=llama3_8b", "backend.recompute=true", f"backend.recompute_mode={mode}",
+                            "backend.recompute_blocks=0.25")
+    assert config.backend.recomputed == Recompute(matmul, attention, layers)
+    profile = load_profile(config.backend.hardware, config.model.name)
+    layout = Layout(config.model)
+    fwd, bwd = profile.compute_table(layout, config.backend.recomputed)[2:4]  # the layer's rows
+    plain = profile.compute_table(layout, NONE)[3]
+    # the tokens term is the matrix multiplies', the squared-lengths term attention's
+    assert bwd[1:] - plain[1:] == pytest.approx([matmul * fwd[1], attention * fwd[2]])
+    # memory: the checkpointed share of layers keeps only its input
+    none = resolve(run_config("backend=sim", "model=llama3_8b")).memory.activations
+    full = resolve(run_config("backend=sim", "model=llama3_8b", "backend.recompute=true")).memory.activations
+    here = resolve(config).memory.activations
+    assert here == {1.0: full, 0.0: none}[layers] if layers in (0.0, 1.0) else full < here < none
 
 
 def test_compute_features_add_a_squared_excess_per_knot_and_document():
