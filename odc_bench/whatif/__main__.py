@@ -18,13 +18,14 @@ from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
+from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import host_fingerprint
 from odc_bench.sim.hardware import calibration_path
 from odc_bench.whatif.accuracy import calibrated_elsewhere, validated
 from odc_bench.whatif.answer import answer, plan
 from odc_bench.whatif.fit import advice as ways
-from odc_bench.whatif.question import MODELS, Question, in_user_terms
+from odc_bench.whatif.question import HARDWARE, MODELS, Question, in_user_terms
 from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
@@ -54,9 +55,10 @@ def parser() -> argparse.ArgumentParser:
                          "packing_ratio=2 backend.hardware.nic_gbps=200 precision=fp32")
     ap.add_argument("--model", default="qwen2_7b", help=f"a model config ({', '.join(MODELS)}); change its shape "
                     "with model.KEY=VALUE overrides (default: %(default)s)")
-    ap.add_argument("--hardware", default="a100", help="a hardware profile: a100, h100, cpu (this machine, "
-                    "calibrated), or a profile file fitted to your own cluster (python -m "
-                    "odc_bench.whatif.calibrate; docs/calibrate.md) (default: %(default)s)")
+    ap.add_argument("--hardware", default="a100",
+                    help=f"a hardware profile ({', '.join(HARDWARE)}; cpu: this machine, calibrated; NAME_fit: "
+                         "fitted to published GPU runs), or a profile file fitted to your own cluster "
+                         "(python -m odc_bench.whatif.calibrate; docs/calibrate.md) (default: %(default)s)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes (default: %(default)s)")
     ap.add_argument("--devices-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
     ap.add_argument("--minibatch", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N",
@@ -123,9 +125,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     spec = runs[0][3]
     source = spec.config.dataset.profile or Path(str(spec.config.dataset.path)).name
-    say(describe_pool(dataset_lengths(spec.config.dataset, spec.config.seed), question, source))
+    lengths = dataset_lengths(spec.config.dataset, spec.config.seed)
+    say(describe_pool(lengths, question, source))
     table = answer(runs)
-    accuracy = validated()
+    accuracy = validated(hardware=question.hardware)
     print_table(table, question, accuracy, console)
     too_big: dict[int, list[RunSpec]] = {}
     for s, m, _, run_spec in runs:
@@ -136,6 +139,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         say(line)
     error = accuracy.describe(question.hardware_name, question.hardware_file)
     say(f"Simulated, not measured. The simulator's error: {error}.")
+    if accuracy.gpu is not None:
+        beyond = accuracy.gpu.outside(float(sum(unit_params(spec.config.model))), question.world_size,
+                                      int(lengths.max()))
+        if beyond:
+            say(f"Outside what the GPU validation covers: {'; '.join(beyond)}; read the band as a floor there.")
     hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
     if isinstance(hardware, CalibratedHardwareConfig):
         path = calibration_path(hardware, question.model)

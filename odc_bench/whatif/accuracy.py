@@ -3,9 +3,9 @@
 `python -m odc_bench.tools.sim_validate` measures real runs beside their simulation and writes
 results/validation/ (docs/simulator.md, "Validation on this machine"). The verdict quotes its
 range rather than a number typed into code: re-running the validation updates what every
-verdict says. That validation is of the calibrated CPU profile on this repository's host; the
-GPU profiles come from datasheets (docs/simulator.md, "Hardware profiles") and have no
-validation against GPU runs yet, which the verdict says too.
+verdict says. That validation is of the calibrated CPU profile on this repository's host. The
+GPU profiles are held to published GPU measurements by `python -m odc_bench.whatif.published`
+(docs/gpu_validation.md), whose leave-one-source-out errors are the band of a GPU verdict.
 """
 
 from __future__ import annotations
@@ -18,6 +18,34 @@ import pandas as pd
 from odc_bench.provenance import REPO_ROOT
 
 VALIDATION = REPO_ROOT / "results" / "validation"
+# The share of held-out GPU errors the band spans, from the 10th to the 90th percentile: the
+# published table gives hundreds of within-source pairs, whose extremes are single points a
+# source leaves unexplained; the CPU validation has six configs and its band spans them all.
+GPU_BAND = (0.1, 0.9)
+
+
+@dataclass(frozen=True)
+class GpuValidation:
+    """What the published GPU measurements say of one GPU profile (odc_bench.whatif.published)."""
+
+    points: int
+    sources: int
+    params: tuple[float, float]  # the validated models' parameter counts
+    gpus: tuple[int, int]
+    seq_len: tuple[int, int]
+
+    def outside(self, params: float, gpus: int, longest: int) -> list[str]:
+        """What of a configuration lies outside the validated range, in words."""
+        out = []
+        if not self.params[0] <= params <= self.params[1]:
+            out.append(f"a {params / 1e9:.1f}B-parameter model (validated: {self.params[0] / 1e9:.1f}B to "
+                       f"{self.params[1] / 1e9:.1f}B)")
+        if not self.gpus[0] <= gpus <= self.gpus[1]:
+            out.append(f"{gpus} GPUs (validated: {self.gpus[0]} to {self.gpus[1]})")
+        if longest > self.seq_len[1]:
+            out.append(f"samples of up to {longest} tokens (validated: sequences of {self.seq_len[0]} to "
+                       f"{self.seq_len[1]})")
+        return out
 
 
 @dataclass(frozen=True)
@@ -28,6 +56,7 @@ class Accuracy:
     throughput: tuple[float, float] | None  # each engine's samples/s
     configs: int
     source: Path
+    gpu: GpuValidation | None = None  # a GPU profile's band: held-out errors on published GPU runs
 
     def measured_range(self, predicted_ratio: float) -> tuple[float, float] | None:
         """The ratios a measurement would give if the simulator errs as it did in validation."""
@@ -36,12 +65,25 @@ class Accuracy:
         low, high = self.ratio
         return predicted_ratio / (1 + high), predicted_ratio / (1 + low)
 
+    def _shown(self, name: str) -> str:
+        path = self.source / name
+        return str(path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path)
+
     def describe(self, hardware: str, profile_file: Path | None = None) -> str:
         """The error to quote; `profile_file`: a profile fitted to the user's cluster, whose own
         residuals (calibrate's NAME-fit.csv beside its folder) are the error on that cluster."""
         if self.ratio is None or self.throughput is None:
             return f"the simulator's validation results are missing ({self.source}): its error is unknown here"
         r, t = self.ratio, self.throughput
+        if self.gpu is not None:
+            g = self.gpu
+            how = ("fitted to them, each source predicted by the fit that did not see it" if hardware.endswith("_fit")
+                   else "which never saw them")
+            return (f"the {hardware} profile against {g.points} published GPU measurements from {g.sources} "
+                    f"sources, {how} ({self._shown('gpu-points.csv')}, docs/gpu_validation.md): tokens/s per GPU "
+                    f"{t[0]:+.0%} to "
+                    f"{t[1]:+.0%}, ratios between a source's configurations {r[0]:+.0%} to {r[1]:+.0%} (10th to "
+                    f"90th percentile); those are collective FSDP runs, so ODC's own costs on GPUs are unmeasured")
         text = (f"validated against real runs on this repository's CPU host ({self.configs} configs, "
                 f"{self.source.relative_to(REPO_ROOT) if self.source.is_relative_to(REPO_ROOT) else self.source}): "
                 f"speedup (odc/collective) {r[0]:+.1%} to {r[1]:+.1%}, samples/s {t[0]:+.1%} to {t[1]:+.1%}")
@@ -66,7 +108,12 @@ def fitted_error(profile_file: Path) -> str:
             f"collective FSDP only, so ODC's rows are the simulator's, unmeasured there")
 
 
-def validated(folder: Path = VALIDATION) -> Accuracy:
+def validated(folder: Path = VALIDATION, hardware: str = "cpu") -> Accuracy:
+    """The band a verdict on `hardware` quotes: a GPU profile's from the published GPU
+    measurements where they validate it, else the CPU host's validation."""
+    gpu = gpu_validated(folder, hardware)
+    if gpu is not None:
+        return gpu
     ratios, runs = folder / "sim-cpu-ratios.csv", folder / "sim-cpu.csv"
     try:
         r = pd.read_csv(ratios)
@@ -96,3 +143,29 @@ def calibrated_elsewhere(calibration: dict, path: Path, here: dict[str, object])
                  f"logical cores; this one: {this}): its samples/s and the validated error describe that machine")
     return f"The cpu profile ({where}) {whose}. To calibrate this machine (a few minutes): {command}"
 
+
+
+def gpu_validated(folder: Path, hardware: str) -> Accuracy | None:
+    """The GPU band of a profile from odc_bench.whatif.published's files, or None without them:
+    a stock profile's (a100) own errors on the published points, which it never saw; a fitted
+    one's (a100_fit) leave-one-source-out errors."""
+    try:
+        points = pd.read_csv(folder / "gpu-points.csv")
+        pairs = pd.read_csv(folder / "gpu-ratios.csv")
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError):
+        return None
+    profile = hardware.removesuffix("_fit")
+    column = "held_out_error" if hardware.endswith("_fit") else "stock_error"
+    points = points[(points["profile"] == profile) & points[column].notna()]
+    pairs = pairs[(pairs["profile"] == profile) & pairs[column].notna()]
+    if points.empty or pairs.empty:
+        return None
+    low, high = GPU_BAND
+    throughput = points[column].quantile([low, high])
+    ratio = pairs[column].quantile([low, high])
+    gpu = GpuValidation(len(points), points["source_id"].nunique(),
+                        (float(points["params"].min()), float(points["params"].max())),
+                        (int(points["gpus"].min()), int(points["gpus"].max())),
+                        (int(points["seq_len"].min()), int(points["seq_len"].max())))
+    return Accuracy((float(ratio[low]), float(ratio[high])), (float(throughput[low]), float(throughput[high])),
+                    len(points), folder, gpu)

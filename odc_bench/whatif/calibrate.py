@@ -189,12 +189,11 @@ def sensitivity(runs: Sequence[Measured], base: GpuHardwareConfig) -> np.ndarray
     return np.array(columns).T
 
 
-def choose(jac: np.ndarray) -> list[str]:
-    """The constants the runs can tell apart, in FREE's order, at most one fewer than the runs."""
+def choose(jac: np.ndarray, most: int) -> list[str]:
+    """The constants the runs can tell apart, in FREE's order, at most `most` of them."""
     chosen: list[int] = []
-    n = jac.shape[0]
     for j in range(len(FREE)):
-        if len(chosen) >= n - 1:
+        if len(chosen) >= most:
             break
         column = jac[:, j]
         if np.sqrt(np.mean(column**2)) < SENSITIVE:
@@ -233,28 +232,32 @@ def _solve(runs: Sequence[Measured], base: GpuHardwareConfig, start: GpuHardware
     return _at(start, names, result.x), float(np.sqrt(np.mean(result.fun**2)))
 
 
-def fit(runs: list[Measured], base: GpuHardwareConfig, name: str) -> Fit:
-    """The base profile with the constants the runs can tell apart fitted to them.
+def fit(runs: list[Measured], base: GpuHardwareConfig, name: str, most: int | None = None,
+        worst_residual: float | None = WORST_RESIDUAL) -> Fit:
+    """The base profile with the constants the runs can tell apart fitted to them: at most
+    `most` (default: one fewer than the runs, so that residuals remain to judge the fit by);
+    refused when a run stays further off than `worst_residual`.
 
     The constants that move the runs at the base profile are fitted first. A link the base
     profile hides behind compute can still be what the measured runs waited for, so each other
     constant is then tried in turn and kept when it at least halves the remaining error (and
     takes off at least IMPROVES of it)."""
-    names = choose(sensitivity(runs, base))
+    most = len(runs) - 1 if most is None else most
+    names = choose(sensitivity(runs, base), most)
     require(bool(names), "no constant of the profile moves these runs' simulated throughput; measure runs whose "
                          "compute time changes with the setting")
     hardware, rms = _solve(runs, base, base, names)
     for extra in FREE:
-        if extra in names or len(names) >= len(runs) - 1:
+        if extra in names or len(names) >= most:
             continue
         trial = [n for n in FREE if n in names or n == extra]
         candidate, trial_rms = _solve(runs, base, hardware, trial)
-        if trial_rms <= rms / 2 and rms - trial_rms >= IMPROVES and choose(sensitivity(runs, candidate)) == trial:
+        if trial_rms <= rms / 2 and rms - trial_rms >= IMPROVES and choose(sensitivity(runs, candidate), most) == trial:
             names, hardware, rms = trial, candidate, trial_rms
     hardware = replace(hardware, name=name)
     done = Fit(hardware, base, names, runs, predict(runs, hardware))
     worst = int(np.argmax(np.abs(done.residuals)))
-    require(abs(done.residuals[worst]) <= WORST_RESIDUAL,
+    require(worst_residual is None or abs(done.residuals[worst]) <= worst_residual,
             f"no profile fits these runs: after fitting {', '.join(names)}, row {runs[worst].row} is still off by "
             f"{done.residuals[worst]:+.0%}; check that run's numbers and units (tokens per second per GPU)")
     return done

@@ -143,10 +143,11 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
     verdicts = [ln for ln in out.splitlines() if ln.startswith("minibatch ")]
     assert [v.split(":")[0] for v in verdicts] == ["minibatch 1/device", "minibatch 2/device"]
     assert all(("pays off" in v or "too close to call" in v or "does not pay off" in v) for v in verdicts)
-    accuracy = validated()
-    assert accuracy.ratio is not None, "the committed validation results are read"
-    assert f"speedup (odc/collective) {accuracy.ratio[0]:+.1%} to {accuracy.ratio[1]:+.1%}" in out.replace("\n", " ")
-    assert "not validated against GPU runs" in out.replace("\n", " ")
+    accuracy = validated(hardware="a100")
+    assert accuracy.ratio is not None and accuracy.gpu is not None, "the committed GPU validation is read"
+    said = out.replace("\n", " ")
+    assert f"ratios between a source's configurations {accuracy.ratio[0]:+.0%} to {accuracy.ratio[1]:+.0%}" in said
+    assert "published GPU measurements" in said
     assert "only the collective baseline runs there today (engine=collective); ODC needs a CUDA transport" in out
     assert "Each row is `python -m odc_bench backend=sim backend/hardware=a100" in out
     png = tmp_path / "out" / "verdict.png"

@@ -1,0 +1,349 @@
+"""The GPU profiles held to published GPU measurements: fitted, and validated leave-one-source-out.
+
+    python -m odc_bench.whatif.published    # -> results/validation/gpu-*.csv, docs/gpu_validation.md
+
+Every point of results/published/points.csv that the simulator can run as published is
+simulated as collective FSDP on its GPU's stock profile (a100, h100): its model's family and
+shape, its sequence length (every sample that long), samples per GPU per step, GPUs and GPUs per
+node, bf16 and its activation checkpointing. Per GPU type the profile's efficiency constants are
+fitted to its points as odc_bench.whatif.calibrate fits a user's runs (least squares on log
+tokens/s, only the constants the points can tell apart), once on every point and once per source
+with that source left out; a source's leave-one-source-out error is its points' error under the
+fit that did not see them. The what-if quotes those errors as its GPU band (accuracy.py).
+
+Points left out, each with its reason in the output: float8 runs (not bf16), block-level
+selective checkpointing whose share of blocks the source does not state, GPUs without a stock
+profile (H200: no bf16 point), and shapes the harness cannot hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from odc_bench.config.backend import GpuHardwareConfig
+from odc_bench.errors import ConfigError
+from odc_bench.files import atomic_write_text
+from odc_bench.models.memory import unit_params
+from odc_bench.plan.spec import resolve
+from odc_bench.provenance import REPO_ROOT
+from odc_bench.record.row import sim_timing
+from odc_bench.sim import simulate
+from odc_bench.whatif.answer import compose_config
+from odc_bench.whatif.calibrate import FREE, Measured, base_profile, fit, predict, with_hardware
+
+POINTS = REPO_ROOT / "results" / "published" / "points.csv"
+OUT = REPO_ROOT / "results" / "validation"
+DOC = REPO_ROOT / "docs" / "gpu_validation.md"
+CONF = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
+FITTED = "_fit"  # a100_fit, h100_fit: the stock profiles with the constants fitted to every point
+# The published GPU names and the stock profile each is simulated on. The HBM2e H100 (torchtitan's
+# 500 W cap) runs on the H100 profile: its differences are what that source's error shows.
+PROFILE = {"A100-SXM": "a100", "H100-SXM": "h100", "H100-SXM (HBM2e)": "h100"}
+CHECKPOINTING = {"none": ["backend.recompute=false"], "full": ["backend.recompute=true"],
+                 "selective (op)": ["backend.recompute=true", "backend.recompute_mode=op"]}
+FIXED_LENGTH = 65_536  # the `fixed` length profile's; dataset.length_scale brings it to seq_len
+MINIBATCHES = 1  # every sample alike: one minibatch is the steady state
+
+
+def left_out(point: pd.Series) -> str | None:
+    """Why the simulator cannot run a point as published, or None."""
+    if "float8" in str(point["precision"]):
+        return "float8 linears: not a bf16 run"
+    if point["gpu"] not in PROFILE:
+        return f"no stock profile for {point['gpu']}"
+    if point["activation_checkpointing"] not in CHECKPOINTING:
+        return f"{point['activation_checkpointing']}: the share of blocks checkpointed is not stated"
+    if pd.isna(point["tokens_per_s_per_gpu"]):
+        return "no tokens/s per GPU"
+    return None
+
+
+def overrides(point: pd.Series) -> list[str]:
+    """The `python -m odc_bench` settings that simulate a point as published."""
+    family = "mpt" if point["mlp"] == "gelu" else "llama"
+    seq, micro = int(point["seq_len"]), int(point["microbatch_per_gpu"])
+    return ["backend=sim", f"backend/hardware={PROFILE[point['gpu']]}", "backend.write_trace=false",
+            f"backend.hardware.gpus_per_node={int(point['gpus_per_node'])}",
+            f"backend.hardware.memory_gb={float(point['gpu_memory_gb']):g}",
+            *CHECKPOINTING[point["activation_checkpointing"]],
+            "model=tiny", f"model.name=published-{int(point['point_id'])}", f"model.family={family}",
+            f"model.vocab_size={int(point['vocab'])}", f"model.hidden_size={int(point['d_model'])}",
+            f"model.intermediate_size={int(point['ffn_hidden'])}", f"model.num_layers={int(point['n_layers'])}",
+            f"model.num_heads={int(point['n_heads'])}", f"model.num_kv_heads={int(point['n_kv_heads'])}",
+            # MPT ties its embeddings (the parameter count llm-foundry prints says so: docs/gpu_validation.md)
+            f"model.tie_embeddings={str(family == 'mpt').lower()}",
+            "dataset=fixed", f"dataset.length_scale={seq / FIXED_LENGTH!r}", f"world_size={int(point['gpus'])}",
+            f"dataset.num_samples={int(point['gpus']) * micro * int(point['grad_accum']) * MINIBATCHES}",
+            f"minibatch_size={micro * int(point['grad_accum'])}", f"max_tokens={micro * seq}",
+            f"num_minibatches={MINIBATCHES}", "warmup_minibatches=0", "precision=bf16", "engine=collective",
+            "balancer=lb_micro", "balancer.cost_model=flops"]
+
+
+def measured_points(points: pd.DataFrame) -> tuple[list[Measured], pd.DataFrame]:
+    """The points the simulator runs, planned, and the ones left out with their reasons."""
+    runs, dropped = [], []
+    for _, point in points.iterrows():
+        reason = left_out(point)
+        if reason is None:
+            try:
+                spec = resolve(compose_config(overrides(point)))
+            except ConfigError as e:
+                reason = f"the harness cannot run it: {e}"
+        if reason is not None:
+            dropped.append({"point_id": point["point_id"], "source_id": point["source_id"], "reason": reason})
+            continue
+        runs.append(Measured(int(point["point_id"]), spec, float(point["tokens_per_s_per_gpu"]),
+                             (point["source_id"], PROFILE[point["gpu"]])))
+    return runs, pd.DataFrame(dropped, columns=["point_id", "source_id", "reason"])
+
+
+def validate(runs: list[Measured]) -> tuple[pd.DataFrame, dict[str, GpuHardwareConfig]]:
+    """Per point: measured, simulated on the stock profile, on the profile fitted to every point
+    of its GPU, and on the one fitted without its source; and the fitted profiles."""
+    rows, fitted = [], {}
+    for profile in sorted({r.setting[1] for r in runs}):
+        group = [r for r in runs if r.setting[1] == profile]
+        base = base_profile(profile)
+        every = fit(group, base, f"{profile}{FITTED}", worst_residual=None)
+        fitted[profile] = every.hardware
+        stock = predict(group, base)
+        held_out = np.full(len(group), np.nan)
+        for source in sorted({r.setting[0] for r in group}):
+            train = [r for r in group if r.setting[0] != source]
+            if not train:
+                continue
+            without = fit(train, base, "loso", most=max(1, len(train) - 1), worst_residual=None)
+            idx = [i for i, r in enumerate(group) if r.setting[0] == source]
+            held_out[idx] = predict([group[i] for i in idx], without.hardware)
+        for i, r in enumerate(group):
+            rows.append({"point_id": r.row, "source_id": r.setting[0], "profile": profile,
+                         "params": sum(unit_params(r.spec.config.model)), "gpus": r.spec.world_size,
+                         "seq_len": max(r.spec.minibatches[0].lengths), "model": r.spec.config.model.name,
+                         "measured": r.tokens_per_s_per_gpu, "stock": stock[i], "fitted": every.predicted[i],
+                         "held_out": held_out[i]})
+    table = pd.DataFrame(rows)
+    for col in ("stock", "fitted", "held_out"):
+        table[f"{col}_error"] = table[col] / table["measured"] - 1
+    return table, fitted
+
+
+def ratio_pairs(table: pd.DataFrame) -> pd.DataFrame:
+    """Every pair of one source's points on one model: the measured ratio of their throughputs
+    and the error of each simulated ratio (what the what-if's speedups are), held out and not."""
+    rows = []
+    for (profile, source, _), part in table.groupby(["profile", "source_id", "params"], sort=True):
+        part = part.reset_index(drop=True)
+        for i in range(len(part)):
+            for j in range(i + 1, len(part)):
+                a, b = part.loc[i], part.loc[j]
+                measured = a["measured"] / b["measured"]
+                row = {"profile": profile, "source_id": source, "point_a": a["point_id"], "point_b": b["point_id"],
+                       "measured_ratio": measured}
+                for col in ("stock", "fitted", "held_out"):
+                    row[f"{col}_error"] = (a[col] / b[col]) / measured - 1
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def profiles_table(fitted: dict[str, GpuHardwareConfig]) -> pd.DataFrame:
+    rows = []
+    for profile, hardware in fitted.items():
+        base = base_profile(profile)
+        for name in FREE:
+            rows.append({"profile": profile, "constant": name, "datasheet": getattr(base, name),
+                         "fitted": getattr(hardware, name)})
+    return pd.DataFrame(rows)
+
+
+def paper_cells(fitted: dict[str, GpuHardwareConfig]) -> pd.DataFrame:
+    """The paper's two headline cells (results/paper.py) on the stock A100 profile, the fitted
+    one, and the stock one with each fitted constant alone (what moves them, measured): ODC +
+    LB-Mini over Collective + LB-Micro, and both bubble rates."""
+    stock = base_profile("a100")
+    variants = [("stock", stock)]
+    if "a100" in fitted:
+        moved = [n for n in FREE if getattr(fitted["a100"], n) != getattr(stock, n)]
+        variants += [("fitted", fitted["a100"])]
+        variants += [(f"stock, {n} fitted", replace(stock, **{n: getattr(fitted["a100"], n)})) for n in moved]
+    rows = []
+    for model, world, minibatch in (("qwen2_14b", 16, 4), ("qwen2_32b", 32, 2)):
+        specs = {engine: resolve(compose_config([
+            "backend=sim", "backend/hardware=a100", "precision=bf16", "backend.recompute=true",
+            "backend.write_trace=false", f"model={model}", "dataset=longalign", "dataset.length_scale=1",
+            f"world_size={world}", f"minibatch_size={minibatch}", "num_minibatches=50", "warmup_minibatches=2",
+            f"engine={engine}", f"balancer={balancer}"])) for engine, balancer in (("collective", "lb_micro"),
+                                                                                   ("odc", "lb_mini"))}
+        for label, hardware in variants:
+            out = {}
+            for engine, spec in specs.items():
+                spec = with_hardware(spec, hardware)
+                out[engine] = sim_timing(spec, simulate(spec, trace=False))
+            rows.append({"cell": f"{model} longalign minibatch {minibatch}, {world} GPUs", "profile": label,
+                         "speedup": out["odc"]["samples_per_s"] / out["collective"]["samples_per_s"] - 1,
+                         "bubble_collective": out["collective"]["bubble_rate"],
+                         "bubble_odc": out["odc"]["bubble_rate"]})
+    return pd.DataFrame(rows)
+
+
+def profile_file(hardware: GpuHardwareConfig, points: int) -> str:
+    """A fitted profile as a backend/hardware config file."""
+    base = base_profile(hardware.name.removesuffix(FITTED))
+    moved = ", ".join(f"{n} {getattr(base, n):g} -> {getattr(hardware, n):.4g}" for n in FREE
+                      if getattr(base, n) != getattr(hardware, n))
+    header = (f"# Written by `python -m odc_bench.whatif.published`; do not edit. The {base.name} profile with the\n"
+              f"# constants fitted to its {points} published GPU measurements (docs/gpu_validation.md): {moved}.\n")
+    values = {f.name: getattr(hardware, f.name) for f in fields(GpuHardwareConfig)}
+    return header + yaml.safe_dump(values, sort_keys=False)
+
+
+def _csv(table: pd.DataFrame, path: Path) -> None:
+    buf = io.StringIO()
+    table.to_csv(buf, index=False)
+    atomic_write_text(path, buf.getvalue())
+
+
+def by_source(table: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU profile and source: points, and the median and worst |error| stock, fitted and held out."""
+    rows = []
+    for (profile, source), part in table.groupby(["profile", "source_id"], sort=True):
+        row = {"profile": profile, "source_id": source, "points": len(part)}
+        for col in ("stock", "fitted", "held_out"):
+            err = part[f"{col}_error"].abs()
+            row[f"{col}_median"], row[f"{col}_worst"] = err.median(), err.max()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+TARGET = (0.10, 0.25)  # issue 32's bar for held-out tokens/s error: median and worst |error|
+
+
+def _pct(v: float) -> str:
+    return "-" if pd.isna(v) else f"{v:+.1%}"
+
+
+def _span(points: pd.DataFrame, mode: str) -> str:
+    sizes = points.loc[points["activation_checkpointing"] == mode, "microbatch_per_gpu"]
+    return f"{sizes.min()} to {sizes.max()}"
+
+
+def _md(frame: pd.DataFrame) -> str:
+    return frame.to_markdown(index=False, floatfmt=".3g")
+
+
+def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped: pd.DataFrame,
+        profiles: pd.DataFrame, cells: pd.DataFrame) -> str:
+    """docs/gpu_validation.md from the validation files: every number in it is computed here."""
+    joined = table.merge(points[["point_id", "activation_checkpointing", "compile"]], on="point_id")
+    lines = ["# The GPU profiles against published GPU measurements", "",
+             "Generated by `python -m odc_bench.whatif.published` (about two minutes) from "
+             "results/published/points.csv (docs/published.md); it writes results/validation/gpu-*.csv and this "
+             "page. Each usable point is simulated as collective FSDP with its model's family and shape, its "
+             "sequence length, samples per GPU, GPU count and node size, bf16 and its checkpointing mode "
+             "(`backend.recompute_mode`, docs/simulator.md), on its GPU's stock profile (`stock`), on the profile "
+             "fitted to every point of that GPU (`fitted`), and on the profile fitted without the point's source "
+             "(`held out`: the leave-one-source-out error). The fit is odc_bench.whatif.calibrate's "
+             "(docs/calibrate.md): least squares on log tokens/s, only the constants the points can tell apart. "
+             "Errors are simulated over measured tokens/s per GPU, minus 1.", "",
+             f"## Points: {len(table)} used, {len(dropped)} left out", ""]
+    reasons = dropped["reason"].value_counts()
+    lines += [f"- left out, {n}: {reason}" for reason, n in reasons.items()]
+    lines += ["", "## Error by source", ""]
+    src = by_source(table).rename(columns=lambda c: c.replace("_", " "))
+    lines += [_md(src), ""]
+    lines += ["## Against the bar (held-out |error| on tokens/s per GPU: median at most "
+              f"{TARGET[0]:.0%}, worst at most {TARGET[1]:.0%})", ""]
+    for profile, part in table.groupby("profile", sort=True):
+        err = part["held_out_error"].abs()
+        ok = err.median() <= TARGET[0] and err.max() <= TARGET[1]
+        lines.append(f"- {profile}: median {err.median():.1%}, worst {err.max():.1%} over {len(part)} points: "
+                     f"{'within the bar' if ok else 'not within the bar'}.")
+    by_mode = joined.groupby(["profile", "source_id", "activation_checkpointing"])["stock_error"].median()
+    lines += ["", "Where the stock profiles miss, by source and checkpointing mode (median stock error): "
+              + "; ".join(f"{p} {s} {m}: {_pct(v)}" for (p, s, m), v in by_mode.items()) + ".", ""]
+    compiled = points[(points["source_id"] == "torchtitan-2412") & ~points["precision"].str.contains("float8")]
+    if not compiled.empty:
+        on = compiled[compiled["compile"] == "on"]["tokens_per_s_per_gpu"].to_numpy()
+        off = compiled[compiled["compile"] == "off"]["tokens_per_s_per_gpu"].to_numpy()
+        if len(on) and len(off):
+            lines += [f"Why torchtitan-2412 stays off: its runs are on H100s with HBM2e at a 500 W power cap "
+                      f"(the stock H100 profile is the 700 W SXM part, and no source states the cap's clocks), and "
+                      f"torch.compile alone moves them by {on.mean() / off.mean() - 1:+.0%} (compile on over off, "
+                      f"mean of {len(on)} and {len(off)} runs), which the simulator has no setting for: one profile "
+                      f"cannot meet both.", ""]
+    h100 = table[table["profile"] == "h100"]
+    foundry = points[(points["source_id"] == "llm-foundry") & (points["gpu"] == "H100-SXM")]
+    lines += ["Why llm-foundry's H100 rows miss when held out: without them the H100 fit sees only "
+              f"{int((h100['source_id'] != 'llm-foundry').sum())} points (fms-fsdp's one bf16 run without block "
+              "checkpointing and torchtitan's four capped runs), "
+              "and within llm-foundry's rows those without checkpointing run slower against those with it than the "
+              "FLOPs model's 4/3 says (the medians by mode above), a cost of the runs without recomputation that "
+              f"the simulator does not model (their microbatches hold {_span(foundry, 'none')} samples, the "
+              f"checkpointed runs' {_span(foundry, 'full')}).", ""]
+    lines += ["## Fitted constants", "", _md(profiles), ""]
+    lines += ["## Ratios between a source's configurations", "",
+              "What the what-if's speedups are: the ratio of two throughputs. Per pair of one source's points on one "
+              "model, the simulated ratio over the measured one, minus 1:", ""]
+    spread = []
+    for col, label in (("stock", "stock"), ("held_out", "held out")):
+        q = pairs.groupby("profile")[f"{col}_error"].quantile([0.1, 0.5, 0.9]).unstack()
+        q.columns = ["10th percentile", "median", "90th percentile"]
+        spread.append(q.reset_index().assign(profile=lambda f, label=label: f["profile"] + f" ({label})"))
+    lines += [_md(pd.concat(spread, ignore_index=True)), "",
+              "The what-if quotes the 10th to 90th percentile of these errors, on throughput and on these ratios, as "
+              "its band (odc_bench/whatif/accuracy.py reads these files): a stock profile's own errors for a100 and "
+              "h100 (the profiles never saw these points), the held-out ones for the fitted a100_fit and h100_fit "
+              "(odc_bench/conf/backend/hardware/, written by this command). It says when a configuration lies "
+              "outside the validated model sizes, GPU counts or sequence lengths.", ""]
+    lines += ["## The paper's cells on the fitted A100 profile", "",
+              "ODC + LB-Mini over Collective + LB-Micro and both bubble rates, simulated as results/sim_paper is "
+              "(bf16, recomputation, 50 minibatches, 2 of them warm-up), on the stock A100 profile, the fitted one, "
+              "and the stock one with each fitted constant alone:", "", _md(cells), "",
+              "The paper: 14B +36% with bubbles 57% and 14%; 32B about -2% (results/published/paper_relative.csv).",
+              ""]
+    for cell, part in cells.groupby("cell", sort=False):
+        by = part.set_index("profile")["speedup"]
+        if "fitted" not in by:
+            continue
+        alone = [f"{label.split(', ')[1].removesuffix(' fitted')} alone {100 * (v - by['stock']):+.1f}"
+                 for label, v in by.items() if label.startswith("stock, ")]
+        lines.append(f"- {cell}: {by['stock']:+.1%} stock, {by['fitted']:+.1%} fitted "
+                     f"({100 * (by['fitted'] - by['stock']):+.1f} points; {', '.join(alone)} points).")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m odc_bench.whatif.published", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--points", type=Path, default=POINTS)
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--conf", type=Path, default=CONF, help="where the fitted profiles go (NAME_fit.yaml)")
+    args = ap.parse_args(argv)
+    points = pd.read_csv(args.points)
+    runs, dropped = measured_points(points)
+    table, fitted = validate(runs)
+    pairs, profiles, cells = ratio_pairs(table), profiles_table(fitted), paper_cells(fitted)
+    _csv(table, args.out / "gpu-points.csv")
+    _csv(pairs, args.out / "gpu-ratios.csv")
+    _csv(dropped, args.out / "gpu-left-out.csv")
+    _csv(profiles, args.out / "gpu-profiles.csv")
+    _csv(cells, args.out / "gpu-paper-cells.csv")
+    atomic_write_text(args.doc, doc(points, table, pairs, dropped, profiles, cells))
+    for profile, hardware in fitted.items():
+        count = int((table["profile"] == profile).sum())
+        atomic_write_text(args.conf / f"{hardware.name}.yaml", profile_file(hardware, count))
+    print(by_source(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {args.out}/gpu-points.csv, gpu-ratios.csv, gpu-left-out.csv, gpu-profiles.csv, "
+          f"gpu-paper-cells.csv")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The GPU profiles against published measurements (odc_bench.whatif.published) and the band the
+what-if reads from that validation (odc_bench.whatif.accuracy)."""
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from odc_bench.models.memory import unit_params
+from odc_bench.plan.spec import resolve
+from odc_bench.whatif import published
+from odc_bench.whatif.accuracy import VALIDATION, validated
+from odc_bench.whatif.answer import compose_config
+
+POINTS = pd.read_csv(published.POINTS)
+
+
+def _point(point_id: int) -> pd.Series:
+    return POINTS[POINTS["point_id"] == point_id].iloc[0]
+
+
+@pytest.mark.parametrize("point_id", [1, 48, 78])  # MPT-70B on 512 H100s; MPT-7B at 64K; Llama 3.1 8B, op-level SAC
+def test_a_point_runs_as_published(point_id):
+    point = _point(point_id)
+    assert published.left_out(point) is None
+    spec = resolve(compose_config(published.overrides(point)))
+    model = spec.config.model
+    assert model.family == ("mpt" if point["mlp"] == "gelu" else "llama")
+    # llm-foundry prints a parameter count that grows with the sequence length (by about seq_len x
+    # d_model); at 2K tokens that part is within the tolerance
+    if pd.notna(point["params_reported"]) and point["seq_len"] <= 2048:
+        assert sum(unit_params(model)) == pytest.approx(point["params_reported"], rel=0.005)
+    assert spec.world_size == point["gpus"]
+    assert spec.config.backend.hardware.gpus_per_node == point["gpus_per_node"]
+    minibatch = spec.minibatches[0]
+    assert set(minibatch.lengths) == {point["seq_len"]}
+    # every microbatch holds the published samples per GPU per microbatch
+    assert {len(micro) for rank in minibatch.plan for micro in rank} == {point["microbatch_per_gpu"]}
+    mode = point["activation_checkpointing"]
+    assert spec.config.backend.recompute == (mode != "none")
+    assert spec.config.backend.recompute_mode == ("op" if mode == "selective (op)" else "full")
+
+
+@pytest.mark.parametrize("point_id, reason", [(80, "float8"), (84, "float8"), (88, "share of blocks")])
+def test_points_the_simulator_cannot_run_as_published_are_left_out_with_why(point_id, reason):
+    assert reason in published.left_out(_point(point_id))
+
+
+def test_a_ratio_error_is_the_simulated_ratio_over_the_measured_one():
+    table = pd.DataFrame({"profile": "a100", "source_id": "s", "params": 7e9, "point_id": [1, 2],
+                          "measured": [100.0, 50.0], "stock": [110.0, 50.0], "fitted": [100.0, 50.0],
+                          "held_out": [120.0, 40.0]})
+    pairs = published.ratio_pairs(table)
+    assert len(pairs) == 1
+    assert pairs["held_out_error"][0] == pytest.approx(3.0 / 2.0 - 1)
+    assert pairs["stock_error"][0] == pytest.approx(2.2 / 2.0 - 1)
+
+
+def test_the_committed_page_is_what_the_committed_files_give():
+    read = {name: pd.read_csv(VALIDATION / f"gpu-{name}.csv") for name in
+            ("points", "ratios", "left-out", "profiles", "paper-cells")}
+    page = published.doc(POINTS, read["points"], read["ratios"], read["left-out"], read["profiles"],
+                         read["paper-cells"])
+    assert page == published.DOC.read_text(), "run python -m odc_bench.whatif.published"
+
+
+def test_the_whatif_gpu_band_is_read_from_the_validation_files(tmp_path):
+    for path in VALIDATION.glob("gpu-*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    points = pd.read_csv(tmp_path / "gpu-points.csv")
+    a100 = points[points["profile"] == "a100"]
+    # the stock profile never saw the points: its own errors; the fitted one: the held-out errors
+    for hardware, column in (("a100", "stock_error"), ("a100_fit", "held_out_error")):
+        band = validated(tmp_path, hardware)
+        assert band.gpu is not None and band.ratio is not None
+        assert band.throughput == pytest.approx(tuple(a100[column].quantile([0.1, 0.9])))
+        assert "published GPU measurements" in band.describe(hardware)
+
+    before = validated(tmp_path, "a100_fit").ratio
+    pairs = pd.read_csv(tmp_path / "gpu-ratios.csv")
+    pairs.loc[pairs["profile"] == "a100", "held_out_error"] *= 3
+    pairs.to_csv(tmp_path / "gpu-ratios.csv", index=False)
+    assert validated(tmp_path, "a100_fit").ratio == pytest.approx(tuple(3 * v for v in before)), \
+        "the band follows the files"
+    assert validated(tmp_path, "cpu").gpu is None, "the CPU profile keeps the CPU host's validation"
+
+
+def test_a_configuration_outside_the_validated_range_is_named():
+    gpu = validated(VALIDATION, "a100").gpu
+    assert gpu is not None
+    inside = gpu.outside(gpu.params[0], gpu.gpus[0], gpu.seq_len[0])
+    assert inside == []
+    beyond = gpu.outside(gpu.params[1] * 2, gpu.gpus[1] * 2, gpu.seq_len[1] * 2)
+    assert len(beyond) == 3 and "parameter model" in beyond[0] and "GPUs" in beyond[1] and "tokens" in beyond[2]
