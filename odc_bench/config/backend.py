@@ -118,12 +118,19 @@ class SimBackendConfig:
     # (topology-aware) from a rank of its own node that holds the whole unit at that moment,
     # when that is faster (docs/simulator.md, "Topology-aware fetch").
     odc_fetch: Literal["owner", "nearest"] = "owner"
+    # ODC's point-to-point bandwidth across nodes as a fraction of the NICs': divided by this.
+    # 1: as fast as the collectives'; the reference implementation's transport is 3-4x slower
+    # than NCCL across nodes (the paper's Fig. 11; docs/simulator.md, "Paper scale").
+    odc_internode_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         require(self.odc_gather_bytes in (1, 2, 4, 8),
                 f"backend.odc_gather_bytes must be 1, 2, 4 or 8 bytes per parameter, got {self.odc_gather_bytes}")
         require(self.contention_passes >= 1,
                 f"backend.contention_passes must be at least 1, got {self.contention_passes}")
+        require(self.odc_internode_slowdown >= 1,
+                f"backend.odc_internode_slowdown must be at least 1 (1: ODC's transfers as fast as the collectives'), "
+                f"got {self.odc_internode_slowdown}")
         require(0 < self.recompute_blocks <= 1,
                 f"backend.recompute_blocks must be a share of the layers in (0, 1], got {self.recompute_blocks}")
 

@@ -96,7 +96,7 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
-         "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "mem_estimate_mb", "wall_s",
+         "tokens_per_s", "mfu", "bubble_rate", "predicted_bubble_rate", "peak_mem_mb", "mem_estimate_mb", "wall_s",
          "loss_last")
 
 

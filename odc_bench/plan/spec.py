@@ -179,7 +179,7 @@ class RunSpec:
 # Keys added after results were recorded, left out of the key while they hold the value every
 # earlier run had: those runs keep their keys, so a re-run sweep still finds them.
 LATER_KEYS = {("model", "family"): "qwen2", ("backend", "recompute_mode"): "full",
-              ("backend", "recompute_blocks"): 0.5}
+              ("backend", "recompute_blocks"): 0.5, ("backend", "odc_internode_slowdown"): 1.0}
 
 
 def run_key(config: Mapping[str, Any]) -> str:

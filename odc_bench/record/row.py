@@ -14,14 +14,15 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from odc_bench.config.backend import SimBackendConfig
+from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.run import RunConfig
+from odc_bench.models.flops import train_flops
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import git_commit
 from odc_bench.record.metrics import minibatch_losses, summarize, summary
 from odc_bench.sim import Simulation
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # The tidy columns every row has, in order (results/README.md defines each).
 COLUMNS = [
@@ -29,7 +30,7 @@ COLUMNS = [
     "backend", "engine", "balancer", "variant", "shard", "fetch", "staleness", "cost_model", "model", "dataset",
     "world_size", "minibatch_size", "num_minibatches", "warmup_minibatches", "max_tokens", "packing_ratio",
     "length_scale", "precision", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
-    "samples_per_s", "tokens_per_s", "bubble_rate", "predicted_bubble_rate",
+    "samples_per_s", "tokens_per_s", "mfu", "bubble_rate", "predicted_bubble_rate",
     "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "mem_estimate_mb", "mem_limit_mb", "wall_s",
     "loss_first", "loss_last", "resumed_from", "requeues", "trace", "config",
 ]
@@ -61,7 +62,7 @@ def base_row(spec: RunSpec) -> dict[str, Any]:
         warmup_minibatches=c.warmup_minibatches, max_tokens=spec.max_tokens, packing_ratio=c.packing_ratio,
         length_scale=c.dataset.length_scale, precision=c.precision, seed=c.seed,
         predicted_bubble_rate=spec.predicted_bubble_rate(), **spec.length_stats(),
-        mem_estimate_mb=spec.memory.total / MB, resumed_from=0,
+        mem_estimate_mb=spec.memory.total / MB, resumed_from=0, mfu=None,
         requeues=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
         mem_limit_mb=spec.memory_limit / MB if spec.memory_limit is not None else None,
         config=yaml.safe_dump(c.to_dict(), sort_keys=False).strip(),
@@ -104,4 +105,19 @@ def run_row(spec: RunSpec, rank_results: list[dict], events: pd.DataFrame, trace
 def sim_row(spec: RunSpec, sim: Simulation, trace: str) -> dict[str, Any]:
     """The simulator's row: the same columns; no losses or measured memory, which it does not
     model (the estimate, mem_estimate_mb, is every row's)."""
-    return {**base_row(spec), **sim_timing(spec, sim), "status": "ok", "error": "", "trace": trace}
+    times = sim_timing(spec, sim)
+    return {**base_row(spec), **times, "mfu": mfu(spec, spec.config.warmup_minibatches, times["wall_s"]),
+            "status": "ok", "error": "", "trace": trace}
+
+
+def mfu(spec: RunSpec, first: int, wall_s: float) -> float | None:
+    """Model FLOPs utilisation over the measured window: the model's training FLOPs for the
+    samples measured (models/flops.py: three times the forward, attention causal and per
+    document, recomputation not counted) over wall seconds x ranks x the device's peak. Only a
+    simulated GPU has a stated peak; elsewhere None."""
+    backend = spec.config.backend
+    if not isinstance(backend, SimBackendConfig) or not isinstance(backend.hardware, GpuHardwareConfig):
+        return None
+    lengths = [n for mb in spec.minibatches[first:] for n in mb.lengths]
+    peak = backend.hardware.peak_tflops * 1e12
+    return train_flops(spec.config.model, lengths) / (wall_s * spec.world_size * peak) if wall_s > 0 else None

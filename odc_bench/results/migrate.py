@@ -12,6 +12,9 @@ every earlier row, since no run could resume before; and the series columns `var
 `fetch` and `staleness` (record/row.py series_columns), read here, once, from the row's config
 text, with what rows written before each key existed ran with: collective FSDP on the default
 group (gloo on CPU), ODC synchronous, full sharding, shards fetched from their owners.
+
+Schema 3 -> 4 adds `mfu` (model FLOPs utilisation, record/row.py), empty for earlier rows: a
+simulated row gets it by running again (seconds), a real one never had a stated peak.
 """
 
 from __future__ import annotations
@@ -74,9 +77,9 @@ def migrate_table(path: Path) -> int:
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
             return 0
-        if versions - {"1", "2", str(SCHEMA_VERSION)}:
+        if versions - {"1", "2", "3", str(SCHEMA_VERSION)}:
             raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
-                             f"migrates schemas 1 and 2")
+                             f"migrates schemas 1, 2 and 3")
         old = table["schema_version"] == "1" if "schema_version" in table else pd.Series(True, index=table.index)
         if old.any():
             added = pd.DataFrame([_recomputed(c) for c in table.loc[old, "config"]], index=table.index[old])

@@ -133,7 +133,7 @@ def check_hardware(spec: RunSpec) -> None:
     assert timeline is not None, "resolve() refuses engines the simulator does not model"
     profile.compute_table(layout, backend.recomputed)
     profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
-                         config.engine.options.shard, backend.odc_fetch)
+                         config.engine.options.shard, backend.odc_fetch, backend.odc_internode_slowdown)
 
 
 def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
@@ -148,7 +148,7 @@ def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
     profile = load_profile(backend.hardware, config.model.name)
     table = profile.compute_table(layout, backend.recomputed)
     costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
-                                 config.engine.options.shard, backend.odc_fetch)
+                                 config.engine.options.shard, backend.odc_fetch, backend.odc_internode_slowdown)
     comp, nmb, tokens, samples = plan_arrays(spec, costs, table, layout, profile.knots)
     columns = layout.position_cost_index
     if timeline == "odc" and config.engine.staleness:

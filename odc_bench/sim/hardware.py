@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -196,12 +196,15 @@ class GpuProfile:
                        rails=min(self.hw.nic_rails, g))
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
-                     odc_gather_bytes: int, shard: str = "full", fetch: str = "owner") -> EngineCosts:
+                     odc_gather_bytes: int, shard: str = "full", fetch: str = "owner",
+                     internode_slowdown: float = 1.0) -> EngineCosts:
         """Communication of the engine's timeline. With hybrid sharding a unit is sharded over
         the ranks of one node (`group`): gathers, pushes, all-gathers and reduce-scatters stay
         inside it, and the replicas in the other nodes reduce their gradients across nodes:
         FSDP2 (HSDP) all-reduces each unit's gradient shard after every reduce-scatter, ODC
-        all-reduces its whole accumulated shard once per minibatch, after the barrier."""
+        all-reduces its whole accumulated shard once per minibatch, after the barrier.
+        `internode_slowdown`: ODC's point-to-point transfers across nodes get the NICs'
+        bandwidth divided by it (the reference transport's, backend.odc_internode_slowdown)."""
         net = self.network(world)
         hybrid = shard == "hybrid" and net.nodes > 1
         group = net.gpus_per_node if hybrid else world
@@ -228,6 +231,7 @@ class GpuProfile:
             return EngineCosts(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=ag, rs=rs,
                                gather_load=zeros, push_load=zeros, sync_s=0.0, optimizer_s=optimizer_s,
                                barrier_s=barrier_s, ar=ar if hybrid else None)
+        net = replace(net, nic_Bps=net.nic_Bps / internode_slowdown)
         gather = params * odc_gather_bytes
         push = np.where(bwd, params * 4, 0.0)
         owned = float(layout.unit_params.sum()) / group * 4
@@ -307,7 +311,8 @@ class CalibratedProfile:
         return np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
-                     odc_gather_bytes: int, shard: str = "full", fetch: str = "owner") -> EngineCosts:
+                     odc_gather_bytes: int, shard: str = "full", fetch: str = "owner",
+                     internode_slowdown: float = 1.0) -> EngineCosts:
         """The measured gaps; one host, so hybrid sharding and fetch policies do not apply (the
         config refuses hybrid sharding with this profile)."""
         e = self.data.get("engines", {}).get(engine)

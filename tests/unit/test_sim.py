@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from odc_bench.app import main as run_job
 from odc_bench.config.backend import Recompute
+from odc_bench.errors import ConfigError
+from odc_bench.models.flops import train_flops
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import COLUMNS
 from odc_bench.sim import claimed, simulate
@@ -145,6 +147,10 @@ def test_sim_job_writes_the_same_row_and_trace_schema(results_dir):
     assert 0 <= row["bubble_rate"] < 1
     trace = pd.read_csv(results_dir / row["trace"])
     assert set(trace["kind"]) == {"fwd", "bwd", "microbatch", "sync", "optimizer", "minibatch"}
+    # MFU: the measured samples' model FLOPs over the window's seconds, ranks and the A100's peak
+    spec = resolve(run_config("backend=sim", "engine=odc", "num_minibatches=3", "warmup_minibatches=1"))
+    flops = train_flops(spec.config.model, [n for mb in spec.minibatches[1:] for n in mb.lengths])
+    assert row["mfu"] == pytest.approx(flops / (row["wall_s"] * row["world_size"] * 312e12), rel=1e-6)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -220,6 +226,24 @@ def test_each_checkpointing_mode_recomputes_its_share_of_a_layers_forward(mode, 
     full = resolve(run_config("backend=sim", "model=llama3_8b", "backend.recompute=true")).memory.activations
     here = resolve(config).memory.activations
     assert here == {1.0: full, 0.0: none}[layers] if layers in (0.0, 1.0) else full < here < none
+
+
+def test_the_reference_transports_slowdown_divides_only_odcs_bandwidth_across_nodes():
+    from odc_bench.sim.hardware import load_profile
+
+    config = run_config("backend=sim", "model=qwen2_1p5b", "world_size=16")
+    profile = load_profile(config.backend.hardware, config.model.name)
+    layout = Layout(config.model)
+
+    def costs(engine, slowdown):
+        return profile.engine_costs(engine, layout, 16, "bf16", 4, internode_slowdown=slowdown)
+
+    fast, slow = costs("odc", 1.0), costs("odc", 3.5)
+    assert slow.network.nic_Bps == pytest.approx(fast.network.nic_Bps / 3.5)
+    assert slow.network.link_Bps == fast.network.link_Bps, "within a node the transport is as fast"
+    assert np.array_equal(costs("collective", 1.0).ag, costs("collective", 3.5).ag), "NCCL's collectives are not"
+    with pytest.raises(ConfigError, match="odc_internode_slowdown must be at least 1"):
+        run_config("backend=sim", "backend.odc_internode_slowdown=0.5")
 
 
 def test_compute_features_add_a_squared_excess_per_knot_and_document():
