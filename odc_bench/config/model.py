@@ -29,6 +29,10 @@ FAMILIES = {f.name: f for f in (
 )}
 
 
+# The kinds of sharding unit, in the order a cost table lists them (sim/layout.py).
+UNIT_KINDS = ("embed", "layer", "head")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
     name: str
@@ -61,6 +65,13 @@ class ModelConfig:
     def arch(self) -> ModelFamily:
         """The family's record: what the layers hold beyond the shape."""
         return FAMILIES[self.family]
+
+    @property
+    def units(self) -> list[tuple[str, str]]:
+        """The sharding units in execution order, each with its kind: the embeddings, every
+        decoder layer, and the head (final norm, LM head and loss). The decoder's named_units,
+        the parameter counts and the simulator's layout all follow this list."""
+        return [("embed", "embed"), *((f"layer{i}", "layer") for i in range(self.num_layers)), ("head", "head")]
 
     @property
     def head_dim(self) -> int:

@@ -147,9 +147,10 @@ class DecoderModel(nn.Module):
             self.head.lm_head.weight = self.embed.embed_tokens.weight
 
     def named_units(self) -> list[tuple[str, nn.Module]]:
-        """The sharding units, in execution order: embeddings, each decoder layer, the head."""
-        return [("embed", self.embed), *((f"layer{i}", layer) for i, layer in enumerate(self.layers)),
-                ("head", self.head)]
+        """The sharding units, in execution order, as the config lists them (ModelConfig.units)."""
+        layers = iter(self.layers)
+        return [(name, self.embed if kind == "embed" else self.head if kind == "head" else next(layers))
+                for name, kind in self.cfg.units]
 
     def units(self) -> list[nn.Module]:
         return [module for _, module in self.named_units()]

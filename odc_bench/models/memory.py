@@ -50,7 +50,8 @@ def unit_params(cfg: ModelConfig) -> list[int]:
     embed = cfg.vocab_size * cfg.hidden_size
     # Tied embeddings: the head's projection is the embedding matrix, held (and counted) once.
     head = (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size) + cfg.hidden_size
-    return [embed, *([layer] * cfg.num_layers), head]
+    per_kind = {"embed": embed, "layer": layer, "head": head}
+    return [per_kind[kind] for _, kind in cfg.units]
 
 
 def layer_activation_bytes(cfg: ModelConfig, tokens: int, itemsize: int, longest: int | None = None) -> int:

@@ -13,10 +13,10 @@ from functools import cached_property
 
 import numpy as np
 
-from odc_bench.config.model import ModelConfig
+from odc_bench.config.model import UNIT_KINDS, ModelConfig
 from odc_bench.models.memory import unit_params
 
-KINDS = ("embed", "layer", "head")
+KINDS = UNIT_KINDS
 PHASES = ("fwd", "bwd")
 
 
@@ -26,7 +26,7 @@ class Layout:
 
     @property
     def units(self) -> int:
-        return self.cfg.num_layers + 2
+        return len(self.cfg.units)
 
     @property
     def positions(self) -> int:
@@ -34,12 +34,12 @@ class Layout:
 
     @cached_property
     def unit_names(self) -> list[str]:
-        return ["embed", *(f"layer{i}" for i in range(self.cfg.num_layers)), "head"]
+        return [name for name, _ in self.cfg.units]
 
     @cached_property
     def unit_kind(self) -> np.ndarray:
         """Index into KINDS of every unit."""
-        return np.array([0] + [1] * self.cfg.num_layers + [2])
+        return np.array([KINDS.index(kind) for _, kind in self.cfg.units])
 
     @cached_property
     def unit_params(self) -> np.ndarray:

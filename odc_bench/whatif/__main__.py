@@ -142,6 +142,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if accuracy.gpu is not None:
         beyond = accuracy.gpu.outside(float(sum(unit_params(spec.config.model))), question.world_size,
                                       int(lengths.max()))
+        changed = [o for o in question.overrides if o.lstrip("+").startswith("backend.hardware.")]
+        if changed:
+            beyond.append(f"a changed {question.hardware} profile ({', '.join(changed)}; the validation is of the "
+                          f"profile as it stands)")
         if beyond:
             say(f"Outside what the GPU validation covers: {'; '.join(beyond)}; read the band as a floor there.")
     hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None

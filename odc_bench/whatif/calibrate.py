@@ -47,7 +47,8 @@ REQUIRED = ("model", "lengths", "gpus", "gpus_per_node", "minibatch_size", "toke
 OPTIONAL = {"recompute": True, "precision": "bf16", "max_tokens": None, "balancer": "local_sort"}
 # What the fit may move, in the order it is tried: compute first (every run shows it), then the
 # links that only some runs exercise. Each gets the bounds of config/backend.py's ranges.
-FREE = ("matmul_efficiency", "attention_efficiency", "nic_efficiency", "link_efficiency", "unit_overhead_s")
+FREE = ("matmul_efficiency", "attention_efficiency", "nic_efficiency", "link_efficiency", "memory_efficiency",
+        "unit_overhead_s")
 BOUNDS = {"unit_overhead_s": (1e-7, 1e-2)}
 # A constant is fitted only if the runs' predicted tokens/s move with it (see `sensitivity`) by
 # at least SENSITIVE (root mean square over the runs), and, beside those chosen before it, keeps the runs' sensitivity

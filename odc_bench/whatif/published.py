@@ -288,6 +288,12 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
               f"the simulator does not model (their microbatches hold {_span(foundry, 'none')} samples, the "
               f"checkpointed runs' {_span(foundry, 'full')}).", ""]
     lines += ["## Fitted constants", "", _md(profiles), ""]
+    each = joined.merge(points[["point_id", "model", "seq_len"]], on="point_id", suffixes=("", "_published"))
+    each = each[["point_id", "source_id", "profile", "model_published", "gpus", "seq_len_published",
+                 "activation_checkpointing", "compile", "measured", "stock_error", "fitted_error", "held_out_error"]]
+    lines += ["## Every point", "", "Measured tokens/s per GPU and each simulation's error (point ids are "
+              "results/published/points.csv's):", "",
+              _md(each.rename(columns=lambda c: c.removesuffix("_published").replace("_", " "))), ""]
     lines += ["## Ratios between a source's configurations", "",
               "What the what-if's speedups are: the ratio of two throughputs. Per pair of one source's points on one "
               "model, the simulated ratio over the measured one, minus 1:", ""]
@@ -326,8 +332,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--doc", type=Path, default=DOC)
     ap.add_argument("--conf", type=Path, default=CONF, help="where the fitted profiles go (NAME_fit.yaml)")
+    ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)
     points = pd.read_csv(args.points)
+    if args.doc_only:
+        read = {n: pd.read_csv(args.out / f"gpu-{n}.csv") for n in ("points", "ratios", "left-out", "profiles",
+                                                                     "paper-cells")}
+        atomic_write_text(args.doc, doc(points, read["points"], read["ratios"], read["left-out"], read["profiles"],
+                                        read["paper-cells"]))
+        return
     runs, dropped = measured_points(points)
     table, fitted = validate(runs)
     pairs, profiles, cells = ratio_pairs(table), profiles_table(fitted), paper_cells(fitted)
