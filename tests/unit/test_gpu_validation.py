@@ -60,7 +60,7 @@ def test_the_committed_page_is_what_the_committed_files_give():
     read = {name: pd.read_csv(VALIDATION / f"gpu-{name}.csv") for name in
             ("points", "ratios", "left-out", "profiles", "paper-cells")}
     page = published.doc(POINTS, read["points"], read["ratios"], read["left-out"], read["profiles"],
-                         read["paper-cells"])
+                         read["paper-cells"], published.moves())
     assert page == published.DOC.read_text(), "run python -m odc_bench.whatif.published"
 
 
