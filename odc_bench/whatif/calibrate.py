@@ -67,7 +67,11 @@ MINIBATCHES = 8
 
 @dataclass(frozen=True)
 class Measured:
-    row: int  # 1-based, as a spreadsheet numbers data rows
+    """One measured run, planned: `row` names it to the user (a runs file's 1-based data row, a
+    published point's id); `setting` is what its caller groups runs by (here the row's inputs,
+    for repeats; published.py: its source and GPU profile)."""
+
+    row: int
     spec: RunSpec
     tokens_per_s_per_gpu: float
     setting: tuple

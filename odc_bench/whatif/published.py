@@ -82,7 +82,7 @@ def overrides(point: pd.Series) -> list[str]:
             f"model.vocab_size={int(point['vocab'])}", f"model.hidden_size={int(point['d_model'])}",
             f"model.intermediate_size={int(point['ffn_hidden'])}", f"model.num_layers={int(point['n_layers'])}",
             f"model.num_heads={int(point['n_heads'])}", f"model.num_kv_heads={int(point['n_kv_heads'])}",
-            # MPT ties its embeddings (the parameter count llm-foundry prints says so: docs/gpu_validation.md)
+            # MPT ties its embeddings (the parameter count llm-foundry prints says so: conf/model/mpt_7b.yaml)
             f"model.tie_embeddings={str(family == 'mpt').lower()}",
             "dataset=fixed", f"dataset.length_scale={seq / FIXED_LENGTH!r}", f"world_size={int(point['gpus'])}",
             f"dataset.num_samples={int(point['gpus']) * micro * int(point['grad_accum']) * MINIBATCHES}",
