@@ -324,7 +324,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     atomic_write_text(args.out / f"{args.name}-fit.csv", buf.getvalue())
     print(f"fitted {', '.join(result.fitted)} to {len(result.runs)} runs (the rest as in {base.name}):")
     for n in result.fitted:
-        print(f"  {n}: {getattr(base, n):g} -> {getattr(result.hardware, n):.4g}")
+        value = getattr(result.hardware, n)
+        at_bound = any(abs(value / bound - 1) < 1e-6 for bound in BOUNDS.get(n, (1e-3, 1.0)))
+        print(f"  {n}: {getattr(base, n):g} -> {value:.4g}"
+              + (" (at its bound: the runs ask for more than this profile allows; check their numbers, or use "
+                 "another --base)" if at_bound else ""))
     shown = table[["row", "model", "gpus", "minibatch_size", "measured_tokens_per_s_per_gpu",
                    "simulated_tokens_per_s_per_gpu", "residual"]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
