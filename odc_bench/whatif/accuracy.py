@@ -5,7 +5,8 @@ results/validation/ (docs/simulator.md, "Validation on this machine"). The verdi
 range rather than a number typed into code: re-running the validation updates what every
 verdict says. That validation is of the calibrated CPU profile on this repository's host. The
 GPU profiles are held to published GPU measurements by `python -m odc_bench.whatif.published`
-(docs/gpu_validation.md), whose leave-one-source-out errors are the band of a GPU verdict.
+(docs/gpu_validation.md): a stock profile's errors on them, or a fitted profile's
+leave-one-source-out errors, are the band of a GPU verdict.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pandas as pd
 from odc_bench.provenance import REPO_ROOT
 
 VALIDATION = REPO_ROOT / "results" / "validation"
-# The share of held-out GPU errors the band spans, from the 10th to the 90th percentile: the
+# The share of a GPU profile's errors the band spans, from the 10th to the 90th percentile: the
 # published table gives hundreds of within-source pairs, whose extremes are single points a
 # source leaves unexplained; the CPU validation has six configs and its band spans them all.
 GPU_BAND = (0.1, 0.9)
@@ -56,7 +57,7 @@ class Accuracy:
     throughput: tuple[float, float] | None  # each engine's samples/s
     configs: int
     source: Path
-    gpu: GpuValidation | None = None  # a GPU profile's band: held-out errors on published GPU runs
+    gpu: GpuValidation | None = None  # a GPU profile's band: its errors on published GPU runs
 
     def measured_range(self, predicted_ratio: float) -> tuple[float, float] | None:
         """The ratios a measurement would give if the simulator errs as it did in validation."""
@@ -142,7 +143,6 @@ def calibrated_elsewhere(calibration: dict, path: Path, here: dict[str, object])
         whose = (f"was calibrated on another machine ({recorded.get('cpu_model')}, {recorded.get('logical_cores')} "
                  f"logical cores; this one: {this}): its samples/s and the validated error describe that machine")
     return f"The cpu profile ({where}) {whose}. To calibrate this machine (a few minutes): {command}"
-
 
 
 def gpu_validated(folder: Path, hardware: str) -> Accuracy | None:
