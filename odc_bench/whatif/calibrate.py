@@ -166,11 +166,19 @@ def with_hardware(spec: RunSpec, hardware: GpuHardwareConfig) -> RunSpec:
     return replace(spec, config=replace(spec.config, backend=replace(backend, hardware=hardware)))
 
 
+def with_constants(spec: RunSpec, hardware: GpuHardwareConfig) -> RunSpec:
+    """The run on its own hardware (node size, memory, network: what it was measured on) with
+    `hardware`'s efficiency constants."""
+    own = spec.config.backend.hardware
+    assert isinstance(own, GpuHardwareConfig)
+    return with_hardware(spec, replace(own, **{name: getattr(hardware, name) for name in FREE}))
+
+
 def predict(runs: Sequence[Measured], hardware: GpuHardwareConfig) -> np.ndarray:
-    """Simulated tokens/s per GPU of every run on `hardware`."""
+    """Simulated tokens/s per GPU of every run with `hardware`'s efficiency constants."""
     out = []
     for run in runs:
-        spec = with_hardware(run.spec, hardware)
+        spec = with_constants(run.spec, hardware)
         out.append(sim_timing(spec, simulate(spec, trace=False))["tokens_per_s"] / spec.world_size)
     return np.array(out)
 

@@ -93,3 +93,12 @@ def test_a_byte_order_mark_and_spaces_after_commas_are_read(tmp_path):
                     + "qwen2_1p5b, swe_smith, 8, 8, 2, 800\n", encoding="utf-8")
     measured = cc.read_runs(runs, "a100")
     assert [r.tokens_per_s_per_gpu for r in measured] == [1000.0, 800.0]
+
+
+def test_each_run_keeps_its_own_node_size_when_a_profile_is_tried_on_it(tmp_path):
+    # 16 GPUs in one node talk over NVLink, in two nodes of 8 over the NICs: a slow NIC in the
+    # tried profile must slow only the second, whatever node size the base profile has
+    settings = [("qwen2_7b", "longalign", 16, 16, 4), ("qwen2_7b", "longalign", 16, 8, 4)]
+    runs = cc.read_runs(_csv(tmp_path / "plan.csv", [1.0, 1.0], settings), "a100")
+    one_node, two_nodes = cc.predict(runs, replace(cc.base_profile("a100"), nic_efficiency=0.02))
+    assert one_node > 2 * two_nodes
