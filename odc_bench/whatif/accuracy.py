@@ -80,10 +80,11 @@ class Accuracy:
             g = self.gpu
             how = ("fitted to them, each source predicted by the fit that did not see it" if hardware.endswith("_fit")
                    else "which never saw them")
+            plural = "s" * (g.sources != 1)
             return (f"the {hardware} profile against {g.points} published GPU measurements from {g.sources} "
-                    f"sources, {how} ({self._shown('gpu-points.csv')}, docs/gpu_validation.md): tokens/s per GPU "
-                    f"{t[0]:+.0%} to "
-                    f"{t[1]:+.0%}, ratios between a source's configurations {r[0]:+.0%} to {r[1]:+.0%} (10th to "
+                    f"source{plural}, {how} ({self._shown('gpu-points.csv')}, docs/gpu_validation.md): "
+                    f"tokens/s per GPU {t[0]:+.0%} to {t[1]:+.0%}, ratios between a source's configurations "
+                    f"{r[0]:+.0%} to {r[1]:+.0%} (10th to "
                     f"90th percentile); those are collective FSDP runs, so ODC's own costs on GPUs are unmeasured")
         text = (f"validated against real runs on this repository's CPU host ({self.configs} configs, "
                 f"{self.source.relative_to(REPO_ROOT) if self.source.is_relative_to(REPO_ROOT) else self.source}): "

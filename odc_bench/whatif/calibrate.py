@@ -169,8 +169,9 @@ def with_hardware(spec: RunSpec, hardware: GpuHardwareConfig) -> RunSpec:
 def with_constants(spec: RunSpec, hardware: GpuHardwareConfig) -> RunSpec:
     """The run on its own hardware (node size, memory, network: what it was measured on) with
     `hardware`'s efficiency constants."""
-    own = spec.config.backend.hardware
-    assert isinstance(own, GpuHardwareConfig)
+    backend = spec.config.backend
+    assert isinstance(backend, SimBackendConfig) and isinstance(backend.hardware, GpuHardwareConfig)
+    own = backend.hardware
     return with_hardware(spec, replace(own, **{name: getattr(hardware, name) for name in FREE}))
 
 
@@ -302,7 +303,8 @@ def fit_table(result: Fit) -> pd.DataFrame:
 def base_profile(name: str) -> GpuHardwareConfig:
     hardware = compose_config(["backend=sim", f"backend/hardware={name}"]).backend
     assert isinstance(hardware, SimBackendConfig)
-    require(isinstance(hardware.hardware, GpuHardwareConfig), f"--base {name} is not a GPU profile; use a100 or h100")
+    require(isinstance(hardware.hardware, GpuHardwareConfig),
+            f"--base {name} is not a GPU profile; use a100, h100 or h200")
     assert isinstance(hardware.hardware, GpuHardwareConfig)
     return hardware.hardware
 
@@ -311,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="the measured runs, a CSV file (docs/calibrate.md)")
     ap.add_argument("--base", default="a100", help="the profile to start from and keep unfitted constants of "
-                                                   "(a100, h100; default: %(default)s)")
+                                                   "(a100, h100, h200; default: %(default)s)")
     ap.add_argument("--name", default="cluster", help="the profile's name (default: %(default)s)")
     ap.add_argument("--out", type=Path, default=Path("results/local/cluster"),
                     help="folder for backend/hardware/NAME.yaml and NAME-fit.csv (default: %(default)s)")
