@@ -3,23 +3,25 @@
     python -m odc_bench.whatif.published    # -> results/validation/gpu-*.csv, docs/gpu_validation.md
 
 Every point of results/published/points.csv that the simulator can run as published is
-simulated as collective FSDP on its GPU's stock profile (a100, h100): its model's family and
+simulated as collective FSDP on its GPU's stock profile (a100, h100, h200): its model's family and
 shape, its sequence length (every sample that long), samples per GPU per step, GPUs and GPUs per
-node, bf16 and its activation checkpointing. Per GPU type the profile's efficiency constants are
-fitted to its points as odc_bench.whatif.calibrate fits a user's runs (least squares on log
-tokens/s, only the constants the points can tell apart), once on every point and once per source
-with that source left out; a source's leave-one-source-out error is its points' error under the
-fit that did not see them. The what-if quotes those errors as its GPU band (accuracy.py).
+node, the network and sharding it states, bf16 and its activation checkpointing. Per GPU type
+the profile's efficiency constants are fitted to its points as odc_bench.whatif.calibrate fits a
+user's runs (least squares on log tokens/s, only the constants the points can tell apart), once
+on every point and once per source with that source left out; a source's leave-one-source-out
+error is its points' error under the fit that did not see them. The what-if quotes those errors
+as its GPU band (accuracy.py).
 
 Points left out, each with its reason in the output: float8 runs (not bf16), block-level
 selective checkpointing whose share of blocks the source does not state, GPUs without a stock
-profile (H200: no bf16 point), and shapes the harness cannot hold.
+profile, and shapes the harness cannot hold.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -50,7 +52,8 @@ CONF = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
 FITTED = "_fit"  # a100_fit, h100_fit: the stock profiles with the constants fitted to every point
 # The published GPU names and the stock profile each is simulated on. The HBM2e H100 (torchtitan's
 # 500 W cap) runs on the H100 profile: its differences are what that source's error shows.
-PROFILE = {"A100-SXM": "a100", "H100-SXM": "h100", "H100-SXM (HBM2e)": "h100"}
+PROFILE = {"A100-SXM": "a100", "H100-SXM": "h100", "H100-SXM (HBM2e)": "h100", "H200": "h200"}
+SHARDING = {"HSDP": ["engine.shard=hybrid"]}
 CHECKPOINTING = {"none": ["backend.recompute=false"], "full": ["backend.recompute=true"],
                  "selective (op)": ["backend.recompute=true", "backend.recompute_mode=op"]}
 FIXED_LENGTH = 65_536  # the `fixed` length profile's; dataset.length_scale brings it to seq_len
@@ -70,13 +73,27 @@ def left_out(point: pd.Series) -> str | None:
     return None
 
 
+def network(point: pd.Series) -> list[str]:
+    """The network a point states, as the profile's numbers: `nic_gbps` is a node's, in GB/s each
+    way. "per GPU" gives one NIC (rail) per GPU; a rate stated per node, or without saying which,
+    is the node's (the smaller reading: docs/published.md); none stated keeps the profile's."""
+    rate = re.match(r"(\d+) Gb(?:ps|/s)", str(point["network"]) if pd.notna(point["network"]) else "")
+    if rate is None:
+        return []
+    per_node, rails = int(point["gpus_per_node"]), 1
+    if "per GPU" in str(point["network"]):
+        rails = per_node
+    return [f"backend.hardware.nic_gbps={int(rate.group(1)) * rails / 8:g}", f"backend.hardware.nic_rails={rails}"]
+
+
 def overrides(point: pd.Series) -> list[str]:
     """The `python -m odc_bench` settings that simulate a point as published."""
     family = "mpt" if point["mlp"] == "gelu" else "llama"
     seq, micro = int(point["seq_len"]), int(point["microbatch_per_gpu"])
     return ["backend=sim", f"backend/hardware={PROFILE[point['gpu']]}", "backend.write_trace=false",
             f"backend.hardware.gpus_per_node={int(point['gpus_per_node'])}",
-            f"backend.hardware.memory_gb={float(point['gpu_memory_gb']):g}",
+            f"backend.hardware.memory_gb={float(point['gpu_memory_gb']):g}", *network(point),
+            *SHARDING.get(str(point["sharding"]), []),
             *CHECKPOINTING[point["activation_checkpointing"]],
             "model=tiny", f"model.name=published-{int(point['point_id'])}", f"model.family={family}",
             f"model.vocab_size={int(point['vocab'])}", f"model.hidden_size={int(point['d_model'])}",
@@ -109,15 +126,22 @@ def measured_points(points: pd.DataFrame) -> tuple[list[Measured], pd.DataFrame]
     return runs, pd.DataFrame(dropped, columns=["point_id", "source_id", "reason"])
 
 
-def validate(runs: list[Measured]) -> tuple[pd.DataFrame, dict[str, GpuHardwareConfig]]:
+Fitted = dict[str, dict[str, GpuHardwareConfig]]  # per GPU profile: "every point", "without SOURCE"
+EVERY = "every point"
+
+
+def validate(runs: list[Measured]) -> tuple[pd.DataFrame, Fitted]:
     """Per point: measured, simulated on the stock profile, on the profile fitted to every point
-    of its GPU, and on the one fitted without its source; and the fitted profiles."""
+    of its GPU, and on the one fitted without its source; and those fits. A GPU whose points
+    come from one source gets no fitted profile: no source would be left to validate it."""
     rows, fitted = [], {}
     for profile in sorted({r.setting[1] for r in runs}):
         group = [r for r in runs if r.setting[1] == profile]
         base = base_profile(profile)
-        every = fit(group, base, f"{profile}{FITTED}", worst_residual=None)
-        fitted[profile] = every.hardware
+        sources = {r.setting[0] for r in group}
+        every = fit(group, base, f"{profile}{FITTED}", worst_residual=None) if len(sources) > 1 else None
+        if every is not None:
+            fitted[profile] = {EVERY: every.hardware}
         stock = predict(group, base)
         held_out = np.full(len(group), np.nan)
         for source in sorted({r.setting[0] for r in group}):
@@ -127,11 +151,14 @@ def validate(runs: list[Measured]) -> tuple[pd.DataFrame, dict[str, GpuHardwareC
             without = fit(train, base, "loso", most=max(1, len(train) - 1), worst_residual=None)
             idx = [i for i, r in enumerate(group) if r.setting[0] == source]
             held_out[idx] = predict([group[i] for i in idx], without.hardware)
+            if every is not None:
+                fitted[profile][f"without {source}"] = without.hardware
         for i, r in enumerate(group):
             rows.append({"point_id": r.row, "source_id": r.setting[0], "profile": profile,
                          "params": sum(unit_params(r.spec.config.model)), "gpus": r.spec.world_size,
                          "seq_len": max(r.spec.minibatches[0].lengths), "model": r.spec.config.model.name,
-                         "measured": r.tokens_per_s_per_gpu, "stock": stock[i], "fitted": every.predicted[i],
+                         "measured": r.tokens_per_s_per_gpu, "stock": stock[i],
+                         "fitted": np.nan if every is None else every.predicted[i],
                          "held_out": held_out[i]})
     table = pd.DataFrame(rows)
     for col in ("stock", "fitted", "held_out"):
@@ -157,13 +184,15 @@ def ratio_pairs(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def profiles_table(fitted: dict[str, GpuHardwareConfig]) -> pd.DataFrame:
+def profiles_table(fitted: Fitted) -> pd.DataFrame:
+    """Each constant: the datasheet's, fitted to every point, and fitted without each source."""
     rows = []
-    for profile, hardware in fitted.items():
+    for profile, fits in fitted.items():
         base = base_profile(profile)
         for name in FREE:
-            rows.append({"profile": profile, "constant": name, "datasheet": getattr(base, name),
-                         "fitted": getattr(hardware, name)})
+            row = {"profile": profile, "constant": name, "datasheet": getattr(base, name)}
+            row.update({"fitted" if label == EVERY else label: getattr(hw, name) for label, hw in fits.items()})
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -245,6 +274,49 @@ def by_source(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def worst_point(points: pd.DataFrame, table: pd.DataFrame, profiles: pd.DataFrame, profile: str) -> str:
+    """A profile's worst held-out point beside the same model's other runs in its source, and the
+    fit that held it out: what that fit saw, and the constants where it parts from the fit to
+    every point."""
+    part = table[table["profile"] == profile].merge(points, on="point_id", suffixes=("", "_published"))
+    worst = part.loc[part["held_out_error"].abs().idxmax()]
+    same = part[(part["source_id"] == worst["source_id"]) & (part["model_published"] == worst["model_published"])
+                & (part["point_id"] != worst["point_id"])]
+
+    def run(r: pd.Series) -> str:
+        return (f"{r['gpus']} GPUs of {r['gpu_memory_gb']:g} GB, {r['seq_len_published']} tokens, "
+                f"{r['microbatch_per_gpu']} samples x {r['grad_accum']} microbatches per step, "
+                f"{r['activation_checkpointing']} checkpointing")
+
+    text = (f"{profile}'s worst held-out point is {worst['point_id']} ({worst['source_id']}, "
+            f"{worst['model_published']} on {run(worst)}): measured {worst['measured']:g} tokens/s per GPU, "
+            f"held-out error {_pct(worst['held_out_error'])}, stock {_pct(worst['stock_error'])}.")
+    if not same.empty:
+        others = "; ".join(f"{r['point_id']}: {run(r)}, {r['measured']:g}, held out {_pct(r['held_out_error'])}"
+                           for _, r in same.iterrows())
+        text += f" The same model in the same source: {others}."
+    return f"{text} {_held_out_fit(part, profiles, profile, worst)}"
+
+
+def _held_out_fit(part: pd.DataFrame, profiles: pd.DataFrame, profile: str, worst: pd.Series) -> str:
+    source = worst["source_id"]
+    seen = part[part["source_id"] != source]
+    constants = profiles[profiles["profile"] == profile].set_index("constant")
+    without = constants[f"without {source}"]
+    # A constant the held-out fit left a tenth or more from the every-point fit is where the
+    # other sources pulled it; smaller differences are the fit's own noise.
+    apart = [f"{name} {without[name]:.3g} against {constants.loc[name, 'fitted']:.3g}" for name in constants.index
+             if abs(without[name] / constants.loc[name, "fitted"] - 1) >= 0.1]
+    text = (f"The fit that held {source} out saw {len(seen)} points ("
+            + ", ".join(f"{s} {n}" for s, n in seen["source_id"].value_counts().sort_index().items())
+            + f") at {seen['seq_len'].min()} to {seen['seq_len'].max()} tokens per sample on "
+            f"{seen['gpus'].min()} to {seen['gpus'].max()} GPUs")
+    if not apart:
+        return text + "; its constants are within a tenth of the fit to every point."
+    return (text + f"; it parts from the fit to every point in {'; '.join(apart)}, and under the fit to every "
+            f"point this point's error is {_pct(worst['fitted_error'])}.")
+
+
 TARGET = (0.10, 0.25)  # issue 32's bar for held-out tokens/s error: median and worst |error|
 
 
@@ -266,12 +338,14 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
     """docs/gpu_validation.md from the validation files: every number in it is computed here."""
     joined = table.merge(points[["point_id", "activation_checkpointing", "compile"]], on="point_id")
     lines = ["# The GPU profiles against published GPU measurements", "",
-             "Generated by `python -m odc_bench.whatif.published` (about two minutes) from "
+             "Generated by `python -m odc_bench.whatif.published` (about 20 minutes on one core) from "
              "results/published/points.csv (docs/published.md); it writes results/validation/gpu-*.csv and this "
              "page. Each usable point is simulated as collective FSDP with its model's family and shape, its "
-             "sequence length, samples per GPU, GPU count and node size, bf16 and its checkpointing mode "
-             "(`backend.recompute_mode`, docs/simulator.md), on its GPU's stock profile (`stock`), on the profile "
-             "fitted to every point of that GPU (`fitted`), and on the profile fitted without the point's source "
+             "sequence length, samples per GPU, GPU count and node size, its network where the source states one "
+             "(docs/published.md says how a rate is read), hybrid sharding where it ran HSDP, bf16 and its "
+             "checkpointing mode (`backend.recompute_mode`, docs/simulator.md), on its GPU's stock profile "
+             "(`stock`), on the profile fitted to every point of that GPU (`fitted`), and on the profile fitted "
+             "without the point's source "
              "(`held out`: the leave-one-source-out error). The fit is odc_bench.whatif.calibrate's "
              "(docs/calibrate.md): least squares on log tokens/s, only the constants the points can tell apart. "
              "Errors are simulated over measured tokens/s per GPU, minus 1.", "",
@@ -285,9 +359,17 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
               f"{TARGET[0]:.0%}, worst at most {TARGET[1]:.0%})", ""]
     for profile, part in table.groupby("profile", sort=True):
         err = part["held_out_error"].abs()
+        if err.isna().all():
+            stock = part["stock_error"].abs()
+            lines.append(f"- {profile}: one source ({', '.join(sorted(part['source_id'].unique()))}), so no fit and "
+                         f"nothing to hold out; the stock profile, which never saw its {len(part)} points, is off by "
+                         f"{stock.median():.1%} (median), {stock.max():.1%} at worst.")
+            continue
         ok = err.median() <= TARGET[0] and err.max() <= TARGET[1]
         lines.append(f"- {profile}: median {err.median():.1%}, worst {err.max():.1%} over {len(part)} points: "
                      f"{'within the bar' if ok else 'not within the bar'}.")
+    lines += [""] + [worst_point(points, table, profiles, profile) for profile in sorted(table["profile"].unique())
+                     if table.loc[table["profile"] == profile, "held_out_error"].notna().any()]
     by_mode = joined.groupby(["profile", "source_id", "activation_checkpointing"])["stock_error"].median()
     lines += ["", "Where the stock profiles miss, by source and checkpointing mode (median stock error): "
               + "; ".join(f"{p} {s} {m}: {_pct(v)}" for (p, s, m), v in by_mode.items()) + ".", ""]
@@ -310,7 +392,21 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
               "FLOPs model's 4/3 says (the medians by mode above), a cost of the runs without recomputation that "
               f"the simulator does not model (their microbatches hold {_span(foundry, 'none')} samples, the "
               f"checkpointed runs' {_span(foundry, 'full')}).", ""]
-    lines += ["## Fitted constants", "", _md(profiles), ""]
+    kempner = points[points["source_id"] == "kempnerforge"]
+    if not kempner.empty and "h200" in set(table["profile"]):
+        h200 = table[table["profile"] == "h200"]["stock_error"]
+        lines += [f"Why the H200 profile misses KempnerForge's runs ({_pct(h200.median())}, median): they run faster "
+                  f"than the H100's efficiencies give on the H200's die. KempnerForge prints MFU up to "
+                  f"{kempner['mfu'].max():.1%} by PaLM's formula, which counts no recomputation, with full "
+                  "checkpointing on: the tensor cores did a third more work than that. Whether the H200 sustains "
+                  "higher clocks than the H100 in these runs, or torch.compile (on in all but one) is what the "
+                  "H100 sources lack, no source states; the H200 profile keeps the H100's constants, and a "
+                  "profile fitted to one source would have nothing left to validate it.", ""]
+    lines += ["## Fitted constants", "",
+              "`fitted`: to every point of the GPU (the profile `NAME_fit` this command writes); `without SOURCE`: "
+              "to the other sources' points, the fit that gives SOURCE's held-out errors. Where the sources disagree, "
+              "a constant moves when one of them is held out, and the held-out source's points carry the difference.",
+              "", _md(profiles), ""]
     each = joined.merge(points[["point_id", "model", "seq_len"]], on="point_id", suffixes=("", "_published"))
     each = each[["point_id", "source_id", "profile", "model_published", "gpus", "seq_len_published",
                  "activation_checkpointing", "compile", "measured", "stock_error", "fitted_error", "held_out_error"]]
@@ -327,9 +423,9 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
         spread.append(q.reset_index().assign(profile=lambda f, label=label: f["profile"] + f" ({label})"))
     lines += [_md(pd.concat(spread, ignore_index=True)), "",
               "The what-if quotes the 10th to 90th percentile of these errors, on throughput and on these ratios, as "
-              "its band (odc_bench/whatif/accuracy.py reads these files): a stock profile's own errors for a100 and "
-              "h100 (the profiles never saw these points), the held-out ones for the fitted a100_fit and h100_fit "
-              "(odc_bench/conf/backend/hardware/, written by this command). It says when a configuration lies "
+              "its band (odc_bench/whatif/accuracy.py reads these files): a stock profile's own errors for a100, "
+              "h100 and h200 (the profiles never saw these points), the held-out ones for the fitted a100_fit and "
+              "h100_fit (odc_bench/conf/backend/hardware/, written by this command). It says when a configuration lies "
               "outside the validated model sizes, GPU counts or sequence lengths.", ""]
     lines += ["## The paper's cells on the fitted A100 profile", "",
               "ODC + LB-Mini over Collective + LB-Micro and both bubble rates, simulated as results/sim_paper is "
@@ -354,16 +450,19 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
                   "precision=bf16 backend.recompute=true backend.write_trace=false "
                   "results_dir=results/sim_paper_fit`). "
                   f"Over the {len(moves)} settings with both ODC + LB-Mini and Collective + LB-Micro, the speedup "
-                  f"moves by {move.median():+.1f} points (median), {move.min():+.1f} to {move.max():+.1f}. The largest "
-                  f"move is {moves.loc[move.idxmin(), 'model']} on {moves.loc[move.idxmin(), 'dataset']} at "
-                  f"{moves.loc[move.idxmin(), 'world_size']} GPUs: settings across nodes whose samples are short "
-                  "(RL's), so that ODC's per-microbatch point-to-point transfers weigh most against compute, meet "
-                  "the fitted NIC efficiency (the 14B cell above: NIC efficiency alone moves it most).", "",
+                  f"moves by {move.median():+.1f} points (median), {move.min():+.1f} to {move.max():+.1f}; the "
+                  f"largest moves down and up: {_setting(moves.loc[move.idxmin()])} and "
+                  f"{_setting(moves.loc[move.idxmax()])}.", "",
                   _md(moves.assign(stock=moves["stock"].map(_pct), fitted=moves["fitted"].map(_pct),
                                    move=move.map(lambda v: f"{v:+.1f}"))
                       [["model", "dataset", "world_size", "minibatch_size", "packing_ratio", "length_scale", "stock",
                         "fitted", "move"]].rename(columns=lambda c: c.replace("_", " "))), ""]
     return "\n".join(lines)
+
+
+def _setting(row: pd.Series) -> str:
+    return (f"{row['model']} on {row['dataset']} at {row['world_size']} GPUs, minibatch {row['minibatch_size']} "
+            f"({100 * row['move']:+.1f})")
 
 
 def moves() -> pd.DataFrame:
@@ -388,14 +487,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     runs, dropped = measured_points(points)
     table, fitted = validate(runs)
-    pairs, profiles, cells = ratio_pairs(table), profiles_table(fitted), paper_cells(fitted)
+    every = {profile: fits[EVERY] for profile, fits in fitted.items()}
+    pairs, profiles, cells = ratio_pairs(table), profiles_table(fitted), paper_cells(every)
     _csv(table, args.out / "gpu-points.csv")
     _csv(pairs, args.out / "gpu-ratios.csv")
     _csv(dropped, args.out / "gpu-left-out.csv")
     _csv(profiles, args.out / "gpu-profiles.csv")
     _csv(cells, args.out / "gpu-paper-cells.csv")
     atomic_write_text(args.doc, doc(points, table, pairs, dropped, profiles, cells, moves()))
-    for profile, hardware in fitted.items():
+    for profile, hardware in every.items():
         count = int((table["profile"] == profile).sum())
         atomic_write_text(args.conf / f"{hardware.name}.yaml", profile_file(hardware, count))
     print(by_source(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -19,7 +19,12 @@ def _point(point_id: int) -> pd.Series:
     return POINTS[POINTS["point_id"] == point_id].iloc[0]
 
 
-@pytest.mark.parametrize("point_id", [1, 48, 78])  # MPT-70B on 512 H100s; MPT-7B at 64K; Llama 3.1 8B, op-level SAC
+# MPT-70B on 512 H100s (no network stated); MPT-7B at 64K (1600 Gbps per node); Llama 3.1 8B, op-level
+# SAC (400 Gb/s per GPU); fms-fsdp's HSDP run ("400Gbps": the node's); KempnerForge's 32 H200s in nodes of 4
+NETWORK = {1: (400.0, 8), 48: (200.0, 1), 78: (400.0, 8), 86: (50.0, 1), 98: (50.0, 1)}
+
+
+@pytest.mark.parametrize("point_id", sorted(NETWORK))
 def test_a_point_runs_as_published(point_id):
     point = _point(point_id)
     assert published.left_out(point) is None
@@ -39,6 +44,10 @@ def test_a_point_runs_as_published(point_id):
     mode = point["activation_checkpointing"]
     assert spec.config.backend.recompute == (mode != "none")
     assert spec.config.backend.recompute_mode == ("op" if mode == "selective (op)" else "full")
+    hardware = spec.config.backend.hardware
+    assert (hardware.nic_gbps, hardware.nic_rails) == NETWORK[point_id]
+    assert hardware.memory_gb == point["gpu_memory_gb"]
+    assert spec.config.engine.options.shard == ("hybrid" if point["sharding"] == "HSDP" else "full")
 
 
 @pytest.mark.parametrize("point_id, reason", [(80, "float8"), (84, "float8"), (88, "share of blocks")])
