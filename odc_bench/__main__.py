@@ -1,16 +1,28 @@
-import os
+import signal
 import sys
 
-try:  # Ctrl-C while the harness is still importing ends like Ctrl-C at any other moment
-    from odc_bench.cli import interrupted, main
+# Ctrl-C while the harness is still importing ends like Ctrl-C at any other moment. SIGINT is held
+# until the imports are done: torch's C extension imports numpy and swallows whatever that import
+# raises, a KeyboardInterrupt included, which left numpy half imported and the run going on (it
+# failed later with "module 'numpy' has no attribute 'matrix'"). A held Ctrl-C is raised on release.
+try:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        from odc_bench.cli import interrupted, main
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 except KeyboardInterrupt:
     print("odc_bench: interrupted; nothing written", file=sys.stderr, flush=True)
-    # Nothing has started that needs cleaning up, and an interrupted import (torch's, half done)
-    # can make the interpreter's own shutdown end by the signal instead of this status.
-    os._exit(130)
+    sys.exit(130)  # nothing has started that needs cleaning up
 
-if __name__ == "__main__":
+
+def run() -> None:
+    """`python -m odc_bench` and the `odc-bench` script."""
     try:
         main()
     except KeyboardInterrupt as e:
         interrupted(str(e))
+
+
+if __name__ == "__main__":
+    run()
