@@ -26,8 +26,13 @@ from tests.integration.test_sim_real import skip_if_overloaded
 
 pytestmark = pytest.mark.slow
 
+# optim.eps=1e-4: the engine and the reference compute the same gradients with different kernels
+# (a unit's gathered flat weights against the module's own), and AdamW with eps 1e-8 turns that fp32
+# rounding in near-zero gradient entries into lr-sized steps; how much depends on the CPU's kernels
+# (docs/staleness.md gives both hosts' numbers). At 1e-4 the parameters measure the engine: the
+# version semantics still move them by 0.2-0.36 (the off-by-one check below).
 SMALL = ("engine=odc", "model.num_layers=2", "world_size=2", "minibatch_size=2", "warmup_minibatches=0",
-         "optim.weight_decay=0.1", "optim.lr=0.01", "dataset.length_scale=0.005")
+         "optim.weight_decay=0.1", "optim.lr=0.01", "optim.eps=1e-4", "dataset.length_scale=0.005")
 # Per minibatch, (rank 0's samples, rank 1's): counts differ, and each rank idles in some.
 SPLITS = [([0, 1, 2, 3], []), ([0, 1, 2], [3]), ([], [0, 1, 2, 3]), ([0], [1, 2, 3]), ([2, 3], [0, 1])]
 
@@ -48,8 +53,8 @@ def _spec(staleness: int, splits=SPLITS, *overrides: str, base: tuple[str, ...] 
 # (minibatch splits, run options, parameter bound): with at most two pushes per accumulator
 # element the engine's sums cannot depend on the order pushes land in, and the issue's 1e-5 holds;
 # with up to four microbatches per rank and minibatch the order is the runtime's, fp32 addition
-# does not commute, and over five AdamW steps that moves the parameters by up to ~2e-5
-# (docs/staleness.md, "Semantics"). A version off by one moves them past 1e-3 (below).
+# does not commute, and that order can move the parameters further (docs/staleness.md, "Semantics").
+# A version off by one moves them past 1e-3 (below).
 WORKLOADS = {"two-pushes": (PAIR_SPLITS, PAIRS, 1e-5), "four-pushes": (SPLITS, SMALL, 1e-4)}
 
 
