@@ -47,6 +47,8 @@ def test_a_point_runs_as_published(point_id):
     hardware = spec.config.backend.hardware
     assert (hardware.nic_gbps, hardware.nic_rails) == NETWORK[point_id]
     assert hardware.memory_gb == point["gpu_memory_gb"]
+    # torchtitan's HBM2e H100s at the bandwidth their source states; the others at their profile's
+    assert hardware.hbm_gbps == {78: 2400, 98: 4800}.get(point_id, 3350 if "H100" in point["gpu"] else 2039)
     assert spec.config.engine.options.shard == ("hybrid" if point["sharding"] == "HSDP" else "full")
 
 
