@@ -51,7 +51,7 @@ DOC = REPO_ROOT / "docs" / "gpu_validation.md"
 CONF = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
 FITTED = "_fit"  # a100_fit, h100_fit: the stock profiles with the constants fitted to every point
 # The published GPU names and the stock profile each is simulated on. The HBM2e H100 (torchtitan's
-# 500 W cap) runs on the H100 profile with its stated bandwidth (HBM_GBPS): its cap is what that
+# 500 W cap) runs on the H100 profile with its stated bandwidth (HBM): its cap is what that
 # source's error shows.
 PROFILE = {"A100-SXM": "a100", "H100-SXM": "h100", "H100-SXM (HBM2e)": "h100", "H200": "h200"}
 # Where a source states its GPU's memory bandwidth and it differs from the stock profile's:
@@ -59,7 +59,7 @@ PROFILE = {"A100-SXM": "a100", "H100-SXM": "h100", "H100-SXM (HBM2e)": "h100", "
 # (github.com/pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, "Hardware"). Their
 # 500 W cap is not here: the source says their peak FLOP/s lies between the SXM's and the NVL's
 # and that it does not know the number.
-HBM_GBPS = {"H100-SXM (HBM2e)": 2400}
+HBM = {"H100-SXM (HBM2e)": ["backend.hardware.hbm_gbps=2400"]}
 SHARDING = {"HSDP": ["engine.shard=hybrid"]}
 CHECKPOINTING = {"none": ["backend.recompute=false"], "full": ["backend.recompute=true"],
                  "selective (op)": ["backend.recompute=true", "backend.recompute_mode=op"]}
@@ -100,7 +100,7 @@ def overrides(point: pd.Series) -> list[str]:
     return ["backend=sim", f"backend/hardware={PROFILE[point['gpu']]}", "backend.write_trace=false",
             f"backend.hardware.gpus_per_node={int(point['gpus_per_node'])}",
             f"backend.hardware.memory_gb={float(point['gpu_memory_gb']):g}", *network(point),
-            *([f"backend.hardware.hbm_gbps={HBM_GBPS[point['gpu']]}"] if point["gpu"] in HBM_GBPS else []),
+            *HBM.get(str(point["gpu"]), []),
             *SHARDING.get(str(point["sharding"]), []),
             *CHECKPOINTING[point["activation_checkpointing"]],
             "model=tiny", f"model.name=published-{int(point['point_id'])}", f"model.family={family}",
