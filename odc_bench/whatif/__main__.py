@@ -53,8 +53,9 @@ def parser() -> argparse.ArgumentParser:
                     help="any other setting of `python -m odc_bench`, anywhere on the line, e.g. model.num_layers=40 "
                          "max_tokens=32768 "
                          "packing_ratio=2 backend.hardware.nic_gbps=200 precision=fp32")
-    ap.add_argument("--model", default="qwen2_7b", help=f"a model config ({', '.join(MODELS)}); change its shape "
-                    "with model.KEY=VALUE overrides (default: %(default)s)")
+    ap.add_argument("--model", default="qwen2_7b", help=f"a model config ({', '.join(MODELS)}), or a Hugging Face "
+                    "model folder (or its config.json) whose shape is read with transformers; change the shape with "
+                    "model.KEY=VALUE overrides (default: %(default)s)")
     ap.add_argument("--hardware", default="a100",
                     help=f"a hardware profile ({', '.join(HARDWARE)}; cpu: this machine, calibrated; NAME_fit: "
                          "fitted to published GPU runs), or a profile file fitted to your own cluster "
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             say(f"Outside what the GPU validation covers: {'; '.join(beyond)}; read the band as a floor there.")
     hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
     if isinstance(hardware, CalibratedHardwareConfig):
-        path = calibration_path(hardware, question.model)
+        path = calibration_path(hardware, question.model_name)
         elsewhere = calibrated_elsewhere(json.loads(path.read_text()), path, host_fingerprint())
         if elsewhere:
             say(elsewhere)

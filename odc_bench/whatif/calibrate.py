@@ -101,6 +101,11 @@ def _flag(value: object, row: int) -> bool:
     return text in ("true", "1", "yes")
 
 
+def _beside(csv: Path, value: str) -> str:
+    """A lengths file or model folder named relative to the runs file, where one is there."""
+    return str(csv.parent / value) if not Path(value).is_absolute() and (csv.parent / value).exists() else value
+
+
 def read_runs(path: Path, base: str) -> list[Measured]:
     """The measured runs, each planned on the base profile; ConfigError for anything unreadable."""
     try:
@@ -131,11 +136,9 @@ def read_runs(path: Path, base: str) -> list[Measured]:
         extra = [f"backend.recompute={str(recompute).lower()}", f"precision={precision}"]
         if max_tokens is not None:
             extra.append(f"max_tokens={int(_number(max_tokens, 'max_tokens', i, integer=True))}")
-        lengths = str(r["lengths"]).strip()
-        if not Path(lengths).is_absolute() and (path.parent / lengths).exists():
-            lengths = str(path.parent / lengths)  # a lengths file beside the CSV
+        lengths, model = (_beside(path, str(r[column]).strip()) for column in ("lengths", "model"))
         try:
-            question = Question(lengths=lengths, model=str(r["model"]).strip(), hardware=base, nodes=gpus // per_node,
+            question = Question(lengths=lengths, model=model, hardware=base, nodes=gpus // per_node,
                                 devices_per_node=per_node, minibatch_sizes=(minibatch,), num_minibatches=MINIBATCHES,
                                 overrides=tuple(extra))
             spec = resolve(compose_config(question.run(Series("collective", balancer, 0), minibatch)))
@@ -292,9 +295,10 @@ def profile_yaml(result: Fit, source: Path) -> str:
 def fit_table(result: Fit) -> pd.DataFrame:
     rows = []
     for run, predicted, residual in zip(result.runs, result.predicted, result.residuals, strict=True):
-        model, lengths, gpus, per_node, minibatch, recompute, precision, balancer, max_tokens = run.setting
-        rows.append(dict(row=run.row, model=model, lengths=lengths, gpus=gpus, gpus_per_node=per_node,
-                         minibatch_size=minibatch, recompute=recompute, precision=precision, balancer=balancer,
+        _, lengths, gpus, per_node, minibatch, recompute, precision, balancer, max_tokens = run.setting
+        rows.append(dict(row=run.row, model=run.spec.config.model.name, lengths=lengths, gpus=gpus,
+                         gpus_per_node=per_node, minibatch_size=minibatch, recompute=recompute, precision=precision,
+                         balancer=balancer,
                          measured_tokens_per_s_per_gpu=run.tokens_per_s_per_gpu,
                          simulated_tokens_per_s_per_gpu=float(predicted), residual=float(residual)))
     return pd.DataFrame(rows)

@@ -110,6 +110,6 @@ def advice(specs: list[RunSpec], question: Question) -> str:
     """What makes these runs fit, or that nothing the what-if can change does."""
     ways = ways_to_fit(specs, question)
     if not ways:
-        return (f"nothing the what-if can change makes {question.model} fit (recomputation, bf16, up to "
+        return (f"nothing the what-if can change makes {question.model_name} fit (recomputation, bf16, up to "
                 f"{MAX_NODE_FACTOR}x the nodes, shorter samples): use a smaller model or devices with more memory")
     return "it would fit with " + ", or with ".join(ways)

@@ -19,6 +19,7 @@ from pathlib import Path
 from odc_bench.balancers.registry import BALANCERS
 from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
+from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_model
 from odc_bench.data.profiles import PROFILES
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.series import BASELINE_BALANCERS
@@ -96,7 +97,7 @@ class Question:
     """What the user asks about, as command-line values."""
 
     lengths: str  # a profile name, a lengths/JSONL file, or a Hugging Face dataset folder
-    model: str = "qwen2_7b"
+    model: str = "qwen2_7b"  # a model config, or a Hugging Face model folder or config.json
     hardware: str = "a100"
     nodes: int = 1
     devices_per_node: int = 8
@@ -123,6 +124,9 @@ class Question:
         for o in self.overrides:
             key = o.split("=", 1)[0].lstrip("+")
             require(key not in OWN_KEYS, f"{o!r}: the what-if sets {key} itself; use its options (--help) instead")
+        require(self.model in MODELS or is_hf_model(self.model),
+                f"--model {self.model} is neither a model config ({', '.join(MODELS)}) nor a Hugging Face model "
+                f"folder holding a config.json, nor such a .json file")
         if self.hardware not in HARDWARE:
             path = Path(self.hardware).expanduser()
             require(path.is_file() and path.suffix == ".yaml" and path.parent.name == "hardware"
@@ -139,6 +143,15 @@ class Question:
     @property
     def hardware_name(self) -> str:
         return self.hardware_file.stem if self.hardware_file else self.hardware
+
+    @property
+    def model_name(self) -> str:
+        """The model as rows and titles name it."""
+        return self.model if self.model in MODELS else hf_model_name(self.model)
+
+    def model_overrides(self) -> list[str]:
+        """The model's settings: its config, or the shape its Hugging Face config gives."""
+        return [f"model={self.model}"] if self.model in MODELS else hf_model_overrides(self.model)
 
     @property
     def world_size(self) -> int:
@@ -175,7 +188,7 @@ class Question:
                     if file else [f"backend/hardware={self.hardware}"])
         if self.hardware != "cpu":  # the calibrated CPU profile has no node size: it is this machine
             hardware += [f"backend.hardware.gpus_per_node={self.devices_per_node}", *GPU_DEFAULTS]
-        return ["backend=sim", *hardware, f"world_size={self.world_size}", f"model={self.model}",
+        return ["backend=sim", *hardware, f"world_size={self.world_size}", *self.model_overrides(),
                 f"num_minibatches={self.num_minibatches}", *DEFAULTS, *self.data_overrides()]
 
     def run(self, s: Series, minibatch_size: int) -> list[str]:

@@ -61,7 +61,7 @@ def describe_pool(lengths: np.ndarray, question: Question, source: str) -> str:
 
 
 def title(question: Question) -> str:
-    return (f"{question.model} on {question.world_size} x {question.hardware_name} ({question.nodes} node"
+    return (f"{question.model_name} on {question.world_size} x {question.hardware_name} ({question.nodes} node"
             f"{'s' * (question.nodes > 1)} x {question.devices_per_node}), lengths {Path(question.lengths).name}")
 
 

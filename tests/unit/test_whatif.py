@@ -252,7 +252,8 @@ def test_fit_advice_names_only_changes_that_fit_when_replanned():
 @pytest.mark.parametrize(("args", "setup", "message"), [
     (["{tmp}/bad.jsonl"], "12\n[1, 2.5]\n", "line 2: token ids must be integers >= 0"),
     (["{tmp}/none.jsonl"], None, "is neither a length profile"),
-    (["longalign", "--model", "nosuch"], None, "unknown model option 'nosuch'"),
+    (["longalign", "--model", "nosuch"], None, "--model nosuch is neither a model config"),
+    (["longalign", "--model", "{tmp}"], None, "nor a Hugging Face model folder holding a config.json"),
     (["longalign", "--nodes", "0"], None, "--nodes must be at least 1"),
     (["longalign", "engine=odc"], None, "the what-if sets engine itself"),
     (["longalign", "backend.hardware.link_gbps=0"], None, "backend.hardware.link_gbps must be a positive number"),

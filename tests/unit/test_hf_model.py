@@ -1,0 +1,112 @@
+"""A user's model from its Hugging Face config.json: the what-if and the calibration read its shape.
+
+The configs here are written in the keys and with the extras a downloaded config.json carries (a
+byte-order mark, rope scaling, lists of end tokens, keys the harness ignores), holding the shapes
+of the harness's own model configs, so that the model read from the file must be that config's
+model under another name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from odc_bench.config.hf_model import hf_model_overrides
+from odc_bench.errors import ConfigError
+from odc_bench.whatif import calibrate as cc
+from odc_bench.whatif.answer import compose_config
+from odc_bench.whatif.question import Question, Series
+
+pytest.importorskip("transformers", reason="reading a Hugging Face config needs transformers: pip install "
+                                           "'odc-bench[hf]'")
+
+EXTRAS = {"architectures": ["LlamaForCausalLM"], "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+          "hidden_act": "silu", "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "use_cache": True,
+          "transformers_version": "4.43.0.dev0", "attention_dropout": 0.0, "initializer_range": 0.02}
+
+
+def _model(overrides: list[str]):
+    return compose_config(["backend=sim", *overrides]).model
+
+
+def hf_config(name: str, model_type: str, **extra) -> dict:
+    """The harness model config `name` in a Hugging Face config's keys."""
+    m = _model([f"model={name}"])
+    return {"model_type": model_type, "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+            "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
+            "num_key_value_heads": m.num_kv_heads, "vocab_size": m.vocab_size, "rms_norm_eps": m.rms_eps,
+            "rope_theta": m.rope_theta, "tie_word_embeddings": m.tie_embeddings, **EXTRAS, **extra}
+
+
+def write(folder: Path, config: dict | str, bom: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    text = config if isinstance(config, str) else json.dumps(config, indent=2)
+    (folder / "config.json").write_bytes(("\ufeff" if bom else "").encode() + text.encode())
+    return folder
+
+
+LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+
+@pytest.mark.parametrize(("name", "model_type", "extra"), [
+    ("llama3_8b", "llama", {"rope_scaling": LLAMA3_ROPE, "attention_bias": False, "mlp_bias": False}),
+    ("llama2_7b", "llama", {}),
+    # Qwen2 configs state a window that use_sliding_window leaves off.
+    ("qwen2_7b", "qwen2", {"sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 28}),
+    ("qwen2_1p5b", "qwen2", {"sliding_window": 32768, "use_sliding_window": False}),
+    ("llama3_8b", "mistral", {"sliding_window": None}),
+])
+def test_a_config_json_gives_the_model_config_of_its_shape(tmp_path, name, model_type, extra):
+    folder = write(tmp_path / "My Model v1", hf_config(name, model_type, **extra))
+    read = _model(hf_model_overrides(str(folder)))
+    assert read.name == "My-Model-v1", "the folder names it, in characters a command line takes"
+    assert read == replace(_model([f"model={name}"]), name=read.name)
+    assert _model(hf_model_overrides(str(folder / "config.json"))) == read, "the file itself names it as well"
+
+
+def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
+    config = hf_config("llama2_7b", "llama")
+    del config["num_key_value_heads"], config["tie_word_embeddings"]
+    read = _model(hf_model_overrides(str(write(tmp_path / "m", config))))
+    assert read.num_kv_heads == read.num_heads, "no key-value heads stated: as many as query heads"
+    assert read.tie_embeddings is False, "LlamaConfig does not tie by default (PretrainedConfig would)"
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    (dict(hf_config("qwen2_7b", "qwen3", head_dim=128)), "model_type 'qwen3' is not one the harness simulates"),
+    (hf_config("llama3_8b", "mistral", sliding_window=4096),
+     "sliding-window attention (4096 tokens) is not simulated"),
+    (hf_config("qwen2_7b", "qwen2", sliding_window=4096, use_sliding_window=True),
+     "sliding-window attention (4096 tokens) is not simulated"),
+    (hf_config("llama3_8b", "llama", head_dim=64), "head_dim 64 x num_attention_heads 32 is not hidden_size 4096"),
+    ('{"model_type": "llama", ', "cannot read"),
+    ('["llama"]', "has no model_type"),
+    ({"tokenizer_class": "PreTrainedTokenizerFast"}, "has no model_type"),
+])
+def test_a_config_it_cannot_simulate_is_refused_in_one_line(tmp_path, config, message):
+    folder = write(tmp_path / "m", config)
+    with pytest.raises(ConfigError) as refused:
+        hf_model_overrides(str(folder))
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_whatif_on_a_model_folder_is_the_whatif_on_its_config(tmp_path):
+    folder = write(tmp_path / "Llama-3.1-8B", hf_config("llama3_8b", "llama", rope_scaling=LLAMA3_ROPE))
+    ask = dict(lengths="longalign", hardware="h100", nodes=2, minibatch_sizes=(2,), num_minibatches=2)
+    mine, stock = Question(model=str(folder), **ask), Question(model="llama3_8b", **ask)
+    assert mine.model_name == "Llama-3.1-8B"
+    collective = Series("collective", "lb_micro")
+    a, b = (compose_config(q.run(collective, 2)) for q in (mine, stock))
+    assert a == replace(b, model=replace(b.model, name="Llama-3.1-8B"))
+
+
+def test_the_runs_file_names_a_model_folder_beside_it(tmp_path):
+    write(tmp_path / "Llama-3.1-8B", hf_config("llama3_8b", "llama"), bom=False)
+    (tmp_path / "runs.csv").write_text("model,lengths,gpus,gpus_per_node,minibatch_size,tokens_per_s_per_gpu\n"
+                                       "Llama-3.1-8B,longalign,8,8,2,1500\nllama3_8b,swe_smith,8,8,2,2500\n")
+    mine, stock = (r.spec.config.model for r in cc.read_runs(tmp_path / "runs.csv", "h100"))
+    assert mine == replace(stock, name="Llama-3.1-8B")
