@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
+from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig, SimBackendConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
@@ -140,16 +140,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         say(line)
     error = accuracy.describe(question.hardware_name, question.hardware_file)
     say(f"Simulated, not measured. The simulator's error: {error}.")
-    if accuracy.gpu is not None:
+    hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
+    if accuracy.gpu is not None and isinstance(hardware, GpuHardwareConfig):
         beyond = accuracy.gpu.outside(float(sum(unit_params(spec.config.model))), question.world_size,
-                                      int(lengths.max()))
+                                      int(lengths.max()), question.devices_per_node, 8 * hardware.nic_gbps)
         changed = [o for o in question.overrides if o.lstrip("+").startswith("backend.hardware.")]
         if changed:
             beyond.append(f"a changed {question.hardware} profile ({', '.join(changed)}; the validation is of the "
                           f"profile as it stands)")
         if beyond:
             say(f"Outside what the GPU validation covers: {'; '.join(beyond)}; read the band as a floor there.")
-    hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
     if isinstance(hardware, CalibratedHardwareConfig):
         path = calibration_path(hardware, question.model_name)
         elsewhere = calibrated_elsewhere(json.loads(path.read_text()), path, host_fingerprint())

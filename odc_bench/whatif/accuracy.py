@@ -25,6 +25,10 @@ VALIDATION = REPO_ROOT / "results" / "validation"
 GPU_BAND = (0.1, 0.9)
 
 
+def _span(low: float, high: float) -> str:
+    return f"{low:g}" if low == high else f"{low:g} to {high:g}"
+
+
 @dataclass(frozen=True)
 class GpuValidation:
     """What the published GPU measurements say of one GPU profile (odc_bench.whatif.published)."""
@@ -34,9 +38,12 @@ class GpuValidation:
     params: tuple[float, float]  # the validated models' parameter counts
     gpus: tuple[int, int]
     seq_len: tuple[int, int]
+    gpus_per_node: tuple[int, ...]  # the node sizes the points ran on
+    network_gbps: tuple[float, float] | None  # Gbps per node, of the points whose source states it
 
-    def outside(self, params: float, gpus: int, longest: int) -> list[str]:
-        """What of a configuration lies outside the validated range, in words."""
+    def outside(self, params: float, gpus: int, longest: int, gpus_per_node: int, network_gbps: float) -> list[str]:
+        """What of a configuration lies outside the validated range, in words; `network_gbps`:
+        its nodes' network (Gbps per node), which matters only when the run spans nodes."""
         out = []
         if not self.params[0] <= params <= self.params[1]:
             out.append(f"a {params / 1e9:.1f}B-parameter model (validated: {self.params[0] / 1e9:.1f}B to "
@@ -44,8 +51,15 @@ class GpuValidation:
         if not self.gpus[0] <= gpus <= self.gpus[1]:
             out.append(f"{gpus} GPUs (validated: {self.gpus[0]} to {self.gpus[1]})")
         if longest > self.seq_len[1]:
-            out.append(f"samples of up to {longest} tokens (validated: sequences of {self.seq_len[0]} to "
-                       f"{self.seq_len[1]})")
+            out.append(f"samples of up to {longest} tokens (validated: sequences of {_span(*self.seq_len)})")
+        if gpus_per_node not in self.gpus_per_node:
+            out.append(f"{gpus_per_node} GPUs per node (validated: {' and '.join(map(str, self.gpus_per_node))})")
+        if gpus > gpus_per_node:
+            if self.network_gbps is None:
+                out.append(f"a network of {network_gbps:g} Gbps per node (no validated source states its network)")
+            elif not self.network_gbps[0] <= network_gbps <= self.network_gbps[1]:
+                out.append(f"a network of {network_gbps:g} Gbps per node (validated: {_span(*self.network_gbps)}, "
+                           f"where the sources state theirs)")
         return out
 
 
@@ -164,9 +178,12 @@ def gpu_validated(folder: Path, hardware: str) -> Accuracy | None:
     low, high = GPU_BAND
     throughput = points[column].quantile([low, high])
     ratio = pairs[column].quantile([low, high])
+    stated = points["network_gbps"].dropna()
     gpu = GpuValidation(len(points), points["source_id"].nunique(),
                         (float(points["params"].min()), float(points["params"].max())),
                         (int(points["gpus"].min()), int(points["gpus"].max())),
-                        (int(points["seq_len"].min()), int(points["seq_len"].max())))
+                        (int(points["seq_len"].min()), int(points["seq_len"].max())),
+                        tuple(sorted(int(g) for g in points["gpus_per_node"].unique())),
+                        (float(stated.min()), float(stated.max())) if len(stated) else None)
     return Accuracy((float(ratio[low]), float(ratio[high])), (float(throughput[low]), float(throughput[high])),
                     len(points), folder, gpu)

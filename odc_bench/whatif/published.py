@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from odc_bench.config.backend import GpuHardwareConfig
+from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.errors import ConfigError
 from odc_bench.files import atomic_write_text
 from odc_bench.models.memory import unit_params
@@ -162,9 +162,14 @@ def validate(runs: list[Measured]) -> tuple[pd.DataFrame, Fitted]:
             if every is not None:
                 fitted[profile][f"without {source}"] = without.hardware
         for i, r in enumerate(group):
+            backend = r.spec.config.backend
+            assert isinstance(backend, SimBackendConfig) and isinstance(backend.hardware, GpuHardwareConfig)
+            hw = backend.hardware  # the point's own: its node size and network (GB/s per node)
             rows.append({"point_id": r.row, "source_id": r.setting[0], "profile": profile,
                          "params": sum(unit_params(r.spec.config.model)), "gpus": r.spec.world_size,
-                         "seq_len": max(r.spec.minibatches[0].lengths), "model": r.spec.config.model.name,
+                         "seq_len": max(r.spec.minibatches[0].lengths),
+                         "gpus_per_node": hw.gpus_per_node, "network_gbps": 8 * hw.nic_gbps,
+                         "model": r.spec.config.model.name,
                          "measured": r.tokens_per_s_per_gpu, "stock": stock[i],
                          "fitted": np.nan if every is None else every.predicted[i],
                          "held_out": held_out[i]})
@@ -172,6 +177,13 @@ def validate(runs: list[Measured]) -> tuple[pd.DataFrame, Fitted]:
     for col in ("stock", "fitted", "held_out"):
         table[f"{col}_error"] = table[col] / table["measured"] - 1
     return table, fitted
+
+
+def stated_networks(table: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """The validation table with each point's network (Gbps per node, as simulated) kept only where
+    its source states one: a network the stock profile assumed validates nothing about networks."""
+    stated = {int(p["point_id"]) for _, p in points.iterrows() if network(p)}
+    return table.assign(network_gbps=table["network_gbps"].where(table["point_id"].isin(stated)))
 
 
 def ratio_pairs(table: pd.DataFrame) -> pd.DataFrame:
@@ -437,7 +449,9 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
               "its band (odc_bench/whatif/accuracy.py reads these files): a stock profile's own errors for a100, "
               "h100 and h200 (the profiles never saw these points), the held-out ones for the fitted a100_fit and "
               "h100_fit (odc_bench/conf/backend/hardware/, written by this command). It says when a configuration lies "
-              "outside the validated model sizes, GPU counts or sequence lengths.", ""]
+              "outside the validated model sizes, GPU counts, sequence lengths, node sizes or networks (those the "
+              "sources state: a network a source leaves unstated was simulated as the stock profile's and "
+              "validates none).", ""]
     lines += ["## The paper's cells on the fitted A100 profile", "",
               "ODC + LB-Mini over Collective + LB-Micro and both bubble rates, simulated as results/sim_paper is "
               "(bf16, recomputation, 50 minibatches, 2 of them warm-up), on the stock A100 profile, the fitted one, "
@@ -498,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     runs, dropped = measured_points(points)
     table, fitted = validate(runs)
+    table = stated_networks(table, points)
     every = {profile: fits[EVERY] for profile, fits in fitted.items()}
     pairs, profiles, cells = ratio_pairs(table), profiles_table(fitted), paper_cells(every)
     _csv(table, args.out / "gpu-points.csv")

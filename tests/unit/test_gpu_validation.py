@@ -98,8 +98,30 @@ def test_the_whatif_gpu_band_is_read_from_the_validation_files(tmp_path):
 
 def test_a_configuration_outside_the_validated_range_is_named():
     gpu = validated(VALIDATION, "a100").gpu
-    assert gpu is not None
-    inside = gpu.outside(gpu.params[0], gpu.gpus[0], gpu.seq_len[0])
+    assert gpu is not None and gpu.network_gbps is not None
+    per_node, network = gpu.gpus_per_node[0], gpu.network_gbps[0]
+    inside = gpu.outside(gpu.params[0], gpu.gpus[0], gpu.seq_len[0], per_node, network)
     assert inside == []
-    beyond = gpu.outside(gpu.params[1] * 2, gpu.gpus[1] * 2, gpu.seq_len[1] * 2)
-    assert len(beyond) == 3 and "parameter model" in beyond[0] and "GPUs" in beyond[1] and "tokens" in beyond[2]
+    beyond = gpu.outside(gpu.params[1] * 2, gpu.gpus[1] * 2, gpu.seq_len[1] * 2, per_node + 1, network / 2)
+    assert len(beyond) == 5 and "parameter model" in beyond[0] and "GPUs" in beyond[1] and "tokens" in beyond[2]
+    assert f"{per_node + 1} GPUs per node" in beyond[3] and f"{network / 2:g} Gbps per node" in beyond[4]
+    assert gpu.outside(gpu.params[0], per_node, gpu.seq_len[0], per_node, network / 2) == [], \
+        "one node: its network carries nothing"
+
+
+def test_the_validated_networks_are_those_the_sources_state(tmp_path):
+    for path in VALIDATION.glob("gpu-*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    points = pd.read_csv(tmp_path / "gpu-points.csv")
+    stated = {int(p["point_id"]) for _, p in POINTS.iterrows() if published.network(p)}
+    assert points["network_gbps"].notna().tolist() == points["point_id"].isin(stated).tolist()
+    h100 = points[points["profile"] == "h100"]
+    gpu = validated(tmp_path, "h100").gpu
+    assert gpu is not None
+    assert gpu.network_gbps == (h100["network_gbps"].min(), h100["network_gbps"].max())
+    points.loc[points["profile"] == "h100", "network_gbps"] = float("nan")
+    points.to_csv(tmp_path / "gpu-points.csv", index=False)
+    unstated = validated(tmp_path, "h100").gpu
+    assert unstated is not None and unstated.network_gbps is None
+    assert "no validated source states its network" in unstated.outside(
+        unstated.params[0], 16, unstated.seq_len[0], 8, 3200.0)[0]
