@@ -76,9 +76,9 @@ def hf_model_overrides(value: str) -> list[str]:
         raise ConfigError("reading a Hugging Face config needs transformers: pip install 'odc-bench[hf]'") from None
     try:
         hf = AutoConfig.for_model(model_type, **data)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ConfigError(f"{file}: transformers cannot build a {model_type} config from it "
-                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    except Exception as e:  # transformers validates with error types of its own, and of huggingface_hub
+        why = " ".join(line.strip() for line in str(e).splitlines()) or type(e).__name__
+        raise ConfigError(f"{file}: transformers cannot build a {model_type} config from it ({why})") from None
     hidden, heads = int(hf.hidden_size), int(hf.num_attention_heads)
     kv_heads = int(getattr(hf, "num_key_value_heads", None) or heads)
     head_dim = getattr(hf, "head_dim", None) or hidden // heads

@@ -84,6 +84,7 @@ def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
      "sliding-window attention (4096 tokens) is not simulated"),
     (hf_config("llama3_8b", "llama", head_dim=64), "head_dim 64 x num_attention_heads 32 is not hidden_size 4096"),
     ('{"model_type": "llama", ', "cannot read"),
+    (hf_config("llama3_8b", "llama", hidden_size="4096"), "transformers cannot build a llama config from it"),
     ('["llama"]', "has no model_type"),
     ({"tokenizer_class": "PreTrainedTokenizerFast"}, "has no model_type"),
 ])
