@@ -4,7 +4,7 @@ A unit holds the parameters of its module that no other unit inside it holds (FS
 fully_shard on an outer module manages what its inner fully_shard'ed modules do not), so a
 root-like unit that contains the decoder layers holds only what lies outside them. A parameter
 two units hold (tied input and output embeddings) makes them one sharing group; each engine
-decides what to do with such groups (odc.py: one flat group gathered from the first unit's
+decides what to do with such groups (odc/unit.py: one flat group gathered from the first unit's
 forward to the last one's backward; fsdp2.py: the shared parameter falls to the root).
 """
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from odc_core.engine.base import EngineContext
 from odc_core.engine.odc import build
+from odc_core.engine.odc.unit import Storage
 from odc_core.engine.registry import OdcOptions
 
 
@@ -148,6 +149,6 @@ def test_the_root_holds_what_no_unit_does_and_evaluation_reads_every_step(one_ra
             with torch.no_grad():  # evaluation between steps: every unit gathered afresh, then let go
                 got, want = model(x), reference(x)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            assert not any(unit.gathered for unit in engine.units)
+            assert all(unit.storage is Storage.SHARDED for unit in engine.units)
     finally:
         engine.close()

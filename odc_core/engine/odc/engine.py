@@ -1,0 +1,201 @@
+"""On-demand communication (ODC): FSDP's sharded layout without per-layer collectives.
+
+Each unit's parameters live as one flat vector split into equal shards, one per rank, in the
+symmetric heap (unit.py). A rank gathers a unit's full parameters from the owners just before
+the unit's forward and again before its backward (one-sided gets; owners do nothing), and
+right after the unit's backward pushes each gradient slice into its owner's fp32 accumulator
+(one-sided adds) (fetch.py, driven by hooks.py). Nothing in between waits for another rank's
+progress, so ranks may run different numbers of microbatches; the one synchronisation per
+minibatch, or none with staleness, is versions.py's. The engine composes them, as FSDP2's
+fully_shard composes its state, parameter groups and collectives.
+
+Hybrid sharding (shard_group G < world size; the paper's section 6.1): a node is G
+consecutive ranks, each unit is sharded over its node's ranks, and every node holds a
+replica. Gathers, pushes and every flag a rank waits on stay within its node. At the
+minibatch barrier each owner's accumulated shard is summed with the same shard on the other
+nodes (the replicas: the ranks with the same index in their node), and every replica applies
+the same AdamW step to the same sum, so the replicas stay equal without ever being compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from time import perf_counter as _now
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from odc_core.engine.base import (
+    EngineContext,
+    OptimizerFactory,
+    OptimizerStep,
+    SchedulerFactory,
+    TraceHook,
+    configured,
+)
+from odc_core.engine.odc import state_dict
+from odc_core.engine.odc.fetch import Fetcher
+from odc_core.engine.odc.hooks import UnitHooks
+from odc_core.engine.odc.unit import FlatUnit, flat_groups, shard_unit
+from odc_core.engine.odc.versions import Versions
+from odc_core.engine.registry import OdcOptions, shard_group_size
+from odc_core.transport.base import SymmetricHeap
+from odc_core.transport.registry import make_heap
+
+
+class OdcEngine:
+    name = "odc"
+    loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
+
+    def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str = "fp32",
+                 prefetch: bool = True, timeout_s: float = 120.0, staleness: int = 0,
+                 shard_group: int | None = None) -> None:
+        self.device = device
+        self.heap = heap
+        self.rank, self.world_size = heap.rank, heap.world_size
+        # The ranks a unit is sharded over: all of them, or (hybrid sharding) this rank's node.
+        group = self.world_size if shard_group is None else shard_group
+        if group < 1 or self.world_size % group:
+            raise ValueError(f"a shard group of {group} ranks does not divide {self.world_size} ranks into nodes")
+        if group < self.world_size and staleness:
+            raise ValueError("hybrid sharding is synchronous only: its replicas reduce at the minibatch barrier")
+        first = self.rank - self.rank % group
+        self.owners: tuple[int, ...] | None = None if group == self.world_size else tuple(range(first, first + group))
+        self.peers: tuple[int, ...] = self.owners or tuple(range(self.world_size))
+        self.shard_index = self.rank - first
+        self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.timeout_s = timeout_s
+        self.trace: TraceHook | None = None
+        self.versions = Versions(heap, self.peers, staleness, timeout_s, self._emit, _now)
+        self.fetcher = Fetcher(heap, self.versions, self.owners, prefetch, self._emit, _now)
+        self.units: list[FlatUnit] = []
+        self.model: nn.Module | None = None
+        self._hooks: UnitHooks | None = None
+
+    @property
+    def heap_bytes(self) -> int:
+        return self.heap.heap_bytes
+
+    @property
+    def staleness(self) -> int:
+        return self.versions.staleness
+
+    @property
+    def minibatch(self) -> int:
+        return self.versions.minibatch
+
+    # ---- set-up -------------------------------------------------------------------------
+    def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
+        """Shard every parameter: one flat group per unit, except that units sharing a parameter
+        (tied embeddings) share one group, gathered from its first unit's forward until the last
+        gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.model = model
+        modules, groups, params_of = flat_groups(model, list(units))
+        group_of: list[FlatUnit | None] = [None] * len(modules)
+        for group, params in zip(groups, params_of, strict=True):
+            unit = shard_unit(self.heap, len(self.units), group, params, [names[id(p)] for p in params],
+                              owners=len(self.peers), shard_index=self.shard_index, slots=self.versions.slots,
+                              compute_dtype=self.compute_dtype, device=self.device)
+            self.units.append(unit)
+            for pos in group:
+                group_of[pos] = unit
+        self.versions.units = self.units
+        if self.owners is not None:
+            self.versions.replicas = self._replica_group(len(self.owners))
+            self.versions.replica_count = self.world_size // len(self.owners)
+        self.versions.allocate()
+        self.heap.barrier(self.timeout_s)  # every shard is initialised before anyone gathers
+        self.versions.publish_initial()
+        self._hooks = UnitHooks(modules, group_of, self.fetcher, self.versions, self.compute_dtype, self.device)
+        for unit in self.units:
+            self._hooks.register(unit)
+        return model
+
+    def _replica_group(self, group: int) -> dist.ProcessGroup:
+        """The group of this rank's replicas (one per node). new_group is collective over every
+        rank, so every rank creates every node index's group, in the same order."""
+        mine = None
+        for index in range(group):
+            ranks = list(range(index, self.world_size, group))
+            made = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout_s))
+            if index == self.shard_index:
+                mine = made
+        assert mine is not None
+        return mine
+
+    def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
+                            max_grad_norm: float | None = None) -> None:
+        """The optimizer over this rank's own fp32 shards, one flat shard per unit: its state is
+        sharded like FSDP's. The owners step it, so ODC, not the training loop, calls step()."""
+        if self._hooks is None:
+            raise RuntimeError("wrap() the model before configure_optimizer()")
+        if max_grad_norm is not None and self.staleness:
+            # The global norm of minibatch k needs every owner's part of it before any owner
+            # steps: a barrier per step, which stale-synchronous ODC exists to avoid.
+            raise ValueError("max_grad_norm needs staleness 0: clipping by the global norm makes every owner "
+                             "wait for every other's gradients before each step")
+        self.versions.step_rule = OptimizerStep.build([u.shard_param for u in self.units], factory, scheduler,
+                                                      max_grad_norm)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return configured(self.versions.step_rule).optimizer
+
+    # ---- the minibatch protocol (versions.py) ------------------------------------------
+    def read_version(self, minibatch: int) -> int:
+        """The version minibatch `minibatch` computes on."""
+        return self.versions.read_version(minibatch)
+
+    def begin_minibatch(self) -> None:
+        """Nothing here waits for a peer: the first gather from an owner waits for its version."""
+        self.versions.begin()
+
+    def finish_minibatch(self) -> None:
+        """This rank's gradients of the minibatch have landed; the minibatch's step is applied
+        here (s = 0, after the one barrier) or queued for this owner to serve (s >= 1)."""
+        for unit in self.units:
+            if unit.grad is not None:
+                raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")
+        self.versions.finish()
+
+    def drain(self) -> None:
+        """Wait until every owner has applied the step of every minibatch begun so far."""
+        self.versions.drain()
+
+    def claim(self) -> int:
+        return self.versions.claim()
+
+    def _emit(self, kind: str, t0: float, **info: object) -> None:
+        if self.trace is not None:
+            self.trace(kind, t0, _now(), **info)
+
+    # ---- outside minibatches (state_dict.py) -------------------------------------------
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return state_dict.full_parameters(self)
+
+    def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+        return state_dict.sharded_state(self, for_load)
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        state_dict.load_sharded_state(self, state)
+
+    def close(self) -> None:
+        self.versions.closing.set()  # a prefetch waiting on a dead peer stops now
+        if self._hooks is not None:
+            self._hooks.remove()
+        self.fetcher.close()
+        self.heap.close()
+        if self.versions.replicas is not None:
+            group, self.versions.replicas = self.versions.replicas, None
+            dist.destroy_process_group(group)
+
+
+def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
+    heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), ctx.job_id,
+                     ctx.store, ctx.timeout_s)
+    return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness,
+                     shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))

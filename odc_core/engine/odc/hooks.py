@@ -1,0 +1,143 @@
+"""Where a unit's life meets autograd: the module and tensor hooks that gather a unit before
+its forward and backward, free it after, and push its gradients once its backward is over.
+
+A unit's life in one microbatch (docs/odc_engine.md): forward pre-hook, gather (or wait for the
+prefetch) and prefetch the next unit; forward hook, free it (except a last unit, whose
+backward follows at once) and hook its outputs; the first output gradient, gather again, give
+its parameters one flat gradient buffer and prefetch the previous unit; once every parameter
+gradient has accumulated and the gradient of its input has left it, push and free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from odc_core.engine.odc.fetch import Fetcher
+from odc_core.engine.odc.unit import Backward, FlatUnit
+from odc_core.engine.odc.versions import Versions
+
+
+def _tensors(output: object) -> Iterator[torch.Tensor]:
+    """The tensors in a module's output: itself, or inside tuples, lists and dicts (a
+    transformers ModelOutput is a dict), however nested."""
+    if torch.is_tensor(output):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for item in output:
+            yield from _tensors(item)
+    elif isinstance(output, dict):
+        for item in output.values():
+            yield from _tensors(item)
+
+
+class _AfterBackward(torch.autograd.Function):
+    """Identity on a unit's input whose backward runs once the unit's backward is done."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, hooks: UnitHooks, unit: FlatUnit) -> torch.Tensor:
+        ctx.hooks, ctx.unit = hooks, unit
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.hooks.input_grad_done(ctx.unit)
+        return grad, None, None
+
+
+class UnitHooks:
+    """The hooks of every flat unit, in the order wrap() was given the modules."""
+
+    def __init__(self, modules: Sequence[nn.Module], group_of: Sequence[FlatUnit | None], fetcher: Fetcher,
+                 versions: Versions, compute_dtype: torch.dtype, device: torch.device) -> None:
+        self.modules, self.group_of = list(modules), list(group_of)
+        self.fetcher, self.versions = fetcher, versions
+        self.compute_dtype, self.device = compute_dtype, device
+        self.handles: list[RemovableHandle] = []
+
+    def register(self, unit: FlatUnit) -> None:
+        for pos in unit.modules:
+            module = self.modules[pos]
+            self.handles.append(module.register_forward_pre_hook(
+                lambda _m, args, kwargs, u=unit, pos=pos: self.pre_forward(u, pos, args, kwargs), with_kwargs=True))
+            self.handles.append(module.register_forward_hook(
+                lambda _m, _args, out, u=unit, pos=pos: self.post_forward(u, pos, out)))
+        for p in unit.params:
+            self.handles.append(p.register_post_accumulate_grad_hook(lambda _p, u=unit: self.param_grad_done(u)))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _group_at(self, pos: int) -> FlatUnit | None:
+        return self.group_of[pos] if 0 <= pos < len(self.modules) else None
+
+    def pre_forward(self, unit: FlatUnit, pos: int, args: tuple, kwargs: dict):
+        self.versions.serve()
+        self.fetcher.ensure(unit)
+        following = self._group_at(pos + 1)
+        if following is not None and following is not unit:
+            self.fetcher.prefetch(following)
+        if not torch.is_grad_enabled():
+            return None
+        # The first input that carries a gradient, positional or keyword (transformers' layers
+        # take hidden_states either way): its gradient leaving the unit ends the unit's backward.
+        for i, x in enumerate(args):
+            if torch.is_tensor(x) and x.requires_grad:
+                unit.inputs_pending += 1
+                return (*args[:i], _AfterBackward.apply(x, self, unit), *args[i + 1:]), kwargs
+        for key, x in kwargs.items():
+            if torch.is_tensor(x) and x.requires_grad:
+                unit.inputs_pending += 1
+                return args, {**kwargs, key: _AfterBackward.apply(x, self, unit)}
+        return None
+
+    def post_forward(self, unit: FlatUnit, pos: int, output: object) -> None:
+        # A group stays gathered until its last unit's forward; the last unit's backward starts
+        # at once, so it stays gathered for that too.
+        if not torch.is_grad_enabled():  # no backward follows (evaluation)
+            if pos == unit.modules[-1]:
+                unit.free()
+            return
+        if pos == unit.modules[-1] and pos + 1 < len(self.modules):
+            unit.free()
+        # Every output that carries a gradient (transformers' layers return tuples): the first
+        # of them whose gradient arrives starts the group's backward.
+        outputs = [t for t in _tensors(output) if t.requires_grad]
+        if outputs:
+            unit.backward = Backward.ARMED
+        for t in outputs:
+            t.register_hook(lambda _g, u=unit, pos=pos: self.pre_backward(u, pos))
+
+    def pre_backward(self, unit: FlatUnit, pos: int) -> None:
+        if unit.backward is Backward.ARMED:
+            unit.backward = Backward.RUNNING
+            self.fetcher.ensure(unit)
+            unit.attach_grad(torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device))
+            unit.grads_ready = 0
+        preceding = self._group_at(pos - 1)
+        if preceding is not None and preceding is not unit:
+            self.fetcher.prefetch(preceding)
+
+    def param_grad_done(self, unit: FlatUnit) -> None:
+        unit.grads_ready += 1
+        self._maybe_push(unit)
+
+    def input_grad_done(self, unit: FlatUnit) -> None:
+        unit.inputs_pending -= 1
+        self._maybe_push(unit)
+
+    def _maybe_push(self, unit: FlatUnit) -> None:
+        """Push once the unit's backward is over: all its parameter gradients have
+        accumulated and (when it has one) the gradient of its input has left it."""
+        if unit.grads_ready < len(unit.params) or unit.inputs_pending > 0:
+            return
+        self.fetcher.push(unit)
+        unit.detach_grad()
+        unit.backward = Backward.IDLE
+        unit.free()
+        self.versions.serve()

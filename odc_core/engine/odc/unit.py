@@ -1,0 +1,157 @@
+"""A flat unit: the parameters of one sharding unit (or of several that share a parameter) as
+one flat vector, its shards in the symmetric heap, and the state of its unsharded copy.
+
+Like FSDP2's FSDPParam and FSDPParamGroup together, minus the communication: fetch.py moves
+the bytes, versions.py decides when they may move.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from odc_core.engine.sharing import sharing_groups, unit_parameters
+from odc_core.primitives import ShardLayout
+from odc_core.transport.base import SymmetricHeap
+
+
+class Storage(enum.Enum):
+    """Where a unit's unsharded parameters are."""
+
+    SHARDED = enum.auto()   # only the shards exist: the flat buffer's storage is freed
+    FETCHING = enum.auto()  # a prefetch is filling it (its handle is FlatUnit.pending)
+    GATHERED = enum.auto()  # complete: the module's parameters can be read
+
+
+class Backward(enum.Enum):
+    """Where a unit is in a microbatch's backward."""
+
+    IDLE = enum.auto()      # no backward due: evaluation, or its gradients are pushed
+    ARMED = enum.auto()     # a forward with gradients ran: its backward's first hook sets it up
+    RUNNING = enum.auto()   # autograd is accumulating into its flat gradient buffer
+
+
+def buffer_name(kind: str, unit: str, slot: int) -> str:
+    return f"odc/{kind}/{unit}/{slot}"
+
+
+def alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
+    """A tensor over the same storage with its own autograd version counter.
+
+    Writing the gathered parameters through it does not bump the version counter of the
+    parameter views that autograd saved for backward: their values are meant to come back.
+    """
+    return torch.empty(0, dtype=storage_owner.dtype, device=storage_owner.device).set_(
+        storage_owner.untyped_storage(), 0, (numel,), (1,))
+
+
+@dataclass
+class FlatUnit:
+    """One flat group of parameters: a unit's, or several units' that share a parameter."""
+
+    index: int
+    name: str
+    modules: list[int]                  # positions of its units in the order wrap() was given them
+    params: list[nn.Parameter]
+    names: list[str]
+    offsets: list[int]                  # each parameter's first element in the flat vector
+    layout: ShardLayout
+    full: torch.Tensor                  # unsharded flat parameters, compute dtype; storage freed when SHARDED
+    master: list[torch.Tensor]          # heap: this rank's fp32 shard, one slot per live version
+    shadow: list[torch.Tensor] | None   # heap: the slots in the compute dtype, when that is not fp32
+    acc: list[torch.Tensor]             # heap: this rank's fp32 gradient accumulators, one per minibatch in flight
+    shard_param: nn.Parameter           # what the optimizer steps: its data is the newest version's slot
+    storage: Storage = Storage.SHARDED
+    backward: Backward = Backward.IDLE
+    pending: Any = None                 # the prefetch filling `full` while FETCHING (fetch.py's handle)
+    grad: torch.Tensor | None = None    # flat gradient of the current backward, compute dtype
+    grads_ready: int = 0
+    # Gradients of its units' inputs still to leave them in this backward: until they have, the
+    # units' backward still reads the gathered parameters.
+    inputs_pending: int = 0
+
+    def materialize(self) -> torch.Tensor:
+        """Allocate the flat buffer's storage; a view to gather into."""
+        self.full.untyped_storage().resize_(self.layout.padded_numel * self.full.element_size())
+        return alias(self.full, self.layout.padded_numel)
+
+    def free(self) -> None:
+        self.full.untyped_storage().resize_(0)
+        self.storage = Storage.SHARDED
+
+    def gather_source(self, slot: int) -> str:
+        """The heap buffer peers gather: the compute-dtype shadow when there is one."""
+        return buffer_name("shadow" if self.shadow is not None else "master", self.name, slot)
+
+    def attach_grad(self, grad: torch.Tensor) -> None:
+        """Point every parameter's .grad at its view of `grad`: autograd accumulates into an
+        existing .grad in place, so the flat buffer fills up without a copy."""
+        self.grad = grad
+        for p, off in zip(self.params, self.offsets, strict=True):
+            p.grad = grad[off:off + p.numel()].view(p.shape)
+
+    def detach_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.grad = None
+
+
+def flat_groups(model: nn.Module, units: list[nn.Module]) -> tuple[list[nn.Module], list[list[int]],
+                                                                   list[list[nn.Parameter]]]:
+    """The modules to hook (the units, and the model as the root when it holds parameters no
+    unit does: FSDP2's convention, last in order so nothing prefetches it), and for each flat
+    group its modules' positions and its parameters, each parameter once. Units sharing a
+    parameter (tied embeddings) share one group (sharing.py)."""
+    modules = list(units)
+    inside = {id(p) for u in modules for p in u.parameters()}
+    if all(u is not model for u in modules) and any(id(p) not in inside for p in model.parameters()):
+        modules.append(model)
+    held = unit_parameters(modules)
+    seen: set[int] = set()
+    groups, params_of = [], []
+    for group in sharing_groups(held):
+        params: list[nn.Parameter] = []
+        for p in (p for pos in group for p in held[pos]):
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        if params:  # a unit with no parameters of its own has nothing to gather
+            groups.append(group)
+            params_of.append(params)
+    return modules, groups, params_of
+
+
+def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list[nn.Parameter], names: list[str],
+               *, owners: int, shard_index: int, slots: int, compute_dtype: torch.dtype,
+               device: torch.device) -> FlatUnit:
+    """Allocate a group's heap buffers (collective over the ranks), put this rank's shard of
+    the parameters in version slot 0, and make the parameters views of a freed flat buffer."""
+    numel = sum(p.numel() for p in params)
+    layout = ShardLayout(numel, owners)
+    name = f"u{index}"
+    master = [heap.alloc(buffer_name("master", name, j), layout.shard_numel, torch.float32) for j in range(slots)]
+    shadow = None
+    if compute_dtype != torch.float32:
+        shadow = [heap.alloc(buffer_name("shadow", name, j), layout.shard_numel, compute_dtype)
+                  for j in range(slots)]
+    acc = [heap.alloc(buffer_name("acc", name, j), layout.shard_numel, torch.float32) for j in range(slots)]
+    flat = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
+    offsets, offset = [], 0
+    for p in params:
+        flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+        offsets.append(offset)
+        offset += p.numel()
+    lo = shard_index * layout.shard_numel
+    master[0].copy_(flat[lo:lo + layout.shard_numel])
+    if shadow is not None:
+        shadow[0].copy_(master[0])
+    full = torch.empty(layout.padded_numel, dtype=compute_dtype, device=device)
+    for p, off in zip(params, offsets, strict=True):
+        p.data = full[off:off + p.numel()].view(p.shape)
+    full.untyped_storage().resize_(0)
+    shard_param = nn.Parameter(master[0], requires_grad=True)
+    return FlatUnit(index, name, modules, params, names, offsets, layout, full, master, shadow, acc, shard_param)
