@@ -3,22 +3,28 @@ decoder whose layers follow the model's family (config/model.py: q/k/v biases fo
 MLP for MPT).
 
 Packed microbatches are one flat token stream holding several documents; positions restart
-per document and attention never crosses a document boundary. Attention runs per document
-(one causal SDPA call each), so its cost grows with the sum of squared document lengths,
-like flash-attention's varlen kernel, instead of the square of the packed length.
+per document and attention never crosses a document boundary (models/attention.py: one varlen
+flash call per microbatch on CUDA, one SDPA call per document elsewhere), so its cost grows
+with the sum of squared document lengths, not the square of the packed length.
 
 The sharding units (`named_units`) are the embeddings, each decoder layer and the head (final
 norm, LM head and the loss, so the loss's compute belongs to a unit). Engines and the
-per-rank trace attach to the units from outside, through module hooks.
+per-rank trace attach to the units from outside, through module hooks. Inside a layer, the
+work before attention (norm, q/k/v, rotary) and after it (output projection, MLP, residuals)
+are methods of their own: on CUDA `compile_dense` compiles them, leaving the attention call,
+whose documents change every microbatch, outside the compiled code.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from odc_bench.config.model import ModelConfig
+from odc_bench.models.attention import Documents, attend, kernel_for
 
 
 class RMSNorm(nn.Module):
@@ -28,30 +34,29 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos and sin of every token's rotary angles, (tokens, head_dim); sin carries the sign of
+    the rotation's first half, so that rotating is one flip of the halves (apply_rope)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
                                              device=position_ids.device) / head_dim))
     angles = position_ids.float()[:, None] * inv_freq[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, H, D]; cos/sin: [T, D]
-    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+    """x: (tokens, heads, head_dim); each half of a head rotated into the other: x cos + (x2, x1) sin."""
+    t, h, d = x.shape
+    swapped = x.view(t, h, 2, d // 2).flip(2).view(t, h, d)
+    return x * cos[:, None, :] + swapped * sin[:, None, :]
 
 
 class Attention(nn.Module):
+    """The projections around attention; the attention call itself is the layer's (attention.py)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -62,18 +67,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, doc_lens: list[int]) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, d = x.shape[0], self.cfg.head_dim
         q = apply_rope(self.q_proj(x).view(t, self.cfg.num_heads, d), cos, sin)
         k = apply_rope(self.k_proj(x).view(t, self.cfg.num_kv_heads, d), cos, sin)
-        v = self.v_proj(x).view(t, self.cfg.num_kv_heads, d)
-        outs = []
-        for qd, kd, vd in zip(q.split(doc_lens), k.split(doc_lens), v.split(doc_lens), strict=True):
-            o = F.scaled_dot_product_attention(
-                qd.transpose(0, 1), kd.transpose(0, 1), vd.transpose(0, 1), is_causal=True, enable_gqa=True
-            )
-            outs.append(o.transpose(0, 1))
-        return self.o_proj(torch.cat(outs).reshape(t, -1))
+        return q, k, self.v_proj(x).view(t, self.cfg.num_kv_heads, d)
 
 
 class GatedMLP(nn.Module):
@@ -109,8 +108,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = GatedMLP(cfg) if cfg.arch.gated_mlp else PlainMLP(cfg)
 
-    def forward(self, x, cos, sin, doc_lens: list[int]) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, doc_lens)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Documents) -> torch.Tensor:
+        q, k, v = self.before_attention(x, cos, sin)
+        return self.after_attention(x, attend(q, k, v, docs, kernel_for(q)))
+
+    def before_attention(self, x: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def after_attention(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.o_proj(attended.flatten(1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -132,6 +139,11 @@ class Head(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss(x, labels)
+
+    def loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # Log-softmax in fp32 (bf16 logits would round the loss to three digits); compiled on
+        # CUDA, the cast fuses into the loss's kernels instead of writing an fp32 copy of the logits.
         logits = self.lm_head(self.norm(x)).float()
         return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
 
@@ -145,6 +157,8 @@ class DecoderModel(nn.Module):
         self.head = Head(cfg)
         if cfg.tie_embeddings:
             self.head.lm_head.weight = self.embed.embed_tokens.weight
+        # The attention kernels its forwards ran (attention.py), for the run's row.
+        self.attention_kernels: set[str] = set()
 
     def named_units(self) -> list[tuple[str, nn.Module]]:
         """The sharding units, in execution order, as the config lists them (ModelConfig.units)."""
@@ -159,9 +173,23 @@ class DecoderModel(nn.Module):
         """Summed cross-entropy over the labelled tokens of a packed microbatch."""
         x = self.embed(input_ids)
         cos, sin = rope_tables(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        docs = Documents.of(doc_lens, x.device, kernel_for(x))
+        self.attention_kernels.add(kernel_for(x))
         for layer in self.layers:
-            x = layer(x, cos, sin, doc_lens)
+            x = layer(x, cos, sin, docs)
         return self.head(x, labels)
+
+
+def compile_dense(model: DecoderModel) -> None:
+    """torch.compile each layer's work before and after attention, and the head's loss: on CUDA
+    the decoder is launch-bound without it (docs/simulator.md, "The GPU path"). The units stay
+    eager modules, so every engine's and the trace's hooks run as before; shapes are dynamic
+    (every microbatch has its own token count), and a part that fails to compile runs eagerly."""
+    torch._dynamo.config.suppress_errors = True
+    for layer in cast(list[DecoderLayer], list(model.layers)):
+        layer.before_attention = torch.compile(layer.before_attention, dynamic=True)  # type: ignore[method-assign]
+        layer.after_attention = torch.compile(layer.after_attention, dynamic=True)  # type: ignore[method-assign]
+    model.head.loss = torch.compile(model.head.loss, dynamic=True)  # type: ignore[method-assign]
 
 
 def init_weights(model: DecoderModel, seed: int) -> None:

@@ -1,4 +1,10 @@
-"""Per-rank event trace with one monotonic clock per host.
+"""Per-rank event trace with one monotonic clock per host, and device time on CUDA.
+
+On CPU a span's ends are perf_counter readings. On CUDA they are events recorded on the stream
+that runs the work (the compute stream), so a span is the time the device spent between them,
+not the host's time launching it (the host runs ahead of the device); `resolve()`, once per
+minibatch, waits for the device and turns every event into seconds on the host's clock, from
+an anchor event recorded when the device was idle. No span synchronises the device.
 
 Compute is timed at each unit's boundaries by module hooks that `instrument` attaches after
 the engine has wrapped the model, so that every engine's communication falls outside:
@@ -20,6 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -28,6 +35,34 @@ from torch.utils.hooks import RemovableHandle
 
 def now() -> float:
     return time.perf_counter()
+
+
+class DeviceClock(Protocol):
+    """Marks on a device's stream, read later: what a CUDA trace is timed with."""
+
+    def mark(self) -> Any:
+        """A mark at this point of the current stream."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until every mark taken so far has been reached."""
+        ...
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        ...
+
+
+class CudaClock:
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        return start.elapsed_time(end)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -68,17 +103,57 @@ class Recorder:
     enabled: bool = False
     # Per unit: whether its current forward's input carries a gradient (its backward is timed).
     timed_backward: dict[str, bool] = field(default_factory=dict)
-    _open: dict[tuple[str, str], float] = field(default_factory=dict)
+    _open: dict[tuple[str, str], Any] = field(default_factory=dict)
     _cuda: bool = False
+    # A device's clock (CUDA), the events whose marks it has not resolved yet, and its anchor:
+    # host seconds and a mark taken together while the device was idle.
+    _device: DeviceClock | None = None
+    _pending: list[dict] = field(default_factory=list)
+    _anchor: tuple[float, Any] | None = None
 
-    def start(self, cuda: bool = False) -> None:
+    def start(self, cuda: bool = False, device: DeviceClock | None = None) -> None:
+        """Begin recording: on CUDA (`cuda`), memory from the device and spans from `device`
+        (a CudaClock unless given)."""
         self._cuda = cuda
         if cuda:
             torch.cuda.reset_peak_memory_stats()
             self.baseline_bytes = torch.cuda.memory_allocated()
+            device = device or CudaClock()
         else:
             self.baseline_bytes = heap_in_use_bytes()
+        self._device = device
+        if device is not None:
+            self._anchor = self._new_anchor(device)
         self.peak_bytes = 0
+
+    def now(self) -> Any:
+        """A mark of this rank's clock: host seconds, or a mark on the device's current stream."""
+        return self._device.mark() if self._device is not None else now()
+
+    @staticmethod
+    def _new_anchor(device: DeviceClock) -> tuple[float, Any]:
+        device.synchronize()
+        return now(), device.mark()
+
+    def resolve(self) -> None:
+        """Turn every pending event's marks into host seconds (nothing to do on the host clock):
+        one wait for the device per call, then a fresh anchor, so the clocks cannot drift apart."""
+        if self._device is None or not self._pending:
+            return
+        assert self._anchor is not None
+        device, (host, anchor) = self._device, self._anchor
+        device.synchronize()
+
+        def seconds(m: Any) -> float:
+            return host + device.elapsed_ms(anchor, m) / 1e3
+
+        for event in self._pending:
+            event["t0"], event["t1"] = seconds(event["t0"]), seconds(event["t1"])
+            if "fwd_end" in event:
+                event["fwd_s"] = seconds(event.pop("fwd_end")) - event["t0"]
+            self.events.append(event)
+        self._pending = []
+        self._anchor = self._new_anchor(device)
 
     def sample_memory(self) -> None:
         if self._cuda:
@@ -87,20 +162,29 @@ class Recorder:
             used = heap_in_use_bytes() - self.baseline_bytes
         self.peak_bytes = max(self.peak_bytes, used)
 
-    def add(self, kind: str, t0: float, t1: float, unit: str = "", **extra: object) -> None:
-        """One event; `extra` may name its minibatch and microbatch, for events an engine's
-        own thread reports (a stale-synchronous owner's step of an earlier minibatch)."""
-        self.events.append({"rank": self.rank, "minibatch": self.minibatch, "microbatch": self.microbatch,
-                            "kind": kind, "unit": unit, "t0": t0, "t1": t1, **extra})
+    def add(self, kind: str, t0: Any, t1: Any, unit: str = "", fwd_end: Any = None, **extra: object) -> None:
+        """One event between two marks of now(); `fwd_end` (a mark) gives it the seconds from t0
+        to it as fwd_s (a microbatch's forward); `extra` may name its minibatch and microbatch,
+        for events an engine reports later (a stale-synchronous owner's step of an earlier one)."""
+        event = {"rank": self.rank, "minibatch": self.minibatch, "microbatch": self.microbatch,
+                 "kind": kind, "unit": unit, "t0": t0, "t1": t1, **extra}
+        if self._device is not None:
+            if fwd_end is not None:
+                event["fwd_end"] = fwd_end
+            self._pending.append(event)
+            return
+        if fwd_end is not None:
+            event["fwd_s"] = fwd_end - t0
+        self.events.append(event)
 
     def open(self, unit: str, phase: str) -> None:
-        self._open[(unit, phase)] = now()
+        self._open[(unit, phase)] = self.now()
         self.sample_memory()
 
     def close(self, unit: str, phase: str) -> None:
         t0 = self._open.pop((unit, phase), None)
         if t0 is not None:
-            self.add(phase, t0, now(), unit=unit)
+            self.add(phase, t0, self.now(), unit=unit)
         self.sample_memory()
 
 

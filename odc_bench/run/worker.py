@@ -24,7 +24,7 @@ import torch.distributed as dist
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
-from odc_bench.models.decoder import build_model
+from odc_bench.models.decoder import build_model, compile_dense
 from odc_bench.plan.spec import Minibatch, RunSpec, checkpoint_folder
 from odc_bench.run import trace
 from odc_bench.run.optim import adamw
@@ -114,13 +114,18 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
     finished = False
     try:
         liveness.rendezvous()
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+        # On CUDA, gloo beside NCCL: object collectives (a checkpoint's RNG states) and the ODC
+        # engine's scalar reductions stay on the host, so ranks sharing one GPU never start an
+        # NCCL communicator, which refuses two ranks on one device.
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout_s))
         recorder.start(cuda=device.type == "cuda")
         engine = make_engine(config.engine.name, EngineContext(device, store, job.job_id, timeout_s, config.precision),
                              config.engine.options)
-        engine.trace = recorder.add
+        engine.trace, engine.clock = recorder.add, recorder.now
         model = build_model(config.model, config.seed, device)
+        if device.type == "cuda":
+            compile_dense(model)
         wrapped = engine.wrap(model, model.units())
         trace.instrument(recorder, model.named_units())
         engine.configure_optimizer(adamw(config.optim))
@@ -134,7 +139,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             if k < start:
                 continue
             recorder.minibatch, recorder.microbatch = k, -1
-            t_mb = trace.now()
+            t_mb = recorder.now()
             engine.begin_minibatch()
             loss_sum = torch.zeros((), device=device)
             for j, micro in enumerate(my_microbatches(engine, mb, rank, claim_base)):
@@ -142,11 +147,11 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                 docs = [tokens_of(config.seed, mb.sample_ids[i], mb.lengths[i], config.model.vocab_size)
                         for i in micro]
                 batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in packed_batch(docs).items()}
-                t0 = trace.now()
+                t0 = recorder.now()
                 loss = wrapped(**batch)
-                t1 = trace.now()
+                t1 = recorder.now()
                 (loss * (engine.loss_scale / mb.labelled_tokens)).backward()
-                recorder.add("microbatch", t0, trace.now(), fwd_s=t1 - t0,
+                recorder.add("microbatch", t0, recorder.now(), fwd_end=t1,
                              tokens=sum(mb.lengths[i] for i in micro), samples=len(micro))
                 loss_sum += loss.detach()
             if mb.queue is not None:
@@ -155,16 +160,17 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             engine.finish_minibatch()  # the engine reports its sync and its optimizer step
             if k == len(spec.minibatches) - 1:
                 engine.drain()  # the run ends when its last step is applied on every owner
-            t2 = trace.now()
+            t2 = recorder.now()
             recorder.sample_memory()
             recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
             collect_garbage_between_minibatches()
-            recorder.add("gc", t2, trace.now())
+            recorder.add("gc", t2, recorder.now())
             every = config.checkpoint.every
             if every and (k + 1) % every == 0 and k + 1 < len(spec.minibatches):
-                t3 = trace.now()
+                t3 = recorder.now()
                 save(engine, spec, folder, k + 1, claim_base)
-                recorder.add("checkpoint", t3, trace.now())
+                recorder.add("checkpoint", t3, recorder.now())
+            recorder.resolve()
             if rank == 0:
                 store.add(MINIBATCHES_DONE, 1)
         recorder.enabled = False
@@ -173,7 +179,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             if rank == 0:
                 torch.save(params, Path(job.out_dir) / "params.pt")
         result = dict(rank=rank, events=recorder.events, peak_bytes=recorder.peak_bytes, heap_bytes=engine.heap_bytes,
-                      resumed_from=start)
+                      resumed_from=start, attention=",".join(sorted(model.attention_kernels)))
         atomic_write_text(Path(job.out_dir) / f"rank{rank}.json", json.dumps(result))
         finished = True
     except Exception as e:

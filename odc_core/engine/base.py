@@ -21,8 +21,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# (kind, t0, t1, info) -> None: engines report their communication and waits through it.
+# (kind, t0, t1, info) -> None: engines report their communication and waits through it; t0
+# and t1 are marks of the engine's clock.
 TraceHook = Callable[..., None]
+# What marks a span's ends: time.perf_counter (seconds on the host), or a clock whose marks the
+# trace resolves later (the harness's device clock on CUDA: an event on the compute stream).
+Clock = Callable[[], Any]
 # The user's optimizer, built over the parameters a rank steps: FSDP2's DTensor shards, or
 # ODC's flat fp32 shards (one per unit, so per-parameter groups cannot be told apart there).
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -48,6 +52,8 @@ class DataParallelEngine(Protocol):
     # reduction yields the plain sum of per-rank gradients (FSDP2 averages over ranks).
     loss_scale: float
     trace: TraceHook | None
+    # Marks the ends of the spans it reports through `trace` (time.perf_counter by default).
+    clock: Clock
 
     @property
     def heap_bytes(self) -> int:

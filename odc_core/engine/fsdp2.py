@@ -30,6 +30,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from odc_core.engine.base import (
+    Clock,
     EngineContext,
     OptimizerFactory,
     OptimizerStep,
@@ -70,6 +71,7 @@ class CollectiveEngine:
         self.precision = precision
         self.reshard_after_forward = reshard_after_forward
         self.trace: TraceHook | None = None
+        self.clock: Clock = perf_counter
         self.model: nn.Module | None = None
         self._step: OptimizerStep | None = None
 
@@ -140,8 +142,8 @@ class CollectiveEngine:
         waited for the last reduce-scatter."""
         step, model = configured(self._step), self.model
         assert model is not None
-        self._emit("sync", perf_counter())  # a span of nothing, as a real and a simulated trace both have
-        t0 = perf_counter()
+        self._emit("sync", self.clock())  # a span of nothing, as a real and a simulated trace both have
+        t0 = self.clock()
         # DTensor gradients: the norm's partial sums are reduced over the mesh inside.
         step.apply(lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
         self._emit("optimizer", t0)
@@ -149,9 +151,9 @@ class CollectiveEngine:
     def drain(self) -> None:
         """Nothing to do: every step ran in finish_minibatch."""
 
-    def _emit(self, kind: str, t0: float) -> None:
+    def _emit(self, kind: str, t0: Any) -> None:
         if self.trace is not None:
-            self.trace(kind, t0, perf_counter())
+            self.trace(kind, t0, self.clock())
 
     def claim(self) -> int:
         raise RuntimeError("collective FSDP cannot balance at run time: every rank must run the same "

@@ -144,7 +144,7 @@ class OdcOptions:
         spec = TRANSPORTS.get(self.transport)
         if spec is not None and not spec.spans_hosts:
             return (f"engine=odc on transport {spec.name} keeps its symmetric heap in {spec.describe}",
-                    "set engine.transport=mpi (docs/transport.md) or hydra.launcher.nodes=1")
+                    f"set {spec.across_hosts} (docs/transport.md) or hydra.launcher.nodes=1")
         return None
 
 

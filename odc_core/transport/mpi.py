@@ -38,13 +38,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from odc_core.transport.base import PeerTimeout
+from odc_core.transport.exchange import exchange, rotated
 from odc_core.transport.shm import job_tag
 
 _CONTROL = "odc/control"  # reserved buffer: barrier epoch
@@ -224,18 +224,8 @@ class MpiHeap:
 
     def _exchange(self, key: str, value: str, what: str) -> list[tuple[int, str]]:
         """Publish `value` under key/<rank> and return every peer's."""
-        prefix = f"odc/{self._job}/mpi/{key}"
-        self._store.set(f"{prefix}/{self.rank}", value)
-        deadline = time.monotonic() + self.timeout_s
-        return [(peer, self._wait_key(f"{prefix}/{peer}", peer, what, deadline))
-                for peer in self._peers() if peer != self.rank]
-
-    def _wait_key(self, key: str, peer: int, what: str, deadline: float) -> str:
-        try:
-            self._store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
-        except RuntimeError:  # DistStoreError: the store's own timeout
-            raise PeerTimeout(peer, what, self.timeout_s) from None
-        return self._store.get(key).decode()
+        return exchange(self._store, f"odc/{self._job}/mpi/{key}", self.rank, self.world_size, value, what,
+                        self.timeout_s)
 
     def _connect(self) -> Any:
         """This job's communicator: MPI_COMM_WORLD, whose ranks must be the harness's."""
@@ -254,8 +244,7 @@ class MpiHeap:
         return comm
 
     def _peers(self) -> list[int]:
-        """Rotated order starting after this rank, so ranks start on different owners."""
-        return [(self.rank + i) % self.world_size for i in range(1, self.world_size + 1)]
+        return rotated(self.rank, self.world_size)
 
     # -- allocation ---------------------------------------------------------------------
 

@@ -24,18 +24,28 @@ class TransportSpec:
     devices: tuple[str, ...]  # device types whose tensors the heap holds
     spans_hosts: bool  # whether ranks on different hosts can share one heap
     describe: str  # what it is, in the words errors and docs use
+    # What to run across hosts instead, where this transport cannot (the engine.* settings).
+    across_hosts: str = ""
 
 
 TRANSPORTS: dict[str, TransportSpec] = {
     "shm": TransportSpec("shm", "odc_core.transport.shm:ShmHeap", devices=("cpu",), spans_hosts=False,
-                         describe="POSIX shared memory (/dev/shm) on one host"),
+                         describe="POSIX shared memory (/dev/shm) on one host", across_hosts="engine.transport=mpi"),
     # Ranks must be started by an MPI process manager (mpiexec, srun --mpi=pmi2): odc_bench's launchers do.
     "mpi": TransportSpec("mpi", "odc_core.transport.mpi:MpiHeap", devices=("cpu",), spans_hosts=True,
                          describe="MPI-3 one-sided windows (MPICH), on one host or many"),
+    # Ranks on one host, sharing GPUs or one each (peer access over NVLink or PCIe).
+    "cuda_ipc": TransportSpec("cuda_ipc", "odc_core.transport.cuda_ipc:CudaIpcHeap", devices=("cuda",),
+                              spans_hosts=False, describe="GPU memory shared through CUDA IPC handles on one host",
+                              across_hosts="engine.transport=nvshmem engine.shard=hybrid"),
+    # One GPU per rank, every peer mapped by NVSHMEM (one node or one multi-node NVLink domain).
+    "nvshmem": TransportSpec("nvshmem", "odc_core.transport.nvshmem:NvshmemHeap", devices=("cuda",),
+                             spans_hosts=True, describe="NVSHMEM symmetric GPU memory, one GPU per rank, over NVLink"),
 }
 # `auto`: the first transport, in this order, that holds the run's device type. Not mpi: it
 # needs its ranks started under mpiexec, so a run spanning hosts names it (engine.transport=mpi).
-AUTO_ORDER = ("shm",)
+# Not nvshmem: it needs a GPU per rank, where cuda_ipc runs whether ranks share GPUs or not.
+AUTO_ORDER = ("shm", "cuda_ipc")
 
 
 def transport_for(name: str, device_type: str) -> TransportSpec:

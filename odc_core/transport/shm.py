@@ -49,13 +49,13 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from odc_core.transport.base import PeerTimeout
+from odc_core.transport.exchange import exchange, rotated
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "odc-"
@@ -271,18 +271,7 @@ class ShmHeap:
         return own.tensor
 
     def _exchange(self, key: str, value: str, what: str) -> list[tuple[int, str]]:
-        """Publish `value` under key/<rank> and return every peer's, in rotated order."""
-        self._store.set(f"{key}/{self.rank}", value)
-        deadline = time.monotonic() + self.timeout_s
-        values = []
-        for peer in self._peers()[:-1]:
-            remaining = max(deadline - time.monotonic(), 1e-3)
-            try:
-                self._store.wait([f"{key}/{peer}"], timedelta(seconds=remaining))
-            except RuntimeError:  # DistStoreError: the store's own timeout
-                raise PeerTimeout(peer, what, self.timeout_s) from None
-            values.append((peer, self._store.get(f"{key}/{peer}").decode()))
-        return values
+        return exchange(self._store, key, self.rank, self.world_size, value, what, self.timeout_s)
 
     def _buffer(self, name: str, index: int, segment: str, numel: int, dtype: torch.dtype,
                 create: bool) -> _Buffer:
@@ -292,8 +281,7 @@ class ShmHeap:
         return _Buffer(name, index, segment, numel, dtype, tensor, words)
 
     def _peers(self) -> list[int]:
-        """Rotated order starting after this rank, so ranks start on different owners."""
-        return [(self.rank + i) % self.world_size for i in range(1, self.world_size + 1)]
+        return rotated(self.rank, self.world_size)
 
     def _get_buffer(self, name: str, peer: int) -> _Buffer:
         if not 0 <= peer < self.world_size:

@@ -10,16 +10,19 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import build_model
 
 
-def train_single_process(spec: RunSpec, staleness: int = 0) -> tuple[dict[str, torch.Tensor], list[float]]:
+def train_single_process(spec: RunSpec, staleness: int = 0,
+                         device: torch.device | None = None) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train on every minibatch of the spec in one process; return final params and losses.
 
     With `staleness` s, delayed-gradient training: minibatch k computes forward and backward
     on the parameters after max(0, k - s) steps, and step k applies that gradient to the
-    parameters after k steps (docs/staleness.md).
+    parameters after k steps (docs/staleness.md). On `device` (the CPU by default); the
+    parameters come back on the CPU.
     """
+    device = device or torch.device("cpu")
     config = spec.config
     torch.manual_seed(0)
-    model = build_model(config.model, config.seed, torch.device("cpu"))
+    model = build_model(config.model, config.seed, device)
     names = [n for n, _ in model.named_parameters()]
     # The parameters the optimizer steps; the model only computes on a version of them.
     current = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
@@ -34,7 +37,8 @@ def train_single_process(spec: RunSpec, staleness: int = 0) -> tuple[dict[str, t
                 p.copy_(v)
         total = 0.0
         for i, sid in enumerate(mb.sample_ids):
-            loss = model(**packed_batch([tokens_of(seed, sid, mb.lengths[i], vocab)]))
+            batch = packed_batch([tokens_of(seed, sid, mb.lengths[i], vocab)])
+            loss = model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
             (loss / mb.labelled_tokens).backward()
             total += float(loss.detach())
         for c, p in zip(current, model.parameters(), strict=True):
@@ -43,7 +47,7 @@ def train_single_process(spec: RunSpec, staleness: int = 0) -> tuple[dict[str, t
         opt.zero_grad(set_to_none=True)
         versions.append([c.detach().clone() for c in current])
         losses.append(total / mb.labelled_tokens)
-    return {n: c.detach().clone() for n, c in zip(names, current, strict=True)}, losses
+    return {n: c.detach().cpu().clone() for n, c in zip(names, current, strict=True)}, losses
 
 
 def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -1,28 +1,48 @@
-"""Runs on a CUDA device when one is present; everywhere else these skip, saying why."""
+"""The baseline's GPU path: runs on a CUDA device when one is present; everywhere else these
+skip, saying why. ODC on GPUs: test_gpu_odc.py."""
 
 import pytest
 import torch
 
-from odc_bench.errors import ConfigError
+from odc_bench.models.attention import Documents, per_document, varlen, varlen_function
 from odc_bench.plan.spec import resolve
+from odc_bench.record.metrics import events_frame
 from odc_bench.run.local import run_local
 from tests.helpers import run_config
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="no CUDA device on this machine: GPU runs are checked on the lent GPU machine")
+pytestmark = [needs_gpu, pytest.mark.gpu]
 
 
-@needs_gpu
-@pytest.mark.gpu
-def test_collective_engine_trains_on_one_gpu_with_nccl():
-    spec = resolve(run_config("device=cuda", "world_size=1", "num_minibatches=2", "warmup_minibatches=0"))
+def test_collective_engine_trains_on_one_gpu_with_nccl_timed_on_the_device():
+    spec = resolve(run_config("device=cuda", "world_size=1", "num_minibatches=2", "warmup_minibatches=0",
+                              "precision=bf16"))
     result = run_local(spec)[0]
-    assert any(e["kind"] == "bwd" for e in result["events"])
+    events = events_frame([result])
+    spans = events[events["kind"].isin(["fwd", "bwd"])]
+    assert len(spans) and (spans["t1"] >= spans["t0"]).all()
+    # Device time: the units' spans lie inside their minibatch, which is resolved against the
+    # same anchors, and the varlen kernel ran (bf16 on CUDA).
+    for k, mb in events[events["kind"] == "minibatch"].groupby("minibatch"):
+        inside = spans[spans["minibatch"] == k]
+        assert inside["t0"].min() >= mb["t0"].min() - 1e-3 and inside["t1"].max() <= mb["t1"].max() + 1e-3
+    assert result["attention"] == ("varlen" if varlen_function() is not None else "sdpa_per_doc")
     assert result["peak_bytes"] > 0
 
 
-@needs_gpu
-@pytest.mark.gpu
-def test_odc_on_cuda_is_refused_until_a_cuda_transport_exists():
-    with pytest.raises(ConfigError, match="engine=odc has no CUDA transport"):
-        resolve(run_config("device=cuda", "engine=odc"))
+@pytest.mark.skipif(varlen_function() is None, reason="this torch has no torch.nn.attention.varlen")
+def test_varlen_matches_per_document_sdpa_forward_and_gradients():
+    torch.manual_seed(0)
+    lengths = [300, 7, 1024, 129]
+    shape = (sum(lengths), 8, 64)
+    q = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(shape[0], 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(shape[0], 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    got = varlen(varlen_function(), q, k, v, Documents.of(lengths, q.device, "varlen"))
+    want = per_document(q, k, v, Documents.of(lengths, q.device, "sdpa_per_doc"))
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    upstream = torch.randn_like(got)
+    for g, w in zip(torch.autograd.grad(got, (q, k, v), upstream), torch.autograd.grad(want, (q, k, v), upstream),
+                    strict=True):
+        torch.testing.assert_close(g, w, atol=5e-2, rtol=5e-2)

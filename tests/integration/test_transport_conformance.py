@@ -30,11 +30,20 @@ pytestmark = pytest.mark.slow
 WORLD = 3
 SIZES = (1, 2, 1000, 3 * 4000 + 2)  # smaller than the world, not divisible by it, many elements
 # How a transport's ranks start, and why they cannot here (None: they can).
-LAUNCHERS: dict[str, tuple[Any, str | None]] = {"mpi": (run_mpi_ranks, MPI_MISSING and f"transport mpi: {MPI_MISSING}")}
+LAUNCHERS: dict[str, tuple[Any, str | None]] = {
+    "mpi": (run_mpi_ranks, MPI_MISSING and f"transport mpi: {MPI_MISSING}"),
+    "nvshmem": (run_ranks, None if torch.cuda.device_count() >= WORLD else
+                f"transport nvshmem takes one GPU per rank: {WORLD} ranks, {torch.cuda.device_count()} GPU(s) here "
+                "(tests/integration/test_gpu_odc.py checks what one GPU allows)"),
+}
 
 
 def _conform(rank: int, world: int, store: dist.Store, transport: str, device: str, job: str) -> dict:
     torch.set_num_threads(1)
+    if device == "cuda":  # ranks share the GPUs there are (all of them one, on a one-GPU machine)
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    # The heap's tensors go in and out as CPU tensors here: every transport takes them, and the
+    # expected values come from gloo on the host.
     dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     seen: dict[str, Any] = {"gathers": [], "pushes": []}
@@ -42,6 +51,7 @@ def _conform(rank: int, world: int, store: dist.Store, transport: str, device: s
     try:
         fresh = heap.alloc("fresh", 7, torch.float32)
         seen["zero_filled"] = bool((fresh == 0).all())
+        seen["device"] = fresh.device.type
         for dtype in (torch.float32, torch.bfloat16):
             for numel in SIZES:
                 layout, tag = ShardLayout(numel, world), f"{dtype}/{numel}"
@@ -57,7 +67,7 @@ def _conform(rank: int, world: int, store: dist.Store, transport: str, device: s
                 heap.quiet()
                 heap.barrier(30)
                 theirs = torch.empty(layout.padded_numel, dtype=dtype)
-                dist.all_gather_into_tensor(theirs, shard.clone())
+                dist.all_gather_into_tensor(theirs, shard.cpu().clone())
                 padded = torch.zeros(layout.padded_numel)
                 padded[:numel] = grad.float()
                 reduced = torch.empty(layout.shard_numel)
@@ -103,8 +113,9 @@ def conformed(request) -> tuple[str, list[dict]]:
 
 
 def test_alloc_is_zero_filled_and_heap_bytes_count_own_buffers(conformed) -> None:
-    _, ranks = conformed
+    name, ranks = conformed
     assert all(r["zero_filled"] for r in ranks)
+    assert {r["device"] for r in ranks} == set(TRANSPORTS[name].devices)
     # Every rank owns the same buffers: at least the fp32 and bf16 shards, gradients and flags.
     least = sum(ShardLayout(n, WORLD).shard_numel * (4 + 2 + 4 + 4) for n in SIZES)
     assert all(r["heap_bytes"] >= least for r in ranks)

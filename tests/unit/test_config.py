@@ -88,18 +88,19 @@ def test_a_slurm_job_that_asked_for_gpus_fails_in_one_line_on_a_node_without_cud
     assert not list(tmp_path.iterdir()), "nothing written"
 
 
-@pytest.mark.parametrize("transport", ["auto", "shm", "mpi"])
-def test_odc_on_a_gpu_is_one_line_that_says_what_runs_there_instead(transport):
+def test_odc_on_a_gpu_takes_the_cuda_heap_and_refuses_a_cpu_transport_in_one_line():
     # The device is chosen on the host that runs the ranks; the engine's options are checked for it
     # whatever the transport asked for, so this holds on a CPU-only machine as on a GPU node.
-    config = run_config("engine=odc", f"engine.transport={transport}").engine
-    with pytest.raises(ConfigError) as refused:
-        config.for_device("cuda")
-    line = str(refused.value)
-    assert "\n" not in line and line.startswith("engine=odc has no CUDA transport yet")
-    for instead in ("engine=collective", "backend=sim", "device=cpu", "docs/transport.md"):
-        assert instead in line
-    assert config.for_device("cpu").options.transport in ("shm", "mpi")
+    assert run_config("engine=odc").engine.for_device("cuda").options.transport == "cuda_ipc"
+    assert run_config("engine=odc", "engine.transport=nvshmem").engine.for_device("cuda").options.transport == "nvshmem"
+    for transport in ("shm", "mpi"):
+        with pytest.raises(ConfigError) as refused:
+            run_config("engine=odc", f"engine.transport={transport}").engine.for_device("cuda")
+        line = str(refused.value)
+        assert "\n" not in line and line == (f"engine=odc: transport {transport} holds cpu tensors, not cuda; "
+                                             "choose auto or another transport")
+    with pytest.raises(ConfigError, match="transport cuda_ipc holds cuda tensors, not cpu"):
+        run_config("engine=odc", "engine.transport=cuda_ipc").engine.for_device("cpu")
 
 
 @pytest.mark.parametrize(("override", "message"), [

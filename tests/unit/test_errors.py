@@ -162,8 +162,11 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
     "slurm-not-on-path": (["-m", "hydra/launcher=slurm"], "hydra/launcher=slurm needs SLURM's sbatch and squeue on "
                           "PATH, and this machine has none", _no_slurm),
-    "slurm-odc-on-gpus": (["-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=2", "engine=odc"],
-                          "engine=odc has no CUDA transport yet", None),
+    "slurm-odc-gpus-across-nodes": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2",
+                                     "hydra.launcher.tasks_per_node=1", "hydra.launcher.gpus_per_node=1", "engine=odc"],
+                                    "engine=odc on transport cuda_ipc keeps its symmetric heap in GPU memory shared "
+                                    "through CUDA IPC handles on one host, which cannot span hydra.launcher.nodes=2; "
+                                    "set engine.transport=nvshmem engine.shard=hybrid", None),
     "pool-smaller-than-minibatch": (["dataset.num_samples=3"],
                                     "the dataset has 3 usable samples, fewer than one minibatch", None),
     "sample-over-max-tokens": (["max_tokens=64"], "over the microbatch limit max_tokens=64", None),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from time import perf_counter as _now
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_core.engine.base import (
+    Clock,
     EngineContext,
     OptimizerFactory,
     OptimizerStep,
@@ -37,7 +38,7 @@ from odc_core.engine.base import (
     configured,
 )
 from odc_core.engine.odc import state_dict
-from odc_core.engine.odc.fetch import Fetcher
+from odc_core.engine.odc.fetch import make_fetcher
 from odc_core.engine.odc.hooks import UnitHooks
 from odc_core.engine.odc.unit import FlatUnit, flat_groups, shard_unit
 from odc_core.engine.odc.versions import Versions
@@ -69,8 +70,9 @@ class OdcEngine:
         self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.timeout_s = timeout_s
         self.trace: TraceHook | None = None
-        self.versions = Versions(heap, self.peers, staleness, timeout_s, self._emit, _now)
-        self.fetcher = Fetcher(heap, self.versions, self.owners, prefetch, self._emit, _now)
+        self.clock: Clock = perf_counter
+        self.versions = Versions(heap, self.peers, staleness, timeout_s, self._emit, self._now)
+        self.fetcher = make_fetcher(device, heap, self.versions, self.owners, prefetch, self._emit, self._now)
         self.units: list[FlatUnit] = []
         self.model: nn.Module | None = None
         self._hooks: UnitHooks | None = None
@@ -169,9 +171,12 @@ class OdcEngine:
     def claim(self) -> int:
         return self.versions.claim()
 
-    def _emit(self, kind: str, t0: float, **info: object) -> None:
+    def _now(self) -> Any:
+        return self.clock()
+
+    def _emit(self, kind: str, t0: Any, **info: object) -> None:
         if self.trace is not None:
-            self.trace(kind, t0, _now(), **info)
+            self.trace(kind, t0, self.clock(), **info)
 
     # ---- outside minibatches (state_dict.py) -------------------------------------------
     def full_parameters(self) -> dict[str, torch.Tensor]:

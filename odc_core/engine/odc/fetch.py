@@ -2,9 +2,12 @@
 and pushing its gradients into the owners' accumulators.
 
 A prefetch gathers the unit the worker will need next while the current one computes. On CPU
-it runs on a thread of its own (the copies are the CPU's to do); the worker thread alone
-applies optimizer steps (versions.py), so a prefetch that must wait for an owner's version
-makes the worker serve its own due steps while it waits.
+(Fetcher) it runs on a thread of its own (the copies are the CPU's to do); the worker thread
+alone applies optimizer steps (versions.py), so a prefetch that must wait for an owner's
+version makes the worker serve its own due steps while it waits. On CUDA (StreamFetcher) the
+device does the copies: gathers and pushes are enqueued on a side stream and the compute
+stream waits on an event, so no thread is needed; a prefetch whose owners have not published
+their version yet is left to the gather at the unit's forward, which waits for them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+
+import torch
 
 from odc_core.engine.odc.unit import FlatUnit, Storage, buffer_name
 from odc_core.engine.odc.versions import POLL_FIRST_S, POLL_LAST_S, Emit, Versions
@@ -75,3 +80,59 @@ class Fetcher:
         if self._pool is not None:
             # After a failure a queued gather would only wait out its timeout on a dead peer.
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class StreamFetcher(Fetcher):
+    """Fetcher for CUDA ranks: gathers and pushes on a side stream of this rank's device.
+
+    Memory: a unit's flat buffer and gradient are allocated on the compute stream. The side
+    stream first waits for the work the compute stream has queued (a block the allocator hands
+    out may still be read by it), and a pushed gradient is recorded on the side stream so that
+    it is not reused before the push has read it."""
+
+    def __init__(self, heap: SymmetricHeap, versions: Versions, owners: tuple[int, ...] | None, prefetch: bool,
+                 emit: Emit, now: Callable[[], float], device: torch.device) -> None:
+        super().__init__(heap, versions, owners, False, emit, now)
+        self.prefetching = prefetch
+        self.stream = torch.cuda.Stream(device)
+
+    def ensure(self, unit: FlatUnit) -> None:
+        if unit.pending is not None:
+            t0 = self._now()
+            torch.cuda.current_stream().wait_event(unit.pending)
+            unit.pending = None
+            unit.storage = Storage.GATHERED
+            self._emit("prefetch_wait", t0, unit=unit.name)
+        if unit.storage is not Storage.GATHERED:
+            t0 = self._now()
+            self._gather(unit, serve=True)
+            self._emit("gather", t0, unit=unit.name)
+
+    def prefetch(self, unit: FlatUnit) -> None:
+        if not self.prefetching or unit.storage is not Storage.SHARDED or not self.versions.owners_ready():
+            return
+        out = unit.materialize()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            slot = self.versions.read_version(self.versions.minibatch) % self.versions.slots
+            gather(self.heap, unit.gather_source(slot), out, unit.layout, self.owners)
+            unit.pending = self.stream.record_event()
+        unit.storage = Storage.FETCHING
+
+    def push(self, unit: FlatUnit) -> None:
+        assert unit.grad is not None, "the unit's backward gave it a flat gradient"
+        t0 = self._now()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            scatter_accumulate(self.heap, buffer_name("acc", unit.name, self.versions.accumulator_slot), unit.grad,
+                               unit.layout, self.owners)
+        unit.grad.record_stream(self.stream)
+        self._emit("push", t0, unit=unit.name)
+
+
+def make_fetcher(device: torch.device, heap: SymmetricHeap, versions: Versions, owners: tuple[int, ...] | None,
+                 prefetch: bool, emit: Emit, now: Callable[[], float]) -> Fetcher:
+    """The fetcher for the device's kind: a side stream on CUDA, a prefetch thread elsewhere."""
+    if device.type == "cuda":
+        return StreamFetcher(heap, versions, owners, prefetch, emit, now, device)
+    return Fetcher(heap, versions, owners, prefetch, emit, now)

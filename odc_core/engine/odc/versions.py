@@ -225,6 +225,9 @@ class Versions:
         per node."""
         shards = [u.shard_param for u in self.units]
         square = torch.stack([g.grad.double().square().sum() for g in shards]).sum().reshape(1)  # type: ignore[union-attr]
+        # On the host where the group can: GPU ranks may share one device, where NCCL cannot run.
+        if any(name in str(dist.get_backend()) for name in ("gloo", "mpi")):
+            square = square.cpu()
         dist.all_reduce(square)
         total = (square[0] / self.replica_count).sqrt().float()
         torch.nn.utils.clip_grads_with_norm_(shards, max_norm, total)

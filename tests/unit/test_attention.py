@@ -1,0 +1,90 @@
+"""Which attention kernel runs, and the varlen call through both of torch's signatures, checked on
+CPU against per-document SDPA with stand-ins that have each signature (the real kernel is CUDA
+only: tests/integration/test_gpu.py compares it on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from odc_bench.data.batches import packed_batch
+from odc_bench.models import attention, decoder
+from odc_bench.models.attention import Documents, choose_kernel, per_document, varlen
+from tests.helpers import run_config
+
+
+def _reference(q, k, v, cu_q, max_q) -> torch.Tensor:
+    """What a varlen kernel computes, from the offsets alone (no document lengths)."""
+    bounds = cu_q.tolist()
+    assert max_q == max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    outs = []
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        outs.append(F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
+                                                   v[a:b].transpose(0, 1), is_causal=True).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def varlen_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False):
+    """torch 2.11's signature: causal by a flag, no GQA (kv heads must be repeated)."""
+    assert is_causal and key.shape[1] == query.shape[1]
+    return _reference(query, key, value, cu_seq_q, max_q)
+
+
+def varlen_213(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+               window_size=(-1, -1), enable_gqa=False):
+    """torch 2.13's: causal as window (-1, 0), GQA by its own argument."""
+    assert window_size == (-1, 0)
+    if key.shape[1] != query.shape[1]:
+        assert enable_gqa
+        group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    return _reference(query, key, value, cu_seq_q, max_q)
+
+
+@pytest.mark.parametrize(("device", "dtype", "available", "kernel"), [
+    ("cuda", torch.bfloat16, True, "varlen"),
+    ("cuda", torch.float16, True, "varlen"),
+    ("cuda", torch.float32, True, "sdpa_per_doc"),  # flash kernels take no fp32
+    ("cuda", torch.bfloat16, False, "sdpa_per_doc"),  # a torch without varlen
+    ("cpu", torch.bfloat16, True, "sdpa_per_doc"),  # CPU keeps its kernel and numbers
+])
+def test_the_kernel_follows_device_dtype_and_torch(device, dtype, available, kernel):
+    assert choose_kernel(device, dtype, available) == kernel
+
+
+@pytest.mark.parametrize("fn", [varlen_211, varlen_213])
+def test_varlen_through_either_signature_equals_per_document_sdpa(fn):
+    torch.manual_seed(0)
+    lengths = [5, 1, 12, 7]
+    q = torch.randn(sum(lengths), 4, 8, requires_grad=True)
+    k = torch.randn(sum(lengths), 2, 8, requires_grad=True)  # GQA: 2 q heads per kv head
+    v = torch.randn(sum(lengths), 2, 8, requires_grad=True)
+    docs = Documents.of(lengths, torch.device("cpu"), "varlen")
+    assert docs.offsets.tolist() == [0, 5, 6, 18, 25] and docs.longest == 12
+    got = varlen(fn, q, k, v, docs)
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    want = per_document(q, k, v, Documents.of(lengths, torch.device("cpu"), "sdpa_per_doc"))
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads, torch.autograd.grad(want.square().sum(), (q, k, v)), strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_the_decoder_on_the_varlen_path_matches_its_per_document_path(monkeypatch):
+    """The whole model with the varlen kernel (a stand-in with torch 2.13's signature) gives the
+    per-document loss and gradients, and records the kernel that ran."""
+    cfg = run_config("model.num_layers=2").model
+    batch = packed_batch([torch.randint(0, cfg.vocab_size, (n,)) for n in (9, 3, 14)])
+    runs = {}
+    for kernel in ("sdpa_per_doc", "varlen"):
+        monkeypatch.setattr(decoder, "kernel_for", lambda _x, kernel=kernel: kernel)
+        monkeypatch.setattr(attention, "varlen_function", lambda: varlen_213)
+        model = decoder.build_model(cfg, 0, torch.device("cpu"))
+        loss = model(**batch)
+        loss.backward()
+        runs[kernel] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()}, model.attention_kernels)
+    (loss_a, grads_a, used_a), (loss_b, grads_b, used_b) = runs["sdpa_per_doc"], runs["varlen"]
+    torch.testing.assert_close(loss_b, loss_a)
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], msg=name)
+    assert used_a == {"sdpa_per_doc"} and used_b == {"varlen"}
