@@ -54,8 +54,9 @@ class PrimitivesConfig:
     warmup_calls: int = 3
     chunk_bytes: int = 1 << 20
     # The one-sided ops' heap: shm, or mpi (ranks under mpiexec, MPI off shared memory: the
-    # network path ranks on different hosts take).
-    transport: Literal["shm", "mpi"] = "shm"
+    # network path ranks on different hosts take), or cuda_ipc (GPU memory; ranks share the GPUs
+    # there are).
+    transport: Literal["shm", "mpi", "cuda_ipc"] = "shm"
 
     def __post_init__(self) -> None:
         require(1 <= self.min_bytes <= self.max_bytes,

@@ -20,10 +20,16 @@ slices, and alternating turns puts every op under the same background load.
 
 memcpy is measured the same way (every rank copying at once, one thread each, in turn with
 the one-sided ops), so it shares the cores and memory exactly as the ops do.
+
+On GPUs (primitives.transport=cuda_ipc) every tensor is on the rank's device, memcpy is a device
+copy, and a turn is timed from a synchronised device to a synchronised device, so it measures
+the copies, not their launches. The collectives run on NCCL where every rank has a GPU of its
+own; ranks sharing one (a one-GPU machine) measure the one-sided ops and the copy only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import statistics
@@ -52,7 +58,7 @@ from odc_bench.run.mpiexec import mpiexec_path, run_mpi_ranks
 from odc_bench.run.ranks import RanksFailed, run_ranks
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import SymmetricHeap
-from odc_core.transport.registry import make_heap
+from odc_core.transport.registry import TRANSPORTS, make_heap
 from odc_core.transport.shm import ShmHeap
 
 COLUMNS = [
@@ -84,6 +90,10 @@ class Plan:
     timeout_s: float
     transport: str = "shm"
 
+    @property
+    def device(self) -> str:
+        return TRANSPORTS[self.transport].devices[0]
+
 
 def plan_from_config(config: RunConfig) -> Plan:
     """The primitives section (task=primitives) expanded into a plan; ConfigError when it cannot run."""
@@ -92,6 +102,8 @@ def plan_from_config(config: RunConfig) -> Plan:
     assert p is not None
     itemsize = DTYPES[p.dtype].itemsize
     world = config.world_size
+    require(p.transport != "cuda_ipc" or torch.cuda.is_available(),
+            "primitives.transport=cuda_ipc measures GPU memory and this machine has no CUDA device; use shm or mpi")
     require(p.min_bytes >= world * itemsize, f"primitives.min_bytes ({p.min_bytes}) must hold at least one "
                                              f"{p.dtype} element per rank ({world * itemsize} bytes)")
     sizes, size = [], p.min_bytes
@@ -102,62 +114,73 @@ def plan_from_config(config: RunConfig) -> Plan:
                 p.transport)
 
 
-def _warm_up(op: Callable[[], None], warmup: int) -> float:
+def _warm_up(op: Callable[[], object], warmup: int, sync: Callable[[], None]) -> float:
     """Run `warmup` calls (first touches, allocator); return the median seconds per call."""
     times = []
     for _ in range(warmup):
+        sync()
         t0 = time.perf_counter()
         op()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def _timed(ops: dict[str, Callable[[], None]], calls: dict[str, int], rounds: int,
-           barrier: Callable[[], None]) -> dict[str, list[float]]:
+def _timed(ops: dict[str, Callable[[], object]], calls: dict[str, int], rounds: int,
+           barrier: Callable[[], None], sync: Callable[[], None]) -> dict[str, list[float]]:
     """Per op, `rounds` samples of the mean seconds per call over a turn of calls[op] calls."""
     barrier()  # one start line; nothing couples the ranks after it
     samples: dict[str, list[float]] = {name: [] for name in ops}
     for _ in range(rounds):
         for name, op in ops.items():
+            sync()
             t0 = time.perf_counter()
             for _ in range(calls[name]):
                 op()
+            sync()
             samples[name].append((time.perf_counter() - t0) / calls[name])
     return samples
 
 
-def _rank_ops(heap: SymmetricHeap, size: int, dtype: torch.dtype) -> dict[str, Callable[[], None]]:
-    """The five ops for one size, over freshly allocated heap buffers and local tensors."""
+def _rank_ops(heap: SymmetricHeap, size: int, dtype: torch.dtype, device: torch.device,
+              collectives: bool) -> dict[str, Callable[[], object]]:
+    """The ops for one size, over freshly allocated heap buffers and local tensors."""
     numel = size // dtype.itemsize
     layout = ShardLayout(numel, heap.world_size)
     shard = heap.alloc("params", layout.shard_numel, dtype)
     heap.alloc("grads", layout.shard_numel, torch.float32 if dtype == torch.bfloat16 else dtype)
     shard.copy_(torch.randn(layout.shard_numel).to(dtype))
-    full = torch.randn(layout.padded_numel).to(dtype)
-    out = torch.empty(layout.padded_numel, dtype=dtype)
-    piece = torch.empty(layout.shard_numel, dtype=dtype)
-    return {
+    full = torch.randn(layout.padded_numel).to(device, dtype)
+    out = torch.empty(layout.padded_numel, dtype=dtype, device=device)
+    piece = torch.empty(layout.shard_numel, dtype=dtype, device=device)
+    ops: dict[str, Callable[[], object]] = {
         "memcpy": lambda: out.copy_(full),
         "gather": lambda: gather(heap, "params", out, layout),
-        "all_gather": lambda: all_gather(out, shard),
         "scatter_accumulate": lambda: scatter_accumulate(heap, "grads", full, layout),
-        "reduce_scatter": lambda: reduce_scatter(piece, full),
     }
+    if collectives:
+        ops.update(all_gather=lambda: all_gather(out, shard), reduce_scatter=lambda: reduce_scatter(piece, full))
+    return ops
 
 
 def _heap(plan: Plan, rank: int, world: int, job: str, store: dist.Store) -> Any:
     """This size's heap on the plan's transport (a context manager that closes it)."""
     if plan.transport == "shm":
         return ShmHeap(rank, world, job, store, timeout_s=plan.timeout_s, chunk_bytes=plan.chunk_bytes)
-    return make_heap(plan.transport, "cpu", rank, world, job, store, plan.timeout_s)
+    return contextlib.closing(make_heap(plan.transport, plan.device, rank, world, job, store, plan.timeout_s))
 
 
 def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -> dict:
     """Per (op, size): this rank's samples of seconds per call, and its calls per turn."""
     torch.set_num_threads(1)
     timeout = timedelta(seconds=plan.timeout_s)
-    dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank, world_size=world,
-                            timeout=timeout)
+    device, sync, collectives = torch.device("cpu"), _nothing, True
+    if plan.device == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        sync, collectives = torch.cuda.synchronize, world <= torch.cuda.device_count()
+    dist.init_process_group("cpu:gloo,cuda:nccl" if plan.device == "cuda" else "gloo",
+                            store=dist.PrefixStore("gloo", store), rank=rank, world_size=world, timeout=timeout)
     dtype = DTYPES[plan.dtype]
     samples: dict[tuple[str, int], list[float]] = {}
     calls: dict[tuple[str, int], int] = {}
@@ -165,18 +188,18 @@ def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -
         for size in plan.sizes:
             # One heap per size, so each size's buffers are freed before the next is allocated.
             with _heap(plan, rank, world, f"{job}.{size}", store) as heap:
-                ops = _rank_ops(heap, size, dtype)
-                turn = {op: max(1, round(plan.turn_s / _warm_up(fn, plan.warmup))) for op, fn in ops.items()}
+                ops = _rank_ops(heap, size, dtype, device, collectives)
+                turn = {op: max(1, round(plan.turn_s / _warm_up(fn, plan.warmup, sync))) for op, fn in ops.items()}
                 # Every rank must make the same number of collective calls: rank 0's estimate counts.
                 key = f"{job}/calls/{size}"
                 if rank == 0:
-                    store.set(key, json.dumps({op: turn[op] for op in COLLECTIVES}))
+                    store.set(key, json.dumps({op: turn[op] for op in COLLECTIVES if op in ops}))
                 turn.update(json.loads(store.get(key)))
                 barrier = partial(heap.barrier, plan.timeout_s)
                 # The collectives synchronise the ranks at every call: timed in their own rounds,
                 # so they never pace the one-sided ops.
                 for group in (LOCAL_OPS, COLLECTIVES):
-                    timed = _timed({op: ops[op] for op in group}, turn, plan.rounds, barrier)
+                    timed = _timed({op: ops[op] for op in group if op in ops}, turn, plan.rounds, barrier, sync)
                     samples.update({(op, size): t for op, t in timed.items()})
                 calls.update({(op, size): n for op, n in turn.items()})
                 heap.barrier(plan.timeout_s)  # no rank unmaps a size's buffers while a peer still pushes
@@ -185,13 +208,20 @@ def bench_rank(rank: int, world: int, store: dist.Store, plan: Plan, job: str) -
     return dict(samples=samples, calls=calls)
 
 
+def _nothing() -> None:
+    """A CPU op is complete when it returns: nothing to wait for."""
+
+
 def summarize(plan: Plan, per_rank: list[dict]) -> list[dict]:
     """One row per op and size: the median seconds per call over ranks and rounds, and its ratio to memcpy."""
     rows = []
+    measured = [op for op in OPS if (op, plan.sizes[0]) in per_rank[0]["samples"]]
     for size in plan.sizes:
-        seconds = {op: statistics.median(t for r in per_rank for t in r["samples"][op, size]) for op in OPS}
+        seconds = {op: statistics.median(t for r in per_rank for t in r["samples"][op, size]) for op in measured}
         memcpy_gbps = size / seconds["memcpy"] / 1e9
-        for op, transport in OPS.items():
+        for op, transport in ((op, OPS[op]) for op in measured):
+            if op in COLLECTIVES and plan.device == "cuda":
+                transport = "nccl"
             transport = plan.transport if transport == HEAP else transport
             gbps = size / seconds[op] / 1e9
             calls = statistics.median_low(r["calls"][op, size] for r in per_rank)
@@ -206,13 +236,14 @@ def print_rows(rows: list[dict]) -> None:
     table = Table(title=f"primitives on {heap}, {rows[0]['world_size']} ranks, {rows[0]['dtype']}: "
                         "GB/s (ratio to memcpy)")
     table.add_column("size")
-    for op in OPS:
+    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
+    for op in ops:
         table.add_column(op, justify="right")
     for size in sorted({r["size_bytes"] for r in rows}):
         cells = {r["op"]: f"{r['bandwidth_gbps']:.3g} ({r['ratio_to_memcpy']:.2f})" for r in rows
                  if r["size_bytes"] == size}
         table.add_row(f"{size / 2**10:.0f} KiB" if size < 2**20 else f"{size / 2**20:.0f} MiB",
-                      *(cells[op] for op in OPS))
+                      *(cells[op] for op in ops))
     Console(width=120).print(table)
 
 

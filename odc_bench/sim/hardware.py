@@ -25,6 +25,7 @@ from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_linear_params
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.sim.layout import KINDS, PHASES, Layout
+from odc_bench.sim.unit_fit import table_rows
 
 GB = 1e9
 # Gap classes of a calibrated profile: the serial time before each kind of position, then
@@ -158,7 +159,8 @@ class GpuProfile:
 
     def compute_table(self, layout: Layout, recompute: Recompute) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3)
-        (layout.doc_features without knots).
+        (layout.doc_features without knots). With a compute calibration, the units it measured
+        come from it (sim/unit_fit.py), the others from the datasheet as follows.
 
         Backward is twice the forward's FLOPs, plus what checkpointing recomputes of the
         forward (layers only: checkpointing wraps the decoder layers): its share of the matrix
@@ -166,8 +168,12 @@ class GpuProfile:
         is memory-bound: a gather of rows forward, zeroing and scattering into the table's
         gradient backward.
         """
+        measured: dict[tuple[str, str], np.ndarray] = {}
         if self.hw.compute_calibration:
-            return split_microbatch_fit(_load_json(self.hw.compute_calibration), layout, recompute)
+            calibration = _load_json(self.hw.compute_calibration)
+            if "units" not in calibration:  # a whole-microbatch fit: every unit from it
+                return split_microbatch_fit(calibration, layout, recompute)
+            measured = table_rows(calibration["units"], layout.cfg, recompute)
         cfg = layout.cfg
         mm = self.hw.peak_tflops * 1e12 * self.hw.matmul_efficiency
         attn = self.hw.peak_tflops * 1e12 * self.hw.attention_efficiency
@@ -184,7 +190,8 @@ class GpuProfile:
             ("head", "fwd"): (c0, head_tok, 0.0),
             ("head", "bwd"): (c0, 2 * head_tok, 0.0),
         }
-        return np.array([table[(k, p)] for k in KINDS for p in PHASES])
+        # Measured units (sim/unit_fit.py) replace the datasheet's; units not measured keep it.
+        return np.array([measured.get((k, p), table[(k, p)]) for k in KINDS for p in PHASES])
 
     def network(self, world: int) -> Network:
         g = min(self.hw.gpus_per_node, world)

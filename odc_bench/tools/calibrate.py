@@ -12,35 +12,58 @@ runs with balancer.cost_model=calibrated load that file.
 
 Timings are per-rank compute only (no communication, fp32), which is what balancers
 distribute; on the tiny model it takes seconds.
+
+On CUDA it also times every unit kind on its own, as the harness runs it there (bf16, dense
+parts compiled, the varlen kernel): the embeddings, one decoder layer (forward, backward, and
+backward with its forward recomputed by activation checkpointing) and the head, each with CUDA
+events over the same shapes, and adds their fit (sim/unit_fit.py) to the file as `units`: a GPU
+profile whose backend.hardware.compute_calibration names the file computes from it.
+`--reduced` times fewer shapes (make gpu-check).
+
+`python -m odc_bench.tools.calibrate --timings FILE.csv --out FILE.json --device NAME` fits
+unit timings measured elsewhere instead (columns model, unit, shape, fwd_ms, bwd_ms and
+optionally bwd_recompute_ms; shapes as `NxL` documents of L tokens, L in tokens or `k`, or
+`mix16k`): how the H100 profile was seeded (results/gpu/h100-2026-11-26/README.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import hydra
 import numpy as np
+import pandas as pd
 import torch
 from omegaconf import DictConfig
+from torch.utils.checkpoint import checkpoint
 
 from odc_bench.balancers.cost import CALIBRATION_UNIT, calibration_path, load_calibration
+from odc_bench.config.compose import compose_run
+from odc_bench.config.model import ModelConfig
 from odc_bench.config.run import RunConfig, load
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.data.tokens import sample_tokens
 from odc_bench.errors import ConfigError, fail
 from odc_bench.files import atomic_write_text
-from odc_bench.models.decoder import build_model
+from odc_bench.models.attention import Documents, kernel_for
+from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
 from odc_bench.plan.spec import device_type_of, hardware_tag
 from odc_bench.provenance import git_commit
+from odc_bench.sim import unit_fit
 
 
 def microbatch_shapes(max_tokens: int, points: int = 8) -> list[list[int]]:
@@ -97,7 +120,71 @@ def fit_nonnegative(shapes: list[list[int]], seconds: list[float]) -> tuple[floa
     return best
 
 
-def calibrate(config: RunConfig, repeats: int = 5) -> Path:
+# Unit shapes on CUDA: single documents, then packs (mix16k: the probe's 8K+4K+2K+1K+512+256+128+128).
+MIX16K = [8192, 4096, 2048, 1024, 512, 256, 128, 128]
+UNIT_SHAPES = {
+    "full": [[1024], [2048], [4096], [8192], [16384], [512] * 16, [512] * 32, [1024] * 8, [1024] * 16,
+             [4096] * 4, [8192] * 2, MIX16K],
+    "reduced": [[1024], [4096], [16384], [512] * 16, [4096] * 4, MIX16K],
+}
+
+
+def _device_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median device seconds of fn over repeats (CUDA events around it on the current stream)."""
+    times = []
+    for i in range(warmup + repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _forward_backward(forward: Callable[[], torch.Tensor], repeats: int) -> tuple[float, float]:
+    """Device seconds of a unit's forward, and of its backward (from one forward, kept)."""
+    fwd = _device_seconds(forward, repeats)
+    out = forward()
+    grad = torch.ones_like(out)
+    return fwd, _device_seconds(lambda: out.backward(grad, retain_graph=True), repeats)
+
+
+def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int) -> list[dict]:
+    cfg, device = model.cfg, model.head.lm_head.weight.device
+    layer = cast(DecoderLayer, model.layers[0])
+    batch = packed_batch([sample_tokens(0, j, n, cfg.vocab_size) for j, n in enumerate(doc_lens)])
+    ids, labels = cast(torch.Tensor, batch["input_ids"]).to(device), cast(torch.Tensor, batch["labels"]).to(device)
+    x = torch.randn(len(ids), cfg.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = rope_tables(cast(torch.Tensor, batch["position_ids"]).to(device), cfg.head_dim, cfg.rope_theta,
+                           x.dtype)
+    docs = Documents.of(doc_lens, device, kernel_for(x))
+    embed = _forward_backward(lambda: model.embed(ids), repeats)
+    fwd, bwd = _forward_backward(lambda: layer(x, cos, sin, docs), repeats)
+    _, recomputed = _forward_backward(lambda: checkpoint(layer, x, cos, sin, docs, use_reentrant=False), repeats)
+    head = _forward_backward(lambda: model.head(x, labels), repeats)
+    model.zero_grad(set_to_none=True)
+    return [dict(model=cfg.name, unit="embed", doc_lens=doc_lens, fwd=embed[0], bwd=embed[1]),
+            dict(model=cfg.name, unit="layer", doc_lens=doc_lens, fwd=fwd, bwd=bwd, bwd_recompute=recomputed),
+            dict(model=cfg.name, unit="head", doc_lens=doc_lens, fwd=head[0], bwd=head[1])]
+
+
+def time_units(cfg: ModelConfig, device: torch.device, shapes: list[list[int]], repeats: int) -> list[dict]:
+    """Per shape and unit kind, forward and backward device seconds of one unit as the harness runs
+    it on CUDA (bf16, compile_dense, the varlen kernel), and a layer's backward with its forward
+    recomputed (activation checkpointing)."""
+    model = build_model(replace(cfg, num_layers=1), 0, device).to(torch.bfloat16)
+    compile_dense(model)
+    return [row for doc_lens in shapes for row in _time_shape(model, doc_lens, repeats)]
+
+
+def units_record(rows: list[dict], models: dict[str, ModelConfig], device_name: str) -> dict:
+    """What a compute calibration holds of its units: the fit and the timings it came from."""
+    return dict(units=unit_fit.fit(rows, models), unit_device=device_name, unit_timings=rows)
+
+
+def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full") -> Path:
     lengths = dataset_lengths(config.dataset, config.seed)
     max_tokens = config.max_tokens or int(dataset_max_len(config.dataset, lengths) * config.packing_ratio)
     device = torch.device(device_type_of(config))
@@ -127,20 +214,81 @@ def calibrate(config: RunConfig, repeats: int = 5) -> Path:
                         max_tokens=int(max_tokens), repeats=repeats, precision="fp32"),
         timings=[dict(doc_lens=sh, seconds=s, median=m) for sh, s, m in zip(shapes, seconds, medians, strict=True)],
     )
+    if device.type == "cuda":
+        rows = time_units(config.model, device, UNIT_SHAPES[unit_shapes], repeats)
+        record.update(units_record(rows, {config.model.name: config.model}, torch.cuda.get_device_name(device)))
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     load_calibration(path)  # what later runs will read must load
     return path
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def shape_lengths(shape: str) -> list[int]:
+    """A timings file's shape name as document lengths: `NxL` (L in tokens, or with k), or mix16k."""
+    if shape == "mix16k":
+        return list(MIX16K)
+    match = re.fullmatch(r"(\d+)x(\d+)(k?)", shape)
+    if match is None:
+        raise ConfigError(f"unknown shape {shape!r} in the timings; shapes are NxL (L tokens, or Lk) or mix16k")
+    count, length, kilo = match.groups()
+    return [int(length) * (1024 if kilo else 1)] * int(count)
+
+
+def fit_timings(csv_path: Path, device_name: str) -> dict:
+    """A compute calibration's units from unit timings measured elsewhere (module docstring)."""
     try:
-        path = calibrate(load(cfg))
+        table = pd.read_csv(csv_path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read unit timings {csv_path} ({e})") from None
+    missing = {"model", "unit", "shape", "fwd_ms", "bwd_ms"} - set(table.columns)
+    if missing:
+        raise ConfigError(f"{csv_path} lacks the column(s) {', '.join(sorted(missing))}")
+    models = {name: compose_run([f"model={name}"]).model for name in sorted(set(table["model"]))}
+    rows = []
+    for r in table.to_dict("records"):
+        rows.append(dict(model=r["model"], unit=r["unit"], doc_lens=shape_lengths(r["shape"]), fwd=r["fwd_ms"] / 1e3,
+                         bwd=r["bwd_ms"] / 1e3, bwd_recompute=r.get("bwd_recompute_ms", float("nan")) / 1e3))
+    return dict(units_record(rows, models, device_name), provenance=dict(
+        date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=git_commit(), timings=str(csv_path),
+        command=" ".join([Path(sys.executable).name, "-m", "odc_bench.tools.calibrate", *sys.argv[1:]])))
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def _calibrate(cfg: DictConfig) -> None:
+    try:
+        path = calibrate(load(cfg), unit_shapes=_UNIT_SHAPES[0])
     except ConfigError as e:
         fail(e, "odc_bench.tools.calibrate")
     data = json.loads(path.read_text())
     print(f"wrote {path}: a={data['a']:.4g} b={data['b']:.4g} c={data['c']:.4g} "
           f"(x = length/{data['unit']}, seconds; worst fit error {data['max_rel_error']:.1%})")
+    for kind, phases in data.get("units", {}).items():
+        for phase, fitted in phases.items():
+            print(f"  {kind} {phase}: fixed {fitted['c0'] * 1e3:.3f} ms, median error {fitted['median_error']:.1%} "
+                  f"over {fitted['points']} shapes")
+
+
+_UNIT_SHAPES = ["full"]
+
+
+def main() -> None:
+    """`--timings` fits a timings file; otherwise Hydra's command line (`--reduced`: fewer unit shapes)."""
+    if "--timings" in sys.argv:
+        parser = argparse.ArgumentParser(prog="python -m odc_bench.tools.calibrate")
+        parser.add_argument("--timings", type=Path, required=True)
+        parser.add_argument("--out", type=Path, required=True)
+        parser.add_argument("--device", required=True, help="the GPU the timings were taken on, as torch names it")
+        args = parser.parse_args()
+        try:
+            record = fit_timings(args.timings, args.device)
+        except ConfigError as e:
+            fail(e, "odc_bench.tools.calibrate")
+        atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.out}: units fitted to {len(record['unit_timings'])} timings of {args.timings}")
+        return
+    if "--reduced" in sys.argv:
+        sys.argv.remove("--reduced")
+        _UNIT_SHAPES[0] = "reduced"
+    _calibrate()
 
 
 if __name__ == "__main__":

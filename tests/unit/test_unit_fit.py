@@ -1,0 +1,81 @@
+"""The measured GPU compute profile: unit timings fitted as the FLOPs model's terms (sim/unit_fit.py),
+the committed H100 seed, and a GPU profile that computes from it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from odc_bench.config.backend import Recompute
+from odc_bench.sim import unit_fit
+from odc_bench.sim.hardware import GpuProfile
+from odc_bench.sim.layout import Layout
+from odc_bench.tools.calibrate import shape_lengths
+from tests.helpers import REPO, run_config
+
+SEED = REPO / "results" / "gpu" / "h100-2026-11-26"
+TRUE = {"layer": {"fwd": dict(c0=8e-4, k_mm=1.5e-15, k_attn=3e-15, k_attn_tok=2e-11)},
+        "head": {"fwd": dict(c0=1e-4, k_mm=1.5e-15, k_logits=8e-12)}}
+SHAPES = [[1024], [4096], [16384], [512] * 16, [4096] * 4, [8192, 4096, 2048, 1024, 512, 256, 128, 128]]
+
+
+def _models():
+    return {name: run_config(f"model={name}").model for name in ("qwen2_1p5b", "qwen2_7b")}
+
+
+def test_the_fit_recovers_the_terms_that_made_the_timings():
+    models = _models()
+    rows = []
+    for name, cfg in models.items():
+        for lens in SHAPES:
+            for kind, phases in TRUE.items():
+                x = unit_fit.features(cfg, kind, lens)
+                rows.append(dict(model=name, unit=kind, doc_lens=lens,
+                                 fwd=float(x @ np.array(list(phases["fwd"].values())))))
+    fitted = unit_fit.fit(rows, models)
+    for kind, phases in TRUE.items():
+        for term, value in phases["fwd"].items():
+            assert fitted[kind]["fwd"][term] == pytest.approx(value, rel=1e-6), (kind, term)
+        assert fitted[kind]["fwd"]["median_error"] < 1e-9
+
+
+def test_a_layers_cost_row_grows_with_the_model_and_recomputation_adds_to_its_backward():
+    cfg = _models()["qwen2_7b"]
+    units = {"layer": {"fwd": TRUE["layer"]["fwd"], "bwd": {k: 2 * v for k, v in TRUE["layer"]["fwd"].items()}}}
+    none, full = Recompute(0.0, 0.0, 0.0), Recompute(1.0, 1.0, 1.0)
+    plain = unit_fit.table_rows(units, cfg, none)
+    fwd = plain["layer", "fwd"]
+    assert fwd[0] == 8e-4 and fwd[2] == pytest.approx(3e-15 * 2 * cfg.hidden_size)
+    # Seconds of one 4K document: c0 + tokens + squared-length terms, as the features say.
+    assert fwd @ [1, 4096, 4096**2] == pytest.approx(unit_fit.features(cfg, "layer", [4096])
+                                                     @ list(TRUE["layer"]["fwd"].values()))
+    recomputed = unit_fit.table_rows(units, cfg, full)
+    np.testing.assert_allclose(recomputed["layer", "bwd"], plain["layer", "bwd"] + fwd)
+
+
+def test_shape_names_give_the_documents_the_h100_timings_were_taken_on():
+    table = pd.read_csv(SEED / "layer_head_times_varlen.csv")
+    for row in table.itertuples():
+        lens = shape_lengths(row.shape)
+        assert (sum(lens), sum(n * n for n in lens), len(lens)) == (row.tokens, row.sum_sq_doc_len, row.docs)
+
+
+def test_the_committed_h100_seed_fits_its_timings_and_the_h100_profile_computes_from_it():
+    seed = json.loads((SEED / "compute.json").read_text())
+    for kind in ("layer", "head"):
+        for phase in ("fwd", "bwd"):
+            assert seed["units"][kind][phase]["median_error"] < 0.05, (kind, phase)
+    cfg = run_config("model=qwen2_7b").model
+    layout = Layout(cfg)
+    hw = run_config("backend=sim", "backend/hardware=h100").backend.hardware
+    measured = GpuProfile(replace(hw, compute_calibration=str(SEED / "compute.json"))).compute_table(
+        layout, Recompute(0.0, 0.0, 0.0))
+    datasheet = GpuProfile(replace(hw, compute_calibration=None)).compute_table(layout, Recompute(0.0, 0.0, 0.0))
+    # Layer forward on one 8K document against the measurement (9.52 ms on the H100).
+    layer_fwd = measured[2] @ [1, 8192, 8192**2]
+    assert layer_fwd == pytest.approx(9.5176e-3, rel=0.1)
+    np.testing.assert_array_equal(measured[:2], datasheet[:2])  # embeddings were not measured: the datasheet's
