@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test figures figures-docs lint setup clean
+.PHONY: demo test figures figures-docs lint setup clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -36,6 +36,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+
+# The one script for a GPU machine (docs/gpu.md): at most 6 minutes on one GPU, results under
+# results/gpu/<device>-<date>/. No set-up: a GPU machine's own python3 with torch (the project's
+# other needs on PYTHONPATH); without a GPU it says so and exits 0.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PY) -m odc_bench.tools.gpu_check
+
+# What a GPU machine without package registries lacks, as wheels in .whl/ (ignored by git): carry
+# .whl there and install it with pip --target (docs/gpu.md gives the whole command).
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 submitit==1.5.4 hydra-submitit-launcher==1.2.0
+gpu-wheels: $(STAMP)
+	rm -rf .whl && $(PY) -m pip wheel -q --no-deps -w .whl $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

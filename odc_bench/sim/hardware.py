@@ -213,6 +213,10 @@ class GpuProfile:
         `internode_slowdown`: ODC's point-to-point transfers across nodes get the NICs'
         bandwidth divided by it (the reference transport's, backend.odc_internode_slowdown)."""
         net = self.network(world)
+        # Measured (make gpu-check): the device's idle time per unit position that an engine's
+        # host work adds in line with compute (FSDP2's per-unit bookkeeping on one rank).
+        gaps = _load_json(self.hw.compute_calibration).get("engine_gaps", {}) if self.hw.compute_calibration else {}
+        gap = np.full(layout.positions, float(gaps.get(engine, 0.0)))
         hybrid = shard == "hybrid" and net.nodes > 1
         group = net.gpus_per_node if hybrid else world
         if hybrid:  # the shard group: one node, its ranks as many as the node has
@@ -235,7 +239,7 @@ class GpuProfile:
             ag = ring_time(params * param_bytes, group, bus, latency, step)
             rs = np.where(bwd, ring_time(params * 4, group, bus, latency, step), 0.0)
             ar = np.where(bwd, allreduce_time(params * 4 / group, nodes, replica_Bps, latency, step), 0.0)
-            return EngineCosts(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=ag, rs=rs,
+            return EngineCosts(pre=gap, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=ag, rs=rs,
                                gather_load=zeros, push_load=zeros, sync_s=0.0, optimizer_s=optimizer_s,
                                barrier_s=barrier_s, ar=ar if hybrid else None)
         net = replace(net, nic_Bps=net.nic_Bps / internode_slowdown)
@@ -245,7 +249,7 @@ class GpuProfile:
         sync_s = float(allreduce_time(owned, nodes, replica_Bps, latency, step)) if hybrid else 0.0
         # In backward a rank's gathers and pushes, and its peers' into its shard, cross the same
         # links at the same time: both see the two loads together.
-        return EngineCosts(pre=zeros, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=zeros, rs=zeros,
+        return EngineCosts(pre=gap, pre_tok=zeros, tail=0.0, tail_tok=0.0, prep=0.0, ag=zeros, rs=zeros,
                            gather_load=np.where(bwd, gather + push, gather),
                            push_load=np.where(bwd, gather + push, 0.0), sync_s=sync_s, optimizer_s=optimizer_s,
                            barrier_s=barrier_s, network=net, gather_bytes=gather,

@@ -1,0 +1,247 @@
+"""`make gpu-check`: everything a GPU machine can tell us, in one command of at most 6 minutes on
+one GPU, written with provenance under results/gpu/<device>-<date>/.
+
+The steps, each a subprocess with a time limit of its own (one that fails or runs out does not
+stop the others; the command ends with status 1 if any failed):
+1. the GPU tests: the baseline's (tests/integration/test_gpu.py), ODC's on CUDA
+   (test_gpu_odc.py: ranks sharing the GPU against one process, a dead rank, NVSHMEM on one
+   GPU) and the transport conformance suite on cuda_ipc;
+2. the unit compute profile (odc_bench.tools.calibrate on CUDA, reduced grid): compute.json;
+3. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
+4. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
+   ran: shared/gpu/h100-2026-11-26);
+then, in this process, the simulator's prediction of each run on the H100 profile and on the
+profile this machine just measured (compute.json, with the gap per unit the collective engine
+left in the runs' device-timed traces), and summary.md: every number and ratio (the memory
+estimate beside the peak too), and what did not pass.
+
+On a machine without CUDA it says so and exits 0: there is nothing to check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from odc_bench.files import atomic_write_text
+from odc_bench.provenance import REPO_ROOT, git_commit
+
+# The two runs the H100 measurement made (shared/gpu/h100-2026-11-26/README.md), shortened to a
+# few minibatches: the first is warm-up (compilation) and excluded from every metric.
+RUNS = {
+    "longalign-x0.125-mb8": ["dataset.length_scale=0.125", "minibatch_size=8", "max_tokens=8192"],
+    "longalign-x1/32-mb32": ["dataset.length_scale=0.03125", "minibatch_size=32", "max_tokens=4096"],
+}
+COMMON = ["model=qwen2_1p5b", "world_size=1", "precision=bf16", "num_minibatches=4", "warmup_minibatches=1"]
+GOAL_RATIO = 0.8  # gather against a device copy at >= 16 MiB (issue 44)
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]
+    timeout_s: float
+    status: str = "not run"
+    seconds: float = 0.0
+    tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "passed"
+
+
+def device_folder(device_name: str, now: float | None = None) -> str:
+    """<device>-<date>: the GPU's short name (h100, h200, a100, ...) and the day."""
+    short = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", device_name)
+    tag = (short.group(1) if short else re.sub(r"\W+", "-", device_name).strip("-")).lower()
+    return f"{tag}-{time.strftime('%Y-%m-%d', time.localtime(now))}"
+
+
+def provenance() -> dict:
+    """Where the numbers come from: the device, its driver, CUDA, torch, Triton, the commit, the command."""
+    driver = ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.strip()
+    triton_version = ""
+    with contextlib.suppress(ImportError):
+        import triton
+
+        triton_version = triton.__version__
+    return dict(device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "", driver=driver,
+                cuda=torch.version.cuda or "", torch=torch.__version__, triton=triton_version,
+                python=platform.python_version(), host=platform.node(), commit=git_commit(),
+                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                command="make gpu-check" if os.environ.get("MAKELEVEL") else
+                " ".join([f"{Path(sys.executable).name} -m odc_bench.tools.gpu_check", *sys.argv[1:]]))
+
+
+def steps(out: Path) -> list[Step]:
+    py = [sys.executable]
+    gpu_tests = ["tests/integration/test_gpu.py", "tests/integration/test_gpu_odc.py",
+                 "tests/integration/test_transport_conformance.py"]
+    listed = [Step("gpu tests", [*py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                                 f"--junitxml={out / 'tests.xml'}", "-k",
+                                 "not test_transport_conformance or cuda_ipc or nvshmem", *gpu_tests], 170),
+              Step("compute profile", [*py, "-m", "odc_bench.tools.calibrate", "--reduced", "device=cuda",
+                                       "model=qwen2_1p5b", f"balancer.calibration={out / 'compute.json'}",
+                                       "max_tokens=8192"], 100),
+              Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
+                                  "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
+                                  "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
+                                  f"results_dir={out}"], 60)]
+    listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
+                                    f"results_dir={out}"], 75) for name, overrides in RUNS.items()]
+    return listed
+
+
+def run_step(step: Step) -> None:
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(step.argv, capture_output=True, text=True, timeout=step.timeout_s, cwd=REPO_ROOT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        step.status = "passed" if done.returncode == 0 else f"failed (exit {done.returncode})"
+        step.tail = (done.stdout + done.stderr)[-4000:]
+    except subprocess.TimeoutExpired as e:
+        step.status = f"out of time ({step.timeout_s:.0f} s)"
+        step.tail = ((e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"))[-4000:]
+    step.seconds = time.monotonic() - t0
+    print(f"gpu-check: {step.name}: {step.status} in {step.seconds:.0f} s", flush=True)
+
+
+def engine_gap(trace: pd.DataFrame) -> float:
+    """Device seconds per unit span that lie in a microbatch but in no unit's span: what the
+    engine's own work leaves the device idle for, in line with compute (median over microbatches)."""
+    gaps = []
+    for _, mb in trace[trace["microbatch"] >= 0].groupby(["rank", "minibatch", "microbatch"]):
+        spans, whole = mb[mb["kind"].isin(["fwd", "bwd"])], mb[mb["kind"] == "microbatch"]
+        if len(whole) and len(spans):
+            idle = float((whole["t1"] - whole["t0"]).iloc[0] - (spans["t1"] - spans["t0"]).sum())
+            gaps.append(max(0.0, idle) / len(spans))
+    return float(pd.Series(gaps).median()) if gaps else 0.0
+
+
+def add_engine_gap(out: Path) -> None:
+    """Put the collective engine's measured gap into compute.json, where the simulator reads it."""
+    runs, compute = out / "runs.csv", out / "compute.json"
+    if not (runs.exists() and compute.exists()):
+        return
+    table = pd.read_csv(runs)
+    ok = table[(table["status"] == "ok") & (table["engine"] == "collective")]
+    gaps = [engine_gap(pd.read_csv(out / trace)) for trace in ok["trace"]]
+    if gaps:
+        record = json.loads(compute.read_text())
+        record["engine_gaps"] = {"collective": float(pd.Series(gaps).median())}
+        atomic_write_text(compute, json.dumps(record, indent=1) + "\n")
+
+
+def simulate_runs(out: Path) -> None:
+    """The simulator on the runs' configs, on the H100 profile as committed and, where this
+    machine measured one, on its own compute profile; rows under sim-<profile>/."""
+    from odc_bench.config.compose import compose_run
+    from odc_bench.jobs.train import execute
+    from odc_bench.plan.spec import resolve
+
+    profiles: dict[str, list[str]] = {"h100": []}
+    if (out / "compute.json").exists():
+        profiles["measured"] = [f"++backend.hardware.compute_calibration={out / 'compute.json'}",
+                                "backend.hardware.name=measured"]
+    for profile, extra in profiles.items():
+        for overrides in RUNS.values():
+            config = compose_run(["backend=sim", "backend/hardware=h100", *COMMON, *overrides, *extra,
+                                  f"results_dir={out / ('sim-' + profile)}"])
+            execute(resolve(config), Path(config.results_dir))
+
+
+def comparisons(out: Path) -> list[str]:
+    """The lines of summary.md that read the results tables: each run against the simulator, its
+    memory against the estimate, and the primitives against their goal."""
+    lines = []
+    if (out / "runs.csv").exists():
+        real = pd.read_csv(out / "runs.csv")
+        real = real[real["status"] == "ok"]
+        sims = {p: pd.read_csv(out / f"sim-{p}" / "runs.csv") for p in ("h100", "measured")
+                if (out / f"sim-{p}" / "runs.csv").exists()}
+        lines += ["| run | measured samples/s | simulated, h100 | measured / simulated | simulated, measured profile "
+                  "| measured / simulated | peak memory GB | estimate GB | estimate / peak |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for _, r in real.iterrows():
+            cells = []
+            for profile in ("h100", "measured"):
+                table = sims.get(profile)
+                sim = float("nan")
+                if table is not None:
+                    match = table[(table["length_scale"] == r["length_scale"])
+                                  & (table["minibatch_size"] == r["minibatch_size"])]
+                    sim = float(match["samples_per_s"].iloc[-1]) if len(match) else sim
+                cells += [f"{sim:.3g}", f"{r['samples_per_s'] / sim:.2f}"]
+            lines.append(f"| length x{r['length_scale']}, minibatch {r['minibatch_size']} | {r['samples_per_s']:.3g} | "
+                         f"{' | '.join(cells)} | {r['peak_mem_mb'] / 1024:.1f} | {r['mem_estimate_mb'] / 1024:.1f} | "
+                         f"{r['mem_estimate_mb'] / r['peak_mem_mb']:.2f} |")
+    prims = out / "primitives.csv"
+    if prims.exists():
+        table = pd.read_csv(prims)
+        gather = table[(table["op"] == "gather") & (table["size_bytes"] >= 16 << 20)]
+        if len(gather):
+            worst = float(gather["ratio_to_memcpy"].min())
+            verdict = "meets" if worst >= GOAL_RATIO else "misses"
+            lines.append(f"\ngather at >= 16 MiB: at least {worst:.2f} of the device copy's rate ({verdict} the goal "
+                         f"of {GOAL_RATIO})")
+    return lines
+
+
+def summary(device: str, done: list[Step], seconds: float, out: Path) -> str:
+    lines = [f"# make gpu-check on {device}", "", "| step | status | seconds |", "|---|---|---|",
+             *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "", f"In all {seconds:.0f} s.", "",
+             *comparisons(out)]
+    failed = [s for s in done if not s.ok]
+    if failed:
+        lines += ["", "## What the failed steps printed", ""]
+        for s in failed:
+            lines += [f"### {s.name}", "", f"`{shlex.join(s.argv)}`", "", "```", s.tail, "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device on this machine: nothing to check here (run make gpu-check on a GPU "
+              "machine; docs/gpu.md)")
+        return
+    device = torch.cuda.get_device_name(0)
+    out = REPO_ROOT / "results" / "gpu" / device_folder(device)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "provenance.json", json.dumps(provenance(), indent=1) + "\n")
+    started = time.monotonic()
+    done = steps(out)
+    for step in done:
+        run_step(step)
+    add_engine_gap(out)
+    simulated = Step("simulator", [sys.executable, "-m", "odc_bench.tools.gpu_check"], 60)
+    t0 = time.monotonic()
+    try:
+        simulate_runs(out)
+        simulated.status = "passed"
+    except Exception as e:  # the summary reports it; the other steps' results stand
+        simulated.status, simulated.tail = "failed", repr(e)
+    simulated.seconds = time.monotonic() - t0
+    done.append(simulated)
+    text = summary(device, done, time.monotonic() - started, out)
+    atomic_write_text(out / "summary.md", text)
+    print(text + f"gpu-check: wrote {out}")
+    sys.exit(0 if all(s.ok for s in done) else 1)
+
+
+if __name__ == "__main__":
+    main()

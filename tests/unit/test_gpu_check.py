@@ -1,0 +1,56 @@
+"""make gpu-check's parts that need no GPU: what it does on a machine without one, where it
+writes, the engine's gap read off a device-timed trace, and the simulator half of its report
+(the runs themselves need the GPU: the lent machine runs them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from odc_bench.tools import gpu_check
+from tests.helpers import REPO
+
+
+def test_without_cuda_it_says_so_and_exits_0(capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    gpu_check.main()  # returns: exit status 0
+    assert "no CUDA device on this machine: nothing to check here" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("name", "folder"), [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                               ("NVIDIA A100-SXM4-80GB", "a100"), ("Some GPU", "some-gpu")])
+def test_results_go_to_a_folder_named_for_the_device_and_the_day(name, folder):
+    assert gpu_check.device_folder(name, now=0.0) == f"{folder}-1970-01-01"
+
+
+def test_the_engines_gap_is_the_microbatchs_time_outside_its_units_per_unit():
+    rows = []
+    for j, t in enumerate((0.0, 10.0)):
+        rows += [dict(rank=0, minibatch=1, microbatch=j, kind="microbatch", t0=t, t1=t + 4.0),
+                 dict(rank=0, minibatch=1, microbatch=j, kind="fwd", t0=t, t1=t + 1.0),
+                 dict(rank=0, minibatch=1, microbatch=j, kind="bwd", t0=t + 2.0, t1=t + 3.0 + j)]
+    rows.append(dict(rank=0, minibatch=1, microbatch=-1, kind="optimizer", t0=20.0, t1=30.0))
+    # Microbatch 0: 4 s, units 2 s -> 1 s per unit; microbatch 1: units 3 s -> 0.5 s.
+    assert gpu_check.engine_gap(pd.DataFrame(rows)) == pytest.approx(0.75)
+
+
+def test_the_simulator_half_compares_the_runs_with_both_profiles_and_the_memory_estimate(tmp_path, monkeypatch):
+    shutil.copy(REPO / "results" / "gpu" / "h100-2026-11-26" / "compute.json", tmp_path / "compute.json")
+    monkeypatch.setattr(gpu_check, "COMMON", [*gpu_check.COMMON[:3], "num_minibatches=2", "warmup_minibatches=0"])
+    gpu_check.simulate_runs(tmp_path)
+    sims = {p: pd.read_csv(tmp_path / f"sim-{p}" / "runs.csv") for p in ("h100", "measured")}
+    assert all(len(t) == len(gpu_check.RUNS) and (t["status"] == "ok").all() for t in sims.values())
+    # A measured run as the table would hold it: half the measured profile's speed, 10% over its estimate.
+    real = sims["measured"].copy()
+    real["samples_per_s"] /= 2
+    real["peak_mem_mb"] = real["mem_estimate_mb"] / 0.9
+    real.to_csv(tmp_path / "runs.csv", index=False)
+    lines = gpu_check.comparisons(tmp_path)
+    assert len(lines) == 2 + len(gpu_check.RUNS)
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[5] == "0.50" and cells[8] == "0.90", line
+    assert json.loads((tmp_path / "compute.json").read_text())["units"]
