@@ -76,7 +76,7 @@ def print_table(table: pd.DataFrame, question: Question, accuracy: Accuracy, con
             limit = f" of {r.mem_limit_gib:.0f}" if pd.notna(r.mem_limit_gib) else ""
             t.add_row(escape(r.series), str(m), _cell(r.samples_per_s, ".3g"), _cell(r.tokens_per_s, ",.0f"),
                       _cell(r.speedup, ".2f") + ("x" if pd.notna(r.speedup) else ""), _range(accuracy, r),
-                      _cell(r.bubble_rate, ".0%"), _cell(r.bound_bubble_rate, ".0%"), f"{r.mem_gib:.1f}{limit}",
+                      _cell(r.bubble_rate, ".0%"), _cell(r.unavoidable_bubble_rate, ".0%"), f"{r.mem_gib:.1f}{limit}",
                       "yes" if r.fits else "NO")
         t.add_section()
     console.print(t)
@@ -107,8 +107,8 @@ def verdict_lines(table: pd.DataFrame, accuracy: Accuracy, advice: dict[int, str
         idle = (f"; idle time is {best.saved_idle:.0%} of the time it saves per sample (the rest: optimizer step "
                 f"and compute)" if pd.notna(best.saved_idle) else "")
         lines.append(f"minibatch {m}/device: {best.series} runs at {best.speedup:.2f}x {b.series}: {call}; bubble "
-                     f"{best.bubble_rate:.0%} against {b.bubble_rate:.0%}, {best.bound_bubble_rate:.0%} unavoidable"
-                     f"{idle}")
+                     f"{best.bubble_rate:.0%} ({best.unavoidable_bubble_rate:.0%} unavoidable) against "
+                     f"{b.bubble_rate:.0%} ({b.unavoidable_bubble_rate:.0%}){idle}")
         lines += _stale_line(m, group, best, b)
     return lines
 
@@ -127,8 +127,8 @@ def _stale_line(m: int, group: pd.DataFrame, best: pd.Series, base: pd.Series) -
     steps = f"{top.staleness} step{'s' * int(top.staleness > 1)}"
     return [f"minibatch {m}/device, stale-synchronous (beyond the paper): {top.series} runs at {top.speedup:.2f}x "
             f"{base.series} ({top.samples_per_s / best.samples_per_s:.2f}x {best.series}); bubble "
-            f"{top.bubble_rate:.0%}, {top.bound_bubble_rate:.0%} unavoidable. It trains on gradients {steps} old, "
-            f"which costs steps to a given loss: weigh it with docs/staleness.md"]
+            f"{top.bubble_rate:.0%} ({top.unavoidable_bubble_rate:.0%} unavoidable). It trains on gradients {steps} "
+            f"old, which costs steps to a given loss: weigh it with docs/staleness.md"]
 
 
 def write_csv(table: pd.DataFrame, path: Path) -> None:
