@@ -23,15 +23,15 @@ from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.record.row import timing
-from odc_bench.results.split import gain_shares, per_sample
+from odc_bench.results.split import per_sample, saving
 from odc_bench.sim import check_hardware, simulate
 from odc_bench.whatif.question import Question, Series, series
 
 GIB = 2**30
 
 COLUMNS = ["series", "engine", "balancer", "staleness", "minibatch_size", "samples_per_s", "tokens_per_s", "speedup",
-           "saved_idle", "bubble_rate", "unavoidable_bubble_rate", "predicted_bubble_rate", "mem_gib", "mem_limit_gib",
-           "fits", "run_id", "overrides"]
+           "saved_idle", "saved", "bubble_rate", "unavoidable_bubble_rate", "predicted_bubble_rate", "mem_gib",
+           "mem_limit_gib", "fits", "run_id", "overrides"]
 
 
 def compose_config(overrides: list[str]) -> RunConfig:
@@ -101,8 +101,9 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
     base = {r.minibatch_size: i for i, r in table.iterrows() if Series(r.engine, r.balancer, r.staleness).is_baseline}
     table["speedup"] = table.apply(lambda r: r.samples_per_s / table.samples_per_s[base[r.minibatch_size]]
                                    if r.minibatch_size in base else float("nan"), axis=1)
-    # Of the time per sample a series saves against the baseline, the share that was idle time.
-    shares = [gain_shares(parts.loc[i], parts.loc[base[r.minibatch_size]]) if r.minibatch_size in base else None
+    # Where the time per sample a series saves against the baseline comes from (idle time: the paper's claim).
+    splits = [saving(parts.loc[i], parts.loc[base[r.minibatch_size]]) if r.minibatch_size in base else None
               for i, r in table.iterrows()]
-    table["saved_idle"] = [s["idle"] if s else float("nan") for s in shares]
+    table["saved_idle"] = [s.shares.get("idle", 0.0) if s else float("nan") for s in splits]
+    table["saved"] = [s.describe() if s else "" for s in splits]
     return table

@@ -104,8 +104,7 @@ def verdict_lines(table: pd.DataFrame, accuracy: Accuracy, advice: dict[int, str
             within = f"{span[0]:.2f}-{span[1]:.2f}x within the validated error"
             call = (f"pays off ({within})" if span[0] > 1 else f"does not pay off ({within})" if span[1] < 1
                     else f"too close to call ({within})")
-        idle = (f"; idle time is {best.saved_idle:.0%} of the time it saves per sample (the rest: optimizer step "
-                f"and compute)" if pd.notna(best.saved_idle) else "")
+        idle = f"; of the time it saves per sample: {best.saved}" if isinstance(best.saved, str) and best.saved else ""
         lines.append(f"minibatch {m}/device: {best.series} runs at {best.speedup:.2f}x {b.series}: {call}; bubble "
                      f"{best.bubble_rate:.0%} ({best.unavoidable_bubble_rate:.0%} unavoidable) against "
                      f"{b.bubble_rate:.0%} ({b.unavoidable_bubble_rate:.0%}){idle}")
