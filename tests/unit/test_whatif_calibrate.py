@@ -102,3 +102,13 @@ def test_each_run_keeps_its_own_node_size_when_a_profile_is_tried_on_it(tmp_path
     runs = cc.read_runs(_csv(tmp_path / "plan.csv", [1.0, 1.0], settings), "a100")
     one_node, two_nodes = cc.predict(runs, replace(cc.base_profile("a100"), nic_efficiency=0.02))
     assert one_node > 2 * two_nodes
+
+
+def test_the_run_without_which_the_others_fit_is_named_and_a_per_job_number_is_said(tmp_path, capsys):
+    # Row 3 ran on 32 GPUs and is entered as the job's tokens/s, 32 times its per-GPU value.
+    runs = cc.read_runs(_csv(tmp_path / "plan.csv", [1.0] * 3, SETTINGS[:3]), "a100")
+    values = [float(v) for v in cc.predict(runs, replace(cc.base_profile("a100"), **TRUTH))]
+    values[2] *= 32
+    err = _refused(tmp_path, capsys, _csv(tmp_path / "runs.csv", values, SETTINGS[:3]).read_text())
+    assert "no profile fits these runs: without row 3 the other 2 fit (residuals " in err
+    assert "x it looks like tokens/s of the whole job (32 GPUs): divide it by 32" in err
