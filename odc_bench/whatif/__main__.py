@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     lengths = dataset_lengths(spec.config.dataset, spec.config.seed)
     say(describe_pool(lengths, question, source))
     table = answer(runs)
-    accuracy = validated(hardware=question.hardware)
+    accuracy = validated(hardware=question.hardware, profile_file=question.hardware_file)
     print_table(table, question, accuracy, console)
     too_big: dict[int, list[RunSpec]] = {}
     for s, m, _, run_spec in runs:
@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     advice = {m: ways(specs, question) for m, specs in too_big.items()}
     for line in verdict_lines(table, accuracy, advice):
         say(line)
-    error = accuracy.describe(question.hardware_name, question.hardware_file)
+    error = accuracy.describe(question.hardware_name)
     say(f"Simulated, not measured. The simulator's error: {error}.")
     hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
     if accuracy.gpu is not None and isinstance(hardware, GpuHardwareConfig):

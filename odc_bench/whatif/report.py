@@ -101,7 +101,7 @@ def verdict_lines(table: pd.DataFrame, accuracy: Accuracy, advice: dict[int, str
         if span is None:
             call = "the simulator's error is unknown here"
         else:
-            within = f"{span[0]:.2f}-{span[1]:.2f}x within the validated error"
+            within = f"{span[0]:.2f}-{span[1]:.2f}x within {accuracy.band()}"
             call = (f"pays off ({within})" if span[0] > 1 else f"does not pay off ({within})" if span[1] < 1
                     else f"too close to call ({within})")
         idle = f"; of the time it saves per sample: {best.saved}" if isinstance(best.saved, str) and best.saved else ""
@@ -163,7 +163,7 @@ def draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path
     left.set_ylabel("samples/s (simulated)")
     right.set_ylabel("speedup over the baseline (simulated)")
     left.set_title("throughput", fontsize=10)
-    right.set_title("speedup; band: the simulator's validated error", fontsize=10)
+    right.set_title(f"speedup; band: {accuracy.origin}", fontsize=9)
     fig.suptitle(f"Simulated: {title(question)}", fontsize=11)
     handles, labels = left.get_legend_handles_labels()
     if handles:
