@@ -13,6 +13,8 @@ table written beside it. A band always says where it comes from (`Accuracy.origi
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +170,40 @@ def fitted(profile_file: Path) -> Accuracy:
     pairs = ratio[~np.eye(len(residual), dtype=bool)]
     return Accuracy((float(pairs.min()), float(pairs.max())), (float(residual.min()), float(residual.max())),
                     len(residual), table, origin=f"the {profile_file.stem} profile's fit residuals", fit=record)
+
+
+def spread(accuracy: Accuracy) -> float:
+    """How wide a profile's GPU band is: the spans of its throughput and ratio errors together (both
+    matter: a verdict's range is the ratios', its samples/s the throughput's); infinite without a GPU
+    validation."""
+    if accuracy.gpu is None or accuracy.ratio is None or accuracy.throughput is None:
+        return math.inf
+    return (accuracy.throughput[1] - accuracy.throughput[0]) + (accuracy.ratio[1] - accuracy.ratio[0])
+
+
+def gpu_of(profile: str) -> str:
+    """The GPU a stock profile describes: a100_fit and a100 are both A100 profiles."""
+    return profile.removesuffix("_fit")
+
+
+def best_validated(gpu: str, profiles: Sequence[str], folder: Path = VALIDATION) -> str | None:
+    """The profile of `gpu` with the narrowest validated band on published GPU runs (None: none validated)."""
+    scored = [(spread(validated(folder, p)), p) for p in profiles if p != "cpu" and gpu_of(p) == gpu]
+    scored = [(score, p) for score, p in scored if math.isfinite(score)]
+    return min(scored)[1] if scored else None
+
+
+def summary(accuracy: Accuracy) -> str:
+    """A profile's validated error in a few words: `--hardware list` and the what-if's advice."""
+    if accuracy.ratio is None or accuracy.throughput is None:
+        return "error unknown"
+    t, r = accuracy.throughput, accuracy.ratio
+    if accuracy.gpu is None:
+        return f"CPU host: samples/s {t[0]:+.1%} to {t[1]:+.1%}, speedups {r[0]:+.1%} to {r[1]:+.1%}"
+    g = accuracy.gpu
+    how = "held out" if "held-out" in accuracy.origin else "never seen by the profile"
+    return (f"tokens/s per GPU {t[0]:+.0%} to {t[1]:+.0%}, ratios {r[0]:+.0%} to {r[1]:+.0%} ({g.points} published "
+            f"points from {g.sources} source{'s' * (g.sources != 1)}, {how})")
 
 
 def validated(folder: Path = VALIDATION, hardware: str = "cpu", profile_file: Path | None = None) -> Accuracy:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -19,11 +20,12 @@ import pytest
 
 from odc_bench.provenance import host_fingerprint
 from odc_bench.results.table import read_table
-from odc_bench.whatif.__main__ import parser, split_overrides
-from odc_bench.whatif.accuracy import Accuracy, calibrated_elsewhere, validated
+from odc_bench.whatif.__main__ import DEFAULT_GPU, parser, profile_advice, split_overrides
+from odc_bench.whatif.__main__ import main as whatif_main
+from odc_bench.whatif.accuracy import VALIDATION, Accuracy, best_validated, calibrated_elsewhere, validated
 from odc_bench.whatif.answer import answer, plan
 from odc_bench.whatif.fit import ways_to_fit
-from odc_bench.whatif.question import DERIVED, Question, Series, in_user_terms, series
+from odc_bench.whatif.question import DERIVED, HARDWARE, Question, Series, in_user_terms, series
 from odc_bench.whatif.report import _range, describe_pool, verdict_lines
 from tests.helpers import REPO, run_cli
 
@@ -260,6 +262,34 @@ def test_no_row_of_the_documented_verdicts_has_a_bubble_below_its_unavoidable_bu
         lengths = str(tmp_path / "lengths.jsonl")  # a copy: its lengths cache lands in the scratch folder
         Path(lengths).write_text(EXAMPLE.read_text())
     _bubbles_ordered(answer(plan(Question(lengths=lengths, **options))))
+
+
+def test_the_best_validated_profile_of_a_gpu_is_the_one_with_the_narrower_band(tmp_path):
+    for path in VALIDATION.glob("gpu-*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    assert best_validated("h100", HARDWARE, tmp_path) == "h100", "h100_fit's held-out band is the wider (committed)"
+    for name in ("gpu-points.csv", "gpu-ratios.csv"):  # fitted errors a tenth as large: h100_fit is the better one
+        table = pd.read_csv(tmp_path / name)
+        table.loc[table["profile"] == "h100", "held_out_error"] *= 0.1
+        table.to_csv(tmp_path / name, index=False)
+    assert best_validated("h100", HARDWARE, tmp_path) == "h100_fit"
+    assert best_validated("b200", HARDWARE, tmp_path) is None
+
+
+def test_the_whatif_names_the_best_validated_profile_and_defaults_to_it(capsys):
+    assert parser().get_default("hardware") == best_validated(DEFAULT_GPU, HARDWARE)
+    worse = profile_advice(Question(lengths="longalign", hardware="h100_fit"))
+    assert worse is not None and worse.startswith("Best validated h100 profile: h100 (tokens/s per GPU ")
+    assert worse.endswith("--hardware h100 gives the narrower band.")
+    best = profile_advice(Question(lengths="longalign", hardware="h100"))
+    assert best is not None and best.startswith("h100 is the best validated h100 profile (against h100_fit: ")
+    assert profile_advice(Question(lengths="longalign", hardware="cpu")) is None
+    whatif_main(["--hardware", "list"])  # no lengths needed
+    listed = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in listed[:len(HARDWARE)]}
+    assert set(rows) == set(HARDWARE)
+    assert rows["h100"].endswith("(best validated h100 profile)") and "best" not in rows["h100_fit"]
+    assert "ratios -43% to +65%" in rows["h100_fit"] and "held out" in rows["h100_fit"]
 
 
 def test_the_measured_range_divides_by_the_validated_error():
