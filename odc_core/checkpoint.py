@@ -13,7 +13,8 @@ each box from whichever saved chunks overlap it).
 A save is complete or invisible: ranks write into `<root>/step-<N>.partial`, and once DCP has
 written its metadata (after every rank's data) rank 0 renames the folder to `<root>/step-<N>`.
 A crash before the rename leaves a `.partial` folder that latest() ignores and the next save
-removes; the previous checkpoint stays what latest() finds.
+removes; the previous checkpoint stays what latest() finds. `keep` removes older complete
+checkpoints, only once the new one is complete.
 """
 
 from __future__ import annotations
@@ -40,19 +41,30 @@ if TYPE_CHECKING:  # the engines import this module's flat_pieces
 _STEP = re.compile(r"step-(\d+)")
 
 
+def _complete(root: Path) -> list[Path]:
+    """The complete checkpoints under root, oldest (lowest step) first."""
+    if not root.is_dir():
+        return []
+    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.fullmatch(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(steps)]
+
+
 def latest(root: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint under root (the highest step), or None."""
-    folder = Path(root)
-    if not folder.is_dir():
-        return None
-    steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.fullmatch(p.name)) and p.is_dir()]
-    return max(steps)[1] if steps else None
+    complete = _complete(Path(root))
+    return complete[-1] if complete else None
 
 
 def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
-         extra: dict[str, Any] | None = None) -> Path:
+         extra: dict[str, Any] | None = None, keep: int | None = None) -> Path:
     """Save the engine's parameters and optimizer state, and `extra`, as checkpoint `step`
-    under root; collective over the ranks, between minibatches. Returns the folder."""
+    under root; collective over the ranks, between minibatches. Returns the folder.
+
+    keep: once this checkpoint is complete, remove all but the newest `keep` complete checkpoints
+    under root (by step; None keeps every one). Older ones go only after the new one is complete,
+    so a crash mid-save still leaves the previous one."""
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be at least 1 (the checkpoint just saved), or None to keep every one; got {keep}")
     root = Path(root)
     final, partial = root / f"step-{step}", root / f"step-{step}.partial"
     engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read
@@ -70,6 +82,9 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     if dist.get_rank() == 0:
         partial.rename(final)
         _fsync_dir(root)
+        if keep is not None:
+            for old in _complete(root)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
 

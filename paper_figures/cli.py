@@ -21,7 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from paper_figures.inputs import Inputs, Skip, load  # noqa: E402
+from odc_bench.errors import DataError  # noqa: E402
+from paper_figures.inputs import Inputs, LengthsFormat, Skip, load  # noqa: E402
 
 MODULES = ["fig1_timeline", "fig7_lengths", "fig8_throughput", "fig9_rl", "fig10_acceleration", "fig11_bandwidth",
            "scaling", "convergence", "staleness", "utilization", "tables"]
@@ -41,8 +42,13 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
                         "`python -m odc_bench.results collect` writes (default: results)")
     p.add_argument("--out", type=Path, default=Path("paper_figures/out"),
                    help="where PNG, PDF and Markdown files go (default: paper_figures/out)")
-    p.add_argument("--lengths", type=Path, action="append", default=[], metavar="FILE.npy",
-                   help="a real dataset's cached lengths, drawn in Fig. 7 (repeatable)")
+    p.add_argument("--lengths", type=Path, action="append", default=[], metavar="FILE",
+                   help="a real dataset's lengths, drawn in Fig. 7 (repeatable): what the what-if reads, a lengths "
+                        "file (one token count per line), a JSONL file, a folder written by save_to_disk, or a "
+                        "lengths cache (.npy)")
+    p.add_argument("--field", help="--lengths JSONL objects: the key holding the token count or ids")
+    p.add_argument("--tokenizer", help="--lengths dataset folder's text: a local tokenizer folder or tokenizer.json")
+    p.add_argument("--text-field", help="--lengths dataset folder's column to measure (default: text)")
     p.add_argument("--docs", action="store_true",
                    help=f"instead write small PNGs for the README into {DOCS_DIR}/ "
                         "(replacing the old ones of the figures drawn)")
@@ -91,11 +97,15 @@ def main(argv: Sequence[str] | None = None, only: str | None = None) -> int:
         p.error(f"results root {args.results} is neither a folder nor a .csv table; pass --results DIR (the folder "
                 f"holding results tables) or a table that `python -m odc_bench.results collect` wrote")
     for path in args.lengths:
-        if not path.is_file():
-            p.error(f"--lengths {path}: no such file; pass a .npy file of sequence lengths")
+        if not path.exists():
+            p.error(f"--lengths {path}: no such file or folder; pass a lengths file (one token count per line), a "
+                    f"JSONL file, a dataset folder or a .npy lengths cache")
     modules = [only] if only else (args.only or MODULES)
     theme()
-    inputs = load(args.results, args.lengths)
+    try:
+        inputs = load(args.results, args.lengths, LengthsFormat(args.field, args.tokenizer, args.text_field))
+    except DataError as e:
+        p.error(f"--lengths: {e}")
     for note in inputs.notes:
         print(f"note: {note}")
     out = args.out

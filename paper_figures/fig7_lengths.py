@@ -2,8 +2,9 @@
 
 The paper's dataset profiles are metadata, not training, so they are drawn directly from
 odc_bench.data.profiles at paper scale (length_scale 1, seed 0), and the RL panel from the GRPO
-workload Fig. 9 trains on (odc_bench.data.rl, its default pool: prompts x groups of 16). Real datasets' cached
-lengths (`lengths/*.npy` below the results root, or `--lengths FILE.npy`) get a panel each.
+workload Fig. 9 trains on (odc_bench.data.rl, its default pool: prompts x groups of 16). Real datasets'
+lengths (`lengths/*.npy` below the results root, or `--lengths FILE` in any format the what-if reads) get a
+panel each, titled with the data's name.
 The long right tails are what makes fixed packing leave devices idle.
 """
 

@@ -12,7 +12,8 @@ left out, unless the root is that folder itself. The root may also be one table,
 one `python -m odc_bench.results collect` writes: it is then the one source. Repeats of a
 config (its rows' `attempt`) are kept, and figures average them. Runs of engines the engine registry does not
 know (diagnostics since retired) are left out with a note. Real datasets' lengths for Fig. 7 are
-`*.npy` files in a `lengths/` folder anywhere below the root, or given on the command line.
+`*.npy` files in a `lengths/` folder anywhere below the root, or given on the command line in any
+format the what-if reads (odc_bench.data.real.read_lengths), each named for its data.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from odc_bench.data.real import read_lengths as read_source
+from odc_bench.data.real import source_name
 from odc_bench.results.series import in_layout, known_engines, layouts
 
 SCRATCH = "local"
@@ -104,14 +107,26 @@ def read_primitives(root: Path, notes: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def read_lengths(root: Path, extra: list[Path] = ()) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class LengthsFormat:
+    """How to read a lengths source that is not bare counts: the what-if's --field, --tokenizer, --text-field."""
+
+    field: str | None = None
+    tokenizer: str | None = None
+    text_field: str | None = None
+
+
+def read_lengths(root: Path, extra: list[Path] = (), fmt: LengthsFormat = LengthsFormat()) -> dict[str, np.ndarray]:
+    """Each real dataset's usable lengths by the data's name: caches in `lengths/` folders below the root, and
+    `extra` sources in any format the what-if reads (DataError when one cannot be read)."""
     files = (sorted(root.rglob("lengths/*.npy")) if root.is_dir() else []) + list(extra)
-    return {p.stem: np.load(p).astype(np.int64).ravel() for p in files}
+    return {source_name(p): read_source(p, field=fmt.field, tokenizer=fmt.tokenizer, text_field=fmt.text_field)
+            for p in files}
 
 
-def load(root: Path, lengths_files: list[Path] = ()) -> Inputs:
+def load(root: Path, lengths_files: list[Path] = (), fmt: LengthsFormat = LengthsFormat()) -> Inputs:
     root = Path(root)
-    inputs = Inputs(root=root, lengths=read_lengths(root, list(lengths_files)))
+    inputs = Inputs(root=root, lengths=read_lengths(root, list(lengths_files), fmt))
     if not root.exists():
         inputs.notes.append(f"results root {root} does not exist: only figures that need no results render")
         return inputs

@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 def interrupted(what: str = "") -> NoReturn:
     """Ctrl-C: one line and status 130. The run under way was stopped and wrote nothing (its ranks
     are gone and their shared memory removed: run/local.py); rows of runs that finished stay. `what`:
-    what the interrupted launcher did instead (the SLURM jobs it cancelled)."""
+    what stayed instead (the stopped run's checkpoints: jobs/train.py) or what the interrupted
+    launcher did (the SLURM jobs it cancelled)."""
     print(f"odc_bench: interrupted; {what or 'the run under way was stopped and wrote nothing'} (finished runs' "
           f"rows are kept)", file=sys.stderr)
     sys.exit(130)

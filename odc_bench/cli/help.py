@@ -47,6 +47,7 @@ def text() -> str:
         "",
         "Config groups (group=option):",
         *[f"  {g:<{width}}  {options}" for g, options in groups],
+        "  model= also takes your model's Hugging Face folder or config.json (model=/path/to/Llama-3.1-8B).",
         "  Every key and its value: python -m odc_bench --cfg job; what they mean: docs/configuration.md.",
         "",
         "Launchers (where a sweep's runs execute):",

@@ -14,6 +14,14 @@ A grid's keys override `params`, command-line overrides override both (so `model
 a paper-scale sweep into a CPU one), and a job that two grids produce (the shared point of
 every one-factor variation) runs once. Without grids and exclusions it is the basic sweeper.
 
+A config of `repeat=N` runs N times. By default (`hydra.sweeper.interleave: true`) the sweep runs
+in rounds: round r asks every config of repeat >= r for r ok runs (`repeat=r`, which a run's key
+leaves out, so each round adds one run), in sweep order on odd rounds and reversed on even ones,
+so a config's runs spread over the sweep instead of meeting one stretch of a shared host's load
+back to back (what the demo's five side-by-side sets did by hand). `interleave: false` keeps each
+config's repeats back to back. Each round is launched after the one before has finished (on
+SLURM too: a round's jobs run side by side).
+
 Every job is checked before the first one runs: a combination that cannot run (collective
 FSDP with lb_mini) is skipped with one line saying how to exclude it, any other bad input
 stops the sweep (exit status 2). The sweep ends with a summary of its runs and exit status 1
@@ -90,9 +98,10 @@ class GridSweeper(Sweeper):
 
     def __init__(self, max_batch_size: int | None = None, params: Mapping[str, Any] | None = None,
                  grids: Sequence[Mapping[str, Any]] | None = None,
-                 exclude: Sequence[Mapping[str, Any]] | None = None) -> None:
+                 exclude: Sequence[Mapping[str, Any]] | None = None, interleave: bool = True) -> None:
         super().__init__()
         self.max_batch_size = max_batch_size
+        self.interleave = interleave
         self.params = dict(params or {})
         self.grids = [dict(g) for g in grids or []]
         self.exclude = [dict(e) for e in exclude or []]
@@ -108,25 +117,33 @@ class GridSweeper(Sweeper):
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         assert self.config is not None and self.launcher is not None
-        jobs, cannot_run = self._runnable(expand_jobs(self.params, self.grids, self.exclude, arguments))
+        runnable, cannot_run = self._runnable(expand_jobs(self.params, self.grids, self.exclude, arguments))
+        jobs = [job for job, _ in runnable]
+        repeats = [repeat for _, repeat in runnable]
+        batches = interleave(jobs, repeats) if self.interleave and max(repeats, default=1) > 1 else [jobs]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         display = progress.current()
         if display is not None and display.total is not None:
-            display.set_total(len(jobs))
-        size = self.max_batch_size or len(jobs) or 1
+            display.set_total(sum(map(len, batches)))
         returns: list[Sequence[JobReturn]] = []
-        for first in range(0, len(jobs), size):
-            returns.append(self.launcher.launch(jobs[first:first + size], initial_job_idx=first))
+        done = 0
+        for batch in batches:  # a round is launched once the one before has finished
+            size = self.max_batch_size or len(batch) or 1
+            for first in range(0, len(batch), size):
+                returns.append(self.launcher.launch(batch[first:first + size], initial_job_idx=done + first))
+            done += len(batch)
         progress.stop()  # the summary goes below the display, not through it
-        failed = print_summary([r for batch in returns for r in batch], cannot_run)
+        failed = print_summary([r for batch in returns for r in batch], cannot_run, configs=len(jobs))
         if failed:
             sys.exit(1)
         return returns
 
-    def _runnable(self, jobs: list[list[str]]) -> tuple[list[list[str]], list[tuple[list[str], CombinationError]]]:
-        """The jobs that can run, and those that cannot (with why), each announced in one line.
+    def _runnable(self, jobs: list[list[str]]
+                  ) -> tuple[list[tuple[list[str], int]], list[tuple[list[str], CombinationError]]]:
+        """The jobs that can run, each with its repeat, and those that cannot (with why), each
+        announced in one line.
 
         Every job is composed and typed here, before any runs: bad input in a later job stops the
         sweep now (ConfigError) rather than after hours of earlier runs."""
@@ -135,7 +152,8 @@ class GridSweeper(Sweeper):
         for job in jobs:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
             try:
-                check_combination(load(cfg))
+                config = load(cfg)
+                check_combination(config)
             except CombinationError as e:
                 exclude = {k: OmegaConf.select(cfg, f"{k}.name") for k in e.keys}
                 print(f"odc_bench: skipped {' '.join(f'{k}={v}' for k, v in exclude.items())}: {e}; "
@@ -146,8 +164,19 @@ class GridSweeper(Sweeper):
                 continue
             except ConfigError as e:
                 fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))
-            runnable.append(job)
+            runnable.append((job, config.repeat))
         return runnable, cannot_run
+
+
+def interleave(jobs: Sequence[list[str]], repeats: Sequence[int]) -> list[list[list[str]]]:
+    """The jobs as rounds: round r asks every job of repeat >= r for r ok runs (its repeat override
+    set to r), in the jobs' order on odd rounds and reversed on even ones."""
+    rounds = []
+    for r in range(1, max(repeats, default=1) + 1):
+        members = [[*(o for o in job if o.split("=", 1)[0].lstrip("+") != "repeat"), f"repeat={r}"]
+                   for job, n in zip(jobs, repeats, strict=True) if n >= r]
+        rounds.append(members if r % 2 else members[::-1])
+    return rounds
 
 
 def outcome_of(job_return: JobReturn) -> str:
@@ -186,18 +215,23 @@ def _error_of(job_return: JobReturn) -> str:
     return next((str(r.get("error", "")) for r in _rows(job_return) if r.get("status", "ok") != "ok"), "")
 
 
-def print_summary(job_returns: Sequence[JobReturn], cannot_run: Sequence[tuple[list[str], CombinationError]]) -> int:
+def print_summary(job_returns: Sequence[JobReturn], cannot_run: Sequence[tuple[list[str], CombinationError]],
+                  configs: int | None = None) -> int:
     """The sweep's last lines: its runs by outcome (each repeat counted), each failure with its
-    error; the number of configs with a failed run."""
+    error; the number of jobs with a failed run. `configs`: how many configs the jobs ran (fewer
+    than the jobs when repeats ran in rounds, a job per round)."""
     outcomes = [outcome_of(r) for r in job_returns]
     counts = {k: outcomes.count(k) for k in ("ok", "failed", "skipped")}
     runs = run_counts(job_returns)
-    configs = len(job_returns) + len(cannot_run)
+    jobs = len(job_returns) if configs is None else configs
+    configs = jobs + len(cannot_run)
     # A config of repeat=N runs N times: then the outcomes count runs and the configs stand apart.
-    repeated = sum(runs.values()) > len(job_returns) - counts["skipped"]
+    rounds = jobs < len(job_returns)  # a job per round: a skipped job is one run already there
+    repeated = rounds or sum(runs.values()) > jobs - counts["skipped"]
     parts = [f"{runs['ok']} ok", f"{runs['failed']} failed"]
     if counts["skipped"]:
-        configs_word = f" config{'s' * (counts['skipped'] != 1)}" if repeated else ""
+        word = "run" if rounds else "config"
+        configs_word = f" {word}{'s' * (counts['skipped'] != 1)}" if repeated else ""
         parts.append(f"{counts['skipped']}{configs_word} already done or under way (skipped)")
     if cannot_run:
         parts.append(f"{len(cannot_run)} combination{'s' * (len(cannot_run) > 1)} that cannot run (skipped)")

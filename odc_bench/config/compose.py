@@ -54,6 +54,11 @@ def hydra_error_line(error: Exception) -> str:
         return (f"unknown config key {key!r}; check its spelling "
                 f"(`python -m odc_bench --cfg job` prints every key)")
     if isinstance(error, MissingConfigException) and error.options:
+        group, _, value = (error.missing_cfg_file or "").partition("/")
+        if group == "model" and ("/" in value or value.endswith(".json")):
+            return (f"model={value}: no model config, and no Hugging Face model folder (holding a config.json) or "
+                    f"config.json there; give one of {', '.join(sorted(error.options))}, or your model's folder or "
+                    f"config.json")
         missing = (error.missing_cfg_file or "").rsplit("/", 1)
         if len(missing) == 2:
             return (f"unknown {missing[0]} option {missing[1]!r}; choose one of {', '.join(sorted(error.options))}")

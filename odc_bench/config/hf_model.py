@@ -60,8 +60,8 @@ def _read(file: Path) -> dict:
     return data
 
 
-def hf_model_overrides(value: str) -> list[str]:
-    """The `python -m odc_bench` settings of the model that `value`'s config describes;
+def hf_model_shape(value: str) -> dict[str, object]:
+    """Every field of the model section (config/model.py) that `value`'s config describes;
     ConfigError, one line, for a file it cannot read or a model it does not simulate."""
     file = config_file(value)
     data = _read(file)
@@ -96,9 +96,19 @@ def hf_model_overrides(value: str) -> list[str]:
     shape = {"name": hf_model_name(value), "family": HF_FAMILIES[model_type], "vocab_size": int(hf.vocab_size),
              "hidden_size": hidden, "intermediate_size": int(hf.intermediate_size),
              "num_layers": int(hf.num_hidden_layers), "num_heads": heads, "num_kv_heads": kv_heads,
-             "rms_eps": float(hf.rms_norm_eps), "tie_embeddings": str(bool(hf.tie_word_embeddings)).lower()}
+             "rms_eps": float(hf.rms_norm_eps), "tie_embeddings": bool(hf.tie_word_embeddings)}
     if theta is not None:
         shape["rope_theta"] = float(theta)
+    return shape
+
+
+def hf_model_overrides(value: str) -> list[str]:
+    """The `python -m odc_bench` settings of the model that `value`'s config describes, which
+    rerun without the file (the what-if's printed commands); ConfigError as hf_model_shape."""
     # `tiny` is only the base the settings replace, field by field: every field of the shape is set.
-    return ["model=tiny", *(f"model.{key}={value!r}" if isinstance(value, float) else f"model.{key}={value}"
-                            for key, value in shape.items())]
+    return ["model=tiny", *(f"model.{key}={_setting(v)}" for key, v in hf_model_shape(value).items())]
+
+
+def _setting(value: object) -> str:
+    """A value as a command line gives it: floats whole (repr), booleans as YAML writes them."""
+    return repr(value) if isinstance(value, float) else str(value).lower() if isinstance(value, bool) else str(value)

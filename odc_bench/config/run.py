@@ -36,9 +36,13 @@ class CheckpointConfig:
     resume: Literal["auto", "never"] = "auto"
     # Where runs keep their checkpoints, one folder per run key; null: <results_dir>/checkpoints.
     dir: str | None = None
+    # How many of a run's newest checkpoints stay while it runs (older ones go once a newer one is complete).
+    keep: int = 2
 
     def __post_init__(self) -> None:
         require(self.every >= 0, f"checkpoint.every must be an integer >= 0 (0: no checkpoints), got {self.every}")
+        require(self.keep >= 1, f"checkpoint.keep must be an integer >= 1 (the newest checkpoints a run keeps), "
+                                f"got {self.keep}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -324,3 +324,41 @@ def load_lengths(loader: str, path: str | None, *, field: str | None = None, tex
     """Token counts of every usable sample (at least 2 tokens), in the source's order."""
     return load_pool(loader, path, field=field, text_field=text_field, tokenizer=tokenizer, split=split,
                      cache_dir=cache_dir).lengths
+
+
+CACHE_SUFFIX = ".lengths-"
+
+
+def loader_for(path: Path) -> str:
+    """The loader that reads a lengths source: `hf_disk` for a folder written by save_to_disk, else `jsonl`
+    (a text file of one token count per line is JSON lines too)."""
+    return "hf_disk" if path.is_dir() else "jsonl"
+
+
+def source_name(path: Path) -> str:
+    """The data's own name: a lengths cache's source (`mine.jsonl.lengths-<key>.npy` is `mine`), a file's
+    stem, a folder's name."""
+    name = path.name.split(CACHE_SUFFIX, 1)[0] if CACHE_SUFFIX in path.name else path.name
+    return Path(name).stem if not path.is_dir() else name
+
+
+def read_lengths(path: Path, *, field: str | None = None, text_field: str | None = None,
+                 tokenizer: str | None = None) -> np.ndarray:
+    """Token counts of every usable sample (at least 2 tokens) of a lengths source, in its order: what the
+    what-if and dataset=jsonl / hf_disk read (a text file of one count per line, JSONL, a save_to_disk
+    folder), or a lengths cache (.npy) this module wrote. Reading writes no cache."""
+    if path.suffix == ".npy" and path.is_file():
+        try:
+            counts = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path} is not a lengths array ({str(e).splitlines()[0]}); give a .npy file of token "
+                            f"counts, or a text file of one count per line") from None
+        if counts.ndim != 1 or counts.dtype.kind not in "iu":
+            raise DataError(f"{path} holds a {counts.ndim}-D {counts.dtype} array, not token counts; give a 1-D "
+                            f"integer array")
+        lengths = counts.astype(np.int64)
+        if not (lengths >= 2).any():
+            raise DataError(f"{path} has no sample of at least 2 tokens")
+        return lengths[lengths >= 2]
+    return load_lengths(loader_for(path), str(path), field=field, text_field=text_field or "text",
+                        tokenizer=tokenizer)

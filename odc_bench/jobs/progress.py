@@ -1,8 +1,11 @@
 """A progress display for sweeps and long runs: runs done of the total, the run in progress and
 its minibatches, elapsed and remaining time.
 
-It draws on the terminal only: when stderr is not a terminal (a log file, CI, a SLURM job) it
-is silent, so files receive results and logs but never a progress bar. There is one display
+It draws on the terminal: when stderr is not a terminal (a log file, CI, a SLURM job) there is
+no bar, and each minibatch a run completes is instead one plain line on stdout (`run label:
+minibatch 3/8, 0:00:05`), so a log shows where a run is without a bar's control characters.
+`say` prints a line above the bar (or plainly), for what a run has to tell while it goes (that
+it resumed from a checkpoint). There is one display
 per process (`current()`): Hydra starts and stops it through odc_bench/cli/progress.py's
 callback, which the app registers in its config, and the launchers feed it what only they know
 (minibatches done inside a local run, SLURM jobs still queued).
@@ -88,6 +91,8 @@ class SweepProgress:
         self.runs_task: TaskID = self._progress.add_task("runs", total=total_runs, note="", visible=total_runs != 1)
         self._mb_task: TaskID = self._progress.add_task("  minibatches", total=None, visible=False, note="")
         self._moved: list[tuple[logging.StreamHandler, TextIO]] = []
+        self._label = ""
+        self._shown = 0  # minibatches of the current run a plain line has been printed for
 
     def start(self) -> None:
         if not self.enabled:
@@ -133,10 +138,24 @@ class SweepProgress:
 
     def run_started(self, label: str) -> None:
         self._run_t0 = time.monotonic()
+        self._label, self._shown = label, 0
         self._progress.reset(self._mb_task, description=f"  {label}", total=None, visible=False)
 
     def run_minibatches(self, done: int, total: int) -> None:
-        self._progress.update(self._mb_task, completed=done, total=total, visible=True)
+        if self.enabled:
+            self._progress.update(self._mb_task, completed=done, total=total, visible=True)
+            return
+        elapsed = _clock(time.monotonic() - self._run_t0) if self._run_t0 is not None else "-"
+        for k in range(self._shown + 1, done + 1):
+            print(f"{self._label or 'run'}: minibatch {k}/{total}, {elapsed}", flush=True)
+        self._shown = max(self._shown, done)
+
+    def say(self, text: str) -> None:
+        """A line above the display (plainly on stdout without one)."""
+        if self.enabled:
+            self._progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(text, flush=True)
 
     def run_finished(self, outcome: str) -> None:
         """outcome: ok, failed, or skipped (already in the results table)."""
@@ -150,6 +169,15 @@ class SweepProgress:
     def note(self, text: str) -> None:
         """A line of state only the launcher knows (for SLURM: jobs running and queued)."""
         self._progress.update(self.runs_task, note=", ".join(p for p in (self._describe(), text) if p))
+
+
+def say(text: str) -> None:
+    """A line for the user while a run goes: above the display when there is one, else on stdout."""
+    display = current()
+    if display is not None:
+        display.say(text)
+    else:
+        print(text, flush=True)
 
 
 def start(total_runs: int | None, console: Console | None = None) -> SweepProgress:

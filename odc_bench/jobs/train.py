@@ -32,6 +32,7 @@ from odc_bench.run import slurm_task
 from odc_bench.run.local import run_local
 from odc_bench.run.mpiexec import mpiexec_path, run_mpi, uses_mpi
 from odc_bench.sim import check_hardware, simulate
+from odc_core import checkpoint
 
 # A launcher: runs the spec's ranks; every rank's result, or None in a task that does not report.
 Launcher = Callable[[RunSpec], list[dict] | None]
@@ -39,7 +40,7 @@ Launcher = Callable[[RunSpec], list[dict] | None]
 
 def _local(spec: RunSpec) -> list[dict]:
     display = progress.current()
-    on_progress = display.run_minibatches if display is not None and display.enabled else None
+    on_progress = display.run_minibatches if display is not None else None
     return (run_mpi if uses_mpi(spec) else run_local)(spec, on_progress=on_progress)
 
 
@@ -61,10 +62,17 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
     """
     if spec.config.simulated:
         return execute_sim(spec, results_dir)
+    folder = checkpoint_folder(spec.config, spec.run_id)
+    found = checkpoint.latest(folder) if spec.config.checkpoint.resume == "auto" else None
+    if found is not None and not (slurm_task.in_task() and slurm_task.task_rank() != 0):
+        progress.say(f"run {spec.run_id}: resumed from minibatch {_step(found)} of {len(spec.minibatches)}, "
+                     f"checkpoint {found.name} ({folder})")
     try:
         results = (launch or default_launcher(repeat_index))(spec)
     except RunFailed as e:
         return _record(results_dir, failed_row(spec, str(e)))
+    except KeyboardInterrupt as e:
+        raise KeyboardInterrupt(str(e) or kept_checkpoints(folder, spec.config.checkpoint.resume == "auto")) from None
     if results is None:
         return None
     events = events_frame(results)
@@ -74,6 +82,25 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
     # Recorded: its checkpoints have served (a failed run keeps them for its re-run to resume).
     shutil.rmtree(checkpoint_folder(spec.config, spec.run_id), ignore_errors=True)
     return row
+
+
+def _step(checkpoint_path: Path) -> int:
+    """The minibatch a harness checkpoint resumes from: its step (worker.save numbers them so)."""
+    return int(checkpoint_path.name.removeprefix("step-"))
+
+
+def kept_checkpoints(folder: Path, resumes: bool = True) -> str:
+    """What a stopped run leaves, for the Ctrl-C line: its checkpoints, where, and whether the same
+    command resumes from them (checkpoint.resume=auto); empty when it has none."""
+    newest = checkpoint.latest(folder)
+    if newest is None:
+        return ""
+    steps = sorted((p.name for p in folder.glob("step-*") if p.is_dir() and not p.name.endswith(".partial")),
+                   key=lambda name: int(name.removeprefix("step-")))
+    then = (f"the same command resumes it from minibatch {_step(newest)}" if resumes else
+            "checkpoint.resume=never: the same command starts again from minibatch 0")
+    return (f"the run under way was stopped and wrote no row; its checkpoint{'s' * (len(steps) > 1)} "
+            f"{', '.join(steps)} stay in {folder}: {then}")
 
 
 def _trace_path(results_dir: Path, spec: RunSpec) -> Path:

@@ -4,9 +4,10 @@ Runs are grouped by their workload (results/series.py); within a workload every 
 against the paper's strongest collective baseline, the baseline engine with LB-Micro (or
 LocalSort when that is all there is), in the engine's preferred variant (FSDP2 on shared
 memory or NCCL before gloo). A series' runs (seeds and repeats) are summarised by their median,
-robust to the one slow run a shared host gives, and their spread is shown, with three
-lines under the tables saying what the columns mean and how far the runs' spread lets a
-difference be trusted. This is what `make demo` prints.
+robust to the one slow run a shared host gives, and their spread is shown, with four
+lines under the tables saying what the columns mean, what compute covers, and how far the runs'
+spread lets a difference be trusted; a speedup is split into where its time comes from only
+where its runs' range lies above 1. This is what `make demo` prints.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from odc_bench.results.series import (
     series_names,
     variant_rank,
 )
-from odc_bench.results.split import PARTS, gain_shares, per_sample
+from odc_bench.results.split import COMPUTE_NOTE, PARTS, per_sample, saving
 
 
 def comparison(table: pd.DataFrame) -> pd.DataFrame:
@@ -62,12 +63,24 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
                     # Every pairing of a run with a baseline run lies within these.
                     rows["speedup_low"] = rows["slowest"] / float(best.fastest)
                     rows["speedup_high"] = rows["fastest"] / float(best.slowest)
-                    shares = [gain_shares(r, best) for _, r in rows.iterrows()]
-                    for part in PARTS:
-                        rows[f"gain_{part}"] = [s[part] if s else float("nan") for s in shares]
+                    rows["saved"] = [saved(r, best) for _, r in rows.iterrows()]
                     break
             parts.append(rows.sort_values("samples_per_s"))
     return pd.concat(parts, ignore_index=True)
+
+
+NOISE = "within noise"
+
+
+def saved(row: pd.Series, baseline: pd.Series) -> str:
+    """Where the row's time saved per sample comes from, only where its speedup's range (every pairing
+    of its runs with the baseline's) lies above 1: a split of a difference the runs do not show is noise."""
+    if row.series == baseline.series:
+        return "-"
+    if row.speedup_low <= 1 <= row.speedup_high:
+        return NOISE
+    split = saving(row, baseline) if row.speedup_low > 1 else None
+    return split.describe() if split else "-"
 
 
 def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None:
@@ -83,7 +96,7 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
         title = (f"{first.model} on {first.dataset}, {first.world_size} ranks, minibatch {first.minibatch_size}/rank "
                  f"({first.backend}{layout}); speedup vs {baseline}")
         table = Table(title=escape(title))
-        for col in ("series", "samples/s", "runs' range", "speedup", "saved: idle/optim/compute", "bubble",
+        for col in ("series", "samples/s", "runs' range", "speedup", "time saved per sample", "bubble",
                     "predicted", "peak MB", "runs"):
             # The series' names whole, whatever the width: the other columns wrap instead.
             table.add_column(col, justify="left" if col == "series" else "right",
@@ -92,12 +105,11 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
             speedup = f"{r.speedup:.2f}x" if "speedup" in r and pd.notna(r.speedup) else "-"
             if speedup != "-" and r.series != baseline and r.speedup_low != r.speedup_high:
                 speedup += f" ({r.speedup_low:.2f}-{r.speedup_high:.2f})"
-            saved = ("/".join(f"{r[f'gain_{p}']:.0%}" for p in ("idle", "optimizer", "compute"))
-                     if "gain_idle" in r and pd.notna(r.gain_idle) else "-")
+            split = r.saved if isinstance(r.get("saved"), str) else "-"
             predicted = "-" if pd.isna(r.predicted_bubble_rate) else f"{r.predicted_bubble_rate:.0%}"
             spread = f"{r.slowest:.3g}-{r.fastest:.3g}" if r.runs > 1 else "-"
             memory = "-" if pd.isna(r.peak_mem_mb) else f"{r.peak_mem_mb:.0f}"
-            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", spread, speedup, saved,
+            table.add_row(escape(r.series), f"{r.samples_per_s:.3g}", spread, speedup, split,
                           f"{r.bubble_rate:.0%}", predicted, memory, str(r.runs))
         console.print(table)
     for line in legend(rows):
@@ -105,7 +117,8 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
 
 
 def legend(rows: pd.DataFrame) -> list[str]:
-    """Three lines under the tables: what the columns mean, and how far to trust a difference."""
+    """Four lines under the tables: what the columns mean, what compute covers, and how far to trust a
+    difference."""
     repeated = rows[rows["runs"] > 1]
     if repeated.empty:
         spread = ("Each series ran once, and one run of a config varies from run to run on a shared host "
@@ -120,8 +133,10 @@ def legend(rows: pd.DataFrame) -> list[str]:
         "over the collective baseline named in the title, in brackets the range its runs allow (its slowest over "
         "the baseline's fastest to its fastest over the baseline's slowest).",
         "bubble: the share of rank-time spent not computing, as measured; predicted: what the balancer's cost "
-        "model expected for the same plans; saved: of the time per sample a series saves against the baseline, "
-        "the shares that were idle time (what the paper's claim is about), the optimizer step and the units' "
-        "compute (results/split.py).",
+        "model expected for the same plans; time saved per sample: where a series' speedup over the baseline "
+        "comes from, the shares of the parts that shrank (idle time, what the paper's claim is about; the "
+        "optimizer step; compute), adding up to 100%, and what a part that grew took back of that; only where "
+        f"the speedup's range lies above 1, else {NOISE!r} (results/split.py).",
+        COMPUTE_NOTE,
         spread,
     ]

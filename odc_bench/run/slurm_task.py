@@ -38,6 +38,11 @@ def in_task() -> bool:
     return os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and "SLURM_PROCID" in os.environ
 
 
+def task_rank() -> int:
+    """This task's global rank (0 outside a SLURM task)."""
+    return int(os.environ.get("SLURM_PROCID", "0"))
+
+
 def _wait_for_file(candidates: Sequence[Path], timeout_s: float, what: str) -> Path:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -205,7 +205,7 @@ def save(engine: DataParallelEngine, spec: RunSpec, folder: Path, next_minibatch
     dist.all_gather_object(rng, torch.get_rng_state())
     checkpoint.save(engine, folder, next_minibatch,
                     {"next_minibatch": next_minibatch, "claim_base": claim_base, "rng": rng,
-                     "run_id": spec.run_id, "config": spec.config.to_dict()})
+                     "run_id": spec.run_id, "config": spec.config.to_dict()}, keep=spec.config.checkpoint.keep)
 
 
 def resume(engine: DataParallelEngine, folder: Path, rank: int, run_id: str) -> tuple[int, int]:

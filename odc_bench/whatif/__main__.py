@@ -22,13 +22,15 @@ from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import host_fingerprint
 from odc_bench.sim.hardware import calibration_path
-from odc_bench.whatif.accuracy import calibrated_elsewhere, validated
+from odc_bench.whatif.accuracy import best_validated, calibrated_elsewhere, gpu_of, summary, validated
 from odc_bench.whatif.answer import answer, plan
 from odc_bench.whatif.fit import advice as ways
 from odc_bench.whatif.question import HARDWARE, MODELS, Question, in_user_terms
 from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
+# The GPU the what-if asks about when --hardware is not given: its best validated profile is the default.
+DEFAULT_GPU = "a100"
 # Exit status when no series fits in memory at any minibatch size (2 stays bad input).
 NOTHING_FITS = 3
 # A harness setting as Hydra writes it (key=value, +key=value, ++key=value, ~key): never an option.
@@ -46,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
                     "(docs/transport.md).",
         epilog="Example: python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --hardware a100 "
                "--nodes 8 --devices-per-node 8 --minibatch 2 4 8")
-    ap.add_argument("lengths", help=f"a length profile ({', '.join(PROFILES)}), a lengths file (one token "
+    ap.add_argument("lengths", nargs="?", help=f"a length profile ({', '.join(PROFILES)}), a lengths file (one token "
                     "count per line) or JSONL file (counts, token-id lists, or objects: --field), or a folder "
                     "written by datasets' save_to_disk (--tokenizer)")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
@@ -56,10 +58,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="qwen2_7b", help=f"a model config ({', '.join(MODELS)}), or a Hugging Face "
                     "model folder (or its config.json) whose shape is read with transformers; change the shape with "
                     "model.KEY=VALUE overrides (default: %(default)s)")
-    ap.add_argument("--hardware", default="a100",
-                    help=f"a hardware profile ({', '.join(HARDWARE)}; cpu: this machine, calibrated; NAME_fit: "
-                         "fitted to published GPU runs), or a profile file fitted to your own cluster "
-                         "(python -m odc_bench.whatif.calibrate; docs/calibrate.md) (default: %(default)s)")
+    ap.add_argument("--hardware", default=best_validated(DEFAULT_GPU, HARDWARE) or DEFAULT_GPU,
+                    help=f"a hardware profile, with its validated error on speedups (10th to 90th percentile): "
+                         f"{escape_percent(ratio_bands())} (cpu: this machine, calibrated; NAME_fit: fitted to "
+                         f"published GPU runs); or a profile file fitted to your own cluster (python -m "
+                         f"odc_bench.whatif.calibrate; docs/calibrate.md). `--hardware list` shows the errors in full "
+                         f"(default: the best validated {DEFAULT_GPU} profile, %(default)s)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes (default: %(default)s)")
     ap.add_argument("--devices-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
     ap.add_argument("--minibatch", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N",
@@ -99,10 +103,53 @@ def split_overrides(ap: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[l
     return options, overrides
 
 
+def ratio_bands() -> str:
+    """Every stock profile with its validated error on speedups, for --hardware's help."""
+    bands = {p: validated(hardware=p).ratio for p in HARDWARE}
+    return ", ".join(f"{p} ({b[0]:+.0%} to {b[1]:+.0%})" if b else f"{p} (unknown)" for p, b in bands.items())
+
+
+def escape_percent(text: str) -> str:
+    """Text for argparse's help, which formats it with %."""
+    return text.replace("%", "%%")
+
+
+def print_profiles() -> None:
+    """`--hardware list`: every stock profile with its validated error, the best of each GPU marked."""
+    best = {gpu_of(p): best_validated(gpu_of(p), HARDWARE) for p in HARDWARE if p != "cpu"}
+    for p in HARDWARE:
+        mark = f"  (best validated {gpu_of(p)} profile)" if best.get(gpu_of(p)) == p else ""
+        print(f"{p:<10} {summary(validated(hardware=p))}{mark}")
+    print("validated errors: simulated over measured, 10th to 90th percentile (docs/gpu_validation.md); cpu: this "
+          "repository's host (docs/simulator.md). A profile fitted to your cluster: python -m "
+          "odc_bench.whatif.calibrate (docs/calibrate.md)")
+
+
+def profile_advice(question: Question) -> str | None:
+    """A line naming the best validated profile of the GPU asked, and how the one asked compares."""
+    if question.hardware_file is not None or question.hardware == "cpu":
+        return None
+    gpu = gpu_of(question.hardware)
+    best = best_validated(gpu, HARDWARE)
+    others = [p for p in HARDWARE if gpu_of(p) == gpu and p != question.hardware]
+    if best is None or not others:
+        return None
+    if best == question.hardware:
+        compared = "; ".join(f"{p}: {summary(validated(hardware=p))}" for p in others)
+        return f"{best} is the best validated {gpu} profile (against {compared}; --hardware list shows them all)."
+    return (f"Best validated {gpu} profile: {best} ({summary(validated(hardware=best))}), not {question.hardware} "
+            f"({summary(validated(hardware=question.hardware))}): --hardware {best} gives the narrower band.")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = parser()
     options, overrides = split_overrides(ap, sys.argv[1:] if argv is None else list(argv))
     args = ap.parse_intermixed_args(options)
+    if args.hardware == "list":
+        print_profiles()
+        return
+    if args.lengths is None:
+        ap.error("the following arguments are required: lengths")
     args.overrides = [*args.overrides, *overrides]
     t0 = time.perf_counter()
     console = Console(width=max(Console().width, 140))  # the table's columns, also in logs
@@ -129,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     lengths = dataset_lengths(spec.config.dataset, spec.config.seed)
     say(describe_pool(lengths, question, source))
     table = answer(runs)
-    accuracy = validated(hardware=question.hardware)
+    accuracy = validated(hardware=question.hardware, profile_file=question.hardware_file)
     print_table(table, question, accuracy, console)
     too_big: dict[int, list[RunSpec]] = {}
     for s, m, _, run_spec in runs:
@@ -138,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     advice = {m: ways(specs, question) for m, specs in too_big.items()}
     for line in verdict_lines(table, accuracy, advice):
         say(line)
-    error = accuracy.describe(question.hardware_name, question.hardware_file)
+    error = accuracy.describe(question.hardware_name)
     say(f"Simulated, not measured. The simulator's error: {error}.")
     hardware = spec.config.backend.hardware if isinstance(spec.config.backend, SimBackendConfig) else None
     if accuracy.gpu is not None and isinstance(hardware, GpuHardwareConfig):
@@ -155,6 +202,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         elsewhere = calibrated_elsewhere(json.loads(path.read_text()), path, host_fingerprint())
         if elsewhere:
             say(elsewhere)
+    best = profile_advice(question)
+    if best:
+        say(best)
     if question.hardware != "cpu":
         say("To measure on GPUs: only the collective baseline runs there today (engine=collective); ODC needs a "
             "CUDA transport that does not exist yet (docs/transport.md), so its rows stay predictions. Measure the "

@@ -16,21 +16,22 @@ import pandas as pd
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from odc_bench.balancers.quality import stale_lower_bound
 from odc_bench.config.compose import compose_run, hydra_error_line
 from odc_bench.config.run import RunConfig
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.record.row import timing
-from odc_bench.results.split import gain_shares, per_sample
+from odc_bench.results.split import per_sample, saving
 from odc_bench.sim import check_hardware, simulate
 from odc_bench.whatif.question import Question, Series, series
 
 GIB = 2**30
 
 COLUMNS = ["series", "engine", "balancer", "staleness", "minibatch_size", "samples_per_s", "tokens_per_s", "speedup",
-           "saved_idle", "bubble_rate", "bound_bubble_rate", "predicted_bubble_rate", "mem_gib", "mem_limit_gib",
-           "fits", "run_id", "overrides"]
+           "saved_idle", "saved", "bubble_rate", "unavoidable_bubble_rate", "predicted_bubble_rate", "mem_gib",
+           "mem_limit_gib", "fits", "run_id", "overrides"]
 
 
 def compose_config(overrides: list[str]) -> RunConfig:
@@ -60,6 +61,19 @@ def plan(question: Question) -> list[tuple[Series, int, list[str], RunSpec]]:
     return runs
 
 
+def unavoidable(spec: RunSpec, bubble: float) -> float:
+    """The bubble the run would keep if its balancer reached every measured minibatch's lower bound
+    (balancers/quality.py: an even share of the work or the costliest sample; stale-synchronous, the
+    stale bound): the same busy time in its time shrunk by the cost model's bound over its plan's
+    prediction. Where the simulator agrees with the cost model this is the bound's own bubble; it is
+    never above the run's bubble (which the bound's can be: a simulated run's optimizer step is busy
+    time the cost model leaves out), and bubble - unavoidable is the balancer's share."""
+    bound = stale_lower_bound([mb.lengths for mb in spec.measured], spec.world_size, spec.max_tokens,
+                              spec.cost_model, spec.config.engine.staleness)
+    shrink = max(1.0, spec.predicted_time() / bound) if bound > 0 else 1.0
+    return max(0.0, 1.0 - (1.0 - bubble) * shrink)
+
+
 def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
            on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
     """One row per run: predicted throughput, bubbles, memory, and the speedup over the baseline
@@ -70,13 +84,14 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
         limit = spec.memory_limit
         fits = limit is None or spec.memory.total <= limit
         row = dict(series=s.label, engine=s.engine, balancer=s.balancer, staleness=s.staleness, minibatch_size=m,
-                   bound_bubble_rate=spec.bound_bubble_rate(),
                    predicted_bubble_rate=spec.predicted_bubble_rate(), mem_gib=spec.memory.total / GIB,
                    mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
                    overrides=shlex.join(overrides))
         if fits:
-            row.update({k: v for k, v in timing(spec, simulate(spec).events).items()
+            times = timing(spec, simulate(spec).events)
+            row.update({k: v for k, v in times.items()
                         if k in ("samples_per_s", "tokens_per_s", "bubble_rate", "compute_s", "wall_s")})
+            row["unavoidable_bubble_rate"] = unavoidable(spec, times["bubble_rate"])
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -86,8 +101,9 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
     base = {r.minibatch_size: i for i, r in table.iterrows() if Series(r.engine, r.balancer, r.staleness).is_baseline}
     table["speedup"] = table.apply(lambda r: r.samples_per_s / table.samples_per_s[base[r.minibatch_size]]
                                    if r.minibatch_size in base else float("nan"), axis=1)
-    # Of the time per sample a series saves against the baseline, the share that was idle time.
-    shares = [gain_shares(parts.loc[i], parts.loc[base[r.minibatch_size]]) if r.minibatch_size in base else None
+    # Where the time per sample a series saves against the baseline comes from (idle time: the paper's claim).
+    splits = [saving(parts.loc[i], parts.loc[base[r.minibatch_size]]) if r.minibatch_size in base else None
               for i, r in table.iterrows()]
-    table["saved_idle"] = [s["idle"] if s else float("nan") for s in shares]
+    table["saved_idle"] = [s.shares.get("idle", 0.0) if s else float("nan") for s in splits]
+    table["saved"] = [s.describe() if s else "" for s in splits]
     return table

@@ -21,6 +21,7 @@ from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
 from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_model
 from odc_bench.data.profiles import PROFILES
+from odc_bench.data.real import loader_for
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.series import BASELINE_BALANCERS
 
@@ -167,7 +168,7 @@ class Question:
                                f"file or folder; give a lengths file (one token count per line), a JSONL file or a "
                                f"dataset saved with save_to_disk")
         # As given, relative paths too: the printed commands run from the same folder.
-        if path.is_dir():
+        if loader_for(path) == "hf_disk":
             out = ["dataset=hf_disk", f"dataset.path={path}", *scale]
             if self.tokenizer:
                 out.append(f"dataset.tokenizer={Path(self.tokenizer).expanduser()}")

@@ -76,7 +76,7 @@ def print_table(table: pd.DataFrame, question: Question, accuracy: Accuracy, con
             limit = f" of {r.mem_limit_gib:.0f}" if pd.notna(r.mem_limit_gib) else ""
             t.add_row(escape(r.series), str(m), _cell(r.samples_per_s, ".3g"), _cell(r.tokens_per_s, ",.0f"),
                       _cell(r.speedup, ".2f") + ("x" if pd.notna(r.speedup) else ""), _range(accuracy, r),
-                      _cell(r.bubble_rate, ".0%"), _cell(r.bound_bubble_rate, ".0%"), f"{r.mem_gib:.1f}{limit}",
+                      _cell(r.bubble_rate, ".0%"), _cell(r.unavoidable_bubble_rate, ".0%"), f"{r.mem_gib:.1f}{limit}",
                       "yes" if r.fits else "NO")
         t.add_section()
     console.print(t)
@@ -101,14 +101,13 @@ def verdict_lines(table: pd.DataFrame, accuracy: Accuracy, advice: dict[int, str
         if span is None:
             call = "the simulator's error is unknown here"
         else:
-            within = f"{span[0]:.2f}-{span[1]:.2f}x within the validated error"
+            within = f"{span[0]:.2f}-{span[1]:.2f}x within {accuracy.band()}"
             call = (f"pays off ({within})" if span[0] > 1 else f"does not pay off ({within})" if span[1] < 1
                     else f"too close to call ({within})")
-        idle = (f"; idle time is {best.saved_idle:.0%} of the time it saves per sample (the rest: optimizer step "
-                f"and compute)" if pd.notna(best.saved_idle) else "")
+        idle = f"; of the time it saves per sample: {best.saved}" if isinstance(best.saved, str) and best.saved else ""
         lines.append(f"minibatch {m}/device: {best.series} runs at {best.speedup:.2f}x {b.series}: {call}; bubble "
-                     f"{best.bubble_rate:.0%} against {b.bubble_rate:.0%}, {best.bound_bubble_rate:.0%} unavoidable"
-                     f"{idle}")
+                     f"{best.bubble_rate:.0%} ({best.unavoidable_bubble_rate:.0%} unavoidable) against "
+                     f"{b.bubble_rate:.0%} ({b.unavoidable_bubble_rate:.0%}){idle}")
         lines += _stale_line(m, group, best, b)
     return lines
 
@@ -127,8 +126,8 @@ def _stale_line(m: int, group: pd.DataFrame, best: pd.Series, base: pd.Series) -
     steps = f"{top.staleness} step{'s' * int(top.staleness > 1)}"
     return [f"minibatch {m}/device, stale-synchronous (beyond the paper): {top.series} runs at {top.speedup:.2f}x "
             f"{base.series} ({top.samples_per_s / best.samples_per_s:.2f}x {best.series}); bubble "
-            f"{top.bubble_rate:.0%}, {top.bound_bubble_rate:.0%} unavoidable. It trains on gradients {steps} old, "
-            f"which costs steps to a given loss: weigh it with docs/staleness.md"]
+            f"{top.bubble_rate:.0%} ({top.unavoidable_bubble_rate:.0%} unavoidable). It trains on gradients {steps} "
+            f"old, which costs steps to a given loss: weigh it with docs/staleness.md"]
 
 
 def write_csv(table: pd.DataFrame, path: Path) -> None:
@@ -164,7 +163,7 @@ def draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path
     left.set_ylabel("samples/s (simulated)")
     right.set_ylabel("speedup over the baseline (simulated)")
     left.set_title("throughput", fontsize=10)
-    right.set_title("speedup; band: the simulator's validated error", fontsize=10)
+    right.set_title(f"speedup; band: {accuracy.origin}", fontsize=9)
     fig.suptitle(f"Simulated: {title(question)}", fontsize=11)
     handles, labels = left.get_legend_handles_labels()
     if handles:

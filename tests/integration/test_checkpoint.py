@@ -1,6 +1,6 @@
 """Sharded checkpoints (odc_core/checkpoint.py): a resumed run equals an uninterrupted one, a
-checkpoint of either engine loads into the other and at another world size, and a save that
-never finished leaves the previous checkpoint what latest() finds."""
+checkpoint of either engine loads into the other and at another world size, a save that
+never finished leaves the previous checkpoint what latest() finds, and `keep` keeps the newest."""
 
 from __future__ import annotations
 
@@ -55,8 +55,7 @@ def _mine(step: int, rank: int, world: int, uneven: bool) -> list[int]:
     return [i for i in range(SAMPLES) if owner[i] == rank]
 
 
-def _train(rank: int, world: int, store: dist.Store, engine_name: str, precision: str, root: str,
-           resume: bool, save_at: int | None) -> dict:
+def _engine(rank: int, world: int, store: dist.Store, engine_name: str, precision: str):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
@@ -66,7 +65,12 @@ def _train(rank: int, world: int, store: dist.Store, engine_name: str, precision
     job = [ctx.job_id]
     dist.broadcast_object_list(job)
     ctx = EngineContext(ctx.device, ctx.store, job[0], ctx.timeout_s, precision)
-    engine = make_engine(engine_name, ctx, options)
+    return make_engine(engine_name, ctx, options)
+
+
+def _train(rank: int, world: int, store: dist.Store, engine_name: str, precision: str, root: str,
+           resume: bool, save_at: int | None) -> dict:
+    engine = _engine(rank, world, store, engine_name, precision)
     try:
         torch.manual_seed(0)
         model = Net()
@@ -160,3 +164,28 @@ def test_boxes_cover_a_flat_range_exactly() -> None:
             seen[box] += 1
             assert torch.equal(torch.arange(60).view(shape)[box].flatten(), torch.arange(start, end))
         assert torch.equal(seen.flatten(), ((torch.arange(60) >= lo) & (torch.arange(60) < hi)).long())
+
+
+def _save_steps(rank: int, world: int, store: dist.Store, root: str, keep: int | None) -> list[str]:
+    engine = _engine(rank, world, store, "odc", "fp32")
+    try:
+        model = Net()
+        engine.wrap(model, [model.inp, model.mid, model.out])
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR))
+        left = []
+        for step in range(1, 5):
+            checkpoint.save(engine, root, step, keep=keep)
+            left.append(" ".join(sorted(p.name for p in Path(root).iterdir())))
+        return left
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def test_save_keeps_the_newest_checkpoints_it_is_asked_to(tmp_path: Path) -> None:
+    left = run_ranks(_save_steps, 2, str(tmp_path / "two"), 2, timeout_s=120)[0]
+    assert left == ["step-1", "step-1 step-2", "step-2 step-3", "step-3 step-4"]
+    every = run_ranks(_save_steps, 2, str(tmp_path / "all"), None, timeout_s=120)[0]
+    assert every[-1] == "step-1 step-2 step-3 step-4", "keep=None keeps every checkpoint"
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        checkpoint.save(None, tmp_path, 1, keep=0)  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """A run with checkpoints survives a dead rank: the failed run keeps its checkpoints, its re-run
-resumes from the newest, measures only what it ran and says where it resumed, and its loss curve
-is the uninterrupted run's."""
+resumes from the newest (and says so as it starts), measures only what it ran and says where it
+resumed, and its loss curve is the uninterrupted run's; a run keeps its newest checkpoint.keep."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _losses(results_dir: Path, row: dict, spec) -> list[float]:
 @pytest.mark.parametrize(("engine", "overrides"), [("odc", ()), ("odc", ("precision=bf16",)),
                                                    ("odc", ("engine.staleness=1",)), ("collective", ())])
 def test_a_run_whose_rank_died_resumes_from_its_last_checkpoint(tmp_path: Path, engine: str,
-                                                               overrides: tuple[str, ...]) -> None:
+                                                               overrides: tuple[str, ...], capsys) -> None:
     results = tmp_path / "results"
     spec = resolve(run_config(f"engine={engine}", *SMALL, "checkpoint.every=1", f"results_dir={results}",
                               *overrides))
@@ -39,8 +39,10 @@ def test_a_run_whose_rank_died_resumes_from_its_last_checkpoint(tmp_path: Path, 
     folder = checkpoint_folder(spec.config, spec.run_id)
     assert sorted(p.name for p in folder.iterdir()) == ["step-1"]
 
+    capsys.readouterr()
     resumed = execute(spec, results)
     assert resumed is not None and resumed["status"] == "ok", resumed
+    assert f"run {spec.run_id}: resumed from minibatch 1 of 3, checkpoint step-1 ({folder})" in capsys.readouterr().out
     assert resumed["resumed_from"] == 1 and resumed["requeues"] == 0
     # Throughput counts the minibatches this run measured: those after the one it resumed from.
     measured = sum(len(mb.lengths) for mb in spec.minibatches[1:])
@@ -75,3 +77,11 @@ def test_resume_never_starts_again_from_the_first_minibatch(tmp_path: Path) -> N
     assert checkpoint_folder(spec.config, spec.run_id).is_dir()
     row = execute(spec, results)
     assert row is not None and row["status"] == "ok" and row["resumed_from"] == 0
+
+
+def test_a_run_keeps_its_newest_checkpoints(tmp_path: Path) -> None:
+    spec = resolve(run_config("engine=odc", *SMALL, "num_minibatches=5", "checkpoint.every=1", "checkpoint.keep=2",
+                              f"results_dir={tmp_path}"))
+    run_local(spec)  # the ranks alone: execute would remove the checkpoints once the row is recorded
+    folder = checkpoint_folder(spec.config, spec.run_id)
+    assert sorted(p.name for p in folder.iterdir()) == ["step-3", "step-4"], "saved after minibatches 1-4, two kept"

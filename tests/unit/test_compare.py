@@ -8,7 +8,7 @@ from odc_bench.results.__main__ import main as results_main
 from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.pairs import paired_ratios, summarize
 from odc_bench.results.series import WORKLOAD
-from odc_bench.results.split import gain_shares as split_of
+from odc_bench.results.split import saving as split_of
 
 
 def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
@@ -125,14 +125,15 @@ def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one
     assert "\n" not in err
 
 
-def test_the_comparison_ends_with_three_lines_on_its_columns_and_the_runs_spread():
+def test_the_comparison_ends_with_four_lines_on_its_columns_and_the_runs_spread():
     once = comparison(pd.DataFrame([_row("a", "collective", "lb_micro", 10.0), _row("c", "odc", "lb_mini", 12.0)]))
     console = Console(record=True, width=400)
     print_comparison(once, console)
-    last = console.export_text().strip().splitlines()[-3:]
+    last = console.export_text().strip().splitlines()[-4:]
     assert last[0].startswith("samples/s: ") and "speedup: " in last[0]
     assert last[1].startswith("bubble: ") and "predicted: " in last[1]
-    assert "ran once" in last[2] and "repeat=5" in last[2]
+    assert last[2].startswith("compute: ") and "not work one engine skips" in last[2]
+    assert "ran once" in last[3] and "repeat=5" in last[3]
     twice = comparison(pd.DataFrame([_row("a", "collective", "lb_micro", 9.0),
                                      _row("b", "collective", "lb_micro", 11.0), _row("c", "odc", "lb_mini", 12.0)]))
     console = Console(record=True, width=400)
@@ -141,23 +142,53 @@ def test_the_comparison_ends_with_three_lines_on_its_columns_and_the_runs_spread
     assert spread.startswith("Runs of one series here span up to 20% of their median") and "repeat=N" in spread
 
 
+def _timed(run_id, engine, balancer, per, idle, compute, optimizer):
+    """A run taking `per` seconds a sample: idle + compute + optimizer (seconds a sample, adding up to it)."""
+    assert idle + compute + optimizer == pytest.approx(per)
+    return _row(run_id, engine, balancer, 1 / per) | dict(bubble_rate=idle / per, compute_s=compute / per * 10.0,
+                                                          wall_s=10.0)
+
+
+def _printed(rows) -> str:
+    console = Console(record=True, width=400)
+    print_comparison(rows, console)
+    return console.export_text()
+
+
 def test_a_speedup_splits_into_idle_optimizer_and_compute_shares_that_add_up():
     # Baseline: 1 s per sample = 0.4 idle + 0.5 compute + 0.1 optimizer. Series: 0.8 s = 0.25 idle +
     # 0.5 compute + 0.05 optimizer. Saved 0.2 s: 75% idle, 25% optimizer, none from compute.
-    def timed(run_id, engine, balancer, bubble, compute_share):
-        return _row(run_id, engine, balancer, 0.0) | dict(samples_per_s=1 / per, bubble_rate=bubble,
-                                                           compute_s=compute_share * 10.0, wall_s=10.0)
-    per = 1.0
-    base = timed("a", "collective", "lb_micro", 0.4, 0.5)
-    per = 0.8
-    odc = timed("b", "odc", "lb_mini", 0.25 / 0.8, 0.5 / 0.8)
-    rows = comparison(pd.DataFrame([base, odc])).set_index("engine")
+    rows = comparison(pd.DataFrame([_timed("a", "collective", "lb_micro", 1.0, 0.4, 0.5, 0.1),
+                                    _timed("b", "odc", "lb_mini", 0.8, 0.25, 0.5, 0.05)])).set_index("engine")
     assert rows.loc["odc", "speedup"] == pytest.approx(1.25)
-    shares = rows.loc["odc", ["gain_idle", "gain_optimizer", "gain_compute"]]
-    assert list(shares) == pytest.approx([0.75, 0.25, 0.0]) and sum(shares) == pytest.approx(1.0)
-    console = Console(record=True, width=400)
-    print_comparison(rows.reset_index(), console)
-    assert "75%/25%/0%" in console.export_text()
+    assert rows.loc["odc", "saved"] == "idle 75%, optimizer step 25%"
+    assert "idle 75%, optimizer step 25%" in _printed(rows.reset_index())
     slower = split_of(pd.Series({"idle": 0.5, "compute": 0.5, "optimizer": 0.1}),
                       pd.Series({"idle": 0.4, "compute": 0.5, "optimizer": 0.1}))
     assert slower is None, "nothing saved: no split"
+
+
+def test_a_part_that_grew_is_said_to_take_back_a_share_of_what_the_others_saved():
+    # The demo's 825%/17%/-742% as shares of the net saving: idle saved 0.5 s, the optimizer 0.01 s, compute
+    # grew by 0.45 s. Shares of the gross saving instead: each in 0-100%, adding up to 100%.
+    split = split_of(pd.Series({"idle": 0.5, "compute": 1.45, "optimizer": 0.09}),
+                     pd.Series({"idle": 1.0, "compute": 1.0, "optimizer": 0.1}))
+    assert split is not None and sum(split.shares.values()) == pytest.approx(1.0)
+    assert all(0 <= v <= 1 for v in [*split.shares.values(), *split.took_back.values()])
+    assert split.describe() == "idle 98%, optimizer step 2%; compute grew, taking back 88%"
+
+
+def test_the_split_is_given_only_where_the_speedups_range_excludes_1():
+    base = [_timed("a", "collective", "lb_micro", 1.0, 0.4, 0.5, 0.1),
+            _timed("b", "collective", "lb_micro", 1.1, 0.5, 0.5, 0.1)]
+    # ODC's runs at 0.9 and 1.4 s a sample: a speedup range of 0.71-1.22x.
+    noisy = comparison(pd.DataFrame([*base, _timed("c", "odc", "lb_mini", 0.9, 0.3, 0.5, 0.1),
+                                     _timed("d", "odc", "lb_mini", 1.4, 0.8, 0.5, 0.1)])).set_index("engine")
+    assert noisy.loc["odc", "speedup_low"] < 1 < noisy.loc["odc", "speedup_high"]
+    assert noisy.loc["odc", "saved"] == "within noise"
+    clear = comparison(pd.DataFrame([*base, _timed("c", "odc", "lb_mini", 0.8, 0.2, 0.5, 0.1),
+                                     _timed("d", "odc", "lb_mini", 0.85, 0.25, 0.5, 0.1)])).set_index("engine")
+    assert clear.loc["odc", "speedup_low"] > 1 and clear.loc["odc", "saved"] == "idle 100%"
+    text = _printed(noisy.reset_index()).replace("\n", " ")
+    assert "within noise" in text
+    assert "compute: the units' forward and backward seconds. Both engines run the same model" in text

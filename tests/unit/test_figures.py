@@ -27,7 +27,7 @@ from paper_figures import (  # noqa: E402
     tables,
     utilization,
 )
-from paper_figures.inputs import Skip, load  # noqa: E402
+from paper_figures.inputs import LengthsFormat, Skip, load  # noqa: E402
 from tests.helpers import REPO, with_series  # noqa: E402
 from tests.helpers.curves import write_loss_runs, write_rl_runs  # noqa: E402
 from tests.helpers.figures import (  # noqa: E402
@@ -178,6 +178,29 @@ def test_fig7_has_one_histogram_per_profile_and_real_dataset(tmp_path):
         assert ax.get_xlabel() == fig7_lengths.X_LABEL and ax.get_ylabel() == fig7_lengths.Y_LABEL
         assert len(ax.patches) == fig7_lengths.BINS
     assert sum(p.get_height() for p in fig.axes[-1].patches) == 5
+
+
+def test_fig7_reads_the_whatifs_lengths_formats_titled_with_the_datas_name(tmp_path):
+    (tmp_path / "my_lengths.txt").write_text("200\n1\n60000\n512\n")  # a count under 2 tokens is not usable
+    (tmp_path / "chat.jsonl").write_text('{"n": 7}\n{"n": 9}\n')
+    np.save(tmp_path / "longtail.jsonl.lengths-0123456789ab.npy", np.array([1, 300, 40]))
+    files = [tmp_path / "my_lengths.txt", tmp_path / "chat.jsonl", tmp_path / "longtail.jsonl.lengths-0123456789ab.npy"]
+    lengths = load(tmp_path / "nowhere", files, LengthsFormat(field="n")).lengths
+    assert {k: v.tolist() for k, v in lengths.items()} == {"my_lengths": [200, 60000, 512], "chat": [7, 9],
+                                                           "longtail": [300, 40]}
+    assert not list(tmp_path.glob("my_lengths.txt.*"))  # reading writes no cache beside the data
+
+
+def test_fig7_lengths_that_cannot_be_read_are_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "bad.txt").write_text("200\nmany\n")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--results", str(tmp_path), "--out", str(tmp_path / "out"), "--lengths", str(tmp_path / "bad.txt"),
+                  "--only", "fig7_lengths"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]  # argparse's usage, then the one-line error
+    assert last.startswith("python -m paper_figures: error: --lengths") and "bad.txt line 2 is not valid JSON" in last
+    assert not (tmp_path / "out").exists()
 
 
 def test_fig8_bars_are_the_throughput_of_each_series(inputs):

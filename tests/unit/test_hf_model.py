@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from odc_bench.cli.precheck import precheck
+from odc_bench.config.compose import compose_run
 from odc_bench.config.hf_model import hf_model_overrides
 from odc_bench.errors import ConfigError
+from odc_bench.results.table import read_table
 from odc_bench.whatif import calibrate as cc
 from odc_bench.whatif.answer import compose_config
 from odc_bench.whatif.question import Question, Series
+from tests.helpers import run_cli
 
 pytest.importorskip("transformers", reason="reading a Hugging Face config needs transformers: pip install "
                                            "'odc-bench[hf]'")
@@ -111,3 +115,35 @@ def test_the_runs_file_names_a_model_folder_beside_it(tmp_path):
                                        "Llama-3.1-8B,longalign,8,8,2,1500\nllama3_8b,swe_smith,8,8,2,2500\n")
     mine, stock = (r.spec.config.model for r in cc.read_runs(tmp_path / "runs.csv", "h100"))
     assert mine == replace(stock, name="Llama-3.1-8B")
+
+
+def test_model_equals_a_folder_or_its_config_json_in_the_harness_as_in_the_whatif(tmp_path):
+    folder = write(tmp_path / "Llama-3.1-8B", hf_config("llama3_8b", "llama", rope_scaling=LLAMA3_ROPE))
+    read = compose_run(["backend=sim", *hf_model_overrides(str(folder))])  # what the what-if's commands run
+    assert compose_run(["backend=sim", f"model={folder}"]) == read
+    assert compose_run(["backend=sim", f"model={folder / 'config.json'}"]) == read
+    assert read.model == replace(_model(["model=llama3_8b"]), name="Llama-3.1-8B")
+
+
+def test_a_model_path_the_harness_cannot_use_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as nothing:
+        precheck([f"model={tmp_path / 'nowhere'}", "backend=sim"])
+    assert str(nothing.value).startswith(f"model={tmp_path / 'nowhere'}: no model config, and no Hugging Face model "
+                                         f"folder")
+    folder = write(tmp_path / "m", hf_config("qwen2_7b", "qwen3", head_dim=128))
+    with pytest.raises(ConfigError) as qwen3:
+        precheck([f"model={folder}", "backend=sim"])
+    assert "model_type 'qwen3' is not one the harness simulates" in str(qwen3.value)
+    assert "\n" not in str(nothing.value) + str(qwen3.value)
+
+
+@pytest.mark.slow
+def test_a_sweep_takes_a_model_folder_beside_a_model_config(tmp_path):
+    folder = write(tmp_path / "Qwen2-1.5B", hf_config("qwen2_1p5b", "qwen2"))
+    done = run_cli("-m", f"model=qwen2_1p5b,{folder}", "backend=sim", "backend/hardware=h100", "world_size=8",
+                   "num_minibatches=2", "warmup_minibatches=0", "backend.write_trace=false",
+                   f"results_dir={tmp_path / 'res'}", f"hydra.sweep.dir={tmp_path / 'multirun'}")
+    assert done.returncode == 0, done.stderr
+    rows = read_table(tmp_path / "res" / "runs.csv")
+    assert sorted(rows["model"]) == ["Qwen2-1.5B", "qwen2_1p5b"] and (rows["status"] == "ok").all()
+    assert rows["samples_per_s"].nunique() == 1, "the same shape under another name runs the same"

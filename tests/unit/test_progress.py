@@ -9,7 +9,8 @@ from rich.console import Console
 
 from odc_bench.cli.progress import ProgressCallback, outcome_of
 from odc_bench.jobs import progress
-from odc_bench.plan.spec import resolve
+from odc_bench.jobs.train import execute, kept_checkpoints
+from odc_bench.plan.spec import checkpoint_folder, resolve
 from odc_bench.run.local import run_local
 from tests.helpers import compose_config, run_config
 
@@ -73,14 +74,31 @@ def test_remaining_time_of_parallel_runs_follows_the_sweep_pace(monkeypatch):
     assert bar.remaining_s() == pytest.approx(2 * 30 / 2), "15 s per executed run, two runs left"
 
 
-def test_quiet_when_output_is_not_a_terminal():
+def test_without_a_terminal_each_minibatch_is_one_plain_line_on_stdout_and_no_bar(capsys):
     out = io.StringIO()
     bar = progress.start(2, Console(file=out))
-    bar.run_started("x")
-    bar.run_minibatches(1, 2)
+    bar.run_started("engine=odc")
+    for done in (0, 1, 1, 3):  # the launcher polls: a minibatch may finish between two polls, or none
+        bar.run_minibatches(done, 3)
+    progress.say("run abc: resumed from minibatch 1 of 3, checkpoint step-1 (x)")
     bar.run_finished("ok")
     progress.stop()
-    assert out.getvalue() == ""
+    assert out.getvalue() == "", "no bar, no control characters"
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.rsplit(",", 1)[0] for ln in lines[:3]] == [f"engine=odc: minibatch {k}/3" for k in (1, 2, 3)]
+    assert lines[3] == "run abc: resumed from minibatch 1 of 3, checkpoint step-1 (x)"
+
+
+def test_on_a_terminal_a_line_to_say_prints_above_the_bar(capsys):
+    console, out = _terminal()
+    bar = progress.start(1, console)
+    try:
+        bar.run_started("x")
+        bar.run_minibatches(1, 3)
+        progress.say("run abc: resumed from minibatch 1 of 3, checkpoint step-1 (x)")
+    finally:
+        progress.stop()
+    assert "resumed from minibatch 1 of 3" in _shown(out) and capsys.readouterr().out == ""
 
 
 def test_hydra_callback_knows_the_sweep_size_and_counts_outcomes():
@@ -123,3 +141,33 @@ def test_a_benchmark_job_returning_several_rows_counts_as_one_outcome():
     assert outcome_of(done) == "ok"
     failed = JobReturn(status=JobStatus.COMPLETED, _return_value={"status": "failed"})
     assert outcome_of(failed) == "failed"
+
+
+def _steps(folder, *steps: int) -> None:
+    for step in steps:
+        (folder / f"step-{step}").mkdir(parents=True)
+
+
+def test_a_run_says_it_resumes_and_ctrl_c_says_which_checkpoints_stayed(tmp_path, capsys):
+    spec = resolve(run_config("engine=odc", "num_minibatches=6", "checkpoint.every=2", f"results_dir={tmp_path}"))
+    folder = checkpoint_folder(spec.config, spec.run_id)
+    _steps(folder, 2, 4)
+    (folder / "step-6.partial").mkdir()  # a save the stop cut short: not a checkpoint
+
+    def stopped(_spec):  # the launcher meets Ctrl-C while the ranks run
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as stop:
+        execute(spec, tmp_path, launch=stopped)
+    said = capsys.readouterr().out
+    assert f"run {spec.run_id}: resumed from minibatch 4 of 6, checkpoint step-4 ({folder})" in said
+    assert str(stop.value) == (f"the run under way was stopped and wrote no row; its checkpoints step-2, step-4 stay "
+                               f"in {folder}: the same command resumes it from minibatch 4")
+    assert not (tmp_path / "runs.csv").exists()
+    never = resolve(run_config("engine=odc", "num_minibatches=6", "checkpoint.resume=never", f"results_dir={tmp_path}"))
+    with pytest.raises(KeyboardInterrupt) as again:
+        execute(never, tmp_path, launch=stopped)
+    assert "resumed" not in capsys.readouterr().out, "checkpoint.resume=never: no resume to tell"
+    assert str(again.value).endswith(f"stay in {folder}: checkpoint.resume=never: the same command starts again "
+                                     f"from minibatch 0")
+    assert kept_checkpoints(tmp_path / "none") == "", "no checkpoint: cli.interrupted's own line"

@@ -3,7 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from odc_bench.cli.sweeper import expand_jobs, sweep_jobs
+from odc_bench.cli.sweeper import expand_jobs, interleave, sweep_jobs
 from odc_bench.plan.spec import resolve
 from odc_bench.results.table import read_table
 from tests.helpers import REPO, compose_config, run_cli, run_config
@@ -177,15 +177,23 @@ def test_a_sweep_skips_each_combination_that_cannot_run_in_one_line_and_counts_t
     assert "odc_bench: sweep of 4 runs: 0 ok, 0 failed, 4 already done or under way (skipped)" in again.stdout
 
 
-def test_the_summary_counts_every_repeat_as_a_run(tmp_path):
+def test_repeats_run_interleaved_unless_asked_back_to_back_and_the_summary_counts_each(tmp_path):
     proc = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=2", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
                    f"hydra.sweep.dir={tmp_path / 'm'}")
     assert proc.returncode == 0, proc.stderr
-    assert len(read_table(tmp_path / "r" / "runs.csv")) == 4
+    assert list(read_table(tmp_path / "r" / "runs.csv")["balancer"]) == ["lb_micro", "local_sort", "local_sort",
+                                                                       "lb_micro"], "rounds, the second reversed"
     assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in proc.stdout
     again = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=3", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
                     f"hydra.sweep.dir={tmp_path / 'm2'}")
-    assert "odc_bench: sweep of 2 runs: 2 ok, 0 failed" in again.stdout, "the third repeat of each config"
+    assert ("odc_bench: sweep of 2 configs, 2 runs with their repeats: 2 ok, 0 failed, 4 runs already done or under "
+            "way (skipped)") in again.stdout, "the third repeat of each config"
+    apart = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=2", "hydra.sweeper.interleave=false", *SIM_SWEEP,
+                    f"results_dir={tmp_path / 'b'}", f"hydra.sweep.dir={tmp_path / 'm3'}")
+    assert apart.returncode == 0, apart.stderr
+    assert list(read_table(tmp_path / "b" / "runs.csv")["balancer"]) == ["lb_micro", "lb_micro", "local_sort",
+                                                                       "local_sort"]
+    assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in apart.stdout
 
 
 def test_a_sweep_starting_on_a_combination_that_cannot_run_checks_the_next(tmp_path):
@@ -220,13 +228,27 @@ def test_a_sweep_with_a_failed_run_ends_with_a_summary_and_exit_status_1(tmp_pat
     assert list(read_table(tmp_path / "r" / "runs.csv")["status"]) == ["failed"]
 
 
-def test_demo_runs_the_four_series_five_times_in_alternating_order():
-    jobs = jobs_of("demo")
-    series = [(j["engine"], j["balancer"]) for j in jobs]
-    assert len(jobs) == 20 and len(set(series)) == 4
-    for count in range(1, 6):  # round r asks every series for r runs
-        round_r = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == str(count)]
-        assert sorted(round_r) == sorted(set(series)), count
-    first = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == "1"]
-    second = [s for s, j in zip(series, jobs, strict=True) if j["repeat"] == "2"]
-    assert second == first[::-1], "even rounds run in reverse order"
+def _rounds(name: str) -> list[list[dict[str, str]]]:
+    """A sweep's jobs as the sweeper runs them: in rounds where a config repeats."""
+    jobs = sweep_jobs(sweeper_config(name))
+    repeats = [int(dict(o.split("=", 1) for o in job).get("repeat", 1)) for job in jobs]
+    return [[dict(o.split("=", 1) for o in job) for job in batch] for batch in interleave(jobs, repeats)]
+
+
+@pytest.mark.parametrize(("name", "keys"), [("demo", ("engine", "balancer")),
+                                            ("ssp_convergence", ("engine", "engine.staleness"))])
+def test_a_repeated_sweep_runs_its_series_five_times_in_alternating_order(name, keys):
+    rounds = _rounds(name)
+    series = [[tuple(j.get(k) for k in keys) for j in batch] for batch in rounds]
+    assert len(rounds) == 5 and all(len(set(s)) == 4 == len(s) for s in series)
+    for count, batch in enumerate(rounds, 1):  # round r asks every series for r runs
+        assert {j["repeat"] for j in batch} == {str(count)}
+        assert series[count - 1] == (series[0] if count % 2 else series[0][::-1]), "even rounds in reverse order"
+
+
+def test_interleaving_leaves_out_configs_of_fewer_repeats_from_later_rounds():
+    jobs = [["balancer=a", "repeat=3"], ["balancer=b"], ["balancer=c", "repeat=2"]]
+    rounds = interleave(jobs, [3, 1, 2])
+    assert rounds == [[["balancer=a", "repeat=1"], ["balancer=b", "repeat=1"], ["balancer=c", "repeat=1"]],
+                      [["balancer=c", "repeat=2"], ["balancer=a", "repeat=2"]],
+                      [["balancer=a", "repeat=3"]]]

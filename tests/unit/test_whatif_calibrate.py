@@ -7,11 +7,14 @@ its constants changed), so the fit, started from the stock A100 profile, must fi
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from odc_bench.config.compose import compose_run
 from odc_bench.whatif import calibrate as cc
 from odc_bench.whatif.__main__ import main as whatif
+from odc_bench.whatif.accuracy import validated
+from odc_bench.whatif.report import verdict_lines
 
 HEADER = "model,lengths,gpus,gpus_per_node,minibatch_size,tokens_per_s_per_gpu\n"
 # Two length profiles (attention's share differs), one and four nodes (the NIC matters only across nodes).
@@ -47,10 +50,14 @@ def test_the_fit_recovers_the_profile_the_runs_were_measured_on_and_the_whatif_r
 
     whatif(["longalign", "--hardware", str(profile), "--minibatch", "2", "--minibatches", "2",
             "--out", str(tmp_path / "verdict")])
-    said = capsys.readouterr().out
-    assert "on 8 x mine (1 node x 8)" in said.replace("\n", " ")
-    assert "the mine profile was fitted to 4 runs measured on its cluster" in said.replace("\n", " ")
+    said = capsys.readouterr().out.replace("\n", " ")
+    assert "on 8 x mine (1 node x 8)" in said
+    assert "the mine profile was fitted to 4 runs measured on its cluster" in said
+    # The band is the fit's: 4 runs cannot fit the profile's 6 constants, which the verdict line says.
+    assert ("within the mine profile's fit residuals (4 runs for the profile's 6 constants (3 fitted, the rest as "
+            "in a100): read it as a floor)") in said
     assert (tmp_path / "verdict" / "verdict.csv").exists()
+    assert (profile.parent / "mine-fit.csv").exists(), "the fit table lies beside the profile, where the band is read"
 
 
 def _refused(tmp_path: Path, capsys, text: str, *args: str) -> str:
@@ -102,3 +109,49 @@ def test_each_run_keeps_its_own_node_size_when_a_profile_is_tried_on_it(tmp_path
     runs = cc.read_runs(_csv(tmp_path / "plan.csv", [1.0, 1.0], settings), "a100")
     one_node, two_nodes = cc.predict(runs, replace(cc.base_profile("a100"), nic_efficiency=0.02))
     assert one_node > 2 * two_nodes
+
+
+def test_the_run_without_which_the_others_fit_is_named_and_a_per_job_number_is_said(tmp_path, capsys):
+    # Row 3 ran on 32 GPUs and is entered as the job's tokens/s, 32 times its per-GPU value.
+    runs = cc.read_runs(_csv(tmp_path / "plan.csv", [1.0] * 3, SETTINGS[:3]), "a100")
+    values = [float(v) for v in cc.predict(runs, replace(cc.base_profile("a100"), **TRUTH))]
+    values[2] *= 32
+    err = _refused(tmp_path, capsys, _csv(tmp_path / "runs.csv", values, SETTINGS[:3]).read_text())
+    assert "no profile fits these runs: without row 3 the other 2 fit (residuals " in err
+    assert "x it looks like tokens/s of the whole job (32 GPUs): divide it by 32" in err
+
+
+def test_a_calibrated_profiles_band_is_its_fits_residuals_and_says_what_makes_it_a_floor(tmp_path):
+    # The trial of issue 46: six runs, residuals -31.6% to +22.1%, one constant at its bound.
+    profile = tmp_path / "backend" / "hardware" / "mycluster.yaml"
+    profile.parent.mkdir(parents=True)
+    profile.write_text("name: mycluster\n")
+    residuals = [-0.316, -0.1, 0.0, 0.05, 0.1, 0.221]
+    pd.DataFrame({"row": range(1, 7), "residual": residuals, "base": "h100",
+                  "fitted": "matmul_efficiency attention_efficiency nic_efficiency", "at_bound": "nic_efficiency",
+                  "constants": len(cc.FREE)}).to_csv(cc.fit_table_path(profile), index=False)
+    band = validated(hardware=str(profile), profile_file=profile)
+    assert band.throughput == pytest.approx((-0.316, 0.221))
+    assert band.ratio == pytest.approx((0.684 / 1.221 - 1, 1.221 / 0.684 - 1)), "between its runs' residuals"
+    assert band.band() == "the mycluster profile's fit residuals (nic_efficiency at its bound: read it as a floor)"
+    assert band.measured_range(1.05)[0] < 1 < band.measured_range(1.05)[1], "no longer 'pays off (1.02-1.08x)'"
+    table = pd.DataFrame([dict(series="Collective + LB-Micro", engine="collective", balancer="lb_micro", staleness=0,
+                               minibatch_size=2, samples_per_s=1.0, speedup=1.0, bubble_rate=0.5,
+                               unavoidable_bubble_rate=0.4, saved=""),
+                          dict(series="ODC + LB-Mini", engine="odc", balancer="lb_mini", staleness=0, minibatch_size=2,
+                               samples_per_s=1.05, speedup=1.05, bubble_rate=0.45, unavoidable_bubble_rate=0.4,
+                               saved="idle 100%")])
+    (line,) = verdict_lines(table, band)
+    assert "too close to call" in line and f"within {band.band()}" in line
+    assert "the mycluster profile was fitted to 6 runs" in band.describe("mycluster")
+    profile.with_name("mycluster-fit.csv").unlink()
+    missing = validated(hardware=str(profile), profile_file=profile)
+    assert missing.ratio is None and "the mycluster profile's fit residuals" in missing.describe("mycluster")
+
+
+def test_each_profiles_band_names_where_it_comes_from():
+    assert validated(hardware="cpu").band() == "the CPU host's validated error"
+    assert validated(hardware="a100").band() == "the a100 profile's error on published GPU runs"
+    assert validated(hardware="a100_fit").band() == "the a100_fit profile's held-out error on published GPU runs"
+    unvalidated = "the CPU host's validated error (the b200 profile has no GPU validation)"
+    assert validated(hardware="b200").band() == unvalidated
