@@ -40,7 +40,8 @@ class Contention:
         self.finish = f
         self.stride = self.horizon + 3.0
         order = np.argsort(f, axis=1)
-        self.keys = _Keys(np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None])
+        # One sorted array of every row's finishes, row m shifted by m x stride (rows never overlap).
+        self.keys = _Sorted((np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None]).ravel())
         rank = np.arange(R)
         local = rank % g
         self.node_group = (np.arange(M)[:, None] * net.nodes + rank // g).ravel()  # (M * R,): group of node_finish
@@ -101,7 +102,7 @@ class Contention:
         q = np.minimum(at.ravel()[late], self.horizon + 0.5)
         done = self.finish.ravel()[late] <= q
         m = late // R
-        k = self.keys.count(q + self.stride * m, m)
+        k = self.keys.count(q + self.stride * m) - m * R
         node_done = self.node_finish.count(self.node_group[late], q)
         row = m * (R + 1) + k
         most, second = self.most[row], self.second[row]
@@ -151,38 +152,37 @@ class Counts:
         return self.loc, self.tot, self.min_remote, self.rail
 
 
-class _Keys:
-    """Rows of sorted keys: how many keys of its row are <= each query, all queries at once.
+class _Sorted:
+    """Sorted values: how many are <= each query, all queries at once.
 
-    A sorted search per query costs a mispredicted branch per halving; here each row's keys
-    fall into a uniform grid of buckets, the keys below a query's bucket are read off a table
-    and the few inside it compared one by one. Keys and queries go through the same monotone
-    arithmetic to find their buckets, so the count is exact: np.searchsorted(side="right")'s.
+    A sorted search per query costs a mispredicted branch per halving; here the values fall
+    into a uniform grid of buckets, the values below a query's bucket are read off a table
+    and the few inside it compared one by one. Values and queries go through the same
+    monotone arithmetic to find their buckets, so the count is exact: np.searchsorted's
+    (side="right").
     """
 
-    def __init__(self, rows: np.ndarray, per_key: int = 4) -> None:
-        M, R = rows.shape
-        self.keys, self.width, self.buckets = rows.ravel(), R, per_key * R
-        self.lo = rows[:, 0].copy()
-        span = rows[:, -1] - self.lo
-        self.scale = self.buckets / np.where(span > 0, span, 1.0)
-        bucket = self._bucket(rows, np.arange(M)[:, None]) + self.buckets * np.arange(M)[:, None]
-        # start[i]: the first key (flat index) of flat bucket i = row x buckets + bucket, or after.
-        self.start = np.searchsorted(bucket.ravel(), np.arange(M * self.buckets + 1))
+    def __init__(self, values: np.ndarray, per_value: int = 2) -> None:
+        self.values = values
+        self.buckets = max(1, per_value * values.size)
+        self.lo = float(values[0])
+        span = float(values[-1]) - self.lo
+        self.scale = self.buckets / span if span > 0 else 1.0
+        # start[b]: the first value in bucket b or after it.
+        self.start = np.searchsorted(self._bucket(values), np.arange(self.buckets + 1))
 
-    def _bucket(self, x: np.ndarray, row: np.ndarray) -> np.ndarray:
-        return np.clip(((x - self.lo[row]) * self.scale[row]).astype(np.int64), 0, self.buckets - 1)
+    def _bucket(self, x: np.ndarray) -> np.ndarray:
+        return np.clip(((x - self.lo) * self.scale).astype(np.int64), 0, self.buckets - 1)
 
-    def count(self, query: np.ndarray, row: np.ndarray) -> np.ndarray:
-        """Keys of row `row` <= `query`, elementwise."""
-        flat = row * self.buckets + self._bucket(query, row)
-        at, end = self.start[flat], self.start[flat + 1]
+    def count(self, query: np.ndarray) -> np.ndarray:
+        bucket = self._bucket(query)
+        at, end = self.start[bucket], self.start[bucket + 1]
         todo = np.flatnonzero(at < end)
         while todo.size:
-            todo = todo[self.keys[at[todo]] <= query[todo]]
+            todo = todo[self.values[at[todo]] <= query[todo]]
             at[todo] += 1
             todo = todo[at[todo] < end[todo]]
-        return at - row * self.width
+        return at
 
 
 class _Groups:

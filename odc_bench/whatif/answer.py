@@ -21,7 +21,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import RunSpec, resolve
-from odc_bench.record.row import timing
+from odc_bench.record.row import sim_timing
 from odc_bench.results.split import gain_shares, per_sample
 from odc_bench.sim import check_hardware, simulate
 from odc_bench.whatif.question import Question, Series, series
@@ -75,7 +75,8 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
                    mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
                    overrides=shlex.join(overrides))
         if fits:
-            row.update({k: v for k, v in timing(spec, simulate(spec).events).items()
+            # As the run's own command writes its row (backend.write_trace=false): from the timeline.
+            row.update({k: v for k, v in sim_timing(spec, simulate(spec, trace=False)).items()
                         if k in ("samples_per_s", "tokens_per_s", "bubble_rate", "compute_s", "wall_s")})
         rows.append(row)
         if on_row is not None:
