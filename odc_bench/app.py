@@ -13,7 +13,6 @@ from omegaconf import DictConfig
 
 from odc_bench.config.run import load
 from odc_bench.errors import ConfigError, fail
-from odc_bench.jobs.primitives import run_primitives
 from odc_bench.jobs.train import run_training
 
 
@@ -23,6 +22,8 @@ def main(cfg: DictConfig) -> dict | list[dict] | None:
     try:
         config = load(cfg)
         if config.task == "primitives":
+            from odc_bench.jobs.primitives import run_primitives  # torch: only the microbenchmark needs it here
+
             return run_primitives(config)
         hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
         gpus = getattr(hydra_cfg.launcher, "gpus_per_node", None) if hydra_cfg is not None else None

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from odc_bench.balancers.cost import CostModel
-from odc_bench.balancers.packing import pack_fewest
+from odc_bench.balancers.packing import pack_fewest_each
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Plan
 
@@ -66,5 +66,5 @@ def lb_carry(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cos
              ready: Sequence[float]) -> Plan:
     if len(ready) != world_size:
         raise ValueError(f"lb_carry needs a ready time per rank: {len(ready)} for {world_size} ranks")
-    shares = partition_after([cost(n) for n in lengths], ready)
-    return [pack_fewest(share, lengths, cost, max_tokens) for share in shares]
+    shares = partition_after(cost.each(lengths).tolist(), ready)
+    return pack_fewest_each(shares, lengths, cost, max_tokens)

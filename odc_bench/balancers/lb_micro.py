@@ -27,5 +27,5 @@ def lb_micro(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cos
              options: LbMicroOptions = LbMicroOptions()) -> Plan:
     if len(lengths) % world_size:
         raise ValueError(f"lb_micro needs equal samples per rank: {len(lengths)} samples on {world_size} ranks")
-    shares = balanced_partition([cost(n) for n in lengths], world_size, equal_size=True)
+    shares = balanced_partition(cost.each(lengths).tolist(), world_size, equal_size=True)
     return pack_equal_counts(shares, lengths, cost, max_tokens)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from odc_bench.balancers.cost import CostModel
-from odc_bench.balancers.packing import pack_fewest
+from odc_bench.balancers.packing import pack_fewest_each
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Plan
 
@@ -29,5 +29,5 @@ def lb_mini(lengths: Sequence[int], world_size: int, max_tokens: int, cost: Cost
     if options.equal_samples and len(lengths) % world_size:
         raise ValueError(f"equal_samples needs the sample count ({len(lengths)}) to divide by the ranks "
                          f"({world_size})")
-    shares = balanced_partition([cost(n) for n in lengths], world_size, equal_size=options.equal_samples)
-    return [pack_fewest(share, lengths, cost, max_tokens) for share in shares]
+    shares = balanced_partition(cost.each(lengths).tolist(), world_size, equal_size=options.equal_samples)
+    return pack_fewest_each(shares, lengths, cost, max_tokens)

@@ -10,8 +10,11 @@ tokens last, which always succeeds.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.partition import balanced_partition
@@ -73,6 +76,74 @@ def pack_fewest(samples: Sequence[int], lengths: Sequence[int], cost: CostModel,
     return heaviest_first(fallback, lengths, cost)
 
 
+def pack_fewest_each(shares: Sequence[Sequence[int]], lengths: Sequence[int], cost: CostModel,
+                     max_tokens: int) -> Plan:
+    """[pack_fewest(share, ...) for share in shares], the same plan, with first-fit decreasing
+    run for every share at once: where it reaches the fewest microbatches the token count
+    allows (most shares), its packing is pack_fewest's answer, ordered as heaviest_first orders
+    it; the other shares take pack_fewest's search.
+
+    A microbatch's cost is summed over its samples in the order first-fit placed them, longest
+    first, which is heaviest_first's order: the same additions, so the same ties and order."""
+    k = len(shares)
+    sizes = np.fromiter((len(share) for share in shares), np.int64, count=k)
+    width = int(sizes.max(initial=0))
+    if width == 0:
+        return [[] for _ in shares]
+    lens = np.asarray(lengths, dtype=np.int64)
+    costs = cost.each(lens)
+    items = np.fromiter(itertools.chain.from_iterable(shares), np.int64, count=int(sizes.sum()))
+    owner = np.repeat(np.arange(k), sizes)
+    order = np.lexsort((items, -lens[items], owner))  # per share: longest first, then by index
+    items = items[order]
+    slot = np.arange(items.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    doc = np.full((k, width), -1)
+    doc[owner, slot] = items
+    # First-fit decreasing, every share's t-th longest sample at once: bins[r, t] is the bin
+    # it lands in; room -1 marks a bin not opened (no sample fits it).
+    room = np.full((k, width), -1, dtype=np.int64)
+    load, first = np.zeros((k, width)), np.full((k, width), np.iinfo(np.int64).max)
+    opened = np.zeros(k, dtype=np.int64)
+    bins = np.full((k, width), -1)
+    for t in range(width):
+        r = np.flatnonzero(sizes > t)
+        i = doc[r, t]
+        fits = room[r] >= lens[i][:, None]
+        b = fits.argmax(axis=1)
+        new = ~fits[np.arange(r.size), b]
+        b[new] = opened[r[new]]
+        opened[r[new]] += 1
+        room[r, b] = np.where(new, max_tokens, room[r, b]) - lens[i]
+        load[r, b] += costs[i]
+        first[r, b] = np.minimum(first[r, b], i)
+        bins[r, t] = b
+    tokens = np.bincount(owner, lens[items], minlength=k)
+    fewest = np.maximum(1, np.ceil(tokens / max_tokens)).astype(np.int64)
+    # heaviest_first: costliest bin first, ties by the lowest sample index.
+    r, b = np.nonzero(np.arange(width) < opened[:, None])
+    by_cost = np.lexsort((first[r, b], -load[r, b], r))
+    place = np.empty((k, width), dtype=np.int64)
+    place[r[by_cost], b[by_cost]] = np.arange(by_cost.size) - np.repeat(np.cumsum(opened) - opened, opened)
+    where = place[owner, bins[owner, slot]]
+    flat = items[np.lexsort((slot, where, owner))].tolist()
+    counts = np.zeros((k, width), dtype=np.int64)
+    np.add.at(counts, (owner, where), 1)
+    plan: Plan = []
+    at = 0
+    for share, n_bins, need, row in zip(shares, opened.tolist(), fewest.tolist(), counts.tolist(), strict=True):
+        if n_bins > need:
+            plan.append(pack_fewest(share, lengths, cost, max_tokens))
+        else:
+            mbs = []
+            for n in row[:n_bins]:
+                mbs.append(flat[at:at + n])
+                at += n
+            plan.append(mbs)
+            continue
+        at += len(share)
+    return plan
+
+
 def pack_exactly(samples: Sequence[int], lengths: Sequence[int], cost: CostModel, max_tokens: int,
                  k: int) -> list[Microbatch]:
     """k microbatches (k at least the fewest that fit, at most the sample count).
@@ -104,7 +175,7 @@ def pack_equal_counts(shares: Sequence[Sequence[int]], lengths: Sequence[int], c
     ranks that fit in fewer microbatches split theirs, which also evens out step costs. A
     share with fewer samples than that count cannot reach it and keeps one per microbatch.
     """
-    plan = [pack_fewest(share, lengths, cost, max_tokens) for share in shares]
+    plan = pack_fewest_each(shares, lengths, cost, max_tokens)
     target = max((len(r) for r in plan), default=0)
     return [mbs if len(mbs) == target else pack_exactly(share, lengths, cost, max_tokens,
                                                           min(target, len(share)))

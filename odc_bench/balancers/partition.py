@@ -67,15 +67,41 @@ def balanced_partition(costs: Sequence[float], k: int, equal_size: bool = False)
     if equal_size and len(costs) % k:
         raise ValueError(f"equal-size partition of {len(costs)} items into {k} sets is impossible")
     work = len(costs) * k
-    candidates = []
-    if work <= _CLASSIC_UP_TO:
-        candidates.append(_classic(costs, k, equal_size))
-    if work >= _VECTOR_FROM or not candidates:
-        candidates.append(_vectorised(np.asarray(costs, dtype=float), k, equal_size))
+    if work > _CLASSIC_UP_TO:
+        array = np.asarray(costs, dtype=float)
+        return _heaviest_first(array, _vectorised(array, k, equal_size).items)
+    candidates = [_classic(costs, k, equal_size)]
+    if work >= _VECTOR_FROM:
+        candidates.append(_vectorised(np.asarray(costs, dtype=float), k, equal_size).parts())
     parts = min(candidates, key=lambda p: _quality(costs, p))
     loads = [sum(costs[i] for i in p) for p in parts]
     order = sorted(range(k), key=lambda p: (-loads[p], min(parts[p], default=len(costs))))
     return [sorted(parts[p], key=lambda i: (-costs[i], i)) for p in order]
+
+
+def _heaviest_first(costs: np.ndarray, items: np.ndarray) -> list[list[int]]:
+    """The sets of a (k, width) matrix of item ids (-1: an empty slot) as balanced_partition
+    returns them, in the same order: each set's load summed over its row left to right from
+    zero, as sum() does (an empty slot adds 0.0, which changes nothing), heaviest first, then by
+    the lowest item; items costliest first, then by index."""
+    k, width = items.shape
+    real = items >= 0
+    slot_costs = np.where(real, costs[np.maximum(items, 0)], 0.0)
+    loads = np.zeros(k)
+    for column in slot_costs.T:
+        loads += column
+    lowest = np.where(real, items, len(costs)).min(axis=1, initial=len(costs))
+    rank = np.empty(k, dtype=np.int64)
+    rank[np.lexsort((lowest, -loads))] = np.arange(k)
+    row, col = np.nonzero(real)
+    ids = items[row, col]
+    flat = ids[np.lexsort((ids, -costs[ids], rank[row]))].tolist()
+    sizes = np.bincount(rank[row], minlength=k).tolist()
+    out, at = [], 0
+    for n in sizes:
+        out.append(flat[at:at + n])
+        at += n
+    return out
 
 
 def _quality(costs: Sequence[float], parts: list[list[int]]) -> tuple[float, float]:
@@ -236,7 +262,7 @@ class _Sets:
         return [[i for i in row if i >= 0] for row in self.items.tolist()]
 
 
-def _vectorised(costs: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
+def _vectorised(costs: np.ndarray, k: int, equal_size: bool) -> _Sets:
     """Both starts, each evened by pair rounds and polished; the lower heaviest set wins.
 
     The search stops early at the lower bound, where nothing can do better.
@@ -258,7 +284,7 @@ def _vectorised(costs: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
         if best.loads.max() <= bound:
             break
     assert best is not None, "there is at least one start"
-    return best.parts()
+    return best
 
 
 def _top_with_smallest(costs: np.ndarray, k: int) -> np.ndarray:
@@ -366,19 +392,22 @@ def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
     """The first partner that can trade a slot group with set t, and the groups that best
     halve their gap: (partner, t's group, partner's group), or None."""
     rows = np.concatenate([[t], partners])
-    usable = np.asarray(sets.usable(rows)[:, group].all(axis=2))
     group_load = sets.load_matrix[rows][:, group].sum(axis=2)
-    mine, theirs = group_load[0][:, None, None], group_load[1:][None, :, :]
+    # (partner, t's group, partner's group): each partner's candidates contiguous.
+    mine, theirs = group_load[0][None, :, None], group_load[1:][:, None, :]
     # d: load moved from the heavier set of the pair to the lighter one.
     d = mine - theirs if heaviest else theirs - mine
     gap = sets.loads[t] - sets.loads[partners] if heaviest else sets.loads[partners] - sets.loads[t]
-    gap3 = gap[None, :, None]
-    valid: np.ndarray = usable[0][:, None, None] & usable[1:][None, :, :] & (d > sets.eps) & (d < gap3 - sets.eps)
-    can = valid.any(axis=(0, 2))
+    gap3 = gap[:, None, None]
+    valid: np.ndarray = (d > sets.eps) & (d < gap3 - sets.eps)
+    if not sets.movable:  # every slot is usable where moves are allowed
+        usable = np.asarray(sets.usable(rows)[:, group].all(axis=2))
+        valid &= usable[0][None, :, None] & usable[1:][:, None, :]
+    can = valid.reshape(len(partners), -1).any(axis=1)
     if not can.any():
         return None
     other = int(can.argmax())
-    err = np.where(valid[:, other, :], np.abs(gap[other] - 2 * d[:, other, :]), np.inf)
+    err = np.where(valid[other], np.abs(gap[other] - 2 * d[other]), np.inf)
     mine_group, their_group = divmod(int(err.argmin()), len(group))
     return int(partners[other]), mine_group, their_group
 

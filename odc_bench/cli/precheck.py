@@ -27,9 +27,9 @@ from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_param
 from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
+from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import check_combination, resolve
 from odc_bench.results.table import check_results_dir
-from odc_bench.run.mpiexec import mpiexec_path, uses_mpi
 from odc_bench.sim import check_hardware
 
 
@@ -92,6 +92,8 @@ def check_run(cfg: DictConfig) -> None:
     config = load(cfg)
     if config.task != "train":
         if config.primitives is not None and config.primitives.transport == "mpi":
+            from odc_bench.run.mpiexec import mpiexec_path  # the launcher imports torch
+
             mpiexec_path()
         return
     on_slurm = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher")
@@ -105,6 +107,8 @@ def check_run(cfg: DictConfig) -> None:
     else:  # ranks of this host: their memory is this host's
         spec.check_fits()
         if uses_mpi(spec):
+            from odc_bench.run.mpiexec import mpiexec_path
+
             mpiexec_path()
 
 

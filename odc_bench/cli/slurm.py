@@ -40,9 +40,9 @@ from odc_bench.config.run import load
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError, fail
 from odc_bench.jobs import progress
+from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.results.table import check_results_dir, ok_runs
-from odc_bench.run.mpiexec import uses_mpi
 
 
 @dataclass

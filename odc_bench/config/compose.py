@@ -22,10 +22,19 @@ _ABSENT = object()
 
 
 def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
-    """Expose each sweeps/NAME.yaml as the config option `sweep=NAME` (package _global_)."""
+    """Expose each sweeps/NAME.yaml as the config option `sweep=NAME` (package _global_).
+
+    A file already in Hydra's store unchanged (its path, size and time, kept as the node's
+    provider) is not read again: every composition registers them, and reading them all is
+    a good part of composing one run."""
     store = ConfigStore.instance()
+    stored = store.repo.get("sweep", {})
     for path in sorted(directory.glob("*.yaml")):
-        store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
+        st = path.stat()
+        stamp = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+        node = stored.get(f"{path.stem}.yaml")
+        if node is None or node.provider != stamp:
+            store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_", provider=stamp)
 
 
 def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictConfig:

@@ -7,8 +7,10 @@ document, and no document learns from its neighbour.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def packed_batch(docs: Sequence[torch.Tensor]) -> dict[str, object]:
@@ -17,6 +19,8 @@ def packed_batch(docs: Sequence[torch.Tensor]) -> dict[str, object]:
     Labels are the next token inside the same document; the last token of each document has
     no label (-100).
     """
+    import torch  # here: planning reads labelled_tokens, and the simulator never imports torch
+
     lens = [int(d.numel()) for d in docs]
     input_ids = torch.cat(list(docs))
     position_ids = torch.cat([torch.arange(n) for n in lens])

@@ -8,13 +8,16 @@ and copies out only the samples it trains on, so no rank reads the source again.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.data.real import Pool, load_pool
 from odc_bench.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def real_pool(ds: DatasetConfig) -> Pool:
@@ -71,4 +74,6 @@ class DataTokens:
         if length != self.lengths[sample_index]:
             raise ValueError(f"sample {sample_index} has {self.lengths[sample_index]} ids, asked for {length}")
         start = int(self.starts[sample_index])
+        import torch  # here: resolving a run's dataset never needs it, only a rank reading ids
+
         return torch.from_numpy(np.array(self.ids[start:start + length], dtype=np.int64))

@@ -72,5 +72,4 @@ def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_m
             f"= {global_size}; lower minibatch_size or world_size until their product is at most {pool_size}, or "
             f"{more}")
     order = np.random.default_rng(seed + 1).permutation(pool_size)
-    return [[int(order[(k * global_size + j) % pool_size]) for j in range(global_size)]
-            for k in range(num_minibatches)]
+    return order[np.arange(num_minibatches * global_size) % pool_size].reshape(num_minibatches, global_size).tolist()

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -24,13 +23,11 @@ from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
 from odc_bench.jobs import progress
-from odc_bench.plan.spec import RunSpec, checkpoint_folder, resolve
+from odc_bench.plan.spec import RunSpec, checkpoint_folder, cuda_available, resolve
 from odc_bench.record.metrics import events_frame
 from odc_bench.record.row import failed_row, run_row, sim_row
 from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
-from odc_bench.run.local import run_local
-from odc_bench.run.mpiexec import mpiexec_path, run_mpi, uses_mpi
 from odc_bench.sim import check_hardware, simulate
 from odc_core import checkpoint
 
@@ -39,6 +36,10 @@ Launcher = Callable[[RunSpec], list[dict] | None]
 
 
 def _local(spec: RunSpec) -> list[dict]:
+    # The launchers import torch: a simulated run never loads them.
+    from odc_bench.run.local import run_local
+    from odc_bench.run.mpiexec import run_mpi
+
     display = progress.current()
     on_progress = display.run_minibatches if display is not None else None
     return (run_mpi if uses_mpi(spec) else run_local)(spec, on_progress=on_progress)
@@ -153,6 +154,11 @@ def describe_lengths(spec: RunSpec) -> str:
             f"p99 {s['len_p99']:.0f}, max {s['len_max']} tokens; max_tokens {spec.max_tokens}")
 
 
+def uses_mpi(spec: RunSpec) -> bool:
+    """run.mpiexec.uses_mpi, without importing the launcher (and torch) for every run."""
+    return getattr(spec.config.engine.options, "transport", None) == "mpi"
+
+
 def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None = None) -> dict | list[dict] | None:
     """The task=train job: plan, run the config until the table holds `repeat` ok runs of it,
     print each row.
@@ -161,7 +167,7 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
     with status 1; in a sweep the next job goes on. Returns the row, the rows of several
     repeats, or None when the table already had them."""
     results_dir = Path(config.results_dir)
-    if job_gpus and slurm_task.in_task() and not torch.cuda.is_available():
+    if job_gpus and slurm_task.in_task() and not cuda_available():
         # Resolved for CUDA where it was submitted; a CPU run here would be another run.
         raise RunFailed(f"this SLURM job asked for GPUs (hydra.launcher.gpus_per_node={job_gpus}) but its node "
                         f"{socket.gethostname()} sees no CUDA device; check hydra.launcher.partition, or leave out "
@@ -176,6 +182,8 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
     if not slurm_task.in_task():  # a SLURM job's nodes are not this host
         spec.check_fits()
         if uses_mpi(spec):
+            from odc_bench.run.mpiexec import mpiexec_path
+
             mpiexec_path()
     if config.simulated:
         check_hardware(spec)

@@ -20,17 +20,14 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-
-import submitit
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from odc_bench.errors import RunFailed
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import RunSpec
-from odc_bench.run.worker import RankJob, run_rank, threads_per_rank
-from odc_core.liveness import PeerLost, one_line
-from odc_core.transport.mpi import NETWORK_ONLY_ENV
-from odc_core.transport.shm import sweep_stale_segments
+
+if TYPE_CHECKING:
+    import submitit
 
 
 def in_task() -> bool:
@@ -72,6 +69,15 @@ def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
     The job's time limit (hydra.launcher.timeout_min) bounds the run here, not deadline_s.
     `repeat_index` tells the repeats of one job apart (each meets its peers in a folder of its own).
     """
+    # Imported here: every run asks in_task(), and only a SLURM task needs torch and submitit.
+    import submitit
+    import torch.distributed as dist
+
+    from odc_bench.run.worker import RankJob, run_rank, threads_per_rank
+    from odc_core.liveness import PeerLost, one_line
+    from odc_core.transport.mpi import NETWORK_ONLY_ENV
+    from odc_core.transport.shm import sweep_stale_segments
+
     env = submitit.JobEnvironment()
     world, rank, local_rank = env.num_tasks, env.global_rank, env.local_rank
     if world != spec.world_size:

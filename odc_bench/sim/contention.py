@@ -11,6 +11,8 @@ node count; lookups before a minibatch's first rank finishes need no search.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from odc_bench.sim.hardware import Network
@@ -38,14 +40,16 @@ class Contention:
         self.finish = f
         self.stride = self.horizon + 3.0
         order = np.argsort(f, axis=1)
-        self.keys = (np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None]).ravel()
+        # One sorted array of every row's finishes, row m shifted by m x stride (rows never overlap).
+        self.keys = _Sorted((np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None]).ravel())
         rank = np.arange(R)
         local = rank % g
-        self.node_group = (np.arange(M)[:, None] * net.nodes + rank // g).ravel()  # (M * R,): row of node_finish
-        self.node_finish = f.reshape(M * net.nodes, g)
+        self.node_group = (np.arange(M)[:, None] * net.nodes + rank // g).ravel()  # (M * R,): group of node_finish
+        self.node_finish = _Groups(f.reshape(M * net.nodes, g))
         per_rail = g // net.rails
         self.rail_group = self.node_group * net.rails + np.tile(local % net.rails, M)
-        self.rail_finish = np.swapaxes(f.reshape(M, net.nodes, per_rail, net.rails), 2, 3).reshape(-1, per_rail)
+        on_rail = np.swapaxes(f.reshape(M, net.nodes, per_rail, net.rails), 2, 3)
+        self.rail_finish = _Groups(on_rail.reshape(-1, per_rail))
         # The most finished ranks in any node, and in any node but that one, after k ranks have
         # finished (k = 0..R): each finish raises its node's count by one, to its rank among
         # the node's finishes (`occ`); the largest count so far is a running maximum of occ,
@@ -66,59 +70,140 @@ class Contention:
         self.most = np.concatenate([zero, np.maximum.accumulate(occ, axis=1)], axis=1).ravel()
         self.second = np.concatenate([zero, np.maximum.accumulate(np.where(arrival > 1, occ, 0), axis=1)],
                                      axis=1).ravel()
-        # Until a minibatch's first rank finishes, only the ranks without work count as done:
-        # most queries fall there, and take the counts tabulated here instead of a search.
+        # Until a minibatch's first rank finishes, only the ranks without work count as done, so
+        # a transfer's counts there are fixed per rank (`early`), and so is its time for a given
+        # size: most transfers fall there and take a time computed once per size; the rest
+        # (`late`) are counted by a search. A row whose first finish lies past the horizon (none
+        # known yet) has no late transfers.
         idle = f == -1.0
         working = np.where(idle, np.inf, f)
-        self.first = working.min(axis=1)
+        first = working.min(axis=1)
+        self.first = np.where(first <= self.horizon + 0.5, first, np.inf)[:, None]
         idle_count = idle.sum(axis=1)
         idle_in_node = idle.reshape(M, net.nodes, g).sum(axis=2).repeat(g, axis=1)
         by_rail = idle.reshape(M, net.nodes, per_rail, net.rails)
         idle_on_rail = np.broadcast_to(by_rail.sum(axis=2, keepdims=True), by_rail.shape).reshape(M, R)
         row = np.arange(M) * (R + 1) + idle_count
-        self.early_loc = g - idle_in_node
-        self.early_tot = (R - idle_count)[:, None]
-        self.early_min_remote = g - np.where(idle_in_node == self.most[row, None], self.second[row, None],
-                                             self.most[row, None])
-        self.early_rail = per_rail - idle_on_rail
+        # A rank is busy at its own transfer even if the previous pass had it finish earlier
+        # (counted as done by the same clipped time as the others): before the first finish
+        # only a rank without work is done itself.
+        self.early = Counts(loc=g - idle_in_node + idle, tot=(R - idle_count)[:, None] + idle,
+                            min_remote=g - np.where(idle_in_node == self.most[row, None], self.second[row, None],
+                                                    self.most[row, None]),
+                            rail=None if net.rails == 1 else per_rail - idle_on_rail + idle)
+        self._early_times: dict[tuple[float, float], np.ndarray] = {}
+
+    def counts(self, at: np.ndarray, needed: np.ndarray | None = None) -> tuple[np.ndarray, Counts]:
+        """The transfers starting at `at` (M, R) whose counts differ from `early` (flat indices,
+        only where `needed`), and their counts."""
+        after = at >= self.first
+        late = np.flatnonzero(after if needed is None else after & needed)
+        net, R, g = self.net, self.shape[1], self.net.gpus_per_node
+        q = np.minimum(at.ravel()[late], self.horizon + 0.5)
+        done = self.finish.ravel()[late] <= q
+        m = late // R
+        k = self.keys.count(q + self.stride * m) - m * R
+        node_done = self.node_finish.count(self.node_group[late], q)
+        row = m * (R + 1) + k
+        most, second = self.most[row], self.second[row]
+        rail = None
+        if net.rails > 1:
+            rail_done = self.rail_finish.count(self.rail_group[late], q)
+            rail = (g // net.rails - rail_done) + done
+        return late, Counts(loc=(g - node_done) + done, tot=(R - k) + done,
+                            min_remote=g - np.where(node_done == most, second, most), rail=rail)
 
     def transfer(self, nbytes: float, at: np.ndarray, from_peer: float | np.ndarray = 0.0,
                  needed: np.ndarray | None = None) -> np.ndarray:
         """Seconds of every rank's transfer of `nbytes` starting at `at` (M, R); `from_peer`
         bytes of it taken from a rank of the node (Network.transfer_time). Where `needed` is
-        False (a rank past its last microbatch) the result is not used, and not searched for."""
+        False (a rank past its last microbatch) the result is not used, and not searched for.
+        The result may be shared between calls: not to be written to."""
         net = self.net
         if net.nodes == 1:
             one = np.ones(at.shape)
             return net.transfer_time(nbytes, one, one, one)
-        M, R = self.shape
-        g = net.gpus_per_node
-        query = np.minimum(at, self.horizon + 0.5)
-        late = query >= self.first[:, None]
-        late = np.flatnonzero(late if needed is None else late & needed)
-        # A rank is busy at its own transfer even if the previous pass had it finish earlier
-        # (counted as done by the same clipped time as the others).
-        self_done = self.finish <= query
-        k_loc = self.early_loc + self_done
-        k_tot = self.early_tot + self_done
-        k_min_remote = self.early_min_remote
-        k_rail = None if net.rails == 1 else self.early_rail + self_done
+        if np.ndim(from_peer):
+            out = net.transfer_time(nbytes, *self.early.args(), from_peer)
+        else:
+            key = (float(nbytes), float(from_peer))
+            if key not in self._early_times:
+                self._early_times[key] = net.transfer_time(nbytes, *self.early.args(), from_peer)
+            out = self._early_times[key]
+        late, counts = self.counts(at, needed)
         if late.size:
-            q = query.ravel()[late]
-            m = late // R
-            k = np.searchsorted(self.keys, q + self.stride * m, side="right") - m * R
-            node_done = (self.node_finish[self.node_group[late]] <= q[:, None]).sum(axis=1)
-            row = m * (R + 1) + k
-            most, second = self.most[row], self.second[row]
-            done = self_done.ravel()[late]
-            k_loc.ravel()[late] = (g - node_done) + done
-            k_tot.ravel()[late] = (R - k) + done
-            k_min_remote = k_min_remote.copy()
-            k_min_remote.ravel()[late] = g - np.where(node_done == most, second, most)
-            if k_rail is not None:
-                rail_done = (self.rail_finish[self.rail_group[late]] <= q[:, None]).sum(axis=1)
-                k_rail.ravel()[late] = (g // net.rails - rail_done) + done
-        return net.transfer_time(nbytes, k_loc, k_tot, k_min_remote, k_rail, from_peer)
+            out = out.copy()
+            peer = np.ravel(from_peer)[late] if np.ndim(from_peer) else from_peer
+            out.ravel()[late] = net.transfer_time(nbytes, *counts.args(), peer)
+        return out
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Active ranks at transfers (Network.transfer_time's arguments): in the rank's node (itself
+    included), in all, in the least busy other node, and on the rank's rail (None: one rail)."""
+
+    loc: np.ndarray
+    tot: np.ndarray
+    min_remote: np.ndarray
+    rail: np.ndarray | None
+
+    def args(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        return self.loc, self.tot, self.min_remote, self.rail
+
+
+class _Sorted:
+    """Sorted values: how many are <= each query, all queries at once.
+
+    A sorted search per query costs a mispredicted branch per halving; here the values fall
+    into a uniform grid of buckets, the values below a query's bucket are read off a table
+    and the few inside it compared one by one. Values and queries go through the same
+    monotone arithmetic to find their buckets, so the count is exact: np.searchsorted's
+    (side="right").
+    """
+
+    def __init__(self, values: np.ndarray, per_value: int = 2) -> None:
+        self.values = values
+        self.buckets = max(1, per_value * values.size)
+        self.lo = float(values[0])
+        span = float(values[-1]) - self.lo
+        self.scale = self.buckets / span if span > 0 else 1.0
+        # start[b]: the first value in bucket b or after it.
+        self.start = np.searchsorted(self._bucket(values), np.arange(self.buckets + 1))
+
+    def _bucket(self, x: np.ndarray) -> np.ndarray:
+        return np.clip(((x - self.lo) * self.scale).astype(np.int64), 0, self.buckets - 1)
+
+    def count(self, query: np.ndarray) -> np.ndarray:
+        bucket = self._bucket(query)
+        at, end = self.start[bucket], self.start[bucket + 1]
+        todo = np.flatnonzero(at < end)
+        while todo.size:
+            todo = todo[self.values[at[todo]] <= query[todo]]
+            at[todo] += 1
+            todo = todo[at[todo] < end[todo]]
+        return at
+
+
+class _Groups:
+    """Small groups of values (a node's ranks): how many of a group's values are <= each query,
+    by a branchless binary search over all queries at once (each group sorted, padded with
+    +inf to a power of two)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        groups, n = values.shape
+        self.width = 1 << (n - 1).bit_length()
+        padded = np.full((groups, self.width), np.inf)
+        padded[:, :n] = np.sort(values, axis=1)
+        self.values = padded.ravel()
+
+    def count(self, group: np.ndarray, query: np.ndarray) -> np.ndarray:
+        base = group * self.width
+        step = self.width // 2
+        while step:
+            base += step * (self.values[base + step - 1] <= query)
+            step //= 2
+        return base - group * self.width + (self.values[base] <= query)
 
 
 def _rank_in_group(first: np.ndarray) -> np.ndarray:

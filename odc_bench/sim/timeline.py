@@ -161,23 +161,30 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
     start = np.zeros((M, R, J, P)) if record else None
     hold_s, hold_e = (np.zeros((M, R, J, P)), np.zeros((M, R, J, P))) if holds else (None, None)
     mb_t0, mb_t1 = np.zeros((M, R, J)), np.zeros((M, R, J))
-    g_chan, p_chan = np.zeros((M, R)), np.zeros((M, R))
+    p_chan = np.zeros((M, R))
     t = np.full((M, R), c.barrier_s)  # parameters of the last optimizer step become visible
     g_end = t + transfer(c.gather_load[0], t, nmb > 0)
-    g_chan[:] = g_end
+    g_chan = g_end.copy()
     peer = np.zeros((M, R), bool)  # whether the gather now arriving came from a rank of the node
+    b, g_start = np.empty((M, R)), np.empty((M, R))
     for j in range(J):
         act = j < nmb
+        more = j + 1 < nmb
         begin = t + c.prep
         mb_t0[:, :, j] = begin
         prev_end = begin
         tok = tokens[:, :, j]
+        # Each column's compute of this microbatch, contiguous: read once per position.
+        comp_j = np.ascontiguousarray(np.moveaxis(comp[:, :, j, :], 2, 0))
         for p in range(P):
-            b = np.maximum(prev_end + c.pre[p] + c.pre_tok[p] * tok, g_end) if serial else np.maximum(prev_end, g_end)
+            if serial:
+                np.maximum(prev_end + c.pre[p] + c.pre_tok[p] * tok, g_end, out=b)
+            else:
+                np.maximum(prev_end, g_end, out=b)
             if start is not None:
                 start[:, :, j, p] = b
-            nxt_act = act if p + 1 < P else (j + 1 < nmb)
-            g_start = np.maximum(b, g_chan)
+            nxt_act = act if p + 1 < P else more
+            np.maximum(b, g_chan, out=g_start)
             q = (p + 1) % P
             took = transfer(c.gather_load[q], g_start, nxt_act)
             was_peer = peer
@@ -187,8 +194,8 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
                 peer = held & (via_peer < took)
                 took = np.where(peer, via_peer, took)
             g_end_next = g_start + took
-            g_chan = np.where(nxt_act, g_end_next, g_chan)
-            e = b + comp[:, :, j, cols[p]]
+            np.copyto(g_chan, g_end_next, where=nxt_act)
+            e = b + comp_j[cols[p]]
             if hold_s is not None and hold_e is not None:
                 hold_s[:, :, j, p] = g_end
                 hold_e[:, :, j, p] = e
@@ -197,7 +204,7 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
                 p_start = np.maximum(e, p_chan)
                 gathered = 0.0 if holders is None or c.gather_bytes is None else np.where(
                     was_peer, c.gather_bytes[p], 0.0)
-                p_chan = np.where(act, p_start + transfer(c.push_load[p], p_start, act, gathered), p_chan)
+                np.copyto(p_chan, p_start + transfer(c.push_load[p], p_start, act, gathered), where=act)
             prev_end = e
         end = prev_end + c.tail + c.tail_tok * tok if c.tail or c.tail_tok else prev_end
         mb_t1[:, :, j] = end

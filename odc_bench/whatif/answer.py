@@ -22,7 +22,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import RunSpec, resolve
-from odc_bench.record.row import timing
+from odc_bench.record.row import sim_timing
 from odc_bench.results.split import per_sample, saving
 from odc_bench.sim import check_hardware, simulate
 from odc_bench.whatif.question import Question, Series, series
@@ -88,7 +88,8 @@ def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
                    mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
                    overrides=shlex.join(overrides))
         if fits:
-            times = timing(spec, simulate(spec).events)
+            # As the run's own command writes its row (backend.write_trace=false): from the timeline.
+            times = sim_timing(spec, simulate(spec, trace=False))
             row.update({k: v for k, v in times.items()
                         if k in ("samples_per_s", "tokens_per_s", "bubble_rate", "compute_s", "wall_s")})
             row["unavoidable_bubble_rate"] = unavoidable(spec, times["bubble_rate"])

@@ -74,7 +74,7 @@ def test_valid_and_no_heavier_than_the_reference(instance):
 @given(instance=instances(kinds=HEAVY, max_k=64, max_work=64 * 256))
 def test_vectorised_pipeline_alone_is_no_heavier_on_heavy_tails(instance):
     costs, k, equal_size = instance
-    parts = partition._vectorised(np.asarray(costs, dtype=float), k, equal_size)
+    parts = partition._vectorised(np.asarray(costs, dtype=float), k, equal_size).parts()
     _check_valid(costs, k, equal_size, parts)
     old = reference.balanced_partition(costs, k, equal_size)
     assert _heaviest(costs, parts) <= _heaviest(costs, old) * (1 + REL)
@@ -104,7 +104,7 @@ def test_degenerate_inputs(costs):
         parts = balanced_partition(costs, k)
         _check_valid(costs, k, False, parts)
         if costs:
-            vectorised = partition._vectorised(np.asarray(costs, dtype=float), k, False)
+            vectorised = partition._vectorised(np.asarray(costs, dtype=float), k, False).parts()
             _check_valid(costs, k, False, vectorised)
 
 
