@@ -3,6 +3,7 @@ sweep files (sweeps/NAME.yaml, offered as `sweep=NAME`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.errors import MissingConfigException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from odc_bench.config.run import RunConfig, load
 from odc_bench.provenance import REPO_ROOT
@@ -25,7 +26,16 @@ def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
     """Expose each sweeps/NAME.yaml as the config option `sweep=NAME` (package _global_)."""
     store = ConfigStore.instance()
     for path in sorted(directory.glob("*.yaml")):
-        store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_")
+        stat = path.stat()
+        store.store(group="sweep", name=path.stem, node=_sweep_file(path, stat.st_mtime_ns, stat.st_size),
+                    package="_global_")
+
+
+@functools.lru_cache(maxsize=256)
+def _sweep_file(path: Path, mtime_ns: int, size: int) -> DictConfig | ListConfig:
+    """A sweep file's config, parsed once per version of the file: every composition registers
+    the sweeps again, and parsing the YAML is what that costs. The store keeps a copy of its own."""
+    return OmegaConf.load(path)
 
 
 def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictConfig:
