@@ -4,9 +4,10 @@ progress callback (progress.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from odc_bench.app import main as hydra_main
@@ -24,9 +25,20 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m odc_bench` (the `odc-bench` script): every bad input ends in one line and exit
-    status 2 before Hydra runs; Ctrl-C ends it with status 130 and no traceback."""
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    status 2 before Hydra runs; Ctrl-C ends it with status 130 and no traceback.
+
+    argv (default: the process's) is the whole command line, Hydra's part included, so a caller
+    in the same process runs exactly what the command would. The SIGTERM handler it installs is
+    removed again when it returns or exits."""
     args = list(sys.argv[1:] if argv is None else argv)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: list[str]) -> None:
     if args in (["help"], ["--help"], ["-h"]):
         print(help_text())
         return
@@ -35,10 +47,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         precheck(args)
     except ConfigError as e:
         fail(e)
+    with _command_line(args):
+        try:
+            hydra_main()
+        except KeyboardInterrupt as e:
+            interrupted(str(e))
+
+
+@contextlib.contextmanager
+def _command_line(args: list[str]) -> Iterator[None]:
+    """sys.argv as `args` while Hydra runs: Hydra reads its command line from there."""
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "odc_bench", *args]
     try:
-        hydra_main()
-    except KeyboardInterrupt as e:
-        interrupted(str(e))
+        yield
+    finally:
+        sys.argv = saved
 
 
 def interrupted(what: str = "") -> NoReturn:

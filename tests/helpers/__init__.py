@@ -1,4 +1,5 @@
-"""What tests share: the repository, the config a command line composes, and running the CLI.
+"""What tests share: the repository, the config a command line composes, and running the CLI
+(in this process, as the entry function; in a subprocess only where the entry point itself is tested).
 
 reference.py holds the single-process trainer every engine must reproduce, real_data.py small
 real datasets, figures.py results tables to draw figures from.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -37,7 +39,27 @@ def run_spec(*overrides: str) -> RunSpec:
     return resolve(compose_run(overrides))
 
 
+def exit_status(entry: Callable[[Sequence[str]], object], *args: str) -> int:
+    """Run a command's entry function in this process on `args`, as its command line would run:
+    its exit status (a SystemExit's code, or what it returned; 0 for None)."""
+    try:
+        returned = entry(list(args))
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    return returned if isinstance(returned, int) else 0
+
+
+def odc_bench(*args: str) -> int:
+    """`python -m odc_bench ARGS` in this process (Hydra's output folders land in the working
+    directory: chdir to a scratch folder first): its exit status; read its output with capsys."""
+    from odc_bench.cli import main  # imported on first use: a module that never runs the command skips its imports
+
+    return exit_status(main, *args)
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m odc_bench ARGS` as a process of its own: for tests of the entry point itself
+    (exit status seen by a shell, signals, a fresh interpreter)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, "-m", "odc_bench", *args], cwd=cwd or REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)

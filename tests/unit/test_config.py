@@ -9,7 +9,7 @@ from odc_bench.jobs.primitives import plan_from_config
 from odc_bench.jobs.train import run_training
 from odc_bench.plan.spec import resolve
 from odc_bench.run import slurm_task
-from tests.helpers import REPO, run_cli, run_config
+from tests.helpers import REPO, odc_bench, run_config
 from tests.helpers.real_data import write_hf_dataset, write_jsonl, write_tokenizer
 
 CONF = REPO / "odc_bench" / "conf"
@@ -117,18 +117,19 @@ def test_bad_input_is_a_config_error(override, message):
 @pytest.mark.parametrize("override", ["world_size=0", "minibatch_size=0", "max_tokens=64",
                                       "dataset.profile=nosuch", "dataset=nosuch", "no_such_key=1",
                                       "world_size=1,2", "world_size=[1,"])
-def test_bad_input_exits_2_with_one_line_and_no_row(override, results_dir):
-    proc = run_cli(override, f"results_dir={results_dir}")
-    assert proc.returncode == 2, proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("odc_bench: error: "), proc.stderr
+def test_bad_input_exits_2_with_one_line_and_no_row(override, results_dir, monkeypatch, capsys):
+    monkeypatch.chdir(results_dir.parent)
+    assert odc_bench(override, f"results_dir={results_dir}") == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("odc_bench: error: "), err
     assert not (results_dir / "runs.csv").exists()
 
 
-def test_unknown_group_option_lists_the_choices(results_dir):
-    proc = run_cli("engine=nosuch", f"results_dir={results_dir}")
-    assert proc.returncode == 2
-    assert "unknown engine option 'nosuch'; choose one of collective, odc" in proc.stderr
+def test_unknown_group_option_lists_the_choices(results_dir, monkeypatch, capsys):
+    monkeypatch.chdir(results_dir.parent)
+    assert odc_bench("engine=nosuch", f"results_dir={results_dir}") == 2
+    assert "unknown engine option 'nosuch'; choose one of collective, odc" in capsys.readouterr().err
 
 
 def test_a_refitted_length_profile_gives_its_runs_new_keys(monkeypatch):

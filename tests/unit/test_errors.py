@@ -1,7 +1,8 @@
 """Every bad input listed in docs/errors.md is refused in one line before anything is written.
 
 The cases run in-process through `odc_bench.cli.precheck`, the check `python -m odc_bench`
-makes before Hydra starts; a few also run as real command lines for the exit status.
+makes before Hydra starts; a few also through the command's entry function for the exit status
+and the line on stderr, and one as a real command line.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import CONF_DIR, options_with_key
 from odc_bench.errors import ConfigError
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
-from tests.helpers import REPO
+from tests.helpers import REPO, odc_bench
 
 ERRORS_DOC = REPO / "docs" / "errors.md"
 
@@ -275,19 +276,35 @@ def test_docs_list_exactly_the_cases_tested():
     assert len(CASES) >= 15
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json", "data-id-outside-vocabulary",
-                                  "sample-over-memory",
-                                  "runs-csv-other-schema-version", "results-dir-on-sys"])
-def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_path):
-    argv, extra = _argv(case, tmp_path)
+                                  "sample-over-memory", "runs-csv-other-schema-version", "results-dir-on-sys"])
+def test_the_command_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_path, monkeypatch, capsys):
+    """main() as `python -m odc_bench` runs it, in this process: the exit status, the one line on
+    stderr, and no file written, no Hydra output folder either."""
+    argv, env = _argv(case, tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    before = _files_under(tmp_path)
+    assert odc_bench(*argv) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and CASES[case][1] in lines[0], err
+    assert _files_under(tmp_path) == before, "nothing written, no Hydra output folder either"
+
+
+@pytest.mark.slow
+def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(tmp_path):
+    """The entry point itself, as a shell runs it (one case: the others run in-process above)."""
+    argv, extra = _argv("data-id-outside-vocabulary", tmp_path)
     before = _files_under(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0", **extra)
     proc = subprocess.run([sys.executable, "-m", "odc_bench", *argv], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and CASES[case][1] in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and \
+        CASES["data-id-outside-vocabulary"][1] in lines[0], proc.stderr
     assert _files_under(tmp_path) == before, "nothing written, no Hydra output folder either"
 
 

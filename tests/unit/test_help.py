@@ -8,16 +8,15 @@ import tomllib
 
 import pytest
 
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, odc_bench
 
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h", "help"])
-def test_help_lists_entry_points_groups_options_sweeps_tools_and_launchers(flag):
-    done = run_cli(flag)
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+def test_help_lists_entry_points_groups_options_sweeps_tools_and_launchers(flag, capsys):
+    assert odc_bench(flag) == 0
+    out = capsys.readouterr().out
     for module in ("odc_bench.whatif", "odc_bench.results", "paper_figures"):
         assert f"python -m {module}" in out
     for script in SCRIPTS:

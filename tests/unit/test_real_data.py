@@ -9,7 +9,7 @@ from odc_bench.errors import ConfigError, DataError
 from odc_bench.jobs.train import describe_lengths
 from odc_bench.plan.spec import resolve
 from odc_bench.results.table import read_table
-from tests.helpers import run_cli, run_config
+from tests.helpers import odc_bench, run_config
 from tests.helpers.real_data import write_hf_dataset, write_jsonl, write_tokenizer
 
 
@@ -133,30 +133,36 @@ def test_run_on_jsonl_uses_the_lengths_as_given_unless_asked_to_scale(tmp_path):
     assert profile.config.dataset.length_scale == 1 / 64, "profiles keep their CPU scale"
 
 
-def test_a_run_prints_and_records_the_lengths_it_trains_on_and_caches_them_once_accepted(tmp_path):
+def test_a_run_prints_and_records_the_lengths_it_trains_on_and_caches_them_once_accepted(tmp_path, monkeypatch,
+                                                                                           capsys):
+    monkeypatch.chdir(tmp_path)
     src = write_jsonl(tmp_path / "s.jsonl", [100 + 10 * i for i in range(16)])
     results_dir = tmp_path / "results"
     (tmp_path / "file").write_text("")
-    refused = run_cli("backend=sim", "dataset=jsonl", f"dataset.path={src}", f"results_dir={tmp_path / 'file'}/x",
-                      "world_size=4")
-    assert refused.returncode == 2 and not list(tmp_path.glob("*.npy")), "a refused run caches nothing"
-    proc = run_cli("backend=sim", "dataset=jsonl", f"dataset.path={src}", f"results_dir={results_dir}",
-                   "world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
-    assert proc.returncode == 0, proc.stderr
+    refused = odc_bench("backend=sim", "dataset=jsonl", f"dataset.path={src}", f"results_dir={tmp_path / 'file'}/x",
+                        "world_size=4")
+    assert refused == 2 and not list(tmp_path.glob("*.npy")), "a refused run caches nothing"
+    capsys.readouterr()
+    done = odc_bench("backend=sim", "dataset=jsonl", f"dataset.path={src}", f"results_dir={results_dir}",
+                     "world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
+    out, err = capsys.readouterr()
+    assert done == 0, err
     row = read_table(results_dir / "runs.csv").iloc[0]
     assert row["length_scale"] == 1 and row["samples"] == 16 and row["len_max"] <= 250
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("lengths: "))
+    line = next(ln for ln in out.splitlines() if ln.startswith("lengths: "))
     assert line == (f"lengths: 16 samples of jsonl: mean {row['len_mean']:.0f}, p50 {row['len_p50']:.0f}, "
                     f"p99 {row['len_p99']:.0f}, max {row['len_max']} tokens; max_tokens {row['max_tokens']}")
     assert len(list(tmp_path.glob("s.jsonl.lengths-*.npy"))) == 1, "the accepted run cached its lengths"
 
 
-def test_missing_data_is_a_one_line_error_and_no_row(tmp_path, results_dir):
+def test_missing_data_is_a_one_line_error_and_no_row(tmp_path, results_dir, monkeypatch, capsys):
     with pytest.raises(ConfigError, match="dataset=jsonl needs dataset.path"):
         resolve(run_config("dataset=jsonl"))
-    proc = run_cli("dataset=jsonl", f"dataset.path={tmp_path / 'missing.jsonl'}", f"results_dir={results_dir}")
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    monkeypatch.chdir(tmp_path)
+    status = odc_bench("dataset=jsonl", f"dataset.path={tmp_path / 'missing.jsonl'}", f"results_dir={results_dir}")
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert status == 2 and len(lines) == 1, err
     assert lines[0].startswith("odc_bench: error: dataset.path") and "does not exist" in lines[0]
     assert not (results_dir / "runs.csv").exists()
 

@@ -18,7 +18,7 @@ from odc_bench.sim.hardware import EngineCosts, Network
 from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import collective, odc
 from odc_bench.tools.sim_validate import ratios
-from tests.helpers import compose_config, run_cli, run_config
+from tests.helpers import compose_config, odc_bench, run_config
 
 
 def costs(P: int, pre=0.0, tail=0.0, prep=0.0, ag=0.0, rs=0.0, gather=None, push=None, sync=0.0, opt=0.0,
@@ -136,10 +136,11 @@ def compose_model():
     return run_config().model
 
 
-def test_sim_job_writes_the_same_row_and_trace_schema(results_dir):
-    done = run_cli("backend=sim", "engine=odc", f"results_dir={results_dir}", "num_minibatches=3",
-                   "warmup_minibatches=1")
-    assert done.returncode == 0, done.stderr
+def test_sim_job_writes_the_same_row_and_trace_schema(results_dir, monkeypatch, capsys):
+    monkeypatch.chdir(results_dir.parent)
+    done = odc_bench("backend=sim", "engine=odc", f"results_dir={results_dir}", "num_minibatches=3",
+                     "warmup_minibatches=1")
+    assert done == 0, capsys.readouterr().err
     table = pd.read_csv(results_dir / "runs.csv")
     assert list(table.columns) == COLUMNS
     row = table.iloc[0]

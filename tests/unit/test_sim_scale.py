@@ -18,7 +18,7 @@ from odc_bench.sim.contention import Contention
 from odc_bench.sim.hardware import EngineCosts, GpuProfile, Network
 from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import collective, odc
-from tests.helpers import REPO, run_config
+from tests.helpers import REPO, odc_bench, run_config
 
 
 def costs(P: int, *, ag=0.0, rs=0.0, ar=None, gather=0.0, network=None, nearest=False, sync=0.0) -> EngineCosts:
@@ -301,11 +301,11 @@ def test_plans_are_identical_across_runs_with_one_seed():
     assert plan_digest(resolve(config, reuse=False)) == plan_digest(resolve(config, reuse=False))
 
 
-def test_hybrid_sharding_on_nodes_that_do_not_divide_the_local_ranks_is_a_one_line_error(results_dir):
+def test_hybrid_sharding_on_nodes_that_do_not_divide_the_local_ranks_is_a_one_line_error(results_dir, monkeypatch,
+                                                                                          capsys):
     """Local ranks run hybrid sharding on nodes of engine.ranks_per_node, which must divide them."""
-    from tests.helpers import run_cli
-
-    done = run_cli("engine.shard=hybrid", "engine.ranks_per_node=3", f"results_dir={results_dir}")
-    assert done.returncode == 2
-    assert done.stderr.startswith("odc_bench: error: engine.ranks_per_node=3 must divide world_size=2")
-    assert len(done.stderr.strip().splitlines()) == 1 and not results_dir.exists()
+    monkeypatch.chdir(results_dir.parent)
+    assert odc_bench("engine.shard=hybrid", "engine.ranks_per_node=3", f"results_dir={results_dir}") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("odc_bench: error: engine.ranks_per_node=3 must divide world_size=2")
+    assert len(err.strip().splitlines()) == 1 and not results_dir.exists()

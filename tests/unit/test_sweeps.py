@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 from odc_bench.cli.sweeper import expand_jobs, interleave, sweep_jobs
 from odc_bench.plan.spec import resolve
 from odc_bench.results.table import read_table
-from tests.helpers import REPO, compose_config, run_cli, run_config
+from tests.helpers import REPO, compose_config, odc_bench, run_config
 
 SWEEPS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
 GOLDEN = {"model": "qwen2_1p5b", "dataset": "longalign", "minibatch_size": "4", "world_size": "8",
@@ -25,13 +25,22 @@ def jobs_of(name: str) -> list[dict[str, str]]:
     return [dict(o.split("=", 1) for o in job) for job in sweep_jobs(sweeper_config(name))]
 
 
+# Keys whose values make replicas of one run (its seed, how many runs of it a table should
+# hold): they change neither which files compose nor what resolving checks.
+REPLICA_KEYS = ("seed", "repeat")
+
+
 def covering_subset(jobs: list[list[str]]) -> list[list[str]]:
-    """Jobs that between them use every value of every swept key: a big sweep's representatives."""
+    """Jobs that between them use every value of every swept key: a big sweep's representatives.
+    A job that is a replica of one already chosen (it differs only in REPLICA_KEYS) adds nothing."""
     seen: set[str] = set()
+    runs: set[frozenset[str]] = set()
     chosen = []
     for job in jobs:
-        if not set(job) <= seen:
+        run = frozenset(o for o in job if o.split("=", 1)[0] not in REPLICA_KEYS)
+        if not set(job) <= seen and run not in runs:
             chosen.append(job)
+            runs.add(run)
             seen |= set(job)
     return chosen
 
@@ -126,7 +135,8 @@ def test_balanced_control_runs_each_seed_as_a_pair_of_engines_in_alternating_ord
 
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_job_of_every_sweep_composes_and_resolves_to_its_parameters(name):
-    """All jobs of small sweeps, a covering subset (every swept value at least once) of big ones.
+    """All jobs of small sweeps, a covering subset (every swept value at least once, replicas of
+    one run once) of big ones.
 
     Needs every option the sweeps name (engine=odc, lb_micro/lb_mini, backend=sim,
     task=primitives): until those land, the sweeps that use them fail here by design.
@@ -159,72 +169,85 @@ def test_without_grids_it_is_the_basic_product():
 SIM_SWEEP = ("backend=sim", "num_minibatches=2", "warmup_minibatches=0")
 
 
-def test_a_sweep_skips_each_combination_that_cannot_run_in_one_line_and_counts_them(tmp_path):
-    proc = run_cli("-m", "engine=collective,odc", "balancer=lb_mini,lb_micro,dynamic", *SIM_SWEEP,
-                   f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
-    assert proc.returncode == 0, proc.stderr
-    skipped = [ln for ln in proc.stderr.splitlines() if ln.startswith("odc_bench: skipped ")]
+@pytest.fixture
+def sweep(tmp_path, monkeypatch, capsys):
+    """`python -m odc_bench -m ARGS` in this process, in a scratch folder: (exit status, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        status = odc_bench("-m", *args)
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+def test_a_sweep_skips_each_combination_that_cannot_run_in_one_line_and_counts_them(tmp_path, sweep):
+    status, out, err = sweep("engine=collective,odc", "balancer=lb_mini,lb_micro,dynamic", *SIM_SWEEP,
+                             f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 0, err
+    skipped = [ln for ln in err.splitlines() if ln.startswith("odc_bench: skipped ")]
     assert [ln.split(":")[1].strip() for ln in skipped] == ["skipped engine=collective balancer=lb_mini",
                                                             "skipped engine=collective balancer=dynamic"]
     assert all("hydra.sweeper.exclude" in ln for ln in skipped)
-    assert "odc_bench: sweep of 6 runs: 4 ok, 0 failed, 2 combinations that cannot run (skipped)" in proc.stdout
+    assert "odc_bench: sweep of 6 runs: 4 ok, 0 failed, 2 combinations that cannot run (skipped)" in out
     assert len(read_table(tmp_path / "r" / "runs.csv")) == 4
     # The exclusion the message suggests leaves them out without a word.
-    again = run_cli("-m", "engine=collective,odc", "balancer=lb_mini,lb_micro,dynamic", *SIM_SWEEP,
-                    "hydra.sweeper.exclude=[{engine:collective,balancer:lb_mini},{engine:collective,balancer:dynamic}]",
-                    f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm2'}")
-    assert again.returncode == 0 and "odc_bench: skipped" not in again.stderr, again.stderr
-    assert "odc_bench: sweep of 4 runs: 0 ok, 0 failed, 4 already done or under way (skipped)" in again.stdout
+    status, out, err = sweep(
+        "engine=collective,odc", "balancer=lb_mini,lb_micro,dynamic", *SIM_SWEEP,
+        "hydra.sweeper.exclude=[{engine:collective,balancer:lb_mini},{engine:collective,balancer:dynamic}]",
+        f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm2'}")
+    assert status == 0 and "odc_bench: skipped" not in err, err
+    assert "odc_bench: sweep of 4 runs: 0 ok, 0 failed, 4 already done or under way (skipped)" in out
 
 
-def test_repeats_run_interleaved_unless_asked_back_to_back_and_the_summary_counts_each(tmp_path):
-    proc = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=2", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
-                   f"hydra.sweep.dir={tmp_path / 'm'}")
-    assert proc.returncode == 0, proc.stderr
+def test_repeats_run_interleaved_unless_asked_back_to_back_and_the_summary_counts_each(tmp_path, sweep):
+    status, out, err = sweep("balancer=lb_micro,local_sort", "repeat=2", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                             f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 0, err
     assert list(read_table(tmp_path / "r" / "runs.csv")["balancer"]) == ["lb_micro", "local_sort", "local_sort",
                                                                        "lb_micro"], "rounds, the second reversed"
-    assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in proc.stdout
-    again = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=3", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
-                    f"hydra.sweep.dir={tmp_path / 'm2'}")
+    assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in out
+    _, again, _ = sweep("balancer=lb_micro,local_sort", "repeat=3", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                        f"hydra.sweep.dir={tmp_path / 'm2'}")
     assert ("odc_bench: sweep of 2 configs, 2 runs with their repeats: 2 ok, 0 failed, 4 runs already done or under "
-            "way (skipped)") in again.stdout, "the third repeat of each config"
-    apart = run_cli("-m", "balancer=lb_micro,local_sort", "repeat=2", "hydra.sweeper.interleave=false", *SIM_SWEEP,
-                    f"results_dir={tmp_path / 'b'}", f"hydra.sweep.dir={tmp_path / 'm3'}")
-    assert apart.returncode == 0, apart.stderr
+            "way (skipped)") in again, "the third repeat of each config"
+    status, apart, err = sweep("balancer=lb_micro,local_sort", "repeat=2", "hydra.sweeper.interleave=false",
+                               *SIM_SWEEP, f"results_dir={tmp_path / 'b'}", f"hydra.sweep.dir={tmp_path / 'm3'}")
+    assert status == 0, err
     assert list(read_table(tmp_path / "b" / "runs.csv")["balancer"]) == ["lb_micro", "lb_micro", "local_sort",
                                                                        "local_sort"]
-    assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in apart.stdout
+    assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in apart
 
 
-def test_a_sweep_starting_on_a_combination_that_cannot_run_checks_the_next(tmp_path):
+def test_a_sweep_starting_on_a_combination_that_cannot_run_checks_the_next(tmp_path, sweep):
     # The command line's first combination (collective + lb_mini) cannot run; the check takes the next.
-    proc = run_cli("-m", "balancer=lb_mini,lb_micro", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
-                   f"hydra.sweep.dir={tmp_path / 'm'}")
-    assert proc.returncode == 0 and "1 ok, 0 failed, 1 combination that cannot run" in proc.stdout, proc.stderr
-    none = run_cli("-m", "balancer=lb_mini,dynamic", *SIM_SWEEP, f"results_dir={tmp_path / 'r2'}",
-                   f"hydra.sweep.dir={tmp_path / 'm2'}")
-    lines = [ln for ln in none.stderr.splitlines() if ln.strip()]
-    assert none.returncode == 2 and len(lines) == 1, none.stderr
+    status, out, err = sweep("balancer=lb_mini,lb_micro", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                             f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 0 and "1 ok, 0 failed, 1 combination that cannot run" in out, err
+    status, _, err = sweep("balancer=lb_mini,dynamic", *SIM_SWEEP, f"results_dir={tmp_path / 'r2'}",
+                           f"hydra.sweep.dir={tmp_path / 'm2'}")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert status == 2 and len(lines) == 1, err
     assert lines[0].startswith("odc_bench: error: no combination of the sweep can run, e.g.: balancer lb_mini")
     assert not (tmp_path / "r2").exists() and not (tmp_path / "m2").exists()
 
 
-def test_bad_input_in_a_later_job_stops_the_sweep_before_any_run(tmp_path):
-    proc = run_cli("-m", "packing_ratio=1,0.5", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
-                   f"hydra.sweep.dir={tmp_path / 'm'}")
-    assert proc.returncode == 2 and "packing_ratio=0.5" in proc.stderr and "packing_ratio must be a number >= 1" \
-        in proc.stderr, proc.stderr
+def test_bad_input_in_a_later_job_stops_the_sweep_before_any_run(tmp_path, sweep):
+    status, _, err = sweep("packing_ratio=1,0.5", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                           f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 2 and "packing_ratio=0.5" in err and "packing_ratio must be a number >= 1" in err, err
     assert not (tmp_path / "r" / "runs.csv").exists(), "the first job did not run either"
 
 
 @pytest.mark.slow
-def test_a_sweep_with_a_failed_run_ends_with_a_summary_and_exit_status_1(tmp_path):
+def test_a_sweep_with_a_failed_run_ends_with_a_summary_and_exit_status_1(tmp_path, sweep):
     # AdamW refuses the learning rate on every rank: the run starts, fails, and is a failed row.
-    proc = run_cli("-m", "minibatch_size=1", "num_minibatches=2", "warmup_minibatches=0", "optim.lr=-1",
-                   f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
-    assert proc.returncode == 1, proc.stderr
-    assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in proc.stdout
-    assert "odc_bench: failed: minibatch_size=1" in proc.stderr and "Invalid learning rate" in proc.stderr
+    status, out, err = sweep("minibatch_size=1", "num_minibatches=2", "warmup_minibatches=0", "optim.lr=-1",
+                             f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 1, err
+    assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in out
+    assert "odc_bench: failed: minibatch_size=1" in err and "Invalid learning rate" in err
     assert list(read_table(tmp_path / "r" / "runs.csv")["status"]) == ["failed"]
 
 

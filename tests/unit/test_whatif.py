@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +20,13 @@ import pytest
 
 from odc_bench.provenance import host_fingerprint
 from odc_bench.results.table import read_table
-from odc_bench.whatif.__main__ import DEFAULT_GPU, parser, profile_advice, split_overrides
-from odc_bench.whatif.__main__ import main as whatif_main
+from odc_bench.whatif.__main__ import DEFAULT_GPU, main, parser, profile_advice, split_overrides
 from odc_bench.whatif.accuracy import VALIDATION, Accuracy, best_validated, calibrated_elsewhere, validated
 from odc_bench.whatif.answer import answer, plan
 from odc_bench.whatif.fit import ways_to_fit
 from odc_bench.whatif.question import DERIVED, HARDWARE, Question, Series, in_user_terms, series
 from odc_bench.whatif.report import _range, describe_pool, verdict_lines
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, exit_status, odc_bench
 
 EXAMPLE = REPO / "examples" / "lengths.jsonl"
 # Small enough for a unit test: 8 devices on two nodes, two minibatch sizes, three minibatches.
@@ -35,10 +34,38 @@ SMALL = ["--model", "qwen2_1p5b", "--nodes", "2", "--devices-per-node", "4", "--
          "--minibatches", "3"]
 
 
-def whatif(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "odc_bench.whatif", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def whatif(tmp_path, monkeypatch, capsys):
+    """`python -m odc_bench.whatif ARGS` in this process, in a scratch folder, 200 columns wide."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args: str) -> Done:
+        capsys.readouterr()
+        status = exit_status(main, *args)
+        return Done(status, *capsys.readouterr())
+
+    return run
+
+
+@pytest.fixture
+def sweep(tmp_path, monkeypatch, capsys):
+    """`python -m odc_bench -m ARGS` in this process: its exit status (its output is not read)."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str) -> int:
+        status = odc_bench("-m", *args)
+        capsys.readouterr()
+        return status
+
+    return run
 
 
 def _files_under(folder: Path) -> dict[str, int]:
@@ -71,7 +98,7 @@ def test_a_stale_row_has_no_validated_range_a_synchronous_odc_row_has_one():
 
 
 @pytest.mark.slow
-def test_stale_rows_are_their_backend_sim_runs_and_stand_beside_the_verdict(tmp_path):
+def test_stale_rows_are_their_backend_sim_runs_and_stand_beside_the_verdict(tmp_path, whatif, sweep):
     # Every balancer too: more series than a palette has colours still draws (it did not).
     done = whatif("longalign", *SMALL, "--all-balancers", "--staleness", "1", "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
@@ -82,9 +109,8 @@ def test_stale_rows_are_their_backend_sim_runs_and_stand_beside_the_verdict(tmp_
     assert stale.series.unique().tolist() == ["ODC [s=1] + LB-Carry"] and stale.minibatch_size.tolist() == [1, 2]
     question = Question(lengths="longalign", model="qwen2_1p5b", nodes=2, devices_per_node=4,
                         minibatch_sizes=(1, 2), num_minibatches=3)
-    sweep = run_cli("-m", *question.shared(), "engine=odc", "engine.staleness=1", "balancer=lb_carry",
-                    "minibatch_size=1,2", f"results_dir={tmp_path / 'sim'}", f"hydra.sweep.dir={tmp_path / 'm'}")
-    assert sweep.returncode == 0, sweep.stderr
+    assert sweep(*question.shared(), "engine=odc", "engine.staleness=1", "balancer=lb_carry", "minibatch_size=1,2",
+                 f"results_dir={tmp_path / 'sim'}", f"hydra.sweep.dir={tmp_path / 'm'}") == 0
     rows = read_table(tmp_path / "sim" / "runs.csv").set_index("run_id")
     assert set(rows.index) == set(stale.run_id)
     for _, v in stale.iterrows():
@@ -100,7 +126,7 @@ def test_stale_rows_are_their_backend_sim_runs_and_stand_beside_the_verdict(tmp_
 
 
 @pytest.mark.slow
-def test_the_verdict_rows_equal_the_backend_sim_runs_they_name(tmp_path):
+def test_the_verdict_rows_equal_the_backend_sim_runs_they_name(tmp_path, whatif, sweep):
     # A copy of the example, so its lengths cache lands in the scratch folder.
     data = tmp_path / "lengths.jsonl"
     data.write_text(EXAMPLE.read_text())
@@ -112,9 +138,8 @@ def test_the_verdict_rows_equal_the_backend_sim_runs_they_name(tmp_path):
     question = Question(lengths=str(data), model="qwen2_1p5b", nodes=2, devices_per_node=4, minibatch_sizes=(1, 2),
                         num_minibatches=3)
     assert verdict["overrides"].tolist() == [" ".join(question.run(s, m)) for m in (1, 2) for s in series()]
-    sweep = run_cli("-m", *question.shared(), "engine=collective,odc", "balancer=local_sort,lb_micro,lb_mini",
-                    "minibatch_size=1,2", f"results_dir={tmp_path / 'sim'}", f"hydra.sweep.dir={tmp_path / 'm'}")
-    assert sweep.returncode == 0, sweep.stderr
+    assert sweep(*question.shared(), "engine=collective,odc", "balancer=local_sort,lb_micro,lb_mini",
+                 "minibatch_size=1,2", f"results_dir={tmp_path / 'sim'}", f"hydra.sweep.dir={tmp_path / 'm'}") == 0
     rows = read_table(tmp_path / "sim" / "runs.csv").set_index("run_id")
     assert set(rows.index) == set(verdict["run_id"]), "the same runs, by their keys"
     for _, v in verdict.iterrows():
@@ -132,7 +157,7 @@ def test_the_verdict_rows_equal_the_backend_sim_runs_they_name(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tmp_path):
+def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tmp_path, whatif):
     done = whatif("longalign", *SMALL, "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -163,7 +188,7 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
      "num_minibatches"),
     (["--length-scale", "4", "max_tokens=1000"], "or lower --length-scale", "dataset.length_scale"),
 ])
-def test_errors_about_derived_settings_name_the_option_given(tmp_path, args, message, derived):
+def test_errors_about_derived_settings_name_the_option_given(tmp_path, whatif, args, message, derived):
     done = whatif("longalign", *args, "--out", str(tmp_path / "out"))
     assert done.returncode == 2 and message in done.stderr and derived not in done.stderr, done.stderr
 
@@ -183,7 +208,7 @@ def test_the_pool_line_says_from_which_minibatch_size_samples_repeat_and_how_oft
     assert "repeat" not in describe_pool(np.arange(100, 3000), question, "mine.jsonl")
 
 
-def test_a_cpu_profile_from_another_machine_says_so_and_how_to_calibrate_this_one(tmp_path):
+def test_a_cpu_profile_from_another_machine_says_so_and_how_to_calibrate_this_one(tmp_path, whatif):
     committed = REPO / "results" / "calibration" / "sim-tiny-cpu.json"
     here = host_fingerprint()
     data = json.loads(committed.read_text())
@@ -284,7 +309,7 @@ def test_the_whatif_names_the_best_validated_profile_and_defaults_to_it(capsys):
     best = profile_advice(Question(lengths="longalign", hardware="h100"))
     assert best is not None and best.startswith("h100 is the best validated h100 profile (against h100_fit: ")
     assert profile_advice(Question(lengths="longalign", hardware="cpu")) is None
-    whatif_main(["--hardware", "list"])  # no lengths needed
+    main(["--hardware", "list"])  # no lengths needed
     listed = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line for line in listed[:len(HARDWARE)]}
     assert set(rows) == set(HARDWARE)
@@ -300,7 +325,7 @@ def test_the_measured_range_divides_by_the_validated_error():
 
 
 @pytest.mark.slow
-def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path):
+def test_a_run_that_does_not_fit_has_no_numbers_and_says_so(tmp_path, whatif):
     done = whatif("longalign", "--model", "qwen2_32b", "--nodes", "1", "--devices-per-node", "2", "--minibatch", "1",
                   "--minibatches", "1", "backend.recompute=false", "--out", str(tmp_path / "out"))
     assert done.returncode == 3, "no series fits: its own exit status"
@@ -345,12 +370,25 @@ def test_fit_advice_names_only_changes_that_fit_when_replanned():
     # A setting after a many-valued option is a setting, not one more value of it.
     (["longalign", "--minibatch", "1", "2", "engine=odc"], None, "the what-if sets engine itself"),
 ])
-def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, setup, message):
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, whatif, args, setup, message):
     if setup is not None:
         (tmp_path / "bad.jsonl").write_text(setup)
     before = _files_under(tmp_path)
-    done = whatif(*[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out"), cwd=tmp_path)
+    done = whatif(*[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out"))
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("odc_bench.whatif: error: ") and message in lines[0]
     assert _files_under(tmp_path) == before, "no verdict, no lengths cache"
+
+
+@pytest.mark.slow
+def test_the_command_line_refuses_bad_input_in_one_line_with_exit_status_2(tmp_path):
+    """The entry point itself, as a shell runs it (the cases above run its main() in-process)."""
+    (tmp_path / "bad.jsonl").write_text("12\n[1, 2.5]\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    done = subprocess.run([sys.executable, "-m", "odc_bench.whatif", str(tmp_path / "bad.jsonl"), "--out",
+                           str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("odc_bench.whatif: error: ") and "line 2: token ids must be integers >= 0" in lines[0]
+    assert {p.name for p in tmp_path.iterdir()} == {"bad.jsonl"}, "no verdict, no lengths cache"
