@@ -76,10 +76,12 @@ class DataParallelEngine(Protocol):
 
     def begin_minibatch(self) -> None: ...
 
-    def finish_minibatch(self) -> None:
+    def finish_minibatch(self) -> float | None:
         """This rank's part of the minibatch is done: its gradients reach their owners and the
         minibatch's optimizer step is applied (or, stale-synchronous, handed to the owners).
-        Reports "sync" and "optimizer" spans through `trace`."""
+        Returns the minibatch's global gradient norm before clipping when the engine clips
+        (configure_optimizer's max_grad_norm; pass float("inf") for the norm alone, as with
+        torch's clip_grad_norm_), else None. Reports "sync" and "optimizer" spans through `trace`."""
         ...
 
     def drain(self) -> None:
@@ -125,16 +127,23 @@ class OptimizerStep:
         optimizer = factory(params)
         return cls(optimizer, scheduler(optimizer) if scheduler is not None else None, max_grad_norm)
 
-    def apply(self, clip: Callable[[float], object]) -> None:
-        if self.max_grad_norm is not None:
-            clip(self.max_grad_norm)
+    def apply(self, clip: Callable[[float], float]) -> float | None:
+        """One step; the global gradient norm before clipping when it clips, else None."""
+        norm = clip(self.max_grad_norm) if self.max_grad_norm is not None else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
+        return norm
 
 
 def configured(step: OptimizerStep | None) -> OptimizerStep:
     if step is None:
         raise RuntimeError("configure_optimizer() first")
     return step
+
+
+def reduction_device(device: torch.device) -> torch.device:
+    """Where a small reduction over the default group runs: on the host where the group can (gloo
+    or MPI beside NCCL: GPU ranks may share one device, where NCCL cannot run), else on `device`."""
+    return torch.device("cpu") if any(name in str(dist.get_backend()) for name in ("gloo", "mpi")) else device

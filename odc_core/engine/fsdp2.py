@@ -37,6 +37,7 @@ from odc_core.engine.base import (
     SchedulerFactory,
     TraceHook,
     configured,
+    reduction_device,
 )
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 from odc_core.engine.sharing import sharing_groups, unit_parameters
@@ -74,6 +75,8 @@ class CollectiveEngine:
         self.clock: Clock = perf_counter
         self.model: nn.Module | None = None
         self._step: OptimizerStep | None = None
+        # Where this rank stands: the minibatch, its microbatches so far, and whether it is in one.
+        self._minibatch, self._microbatches, self._inside = -1, 0, False
 
     def _mesh(self) -> DeviceMesh:
         """1D over every rank, or (hybrid) 2D: replicas across nodes by shard within a node."""
@@ -120,6 +123,9 @@ class CollectiveEngine:
             if len(group) == 1:
                 fully_shard(units[group[0]], mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+        # Ahead of FSDP2's own pre-forward hook (fully_shard prepended it): the count's check must
+        # come before a microbatch's first all-gather.
+        model.register_forward_pre_hook(self._microbatch_starts, prepend=True)
         self.model = model
         return model
 
@@ -135,18 +141,45 @@ class CollectiveEngine:
         return configured(self._step).optimizer
 
     def begin_minibatch(self) -> None:
-        """Nothing to do: FSDP2 synchronises inside every unit's forward and backward."""
+        """FSDP2 synchronises inside every unit's forward and backward; here the microbatch count starts."""
+        self._minibatch += 1
+        self._microbatches, self._inside = 0, True
 
-    def finish_minibatch(self) -> None:
-        """The optimizer step; nothing to wait for: FSDP2's post-backward callback already
-        waited for the last reduce-scatter."""
+    def _microbatch_starts(self, _module: nn.Module, _args: tuple) -> None:
+        if self._inside and torch.is_grad_enabled():
+            self._microbatches += 1
+            self._agree(starting=True)
+
+    def _agree(self, starting: bool) -> None:
+        """Every rank must be at the same point: all starting their next microbatch, or all
+        finishing the minibatch. FSDP2's collectives would otherwise pair across microbatch and
+        minibatch boundaries and train wrong without an error. One all-gather of two integers,
+        before the microbatch's first collective or the step's; the same on every rank while the
+        counts agree, and on every rank an error naming each rank's count when they do not."""
+        mine = torch.tensor([int(starting), self._microbatches], device=reduction_device(self.device))
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine)
+        if all(int(other[0]) == int(starting) for other in every):
+            return
+        counts = ", ".join(f"rank {r} ran {'at least ' if int(s) else ''}{int(n)}" for r, (s, n) in enumerate(every))
+        raise RuntimeError(f"collective FSDP needs every rank to run the same number of microbatches, but in "
+                           f"minibatch {self._minibatch} {counts}; give every rank the same count, or use "
+                           f"engine odc, whose ranks may run different counts")
+
+    def finish_minibatch(self) -> float | None:
+        """The optimizer step, once every rank has run as many microbatches as this one; nothing
+        else to wait for: FSDP2's post-backward callback already waited for the last
+        reduce-scatter. The gradient norm before clipping when it clips (base.py)."""
         step, model = configured(self._step), self.model
         assert model is not None
+        self._inside = False
+        self._agree(starting=False)
         self._emit("sync", self.clock())  # a span of nothing, as a real and a simulated trace both have
         t0 = self.clock()
         # DTensor gradients: the norm's partial sums are reduced over the mesh inside.
-        step.apply(lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        norm = step.apply(lambda max_norm: _value(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
         self._emit("optimizer", t0)
+        return norm
 
     def drain(self) -> None:
         """Nothing to do: every step ran in finish_minibatch."""
@@ -189,6 +222,11 @@ class CollectiveEngine:
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def _value(norm: torch.Tensor) -> float:
+    """A norm clip_grad_norm_ returned: over DTensor gradients a DTensor, reduced over the mesh."""
+    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
 
 
 def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:

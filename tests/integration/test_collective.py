@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from odc_bench.app import main as run_job
-from odc_bench.jobs import train
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import COLUMNS
+from odc_bench.run import local
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from tests.helpers import compose_config, run_cli, run_config
@@ -52,7 +52,8 @@ def failing_rank_entry(rank: int, job: RankJob) -> None:
 
 
 def test_a_failing_rank_is_recorded_as_a_failed_run(results_dir, monkeypatch):
-    monkeypatch.setattr(train, "run_local", partial(run_local, entry=failing_rank_entry))
+    # jobs.train imports the launcher when a run starts: the module's name is the one to replace.
+    monkeypatch.setattr(local, "run_local", partial(run_local, entry=failing_rank_entry))
     cfg = compose_config(f"results_dir={results_dir}", "num_minibatches=2", "warmup_minibatches=0")
     with pytest.raises(SystemExit) as exit_info:
         run_job(cfg)

@@ -16,13 +16,12 @@ import pytest
 import torch
 
 from odc_bench import cli
-from odc_bench.jobs import train
 from odc_bench.jobs.train import execute
 from odc_bench.models.decoder import build_model
 from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import events_frame, minibatch_losses
 from odc_bench.results.table import read_table
-from odc_bench.run import slurm_task, worker
+from odc_bench.run import local, slurm_task, worker
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
@@ -112,7 +111,7 @@ def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(en
 
 def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    monkeypatch.setattr(train, "run_local", partial(run_local, entry=partial(killing_entry, str(tmp_path))))
+    monkeypatch.setattr(local, "run_local", partial(run_local, entry=partial(killing_entry, str(tmp_path))))
     monkeypatch.setattr(sys, "argv", ["odc_bench", "--multirun", "seed=0,1", *SMALL, f"results_dir={results}",
                                       f"hydra.sweep.dir={tmp_path / 'multirun'}"])
     with pytest.raises(SystemExit) as ended:

@@ -156,13 +156,14 @@ class OdcEngine:
         """Nothing here waits for a peer: the first gather from an owner waits for its version."""
         self.versions.begin()
 
-    def finish_minibatch(self) -> None:
+    def finish_minibatch(self) -> float | None:
         """This rank's gradients of the minibatch have landed; the minibatch's step is applied
-        here (s = 0, after the one barrier) or queued for this owner to serve (s >= 1)."""
+        here (s = 0, after the one barrier) or queued for this owner to serve (s >= 1). The
+        gradient norm before clipping when the engine clips (base.py)."""
         for unit in self.units:
             if unit.grad is not None:
                 raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")
-        self.versions.finish()
+        return self.versions.finish()
 
     def drain(self) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far."""

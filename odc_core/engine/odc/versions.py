@@ -40,7 +40,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from odc_core.engine.base import OptimizerStep, configured
+from odc_core.engine.base import OptimizerStep, configured, reduction_device
 from odc_core.engine.odc.unit import FlatUnit
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
 
@@ -111,9 +111,10 @@ class Versions:
         self.serve()
         self.minibatch += 1
 
-    def finish(self) -> None:
+    def finish(self) -> float | None:
         """This rank's gradients of the minibatch have landed; its step is applied here (s = 0,
-        after the one barrier) or queued for this owner to serve (s >= 1)."""
+        after the one barrier) or queued for this owner to serve (s >= 1). Returns the step's
+        gradient norm before clipping (when it clips, s = 0)."""
         k = self.minibatch
         t0 = self._now()
         self.heap.quiet()
@@ -122,13 +123,13 @@ class Versions:
             self._unstepped.append(k)
             self._emit("sync", t0)
             self.serve()
-            return
+            return None
         for peer in self.peers:
             self.wait(peer, DONE, k + 1, f"its gradients of minibatch {k}")
         if self.replicas is not None:
             self._reduce_replicas(k)
         self._emit("sync", t0)
-        self._step(k)
+        return self._step(k)
 
     def drain(self) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far (this
@@ -197,7 +198,7 @@ class Versions:
                     return False
         return True
 
-    def _step(self, k: int) -> None:
+    def _step(self, k: int) -> float | None:
         """Version k + 1 = AdamW(version k, minibatch k's gradients), written into its own slot;
         then minibatch k's accumulator slot is zeroed for minibatch k + s + 1 and the version
         published. The slot version k + 1 takes held version k - s, which only minibatch k read."""
@@ -209,28 +210,28 @@ class Versions:
                 unit.master[new].copy_(unit.master[now])
                 unit.shard_param.data = unit.master[new]  # AdamW keeps its moments per parameter, not per tensor
             unit.shard_param.grad = unit.acc[now]
-        step.apply(self.clip)
+        norm = step.apply(self.clip)
         for unit in self.units:
             unit.acc[now].zero_()
             if unit.shadow is not None:
                 unit.shadow[new].copy_(unit.master[new])
         self.heap.store(FLAGS, VERSION, k + 2)
         self._emit("optimizer", t0, minibatch=k, microbatch=-1)
+        return norm
 
-    def clip(self, max_norm: float) -> None:
+    def clip(self, max_norm: float) -> float:
         """Scale the minibatch's gradients to a global norm of at most max_norm. Each owner holds
         the full sum of its shards' gradients, so the squared norm is the sum of the owners'
         parts: one all-reduce of a scalar (every rank steps at the same barrier when s = 0).
         With hybrid sharding every node holds the whole gradient once, so the sum counts it once
-        per node."""
+        per node. Returns the norm before clipping."""
         shards = [u.shard_param for u in self.units]
         square = torch.stack([g.grad.double().square().sum() for g in shards]).sum().reshape(1)  # type: ignore[union-attr]
-        # On the host where the group can: GPU ranks may share one device, where NCCL cannot run.
-        if any(name in str(dist.get_backend()) for name in ("gloo", "mpi")):
-            square = square.cpu()
+        square = square.to(reduction_device(square.device))
         dist.all_reduce(square)
         total = (square[0] / self.replica_count).sqrt().float()
         torch.nn.utils.clip_grads_with_norm_(shards, max_norm, total)
+        return float(total)
 
     def _reduce_replicas(self, k: int) -> None:
         """Sum this owner's accumulated shards with its replicas' (hybrid sharding), in place.

@@ -1,0 +1,91 @@
+"""odc_core as a library in a user's own loop, on 2 CPU ranks: the collective engine refuses
+unequal microbatch counts by name instead of training wrong, and both engines return the global
+gradient norm their clipping used, FSDP2's clip_grad_norm_'s."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from functools import partial
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from odc_bench.run.ranks import RanksFailed, run_ranks
+from odc_core import engine_context, make_engine
+
+pytestmark = pytest.mark.slow
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.square().sum()
+
+
+def _inputs(count: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(3, 8, generator=g) for _ in range(count)]
+
+
+def _loop(rank: int, world: int, store: dist.Store, engine_name: str, counts: list[tuple[int, ...]],
+          max_grad_norm: float | None) -> dict:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    torch.manual_seed(0)
+    model = Net()
+    engine = make_engine(engine_name, engine_context(timeout_s=20.0))
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1), max_grad_norm=max_grad_norm)
+        norms = []
+        for k, per_rank in enumerate(counts):
+            engine.begin_minibatch()
+            for x in _inputs(per_rank[rank], 100 * k + rank):
+                (model(x) * engine.loss_scale).backward()
+            norms.append(engine.finish_minibatch())
+        return {"norms": norms, "params": engine.full_parameters()}
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("counts", [(3, 1), (0, 2)])
+def test_the_collective_engine_refuses_unequal_counts_naming_each_ranks(counts):
+    with pytest.raises(RanksFailed) as refused:
+        run_ranks(_loop, 2, "collective", [(2, 2), counts], None, timeout_s=90)
+    text = str(refused.value)
+    assert "collective FSDP needs every rank to run the same number of microbatches, but in minibatch 1" in text
+    fewer = min(counts)
+    assert f"ran {fewer}" in text and f"ran at least {fewer + 1}" in text, text
+
+
+def test_both_engines_return_the_gradient_norm_their_clipping_used_and_agree():
+    counts = [(2, 2), (1, 1)]
+    runs = {name: run_ranks(_loop, 2, name, counts, 0.5, timeout_s=90) for name in ("collective", "odc")}
+    # One process, the same microbatches: the norm of the summed gradient, then the clipped step.
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    norms = []
+    for k, per_rank in enumerate(counts):
+        for rank in range(2):
+            for x in _inputs(per_rank[rank], 100 * k + rank):
+                reference(x).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)))
+        opt.step()
+        opt.zero_grad()
+    for name, ranks in runs.items():
+        for r in ranks:
+            assert r["norms"] == pytest.approx(norms, rel=1e-5), name
+        for n, p in reference.named_parameters():
+            torch.testing.assert_close(ranks[0]["params"][n], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
