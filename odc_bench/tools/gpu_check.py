@@ -165,6 +165,23 @@ def simulate_runs(out: Path) -> None:
             execute(resolve(config), Path(config.results_dir))
 
 
+def largest_microbatch_estimates() -> dict[tuple[float, int], tuple[int, float]]:
+    """Per run (length scale, minibatch size): its largest planned microbatch in tokens and the
+    memory estimate (GB) at that size. The row's estimate is at max_tokens, the largest
+    microbatch the limit allows; a run whose samples are all shorter never gets near it."""
+    from odc_bench.config.compose import compose_run
+    from odc_bench.plan.spec import resolve
+
+    out = {}
+    for overrides in RUNS.values():
+        spec = resolve(compose_run(["backend=sim", "backend/hardware=h100", *COMMON, *overrides]))
+        largest = max(sum(mb.lengths[i] for i in micro) for mb in spec.minibatches for rank in mb.plan
+                      for micro in rank)
+        out[spec.config.dataset.length_scale, spec.config.minibatch_size] = (
+            largest, spec.memory_at(largest).total / 2**30)
+    return out
+
+
 def comparisons(out: Path) -> list[str]:
     """The lines of summary.md that read the results tables: each run against the simulator, its
     memory against the estimate, and the primitives against their goal."""
@@ -174,10 +191,13 @@ def comparisons(out: Path) -> list[str]:
         real = real[real["status"] == "ok"]
         sims = {p: pd.read_csv(out / f"sim-{p}" / "runs.csv") for p in ("h100", "measured")
                 if (out / f"sim-{p}" / "runs.csv").exists()}
+        at_largest = largest_microbatch_estimates()
         lines += ["| run | measured samples/s | simulated, h100 | measured / simulated | simulated, measured profile "
-                  "| measured / simulated | peak memory GB | estimate GB | estimate / peak |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| measured / simulated | peak memory GB | estimate GB (at max_tokens) | estimate / peak | largest "
+                  "microbatch, tokens | estimate there GB | estimate there / peak |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in real.iterrows():
+            tokens, there = at_largest.get((r["length_scale"], r["minibatch_size"]), (0, float("nan")))
             cells = []
             for profile in ("h100", "measured"):
                 table = sims.get(profile)
@@ -189,7 +209,8 @@ def comparisons(out: Path) -> list[str]:
                 cells += [f"{sim:.3g}", f"{r['samples_per_s'] / sim:.2f}"]
             lines.append(f"| length x{r['length_scale']}, minibatch {r['minibatch_size']} | {r['samples_per_s']:.3g} | "
                          f"{' | '.join(cells)} | {r['peak_mem_mb'] / 1024:.1f} | {r['mem_estimate_mb'] / 1024:.1f} | "
-                         f"{r['mem_estimate_mb'] / r['peak_mem_mb']:.2f} |")
+                         f"{r['mem_estimate_mb'] / r['peak_mem_mb']:.2f} | {tokens} | {there:.1f} | "
+                         f"{there * 1024 / r['peak_mem_mb']:.2f} |")
     prims = out / "primitives.csv"
     if prims.exists():
         table = pd.read_csv(prims)
