@@ -64,8 +64,8 @@ def text() -> str:
         "  python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --nodes 8",
         "  python -m odc_bench sweep=smoke hydra/launcher=slurm",
         "",
-        "Devices: both engines run on CPU ranks. On GPUs only engine=collective runs today: ODC needs a CUDA",
-        "  transport that does not exist yet (docs/transport.md); predict ODC there with backend=sim or the what-if.",
+        "Devices: both engines run on CPU ranks and on GPUs (ODC on GPUs through CUDA IPC or NVSHMEM, not yet",
+        "  run on a GPU: docs/gpu.md); make gpu-check is the one command to run on a GPU machine.",
         "",
         "Bad input ends in one line and exit status 2 (docs/errors.md). Hydra's own flags: --hydra-help.",
     ]

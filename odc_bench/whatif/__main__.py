@@ -206,9 +206,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if best:
         say(best)
     if question.hardware != "cpu":
-        say("To measure on GPUs: only the collective baseline runs there today (engine=collective); ODC needs a "
-            "CUDA transport that does not exist yet (docs/transport.md), so its rows stay predictions. Measure the "
-            "baseline on your cluster and set it beside this table's collective rows.")
+        say("To measure on GPUs: both engines run there (engine=odc on the cuda_ipc heap within a node, nvshmem "
+            "across NVLink), but ODC on GPUs has not been measured yet (docs/gpu.md), so its rows here are "
+            "predictions. Measure both on your cluster and set them beside this table's rows.")
     stale = " (with engine.staleness=S in the stale rows)" if question.staleness else ""
     say(f"Each row is `python -m odc_bench {shlex.join(question.shared())} engine=E balancer=B minibatch_size=N"
         f"{''.join(' ' + shlex.quote(o) for o in question.overrides)}`{stale}.")

@@ -31,7 +31,7 @@ def test_help_lists_entry_points_groups_options_sweeps_tools_and_launchers(flag,
         if tool.stem != "__init__":
             assert f"python -m odc_bench.tools.{tool.stem}" in out
     assert "hydra/launcher=slurm" in out and "--hydra-help" in out
-    assert "On GPUs only engine=collective runs today: ODC needs a CUDA" in out
+    assert "make gpu-check is the one command to run on a GPU machine" in out
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))

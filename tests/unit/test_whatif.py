@@ -175,7 +175,7 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
     said = out.replace("\n", " ")
     assert f"ratios between a source's configurations {accuracy.ratio[0]:+.0%} to {accuracy.ratio[1]:+.0%}" in said
     assert "published GPU measurements" in said
-    assert "only the collective baseline runs there today (engine=collective); ODC needs a CUDA transport" in out
+    assert "both engines run there (engine=odc on the cuda_ipc heap within a node" in out
     assert "Each row is `python -m odc_bench backend=sim backend/hardware=a100" in out
     png = tmp_path / "out" / "verdict.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
