@@ -41,11 +41,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, fail
 from odc_bench.jobs import progress
@@ -150,7 +153,12 @@ class GridSweeper(Sweeper):
         assert self.hydra_context is not None and self.config is not None
         runnable, cannot_run = [], []
         for job in jobs:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+            try:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+            except (HydraException, OmegaConfBaseException) as e:  # a later job's option (model=PATH, ...)
+                fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {hydra_error_line(e)}"))
+            except ConfigError as e:  # a config source's own check (odc_bench/config/model_source.py)
+                fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))
             try:
                 config = load(cfg)
                 check_combination(config)

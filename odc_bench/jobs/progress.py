@@ -146,6 +146,8 @@ class SweepProgress:
             self._progress.update(self._mb_task, completed=done, total=total, visible=True)
             return
         elapsed = _clock(time.monotonic() - self._run_t0) if self._run_t0 is not None else "-"
+        if self._shown == 0:  # a resumed run's first count holds the minibatches done before it
+            self._shown = max(0, done - 1)
         for k in range(self._shown + 1, done + 1):
             print(f"{self._label or 'run'}: minibatch {k}/{total}, {elapsed}", flush=True)
         self._shown = max(self._shown, done)

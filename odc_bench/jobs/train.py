@@ -100,8 +100,9 @@ def kept_checkpoints(folder: Path, resumes: bool = True) -> str:
                    key=lambda name: int(name.removeprefix("step-")))
     then = (f"the same command resumes it from minibatch {_step(newest)}" if resumes else
             "checkpoint.resume=never: the same command starts again from minibatch 0")
-    return (f"the run under way was stopped and wrote no row; its checkpoint{'s' * (len(steps) > 1)} "
-            f"{', '.join(steps)} stay in {folder}: {then}")
+    several = len(steps) > 1
+    return (f"the run under way was stopped and wrote no row; its checkpoint{'s' * several} "
+            f"{', '.join(steps)} stay{'s' * (not several)} in {folder}: {then}")
 
 
 def _trace_path(results_dir: Path, spec: RunSpec) -> Path:

@@ -132,6 +132,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         folder = checkpoint_folder(config, spec.run_id)
         start, claim_base = (resume(engine, folder, rank, spec.run_id) if config.checkpoint.resume == "auto"
                              else (0, 0))
+        if rank == 0 and start:  # the launcher's progress counts the run's minibatches, those done before too
+            store.add(MINIBATCHES_DONE, start)
         recorder.enabled = True
         tokens_of = token_source(config.dataset)
         collect_garbage_between_minibatches()

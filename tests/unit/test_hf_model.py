@@ -147,3 +147,9 @@ def test_a_sweep_takes_a_model_folder_beside_a_model_config(tmp_path):
     rows = read_table(tmp_path / "res" / "runs.csv")
     assert sorted(rows["model"]) == ["Qwen2-1.5B", "qwen2_1p5b"] and (rows["status"] == "ok").all()
     assert rows["samples_per_s"].nunique() == 1, "the same shape under another name runs the same"
+    qwen3 = write(tmp_path / "Qwen3", hf_config("qwen2_7b", "qwen3", head_dim=128))
+    later = run_cli("-m", f"model=qwen2_1p5b,{qwen3}", "backend=sim", f"results_dir={tmp_path / 'res2'}",
+                    f"hydra.sweep.dir={tmp_path / 'multirun2'}")
+    lines = later.stderr.strip().splitlines()
+    assert later.returncode == 2 and len(lines) == 1 and "model_type 'qwen3' is not one" in lines[0], later.stderr
+    assert not (tmp_path / "res2").exists() and not (tmp_path / "multirun2").exists(), "nothing ran"

@@ -80,13 +80,16 @@ def test_without_a_terminal_each_minibatch_is_one_plain_line_on_stdout_and_no_ba
     bar.run_started("engine=odc")
     for done in (0, 1, 1, 3):  # the launcher polls: a minibatch may finish between two polls, or none
         bar.run_minibatches(done, 3)
+    bar.run_started("resumed")
+    bar.run_minibatches(2, 3)  # a run resumed after minibatch 2: one line, not one per minibatch done before
     progress.say("run abc: resumed from minibatch 1 of 3, checkpoint step-1 (x)")
     bar.run_finished("ok")
     progress.stop()
     assert out.getvalue() == "", "no bar, no control characters"
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.rsplit(",", 1)[0] for ln in lines[:3]] == [f"engine=odc: minibatch {k}/3" for k in (1, 2, 3)]
-    assert lines[3] == "run abc: resumed from minibatch 1 of 3, checkpoint step-1 (x)"
+    assert [ln.rsplit(",", 1)[0] for ln in lines[:4]] == [*(f"engine=odc: minibatch {k}/3" for k in (1, 2, 3)),
+                                                          "resumed: minibatch 2/3"]
+    assert lines[4] == "run abc: resumed from minibatch 1 of 3, checkpoint step-1 (x)"
 
 
 def test_on_a_terminal_a_line_to_say_prints_above_the_bar(capsys):
