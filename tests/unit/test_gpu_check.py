@@ -54,5 +54,5 @@ def test_the_simulator_half_compares_the_runs_with_both_profiles_and_the_memory_
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[5] == "0.50" and cells[8] == "0.90", line
         # The estimate at the largest microbatch the plan holds is no more than at max_tokens.
-        assert 0 < int(cells[9]) and float(cells[10]) <= float(cells[7]), line
+        assert int(cells[9]) > 0 and float(cells[10]) <= float(cells[7]), line
     assert json.loads((tmp_path / "compute.json").read_text())["units"]
