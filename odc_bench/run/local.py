@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import pickle
 import re
 import signal
@@ -39,18 +40,25 @@ multiprocessing.set_forkserver_preload(["odc_bench.run.worker"])
 
 
 def _start_forkserver() -> None:
-    """Start the fork server (once per process) with Ctrl-C ignored. An ignored signal stays
-    ignored across exec, so neither the server, while it imports torch, nor any rank it forks can
-    be killed by the terminal's Ctrl-C: the parent alone handles it, stops the ranks and removes
-    their shared memory. A Ctrl-C during the few milliseconds of the spawn itself is lost."""
+    """Start the fork server (once per process) with Ctrl-C blocked. A blocked signal stays
+    blocked across fork and exec, so neither the server, while it imports torch, nor any rank it
+    forks can be interrupted by the terminal's Ctrl-C: the parent alone handles it, stops the ranks
+    and removes their shared memory.
+
+    Only this thread blocks it, and only while the server is spawned; the parent's handler stays.
+    Ignoring the signal instead (SIG_IGN is inherited too) lost a Ctrl-C pressed during the spawn:
+    the command then ran on to its end. Blocked, it is handled by another thread or on unblocking."""
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The resource tracker, started with the server when neither runs yet, unblocks SIGINT after
+    # its own spawn: started first, it is left alone below.
+    multiprocessing.resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 # (minibatches done, minibatches in the run) -> None: how a launcher reports a run's progress.
 Progress = Callable[[int, int], None]

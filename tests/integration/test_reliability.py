@@ -4,6 +4,7 @@ the local launcher and as plain ranks with nobody watching (SLURM); one seed giv
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from odc_bench import cli
+from odc_bench.errors import ConfigError
 from odc_bench.jobs.train import execute
 from odc_bench.models.decoder import build_model
 from odc_bench.plan.spec import resolve
@@ -26,8 +28,8 @@ from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
 from odc_core.engine.odc import OdcEngine
-from odc_core.transport.shm import list_segments, of_job, process_start_time
-from tests.helpers import run_config
+from odc_core.transport.shm import list_segments, of_job, process_start_time, sweep_stale_segments
+from tests.helpers import odc_bench, run_config
 
 pytestmark = pytest.mark.slow
 
@@ -112,11 +114,10 @@ def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(en
 def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
     results = tmp_path / "results"
     monkeypatch.setattr(local, "run_local", partial(run_local, entry=partial(killing_entry, str(tmp_path))))
-    monkeypatch.setattr(sys, "argv", ["odc_bench", "--multirun", "seed=0,1", *SMALL, f"results_dir={results}",
-                                      f"hydra.sweep.dir={tmp_path / 'multirun'}"])
-    with pytest.raises(SystemExit) as ended:
-        cli.main()
-    assert ended.value.code == 1, "a sweep with a failed run ends with exit status 1, after the other runs"
+    monkeypatch.chdir(tmp_path)
+    status = odc_bench("--multirun", "seed=0,1", *SMALL, f"results_dir={results}",
+                       f"hydra.sweep.dir={tmp_path / 'multirun'}")
+    assert status == 1, "a sweep with a failed run ends with exit status 1, after the other runs"
     table = read_table(results / "runs.csv")
     assert list(table["seed"]) == [0, 1]
     assert list(table["status"]) == ["failed", "ok"]
@@ -133,6 +134,11 @@ def plain_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str,
     execute(spec, Path(results_dir), slurm_task.run_task)
 
 
+# The survivors below wait this long for the dead rank before they name it: shorter than the
+# other tests' (their launcher sees the death at once), long enough for healthy waits under load.
+UNWATCHED_TIMEOUT_S = 3.0
+
+
 @pytest.mark.parametrize(("engine", "victim", "overrides"), [
     ("odc", 1, ()), ("collective", 1, ()), ("odc", 0, ()),
     # Stale-synchronous: the survivor's server thread waits on the dead rank too.
@@ -141,7 +147,7 @@ def plain_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str,
 def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, victim, overrides, tmp_path):
     """Rank 0 hosts the store and writes the row, as on SLURM; when rank 0 is the one that dies,
     the survivor writes it."""
-    spec = _spec(engine, *overrides)
+    spec = _spec(engine, *overrides, f"timeout_s={UNWATCHED_TIMEOUT_S}")
     results = tmp_path / "results"
     ctx = multiprocessing.get_context("forkserver")
     job_number = str(os.getpid())  # unique on the host, like a SLURM job id
@@ -166,7 +172,7 @@ def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, vic
     assert tasks[survivor].exitcode == 0, "the survivor recorded the failure and ended"
     # Its waits on the dead rank time out after timeout_s, it watches heartbeats for 3 beats,
     # and rank 0 gives its peers a second to leave their errors.
-    assert ended[survivor] - ended[victim] < TIMEOUT_S + 8
+    assert ended[survivor] - ended[victim] < UNWATCHED_TIMEOUT_S + 8
     table = read_table(results / "runs.csv")
     assert list(table["status"]) == ["failed"]
     error = table["error"][0]
@@ -223,10 +229,6 @@ def test_odc_with_several_pushes_per_owner_differs_at_most_by_rounding():
     assert again == pytest.approx(losses, rel=1e-5, abs=0)
 
 
-def _odc_segments() -> set[str]:
-    return set(list_segments())
-
-
 # Where Ctrl-C lands: (a line of the run's output to wait for, or None for the start, and seconds
 # after it). Importing the harness; composing and planning; the ranks starting (the line before
 # them is the lengths); mid-run; and between two runs, just after the first one's row.
@@ -235,23 +237,67 @@ INTERRUPTS = [(None, 0.3), (None, 1.2), ("lengths: ", 0.0), ("lengths: ", 1.5), 
 
 @pytest.mark.parametrize(("after", "delay"), INTERRUPTS)
 def test_ctrl_c_at_any_moment_is_one_line_status_130_and_leaves_no_segment(after, delay, tmp_path):
-    before = _odc_segments()
+    # A seed of this process's own makes the runs' keys, which name their segments, this test's
+    # alone: the host is shared, and another session may be running this very test.
+    overrides = ("repeat=20", f"seed={os.getpid()}", f"results_dir={tmp_path / 'r'}")
+    ours = f"odc-{_spec('odc', *overrides).run_id[:8]}_"
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
-    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *SMALL, "engine=odc", "repeat=20",
-                             f"results_dir={tmp_path / 'r'}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True,  # its own group, as a terminal's job
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *SMALL, "engine=odc", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True,  # its own group, as a terminal's job
                             # SIGINT at its default, as a terminal starts it, even where this test runs in the
                             # background (a non-interactive shell's `&` ignores SIGINT, and children inherit that)
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
-    if after is not None:
-        for line in proc.stdout:
-            if after in line:
-                break
-    time.sleep(delay)
-    os.killpg(proc.pid, signal.SIGINT)  # the whole group, as Ctrl-C does
-    _, err = proc.communicate(timeout=120)
+    try:
+        if after is not None:
+            for line in proc.stdout:
+                if after in line:
+                    break
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)  # the whole group, as Ctrl-C does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # Ctrl-C went unanswered: stop the command and its ranks, and their segments
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            sweep_stale_segments()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode == 130 and len(lines) == 1, err
     assert lines[0].startswith("odc_bench: interrupted; ") and "Traceback" not in err
-    assert _odc_segments() <= before, "no shared memory left behind"
+    assert not [name for name in list_segments() if name.startswith(ours)], "no shared memory left behind"
+
+
+def test_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
+    """The launcher starts the server that forks ranks with Ctrl-C kept from it; a Ctrl-C pressed
+    in that moment still interrupts the launcher once its ranks have started."""
+    spawn = multiprocessing.forkserver.ensure_running
+
+    def spawn_during_ctrl_c() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        spawn()
+
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", spawn_during_ctrl_c)
+    with pytest.raises(KeyboardInterrupt), local._sigint_held():
+        local._start_forkserver()
+
+
+def test_the_command_turns_sigterm_into_an_exit_while_it_runs_and_restores_the_handler(tmp_path, monkeypatch):
+    """SIGTERM unwinds the command like Ctrl-C (status 143); a caller in the same process gets its
+    own handler back."""
+    during = []
+
+    def stop_at_the_check(args: list[str]) -> None:
+        during.append(signal.getsignal(signal.SIGTERM))
+        raise ConfigError("stopped at the check")
+
+    monkeypatch.setattr(cli, "precheck", stop_at_the_check)
+    monkeypatch.chdir(tmp_path)
+    before = signal.getsignal(signal.SIGTERM)
+    assert odc_bench("world_size=2") == 2
+    assert signal.getsignal(signal.SIGTERM) == before
+    (handler,) = during
+    assert callable(handler) and handler != before
+    with pytest.raises(SystemExit) as ended:
+        handler(signal.SIGTERM, None)
+    assert ended.value.code == 128 + signal.SIGTERM
