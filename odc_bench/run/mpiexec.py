@@ -1,10 +1,7 @@
-"""Run one job's ranks on this host under MPICH's mpiexec, for the MPI transport.
+"""A run's ranks under MPICH's mpiexec on this host, for the MPI transport (run/launch.py does
+the rest, as for forked ranks).
 
-The MPI transport needs its ranks started by an MPI process manager (odc_core/transport/mpi.py),
-so this launcher does what run/local.py does with mpiexec in between: the parent hosts the
-rendezvous store and watches the ranks; the first rank to fail brings the others down, and
-the run fails with that rank's error (a rank that died without one, by its signal).
-
+The MPI transport needs its ranks started by an MPI process manager (odc_core/transport/mpi.py).
 mpiexec starts each rank as `sh -c 'python -m odc_bench.run.mpiexec DIR; echo $? > ...'`:
 the shell outlives the rank and records its exit status (128 + the signal for a killed
 rank), which mpiexec itself reports only for the job. Each rank records its pid; on the way
@@ -16,10 +13,8 @@ pickled into DIR and saves its return value or its error there.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
-import re
 import shlex
 import shutil
 import signal
@@ -29,7 +24,6 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 import odc_bench
-from odc_bench.errors import ConfigError, RunFailed
+from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import RunSpec
-from odc_bench.run.local import Progress
-from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, rank_entry, threads_per_rank
+from odc_bench.run.launch import Entry, Progress, RankExit, last_line, launch, watch
+from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.transport.mpi import NETWORK_ONLY_ENV, STACK_ENV
 from odc_core.transport.shm import process_start_time
 
@@ -74,22 +68,7 @@ def rank_env(network_only: bool) -> dict[str, str]:
     return env
 
 
-@dataclass
-class RankExit:
-    rank: int
-    status: int  # the rank's exit status as its shell saw it (128 + N: killed by signal N)
-    error: str | None  # the last line of its error, when it raised
-    ended_at: float  # when its shell recorded the status (the file's mtime)
-
-
-def _last_line(text: str) -> str:
-    """The exception line of a traceback, its class without the module path."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    last = lines[-1].strip() if lines else text
-    return re.sub(r"^(?:\w+\.)+(\w+:)", r"\1", last)
-
-
-class _Ranks:
+class MpiexecRanks:
     """world_size ranks under one mpiexec, their files in `folder`."""
 
     def __init__(self, folder: Path, world_size: int, fn: Callable[..., Any], args: tuple, network_only: bool) -> None:
@@ -113,11 +92,14 @@ class _Ranks:
             except (OSError, ValueError):  # not ended, or its shell is still writing
                 continue
             error_file = self.folder / f"rank{r}.error"
-            out.append(RankExit(r, status, _last_line(error_file.read_text()) if error_file.exists() else None,
+            out.append(RankExit(r, status, last_line(error_file.read_text()) if error_file.exists() else None,
                                 ended_at))
         return out
 
-    def mpiexec_gone(self) -> str | None:
+    def wait(self, timeout_s: float) -> None:
+        time.sleep(timeout_s)  # the ranks' status files are polled
+
+    def gone(self) -> str | None:
         """mpiexec's own failure (it ended before its ranks), in its last line; None while it runs."""
         if self.proc.poll() is None:
             return None
@@ -141,43 +123,6 @@ class _Ranks:
         self.log.close()
 
 
-def _failure(failed: list[RankExit], when: str) -> str:
-    """The run's error: a rank that died without a word is the root cause of its peers' errors,
-    and of its peers' deaths after it (MPICH may crash a rank whose peer vanished: the one that
-    died first is the cause, whatever the ranks' order)."""
-    failed = sorted(failed, key=lambda e: e.ended_at)
-    for e in failed:
-        if e.error is None and e.status > 128:
-            return f"rank {e.rank} died (killed by {signal.Signals(e.status - 128).name}) {when}"
-    for e in failed:
-        if e.error is not None:
-            return f"rank {e.rank} failed: {e.error}"
-    return f"rank {failed[0].rank} exited with status {failed[0].status} {when}"
-
-
-def _watch(ranks: _Ranks, deadline_s: float | None, progress: Callable[[], str], on_tick: Callable[[], None],
-           tolerate_failures: bool = False) -> list[RankExit]:
-    """Every rank's exit once all ended well (or ended at all, with tolerate_failures); RunFailed
-    at the first failure or past the deadline."""
-    started = time.monotonic()
-    while True:
-        time.sleep(_POLL_S)
-        ended = ranks.exits()
-        failed = [e for e in ended if e.status != 0]
-        if failed and not tolerate_failures:
-            raise RunFailed(_failure(failed, progress()))
-        if len(ended) == ranks.world_size:
-            return ended
-        gone = ranks.mpiexec_gone()
-        if gone is not None:
-            time.sleep(_POLL_S)  # a shell may still be writing its rank's status
-            if len(ranks.exits()) < ranks.world_size:
-                raise RunFailed(gone)
-        on_tick()
-        if deadline_s is not None and time.monotonic() - started > deadline_s:
-            raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f}s {progress()}")
-
-
 def run_mpi_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60.0,
                   network_only: bool = True, tolerate_failures: bool = False) -> list[Any]:
     """Run fn(rank, world_size, store, *args) on world_size ranks under mpiexec; results by rank.
@@ -189,10 +134,10 @@ def run_mpi_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
     with tempfile.TemporaryDirectory(prefix="odc-mpi-") as folder:
-        ranks = _Ranks(Path(folder), world_size, _with_store,
-                       (fn, world_size, store.port, timeout_s, args), network_only)
+        ranks = MpiexecRanks(Path(folder), world_size, _with_store,
+                             (fn, world_size, store.port, timeout_s, args), network_only)
         try:
-            exits = {e.rank: e for e in _watch(ranks, timeout_s, lambda: "", lambda: None, tolerate_failures)}
+            exits = {e.rank: e for e in watch(ranks, timeout_s, lambda: "", tolerate_failures=tolerate_failures)}
         finally:
             ranks.stop()
         results = [Path(folder) / f"rank{r}.pt" for r in range(world_size)]
@@ -205,34 +150,15 @@ def _with_store(rank: int, fn: Callable[..., Any], world_size: int, port: int, t
     return fn(rank, world_size, store, *args)
 
 
-def run_mpi(spec: RunSpec, collect_params: bool = False, entry: Callable[[int, RankJob], None] = rank_entry,
+def run_mpi(spec: RunSpec, collect_params: bool = False, entry: Entry = rank_entry,
             on_progress: Progress | None = None) -> list[dict]:
-    """run/local.py's run_local with the ranks under mpiexec (engine.transport=mpi); `entry` as there."""
-    world, total = spec.world_size, len(spec.minibatches)
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=spec.config.timeout_s))
+    """run/local.py's run_local with the ranks under mpiexec (engine.transport=mpi)."""
+    network_only = bool(getattr(spec.config.engine.options, "mpi_network_only", False))
 
-    def minibatches_done() -> int:
-        return int(store.add(MINIBATCHES_DONE, 0))
+    def start(entry: Entry, job: RankJob, world_size: int) -> MpiexecRanks:
+        return MpiexecRanks(Path(job.out_dir), world_size, entry, (job,), network_only)
 
-    def tick() -> None:
-        if on_progress is not None:
-            on_progress(minibatches_done(), total)
-
-    with tempfile.TemporaryDirectory(prefix="odc-run-") as folder:
-        job = RankJob(spec=spec, store_host="127.0.0.1", store_port=store.port, out_dir=folder,
-                      job_id=f"{spec.run_id[:8]}-{store.port}", threads=threads_per_rank(spec, world),
-                      collect_params=collect_params)
-        network_only = bool(getattr(spec.config.engine.options, "mpi_network_only", False))
-        ranks = _Ranks(Path(folder), world, entry, (job,), network_only)
-        try:
-            _watch(ranks, spec.config.deadline_s, lambda: f"after {minibatches_done()} of {total} minibatches", tick)
-        finally:
-            ranks.stop()
-        results = [json.loads((Path(folder) / f"rank{r}.json").read_text()) for r in range(world)]
-        if collect_params:
-            results[0]["params"] = torch.load(Path(folder) / "params.pt")
-        return results
+    return launch(spec, start, entry, collect_params, on_progress)
 
 
 def _rank_main(folder: Path) -> None:

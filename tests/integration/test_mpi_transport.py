@@ -20,7 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from odc_bench.run.mpiexec import RankExit, run_mpi_ranks
+from odc_bench.run.launch import RankExit
+from odc_bench.run.mpiexec import run_mpi_ranks
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout
 from tests.helpers.mpi import requires_mpi

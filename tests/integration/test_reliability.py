@@ -24,6 +24,7 @@ from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import events_frame, minibatch_losses
 from odc_bench.results.table import read_table
 from odc_bench.run import local, slurm_task, worker
+from odc_bench.run.launch import sigint_held
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
@@ -278,7 +279,7 @@ def test_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
         spawn()
 
     monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", spawn_during_ctrl_c)
-    with pytest.raises(KeyboardInterrupt), local._sigint_held():
+    with pytest.raises(KeyboardInterrupt), sigint_held():
         local._start_forkserver()
 
 

@@ -7,7 +7,9 @@ import pytest
 
 from odc_bench.cli.slurm import check_srun_mpi
 from odc_bench.errors import ConfigError
-from odc_bench.run.mpiexec import RankExit, _failure, mpiexec_path
+from odc_bench.run.launch import RankExit
+from odc_bench.run.launch import failure as _failure
+from odc_bench.run.mpiexec import mpiexec_path
 
 
 def test_a_machine_without_mpiexec_is_told_what_to_install(tmp_path, monkeypatch):
