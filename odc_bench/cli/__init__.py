@@ -13,7 +13,7 @@ from typing import NoReturn
 from odc_bench.app import main as hydra_main
 from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
-from odc_bench.config.compose import register_sweeps
+from odc_bench.config.compose import chooses_sweep, register_sweeps
 from odc_bench.errors import ConfigError, fail
 
 
@@ -42,7 +42,8 @@ def _run(args: list[str]) -> None:
     if args in (["help"], ["--help"], ["-h"]):
         print(help_text())
         return
-    register_sweeps()
+    if chooses_sweep(args):
+        register_sweeps()
     try:
         precheck(args)
     except ConfigError as e:

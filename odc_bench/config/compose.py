@@ -37,10 +37,17 @@ def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
             store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_", provider=stamp)
 
 
+def chooses_sweep(overrides: Sequence[str]) -> bool:
+    """Whether the command line chooses a sweep file (`sweep=NAME`): the only time they are read
+    (a config with no sweep composes without the group)."""
+    return any(o.lstrip("+~").split("=", 1)[0] == "sweep" for o in overrides)
+
+
 def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictConfig:
     """The config `python -m odc_bench OVERRIDES` runs (one run: sweeps are not expanded);
     with `hydra`, Hydra's own section too."""
-    register_sweeps()
+    if chooses_sweep(overrides):
+        register_sweeps()
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 

@@ -71,25 +71,48 @@ class Network:
         `from_peer` bytes of the transfer (a gather's) take their remote shards from a rank of
         this node that holds the whole unit: through this rank's link instead of the NICs.
         """
-        n, g = self.world, self.gpus_per_node
-        if n == 1:
+        if self.world == 1:
             return np.zeros(np.shape(k_loc))
+        if np.ndim(from_peer):  # a different amount per rank: each amount in turn
+            peer = np.broadcast_to(from_peer, np.shape(k_loc))
+            out = np.empty(np.shape(k_loc))
+            for amount in np.unique(peer):
+                at = peer == amount
+                out[at] = self.transfer_time(nbytes, k_loc[at], k_tot[at], k_min_remote[at],
+                                             None if k_rail is None else k_rail[at], float(amount))
+            return out
+        link, nic, remote = self._times(float(nbytes), float(from_peer))
+        k_loc = np.asarray(k_loc, dtype=np.intp)
+        t = link[k_loc]
+        if nic is not None and remote is not None:
+            k_nic = k_loc if self.rails == 1 or k_rail is None else np.asarray(k_rail, dtype=np.intp)
+            busy_remote = np.asarray(k_tot, dtype=np.intp) - np.asarray(k_min_remote, dtype=np.intp)
+            t = np.maximum(t, np.maximum(nic[k_nic], remote[busy_remote + self.gpus_per_node]))
+        return self.latency_s + t
+
+    def _times(self, nbytes: float, from_peer: float) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """transfer_time's terms for every count a node can have (the counts are small integers, so
+        a transfer reads them off): the larger of the rank's own link and the busiest owner's, by
+        the node's active ranks (0..g); the rank's NIC, by its node's (or rail's) active ranks;
+        the busiest remote NIC, by active ranks elsewhere minus the least busy node's (-g..n).
+        None where the ranks share one node."""
+        n, g = self.world, self.gpus_per_node
         share = np.asarray(nbytes, dtype=float) / n
         own_link = (g - 1) * share / self.link_Bps
         # The busiest other owner in the node: an idle one serves every active rank, a busy
         # one all but itself.
-        served = np.where(k_loc < g, k_loc, k_loc - 1) if g > 1 else np.zeros_like(k_loc)
+        k = np.arange(g + 1)
+        served = np.where(k < g, k, k - 1) if g > 1 else np.zeros_like(k)
         owner_link = served * share / self.link_Bps
-        if np.any(from_peer):
+        if from_peer:
             own_link = own_link + (n - g) * (from_peer / n) / self.link_Bps
             share = share - from_peer / n
-        t = np.maximum(own_link, owner_link)
-        if n > g:
-            k_nic = k_loc if self.rails == 1 or k_rail is None else k_rail
-            own_nic = k_nic * (n - g) * share * self.rails / self.nic_Bps
-            remote_nic = (k_tot - k_min_remote) * g * share / self.nic_Bps
-            t = np.maximum(t, np.maximum(own_nic, remote_nic))
-        return self.latency_s + t
+        link = np.maximum(own_link, owner_link)
+        if n <= g:
+            return link, None, None
+        own_nic = k * (n - g) * share * self.rails / self.nic_Bps
+        remote_nic = np.arange(-g, n + 1) * g * share / self.nic_Bps
+        return link, own_nic, remote_nic
 
 
 @dataclass(frozen=True)
