@@ -1,12 +1,13 @@
 # Two entry points, both doing their own set-up on a fresh machine:
 #   make demo   - create .venv if missing, install, run the default benchmark and print the comparison
-#   make test   - same set-up, then the test suite
+#   make test   - same set-up, lint, then the whole test suite as CI runs it (printing its 15 slowest tests)
+# make test-fast is the inner loop: the tests not marked slow, slurm or mpi (docs/architecture.md, "Tests").
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test figures figures-docs lint setup clean gpu-check gpu-wheels
+.PHONY: demo test test-fast figures figures-docs lint setup clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -22,7 +23,10 @@ demo: $(STAMP)
 	$(PY) -m odc_bench.results compare results/local/demo
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not slurm and not mpi"
 
 figures: $(STAMP)
 	$(PY) -m paper_figures

@@ -5,7 +5,7 @@ import pytest
 
 from odc_bench.errors import ConfigError
 from odc_bench.jobs.primitives import plan_from_config
-from tests.helpers import run_cli, run_config
+from tests.helpers import odc_bench, run_config
 from tests.helpers.mpi import requires_mpi
 
 SCHEMA = ["run_id", "timestamp", "commit", "host", "op", "transport", "world_size", "size_bytes", "dtype",
@@ -37,11 +37,11 @@ def test_bad_benchmark_config_is_refused(override, message):
 
 
 @pytest.mark.slow
-def test_benchmark_appends_one_row_per_op_and_size(results_dir):
+def test_benchmark_appends_one_row_per_op_and_size(results_dir, monkeypatch, capsys):
+    monkeypatch.chdir(results_dir.parent)
     args = ("task=primitives", "world_size=2", "primitives.min_bytes=4096", "primitives.max_bytes=65536",
             "primitives.rounds=3", "primitives.turn_s=0.001", "primitives.dtype=bf16", f"results_dir={results_dir}")
-    done = run_cli(*args)
-    assert done.returncode == 0, done.stderr
+    assert odc_bench(*args) == 0, capsys.readouterr().err
     table = pd.read_csv(results_dir / "primitives.csv")
     assert list(table.columns) == SCHEMA
     assert len(table) == 3 * 5
@@ -59,20 +59,21 @@ def test_benchmark_appends_one_row_per_op_and_size(results_dir):
     memcpy = table[table["op"] == "memcpy"].set_index("size_bytes")["bandwidth_gbps"]
     pd.testing.assert_series_equal(table["memcpy_gbps"], table["size_bytes"].map(memcpy), check_names=False)
 
-    bad = run_cli("task=primitives", "primitives.dtype=int8", f"results_dir={results_dir}")
-    assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].startswith("odc_bench: error: primitives.dtype must be one of")
+    assert odc_bench("task=primitives", "primitives.dtype=int8", f"results_dir={results_dir}") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "odc_bench: error: primitives.dtype must be one of")
     assert len(pd.read_csv(results_dir / "primitives.csv")) == 15
 
 
 @pytest.mark.slow
 @pytest.mark.mpi
 @requires_mpi
-def test_the_mpi_transport_rows_name_mpi_and_gloo(results_dir):
-    done = run_cli("task=primitives", "world_size=2", "primitives.transport=mpi", "primitives.min_bytes=4096",
-                   "primitives.max_bytes=16384", "primitives.rounds=2", "primitives.turn_s=0.001",
-                   f"results_dir={results_dir}")
-    assert done.returncode == 0, done.stderr
+def test_the_mpi_transport_rows_name_mpi_and_gloo(results_dir, monkeypatch, capsys):
+    monkeypatch.chdir(results_dir.parent)
+    done = odc_bench("task=primitives", "world_size=2", "primitives.transport=mpi", "primitives.min_bytes=4096",
+                     "primitives.max_bytes=16384", "primitives.rounds=2", "primitives.turn_s=0.001",
+                     f"results_dir={results_dir}")
+    assert done == 0, capsys.readouterr().err
     table = pd.read_csv(results_dir / "primitives.csv")
     assert list(table.columns) == SCHEMA and len(table) == 2 * 5
     assert dict(zip(table["op"], table["transport"], strict=True)) == {

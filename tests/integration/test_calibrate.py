@@ -35,6 +35,7 @@ def test_shapes_cover_singles_and_packs_up_to_max_tokens():
     assert [1024] in shapes and any(len(s) > 1 for s in shapes)
 
 
+@pytest.mark.slow
 def test_calibrate_writes_coefficients_with_provenance_that_runs_load(tmp_path):
     out = tmp_path / "cal" / "tiny-test.json"
     env = dict(os.environ, HYDRA_FULL_ERROR="1")

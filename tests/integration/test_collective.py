@@ -11,7 +11,7 @@ from odc_bench.record.row import COLUMNS
 from odc_bench.run import local
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
-from tests.helpers import compose_config, run_cli, run_config
+from tests.helpers import compose_config, odc_bench, run_config
 from tests.helpers.reference import relative_error, train_single_process
 
 pytestmark = pytest.mark.slow
@@ -27,9 +27,10 @@ def test_two_rank_fsdp2_steps_equal_a_single_process_step(backend):
     assert relative_error(results[0]["params"], expected) < 1e-5
 
 
-def test_default_job_writes_a_row_and_trace_and_resumes(results_dir):
-    first = run_cli(f"results_dir={results_dir}", "num_minibatches=3", "warmup_minibatches=1")
-    assert first.returncode == 0, first.stderr
+def test_default_job_writes_a_row_and_trace_and_resumes(results_dir, monkeypatch, capsys):
+    monkeypatch.chdir(results_dir.parent)
+    assert odc_bench(f"results_dir={results_dir}", "num_minibatches=3", "warmup_minibatches=1") == 0
+    first = capsys.readouterr().out
     table = pd.read_csv(results_dir / "runs.csv")
     assert list(table.columns) == COLUMNS and len(table) == 1
     row = table.iloc[0]
@@ -38,9 +39,9 @@ def test_default_job_writes_a_row_and_trace_and_resumes(results_dir):
     trace = pd.read_csv(results_dir / row["trace"])
     assert set(trace["rank"]) == {0, 1}
     assert {"fwd", "bwd", "microbatch", "sync", "optimizer", "minibatch"} <= set(trace["kind"])
-    assert "samples_per_s" in first.stdout
-    again = run_cli(f"results_dir={results_dir}", "num_minibatches=3", "warmup_minibatches=1")
-    assert again.returncode == 0 and "skipped" in again.stdout
+    assert "samples_per_s" in first
+    assert odc_bench(f"results_dir={results_dir}", "num_minibatches=3", "warmup_minibatches=1") == 0
+    assert "skipped" in capsys.readouterr().out
     assert len(pd.read_csv(results_dir / "runs.csv")) == 1
 
 

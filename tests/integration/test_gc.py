@@ -33,6 +33,7 @@ def gc_watching_entry(folder: str, rank: int, job: RankJob) -> None:
         (Path(folder) / f"rank{rank}.json").write_text(json.dumps(starts))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["odc", "collective"])
 def test_the_collector_runs_between_minibatches_only(engine, tmp_path):
     spec = _spec(engine, "timeout_s=60")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from odc_bench.results.table import read_table
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, odc_bench
 
 
 def _rows(results_dir) -> pd.DataFrame:
@@ -22,7 +22,7 @@ def _temporaries(results_dir) -> list:
 
 
 @pytest.mark.slow
-def test_killed_sweep_resumes_without_losing_or_repeating_a_run(tmp_path):
+def test_killed_sweep_resumes_without_losing_or_repeating_a_run(tmp_path, monkeypatch, capsys):
     results_dir, sweep_dir = tmp_path / "results", tmp_path / "multirun"
     args = ["sweep=smoke", f"results_dir={results_dir}", f"hydra.sweep.dir={sweep_dir}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -44,16 +44,18 @@ def test_killed_sweep_resumes_without_losing_or_repeating_a_run(tmp_path):
     assert (before["status"] == "ok").all()
     assert not _temporaries(results_dir)
 
-    rerun = run_cli(*args, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
+    monkeypatch.chdir(tmp_path)
+    status = odc_bench(*args)
+    rerun, err = capsys.readouterr()
+    assert status == 0, err
     after = _rows(results_dir)
     assert len(after) == 3 and after["run_id"].is_unique, "every run exactly once"
     assert (after["status"] == "ok").all()
     kept = after.set_index("run_id").loc[before["run_id"]]
     assert list(kept["timestamp"]) == list(before["timestamp"]), "completed rows are kept, not redone"
     for run_id in before["run_id"]:
-        assert f"run {run_id} already in" in rerun.stdout, "a completed run is skipped"
-    assert rerun.stdout.count("already in") == len(before), "only the completed runs are skipped"
+        assert f"run {run_id} already in" in rerun, "a completed run is skipped"
+    assert rerun.count("already in") == len(before), "only the completed runs are skipped"
     for trace in after["trace"]:
         assert pd.read_csv(results_dir / trace).shape[0] > 0
     assert not _temporaries(results_dir)

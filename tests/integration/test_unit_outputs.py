@@ -80,6 +80,7 @@ def test_units_returning_tuples_get_their_backward_hooks(one_rank_group):
     assert not torch.allclose(got["layers.0.lin.weight"], initial)
 
 
+@pytest.mark.slow
 def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_group):
     """unit.compile() after wrap(): Dynamo runs the module hooks too (with graph breaks at the
     heap calls), and two steps still match eager single-process AdamW."""

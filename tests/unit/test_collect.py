@@ -55,6 +55,7 @@ def test_what_collect_writes_is_a_results_table_every_command_reads(tmp_path, ca
     assert len(pd.read_csv(tmp_path / "again.csv")) == 4
 
 
+@pytest.mark.slow
 def test_collect_cli_writes_the_table(tmp_path):
     append_row(tmp_path / "r" / "runs.csv", _row("a", "ok", "2026-01-01T10:00:00"))
     out = tmp_path / "all.csv"

@@ -401,6 +401,7 @@ def test_cli_docs_writes_small_pngs_only(tmp_path, monkeypatch):
     assert written == ["fig7_lengths.png", "fig8_throughput-cpu.png"]
 
 
+@pytest.mark.slow
 def test_python_m_paper_figures_renders_without_torch(tmp_path):
     """The figures read results files only: the entry point never even imports torch, so it cannot train."""
     root = results_root(tmp_path / "results")

@@ -53,6 +53,7 @@ def test_deterministic_in_its_arguments_only():
     assert learnable_tokens(0, 0, 0, 2048).shape == (0,)
 
 
+@pytest.mark.slow
 def test_a_few_dozen_steps_lower_the_loss():
     torch.set_num_threads(1)
     losses = train_curve(steps=40, docs=4, min_len=100, max_len=300)

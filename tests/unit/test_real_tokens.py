@@ -19,6 +19,7 @@ SMALL = ("model=tiny", "model.num_layers=1", "world_size=2", "minibatch_size=4",
          "warmup_minibatches=0", "optim.lr=1e-2")
 
 
+@pytest.mark.slow
 def test_a_repeated_sequence_of_real_ids_trains_far_below_synthetic_tokens(tmp_path):
     # One sequence on every line, a cycle of 4 ids: a model that trains on these ids learns the
     # 4 transitions within a few steps, while the synthetic ids of the same lengths (progressions

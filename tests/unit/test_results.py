@@ -13,6 +13,7 @@ def _append_many(path, start):
         append_row(path, {"run_id": f"r{i}", "status": "ok", "samples_per_s": float(i)})
 
 
+@pytest.mark.slow
 def test_concurrent_appends_lose_no_row(tmp_path):
     path = tmp_path / "runs.csv"
     procs = [multiprocessing.get_context("spawn").Process(target=_append_many, args=(path, s)) for s in (0, 100)]

@@ -133,6 +133,7 @@ def test_balanced_control_runs_each_seed_as_a_pair_of_engines_in_alternating_ord
     assert sum(p[0] == "odc" for p in pairs) in (len(pairs) // 2, (len(pairs) + 1) // 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SWEEPS)
 def test_every_job_of_every_sweep_composes_and_resolves_to_its_parameters(name):
     """All jobs of small sweeps, a covering subset (every swept value at least once, replicas of
@@ -182,6 +183,7 @@ def sweep(tmp_path, monkeypatch, capsys):
     return run
 
 
+@pytest.mark.slow
 def test_a_sweep_skips_each_combination_that_cannot_run_in_one_line_and_counts_them(tmp_path, sweep):
     status, out, err = sweep("engine=collective,odc", "balancer=lb_mini,lb_micro,dynamic", *SIM_SWEEP,
                              f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
@@ -201,6 +203,7 @@ def test_a_sweep_skips_each_combination_that_cannot_run_in_one_line_and_counts_t
     assert "odc_bench: sweep of 4 runs: 0 ok, 0 failed, 4 already done or under way (skipped)" in out
 
 
+@pytest.mark.slow
 def test_repeats_run_interleaved_unless_asked_back_to_back_and_the_summary_counts_each(tmp_path, sweep):
     status, out, err = sweep("balancer=lb_micro,local_sort", "repeat=2", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
                              f"hydra.sweep.dir={tmp_path / 'm'}")
@@ -220,6 +223,7 @@ def test_repeats_run_interleaved_unless_asked_back_to_back_and_the_summary_count
     assert "odc_bench: sweep of 2 configs, 4 runs with their repeats: 4 ok, 0 failed" in apart
 
 
+@pytest.mark.slow
 def test_a_sweep_starting_on_a_combination_that_cannot_run_checks_the_next(tmp_path, sweep):
     # The command line's first combination (collective + lb_mini) cannot run; the check takes the next.
     status, out, err = sweep("balancer=lb_mini,lb_micro", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",

@@ -342,6 +342,7 @@ def _too_big(question: Question) -> list:
     return [spec for s, _, _, spec in plan(question) if s.staleness == 0 and not spec.fits]
 
 
+@pytest.mark.slow
 def test_fit_advice_names_only_changes_that_fit_when_replanned():
     question = Question(lengths="longalign", model="qwen2_14b", nodes=1, devices_per_node=2, minibatch_sizes=(1,),
                         num_minibatches=1)

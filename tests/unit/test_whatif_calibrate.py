@@ -36,6 +36,7 @@ def _measured(tmp_path: Path) -> Path:
     return _csv(tmp_path / "runs.csv", [float(v) for v in cc.predict(runs, truth)])
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_the_profile_the_runs_were_measured_on_and_the_whatif_runs_on_it(tmp_path, capsys):
     out = tmp_path / "out"
     cc.main([str(_measured(tmp_path)), "--name", "mine", "--out", str(out)])
