@@ -10,15 +10,15 @@ non-negative coefficients, and writes them, with the raw timings and where they 
 to results/calibration/<model>-<device>.json (or balancer.calibration), atomically. Later
 runs with balancer.cost_model=calibrated load that file.
 
-Timings are per-rank compute only (no communication, fp32), which is what balancers
-distribute; on the tiny model it takes seconds.
+Timings are per-rank compute only (no communication; fp32 on CPU, the run's precision on
+CUDA), which is what balancers distribute; on the tiny model it takes seconds.
 
 On CUDA it also times every unit kind on its own, as the harness runs it there (bf16, dense
 parts compiled, the varlen kernel): the embeddings, one decoder layer (forward, backward, and
 backward with its forward recomputed by activation checkpointing) and the head, each with CUDA
 events over the same shapes, and adds their fit (sim/unit_fit.py) to the file as `units`: a GPU
 profile whose backend.hardware.compute_calibration names the file computes from it.
-`--reduced` times fewer shapes (make gpu-check).
+`--reduced` times fewer unit shapes, three times each (make gpu-check).
 
 `python -m odc_bench.tools.calibrate --timings FILE.csv --out FILE.json --device NAME` fits
 unit timings measured elsewhere instead (columns model, unit, shape, fwd_ms, bwd_ms and
@@ -192,6 +192,9 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full") ->
     if device.type == "cpu":
         torch.set_num_threads(threads)
     model = build_model(config.model, config.seed, device)
+    if device.type == "cuda":  # as the harness runs it there: in the run's precision, dense parts compiled
+        model = model.to(torch.bfloat16 if config.precision == "bf16" else torch.float32)
+        compile_dense(model)
     shapes = microbatch_shapes(int(max_tokens))
     seconds = time_microbatches(model, device, shapes, config.model.vocab_size, repeats)
     medians = [statistics.median(s) for s in seconds]
@@ -211,7 +214,8 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full") ->
         provenance=dict(host=socket.gethostname(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=git_commit(),
                         command=" ".join([Path(sys.executable).name, "-m", "odc_bench.tools.calibrate", *sys.argv[1:]]),
                         torch=torch.__version__, threads=threads if device.type == "cpu" else None,
-                        max_tokens=int(max_tokens), repeats=repeats, precision="fp32"),
+                        max_tokens=int(max_tokens), repeats=repeats,
+                        precision=config.precision if device.type == "cuda" else "fp32"),
         timings=[dict(doc_lens=sh, seconds=s, median=m) for sh, s, m in zip(shapes, seconds, medians, strict=True)],
     )
     if device.type == "cuda":
@@ -255,7 +259,8 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def _calibrate(cfg: DictConfig) -> None:
     try:
-        path = calibrate(load(cfg), unit_shapes=_UNIT_SHAPES[0])
+        reduced = _UNIT_SHAPES[0] == "reduced"
+        path = calibrate(load(cfg), repeats=3 if reduced else 5, unit_shapes=_UNIT_SHAPES[0])
     except ConfigError as e:
         fail(e, "odc_bench.tools.calibrate")
     data = json.loads(path.read_text())
