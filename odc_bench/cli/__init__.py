@@ -14,6 +14,7 @@ from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import chooses_sweep, register_sweeps
 from odc_bench.errors import ConfigError, fail
+from odc_bench.plan.spec import Planner
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -32,12 +33,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if chooses_sweep(args):
         register_sweeps()
+    planner = Planner()  # the precheck's plans are the jobs'
     try:
-        precheck(args)
+        precheck(args, planner)
     except ConfigError as e:
         fail(e)
     try:
-        hydra_main()
+        hydra_main(planner)
     except KeyboardInterrupt as e:
         interrupted(str(e))
 

@@ -39,7 +39,7 @@ from odc_bench.data.tokens import sample_tokens
 from odc_bench.errors import ConfigError, fail
 from odc_bench.files import atomic_write_text
 from odc_bench.models.decoder import build_model
-from odc_bench.plan.spec import device_type_of, hardware_tag
+from odc_bench.plan.device import device_type_of, hardware_tag
 from odc_bench.provenance import git_commit
 
 
