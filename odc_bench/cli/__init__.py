@@ -15,6 +15,7 @@ from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import chooses_sweep, register_sweeps
 from odc_bench.errors import ConfigError, fail
+from odc_bench.plan.spec import Planner
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -44,13 +45,14 @@ def _run(args: list[str]) -> None:
         return
     if chooses_sweep(args):
         register_sweeps()
+    planner = Planner()  # the precheck's plans are the jobs'
     try:
-        precheck(args)
+        precheck(args, planner)
     except ConfigError as e:
         fail(e)
     with _command_line(args):
         try:
-            hydra_main()
+            hydra_main(planner)
         except KeyboardInterrupt as e:
             interrupted(str(e))
 

@@ -28,7 +28,7 @@ from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.jobs.train import uses_mpi
-from odc_bench.plan.spec import check_combination, resolve
+from odc_bench.plan.spec import Planner, check_combination
 from odc_bench.results.table import check_results_dir
 from odc_bench.sim import check_hardware
 
@@ -86,9 +86,10 @@ def _refuse_added_keys(parsed: Sequence[Override], combination: list[str]) -> No
 _ABSENT = object()
 
 
-def check_run(cfg: DictConfig) -> None:
+def check_run(cfg: DictConfig, planner: Planner) -> None:
     """Everything about the composed run that would fail before or during it: its typed config,
-    its plans, its results folder, and the SLURM job it would need."""
+    its plans (made with `planner`, which keeps them for the job), its results folder, and the
+    SLURM job it would need."""
     config = load(cfg)
     if config.task != "train":
         if config.primitives is not None and config.primitives.transport == "mpi":
@@ -97,7 +98,7 @@ def check_run(cfg: DictConfig) -> None:
             mpiexec_path()
         return
     on_slurm = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher")
-    spec = resolve(config, remote_cuda=on_slurm and gpus_requested(cfg))
+    spec = planner.resolve(config, remote_cuda=on_slurm and gpus_requested(cfg))
     check_results_dir(Path(config.results_dir))
     if config.simulated:
         check_hardware(spec)
@@ -112,9 +113,9 @@ def check_run(cfg: DictConfig) -> None:
             mpiexec_path()
 
 
-def precheck(argv: Sequence[str]) -> None:
+def precheck(argv: Sequence[str], planner: Planner) -> None:
     """Compose the command line's config (for a sweep, its first combination that can run) and
-    check the run; ConfigError if anything is wrong."""
+    check the run, planned with `planner`; ConfigError if anything is wrong."""
     overrides = overrides_of(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv) or any(
         o.startswith(("sweep=", "hydra.mode=")) for o in overrides)
@@ -144,4 +145,4 @@ def precheck(argv: Sequence[str]) -> None:
                 raise ConfigError(f"no combination of the sweep can run, e.g.: {cannot_run}")
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(hydra_error_line(e)) from None
-    check_run(cfg)
+    check_run(cfg, planner)

@@ -51,7 +51,7 @@ from rich.table import Table
 from odc_bench.config.fields import as_dict, require
 from odc_bench.config.run import RunConfig
 from odc_bench.errors import RunFailed
-from odc_bench.plan.spec import run_key
+from odc_bench.plan.identity import run_key
 from odc_bench.provenance import git_commit
 from odc_bench.results.table import append_rows
 from odc_bench.run.mpiexec import mpiexec_path, run_mpi_ranks

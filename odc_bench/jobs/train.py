@@ -23,7 +23,9 @@ from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
 from odc_bench.jobs import progress
-from odc_bench.plan.spec import RunSpec, checkpoint_folder, cuda_available, resolve
+from odc_bench.plan.device import cuda_available
+from odc_bench.plan.identity import checkpoint_folder
+from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.metrics import events_frame
 from odc_bench.record.row import failed_row, run_row, sim_row
 from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
@@ -160,9 +162,10 @@ def uses_mpi(spec: RunSpec) -> bool:
     return getattr(spec.config.engine.options, "transport", None) == "mpi"
 
 
-def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None = None) -> dict | list[dict] | None:
-    """The task=train job: plan, run the config until the table holds `repeat` ok runs of it,
-    print each row.
+def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None = None,
+                 planner: Planner | None = None) -> dict | list[dict] | None:
+    """The task=train job: plan (with `planner`, which may hold the plan already), run the
+    config until the table holds `repeat` ok runs of it, print each row.
 
     ConfigError (bad input) before anything is written. A single job with a failed run exits
     with status 1; in a sweep the next job goes on. Returns the row, the rows of several
@@ -173,7 +176,7 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
         raise RunFailed(f"this SLURM job asked for GPUs (hydra.launcher.gpus_per_node={job_gpus}) but its node "
                         f"{socket.gethostname()} sees no CUDA device; check hydra.launcher.partition, or leave out "
                         f"gpus_per_node to run CPU ranks")
-    spec = resolve(config)
+    spec = (planner or Planner()).resolve(config)
     check_results_dir(results_dir)
     done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
     if done >= config.repeat:

@@ -12,10 +12,9 @@ import gc
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,9 +40,10 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
-from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CombinationError, ConfigError
-from odc_bench.models.memory import MemoryEstimate, estimate, host_available_bytes
+from odc_bench.models.memory import MemoryEstimate, estimate
+from odc_bench.plan.device import hardware_tag, memory_limit, run_device
+from odc_bench.plan.identity import config_key
 from odc_core.engine.registry import shard_group_size
 
 GB = 2**30
@@ -137,12 +137,7 @@ class RunSpec:
 
     def memory_at(self, tokens: int) -> MemoryEstimate:
         """The per-rank estimate with a microbatch limit of `tokens` (samples no longer than that)."""
-        c = self.config
-        recompute = c.backend.recomputed.layers if isinstance(c.backend, SimBackendConfig) else 0.0
-        on_cpu = not c.simulated and self.device_type == "cpu"
-        return estimate(c.model, self.world_size, c.precision, tokens, recompute,
-                        cpu_longest=tokens if on_cpu else None, shard_over=shard_group(c),
-                        version_slots=c.engine.staleness + 1)
+        return rank_memory(self.config, self.device_type, tokens, tokens)
 
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit, for ranks of this host (a
@@ -175,55 +170,6 @@ class RunSpec:
             mid = (low + high) // 2
             low, high = (mid, high) if self.memory_at(mid).total <= limit else (low, mid)
         return low
-
-
-# Keys added after results were recorded, left out of the key while they hold the value every
-# earlier run had: those runs keep their keys, so a re-run sweep still finds them.
-LATER_KEYS = {("model", "family"): "qwen2", ("backend", "recompute_mode"): "full",
-              ("backend", "recompute_blocks"): 0.5, ("backend", "odc_internode_slowdown"): 1.0}
-
-
-def run_key(config: Mapping[str, Any]) -> str:
-    """A stable hash of a run's config, minus where results go, how often to repeat it and how
-    it is checkpointed (none of which changes what it measures)."""
-    keyed = {k: v for k, v in config.items() if k not in {"results_dir", "hydra", "repeat", "checkpoint"}}
-    for (section, key), earlier in LATER_KEYS.items():
-        part = keyed.get(section)
-        if isinstance(part, Mapping) and part.get(key) == earlier:
-            keyed[section] = {k: v for k, v in part.items() if k != key}
-    blob = json.dumps(keyed, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def checkpoint_folder(config: RunConfig, run_id: str) -> Path:
-    """Where a real run keeps its checkpoints: one folder per run key, so that only a re-run of
-    the same config resumes from them."""
-    return Path(config.checkpoint.dir or Path(config.results_dir) / "checkpoints") / run_id
-
-
-def device_type_of(config: RunConfig) -> str:
-    """cpu or cuda, as device=auto|cpu|cuda and this machine decide; ConfigError for cuda without one."""
-    import torch  # here: a simulated run, or a CPU one, never needs it
-
-    require(config.device != "cuda" or torch.cuda.is_available(),
-            "device=cuda but no CUDA device is visible; use device=auto or device=cpu")
-    return "cuda" if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()) else "cpu"
-
-
-def cuda_available() -> bool:
-    """Whether this machine sees a CUDA device (imports torch: only runs that may use one ask)."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def hardware_tag(device_type: str) -> str:
-    """The name calibrations of this machine's device are filed under."""
-    if device_type != "cuda":
-        return device_tag(device_type)
-    import torch
-
-    return device_tag(device_type, torch.cuda.get_device_name(0))
 
 
 def plan_digest(spec: RunSpec) -> str:
@@ -272,28 +218,6 @@ def check_combination(config: RunConfig) -> None:
                                ("balancer", "engine.staleness"))
 
 
-# Plans are pure functions of these inputs, so a process that resolves several runs over the same
-# minibatches (the series of a what-if or of a sweep, which differ only in the engine) plans each
-# minibatch once. Plans are never modified after planning.
-_PLANS: dict[tuple, tuple[Plan, list[Microbatch] | None]] = {}
-_PLANS_KEPT = 4096
-
-
-def _plan_once(balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
-               cost: CostModel, ready: Sequence[float] | None = None) -> tuple[Plan, list[Microbatch] | None]:
-    try:
-        key = (balancer.name, options, cost, world, max_tokens, tuple(lengths),
-               None if ready is None else tuple(ready))
-        hash(key)
-    except TypeError:  # options holding a mutable value: plan without the memo
-        return plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
-    if key not in _PLANS:
-        if len(_PLANS) >= _PLANS_KEPT:
-            _PLANS.clear()
-        _PLANS[key] = plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
-    return _PLANS[key]
-
-
 @contextmanager
 def _no_cycle_collection() -> Iterator[None]:
     enabled = gc.isenabled()
@@ -318,9 +242,14 @@ def shard_group(config: RunConfig) -> int:
     return shard_group_size(options.shard, options.ranks_per_node, config.world_size)
 
 
-# The last run planned, by its config and the files planning read: the command line's
-# precheck plans the run, then the Hydra job plans the same run again in the same process.
-_planned: tuple[str, RunSpec] | None = None
+def rank_memory(config: RunConfig, device_type: str, tokens: int, longest: int) -> MemoryEstimate:
+    """What a rank needs (models/memory.py) with a microbatch limit of `tokens`; on CPU ranks,
+    whose attention holds the scores of a whole document, with `longest` its longest sample."""
+    recompute = config.backend.recomputed.layers if isinstance(config.backend, SimBackendConfig) else 0.0
+    on_cpu = not config.simulated and device_type == "cpu"
+    return estimate(config.model, config.world_size, config.precision, tokens, recompute,
+                    cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),
+                    version_slots=config.engine.staleness + 1)
 
 
 def _plan_key(config: RunConfig, device_type: str, remote: bool) -> str:
@@ -340,32 +269,70 @@ def _plan_key(config: RunConfig, device_type: str, remote: bool) -> str:
     return json.dumps([config.to_dict(), device_type, stamps], sort_keys=True, default=str)
 
 
-def resolve(config: RunConfig, reuse: bool = True, lengths: np.ndarray | None = None,
-            remote_cuda: bool = False) -> RunSpec:
-    """Plan every minibatch of the run; ConfigError (one line) for input that cannot run.
+class Planner:
+    """Resolves runs (RunConfig -> RunSpec) and keeps what it planned, for the runs of one command.
 
-    `remote_cuda`: the ranks will run on CUDA devices of other hosts (a SLURM job asking for
-    GPUs, submitted from a login node): the run is resolved for CUDA without this machine's,
-    its device memory left unbounded here (the job's node checks it).
+    Plans are pure functions of their inputs, so runs over the same minibatches (the series of a
+    what-if, the jobs of a sweep, which differ only in the engine) plan each minibatch once; and
+    the run just resolved (same config, same files read) is returned again: the command line's
+    precheck resolves the run, then hands its planner to the Hydra job (app.Job), which resolves
+    it again. Plans are never modified after planning. A pickled planner (a SLURM job's) starts
+    empty.
+    """
 
-    Planning the run just planned (same config, same files) returns that plan, unless
-    `reuse` is False: a job after the command line's precheck plans once. `lengths` replaces
-    the dataset's pool (studies that vary the length distribution itself, tools/sensitivity.py);
-    such a spec is never reused, and its key still names the dataset, so it is not recorded."""
-    global _planned
-    remote = remote_cuda and not config.simulated and config.device != "cpu" and not cuda_available()
-    device_type = "cpu" if config.simulated else "cuda" if remote else device_type_of(config)
-    if lengths is not None:
-        return _resolve(config, device_type, lengths, remote)
-    key = _plan_key(config, device_type, remote)
-    if reuse and _planned is not None and _planned[0] == key:
-        return _planned[1]
-    spec = _resolve(config, device_type, remote=remote)
-    _planned = (key, spec)
-    return spec
+    KEPT = 4096  # plans remembered before they are all forgotten
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, tuple[Plan, list[Microbatch] | None]] = {}
+        self._last: tuple[str, RunSpec] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._plans, self._last = {}, None
+
+    def resolve(self, config: RunConfig, lengths: np.ndarray | None = None, remote_cuda: bool = False) -> RunSpec:
+        """Plan every minibatch of the run; ConfigError (one line) for input that cannot run.
+
+        `remote_cuda`: the ranks will run on CUDA devices of other hosts (a SLURM job asking for
+        GPUs, submitted from a login node): the run is resolved for CUDA without this machine's,
+        its device memory left unbounded here (the job's node checks it). `lengths` replaces the
+        dataset's pool (studies that vary the length distribution itself, tools/sensitivity.py);
+        such a spec is never returned again, and its key still names the dataset, so it is not
+        recorded."""
+        device_type, remote = run_device(config, remote_cuda)
+        if lengths is not None:
+            return _resolve(config, device_type, self, lengths, remote)
+        key = _plan_key(config, device_type, remote)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        spec = _resolve(config, device_type, self, remote=remote)
+        self._last = (key, spec)
+        return spec
+
+    def plan(self, balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
+             cost: CostModel, ready: Sequence[float] | None = None) -> tuple[Plan, list[Microbatch] | None]:
+        """One minibatch's plan (balancers/registry.py plan_minibatch), planned once."""
+        try:
+            key = (balancer.name, options, cost, world, max_tokens, tuple(lengths),
+                   None if ready is None else tuple(ready))
+            hash(key)
+        except TypeError:  # options holding a mutable value: plan without the memo
+            return plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
+        if key not in self._plans:
+            if len(self._plans) >= self.KEPT:
+                self._plans.clear()
+            self._plans[key] = plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
+        return self._plans[key]
 
 
-def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = None,
+def resolve(config: RunConfig, lengths: np.ndarray | None = None, remote_cuda: bool = False) -> RunSpec:
+    """Planner.resolve with a planner of its own: nothing shared with other runs."""
+    return Planner().resolve(config, lengths, remote_cuda)
+
+
+def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.ndarray | None = None,
              remote: bool = False) -> RunSpec:
     world, per_rank = config.world_size, config.minibatch_size
     engine = config.engine if config.simulated else config.engine.for_device(device_type)
@@ -403,7 +370,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
                     f"minibatch {k} has a sample of {longest} tokens, over the microbatch limit "
                     f"max_tokens={max_tokens}; raise max_tokens (or packing_ratio) or lower dataset.length_scale")
             try:
-                plan, queue = _plan_once(balancer, options, lens, world, max_tokens, cost, clock.ready())
+                plan, queue = planner.plan(balancer, options, lens, world, max_tokens, cost, clock.ready())
             except ValueError as e:
                 raise ConfigError(f"balancer {balancer.name} cannot plan minibatch {k}: {e}") from None
             if engine.spec.equal_microbatch_counts:
@@ -414,34 +381,7 @@ def _resolve(config: RunConfig, device_type: str, lengths: np.ndarray | None = N
             clock.advance(rank_work(plan, lens, cost))
             minibatches.append(Minibatch(ids, lens, plan, predict(plan, lens, world, max_tokens, cost, semantics),
                                          queue))
-    recompute = config.backend.recomputed.layers if isinstance(config.backend, SimBackendConfig) else 0.0
-    on_cpu = not config.simulated and device_type == "cpu"
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
-    memory = estimate(config.model, world, config.precision, max_tokens, recompute,
-                      cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),
-                      version_slots=engine.staleness + 1)
-    return RunSpec(resolved, run_key(keyed_config(resolved)), device_type, cost, options, memory,
+    return RunSpec(resolved, config_key(resolved), device_type, cost, options,
+                   rank_memory(resolved, device_type, max_tokens, longest),
                    None if remote else memory_limit(config, device_type), minibatches, len(lengths))
-
-
-def keyed_config(config: RunConfig) -> dict[str, Any]:
-    """What a run's key hashes: its config and, for a length profile, the profile's definition,
-    which lives in code (data/profiles.py): a profile refitted later (LongAlign's floor moved
-    from 1K to 8K once) draws other lengths under the same config, so its runs get other keys
-    and a re-run sweep does not take old rows for new ones."""
-    keyed = config.to_dict()
-    if config.dataset.loader == "profile" and config.dataset.profile in PROFILES:
-        keyed["dataset"] = {**keyed["dataset"], "profile_definition": asdict(PROFILES[config.dataset.profile])}
-    return keyed
-
-
-def memory_limit(config: RunConfig, device_type: str) -> int | None:
-    """What bounds a rank's memory (see RunSpec.memory_limit)."""
-    if isinstance(config.backend, SimBackendConfig):
-        hw = config.backend.hardware
-        return int(hw.memory_gb * 1e9) if isinstance(hw, GpuHardwareConfig) else None
-    if device_type == "cuda":
-        import torch
-
-        return int(torch.cuda.mem_get_info()[1])
-    return host_available_bytes() // config.world_size

@@ -15,6 +15,15 @@ group (gloo on CPU), ODC synchronous, full sharding, shards fetched from their o
 
 Schema 3 -> 4 adds `mfu` (model FLOPs utilisation, record/row.py), empty for earlier rows: a
 simulated row gets it by running again (seconds), a real one never had a stated peak.
+
+Schema 4 -> 5 keys every run by its whole config (plan/identity.py). Before, keys added to the
+config after rows were recorded were left out of the key while they held the value those rows
+had, so that the rows kept their keys; keys added without that care left rows with keys no
+config had any more, which a re-run sweep ran again. A row whose config, planned again, draws
+the lengths the row recorded (`samples`, `len_*`) now gets the key of its config, and a re-run
+sweep skips it; a row whose config no longer plans, or plans other lengths (a profile refitted
+since, data that changed), or that never recorded its own lengths (schema 1), keeps its key,
+which no config has, so a re-run measures it again. `attempt` is counted again over the new keys.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from odc_bench.config.engine import ENGINES
 from odc_bench.config.run import run_config
 from odc_bench.errors import ConfigError, TableError
 from odc_bench.files import atomic_write_text, locked
-from odc_bench.plan.spec import resolve
+from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import COLUMNS, MB, SCHEMA_VERSION
 
@@ -45,13 +54,20 @@ def _with_hardware_defaults(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _planned(config_yaml: object) -> RunSpec | None:
+    """The row's config planned again; None when it no longer plans."""
+    try:
+        return resolve(run_config(_with_hardware_defaults(yaml.safe_load(str(config_yaml)) or {})))
+    except (ConfigError, ValueError, TypeError, KeyError):
+        return None
+
+
 def _recomputed(config_yaml: object) -> dict[str, float | None]:
     """What schema 2 adds that the row's config determines; empty when it no longer plans."""
-    try:
-        config = run_config(_with_hardware_defaults(yaml.safe_load(str(config_yaml)) or {}))
-        spec = resolve(config)
-    except (ConfigError, ValueError, TypeError, KeyError):
+    spec = _planned(config_yaml)
+    if spec is None:
         return {}
+    config = spec.config
     limit = spec.memory_limit if config.simulated else None
     return {**spec.length_stats(), "mem_estimate_mb": spec.memory.total / MB,
             "mem_limit_mb": limit / MB if limit is not None else None}
@@ -77,10 +93,14 @@ def migrate_table(path: Path) -> int:
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
             return 0
-        if versions - {"1", "2", "3", str(SCHEMA_VERSION)}:
+        if versions - {"1", "2", "3", "4", str(SCHEMA_VERSION)}:
             raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
-                             f"migrates schemas 1, 2 and 3")
+                             f"migrates schemas 1 to 4")
         old = table["schema_version"] == "1" if "schema_version" in table else pd.Series(True, index=table.index)
+        keyed_before = ~old & (table["schema_version"] != str(SCHEMA_VERSION)) if "schema_version" in table else ~old
+        if keyed_before.any():
+            table.loc[keyed_before, "run_id"] = _rekeyed(table.loc[keyed_before])
+            table["attempt"] = table.groupby("run_id").cumcount()
         if old.any():
             added = pd.DataFrame([_recomputed(c) for c in table.loc[old, "config"]], index=table.index[old])
             for column in added.columns:
@@ -97,6 +117,23 @@ def migrate_table(path: Path) -> int:
         table["schema_version"] = SCHEMA_VERSION
         atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
     return len(table)
+
+
+def _rekeyed(rows: pd.DataFrame) -> list[str]:
+    """Each row's key under its config now, where planning the config again draws the lengths
+    the row recorded; its own key elsewhere (schema 4 -> 5)."""
+    lengths = ["samples", "len_mean", "len_p50", "len_p99", "len_max"]
+    planned: dict[str, tuple[str, dict[str, float]] | None] = {}
+    keys = []
+    for _, row in rows.iterrows():
+        text = str(row["config"])
+        if text not in planned:
+            spec = _planned(text) if isinstance(row["config"], str) else None
+            planned[text] = None if spec is None else (spec.run_id, spec.length_stats())
+        found = planned[text]
+        same = found is not None and all(float(found[1][c]) == float(row[c]) for c in lengths)
+        keys.append(found[0] if found is not None and same else str(row["run_id"]))
+    return keys
 
 
 def migrate(dirs: list[Path]) -> dict[Path, int]:

@@ -36,7 +36,8 @@ def check_table(path: Path) -> None:
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TableError(f"{path} is not a readable results table ({reason}); {fix}") from None
-    older = set(table["schema_version"].dropna()) & {"1", "2", "3"} if "schema_version" in table else set()
+    earlier = {str(v) for v in range(1, SCHEMA_VERSION)}
+    older = set(table["schema_version"].dropna()) & earlier if "schema_version" in table else set()
     if older:
         raise TableError(f"{path} holds rows of results schema {', '.join(sorted(older))}, this code writes "
                          f"{SCHEMA_VERSION}; bring it to this schema with `python -m odc_bench.results migrate "

@@ -25,7 +25,8 @@ from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
 from odc_bench.models.decoder import build_model, compile_dense
-from odc_bench.plan.spec import Minibatch, RunSpec, checkpoint_folder
+from odc_bench.plan.identity import checkpoint_folder
+from odc_bench.plan.spec import Minibatch, RunSpec
 from odc_bench.run import trace
 from odc_bench.run.optim import adamw
 from odc_core import checkpoint

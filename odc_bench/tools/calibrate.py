@@ -61,7 +61,7 @@ from odc_bench.errors import ConfigError, fail
 from odc_bench.files import atomic_write_text
 from odc_bench.models.attention import Documents, kernel_for
 from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
-from odc_bench.plan.spec import device_type_of, hardware_tag
+from odc_bench.plan.device import device_type_of, hardware_tag
 from odc_bench.provenance import git_commit
 from odc_bench.sim import unit_fit
 

@@ -121,7 +121,7 @@ def stages(ranks_list: list[int], minibatches: int, overrides: list[str]) -> Non
     for ranks in ranks_list:
         for engine, balancer in SERIES:
             config = compose_run(case(ranks, minibatches, engine, balancer, overrides))
-            spec, w0, c0 = timed(resolve, config, False)
+            spec, w0, c0 = timed(resolve, config)
             sim, w1, c1 = timed(simulate, spec, False)
             row, w2, c2 = timed(sim_timing, spec, sim)
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -21,7 +21,7 @@ from odc_bench.config.compose import compose_run, hydra_error_line
 from odc_bench.config.run import RunConfig
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
-from odc_bench.plan.spec import RunSpec, resolve
+from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
 from odc_bench.results.split import per_sample, saving
 from odc_bench.sim import check_hardware, simulate
@@ -49,11 +49,12 @@ def plan(question: Question) -> list[tuple[Series, int, list[str], RunSpec]]:
     another `minibatch_size` (the run key and the plans are those of composing it anew, which the
     tests check against `python -m odc_bench`)."""
     runs = []
+    planner = Planner()  # series that share a balancer share its plans
     first = question.minibatch_sizes[0]
     for s in series(question.all_balancers, question.staleness):
         config = compose_config(question.run(s, first))
         for m in question.minibatch_sizes:
-            spec = resolve(replace(config, minibatch_size=m))
+            spec = planner.resolve(replace(config, minibatch_size=m))
             if m == first:
                 check_hardware(spec)
             runs.append((s, m, question.run(s, m), spec))

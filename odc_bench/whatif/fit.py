@@ -35,7 +35,7 @@ def _replanned(spec: RunSpec, recompute: bool = False, bf16: bool = False, world
     if world_size is not None:
         config = replace(config, world_size=world_size)
     try:
-        return resolve(config, reuse=False)
+        return resolve(config)
     except ConfigError:
         return None
 

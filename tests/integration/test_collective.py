@@ -5,8 +5,8 @@ from functools import partial
 import pandas as pd
 import pytest
 
-from odc_bench.app import main as run_job
-from odc_bench.plan.spec import resolve
+from odc_bench.app import Job
+from odc_bench.plan.spec import Planner, resolve
 from odc_bench.record.row import COLUMNS
 from odc_bench.run import local
 from odc_bench.run.local import run_local
@@ -22,7 +22,7 @@ def test_two_rank_fsdp2_steps_equal_a_single_process_step(backend):
     """FSDP2 on the shared-memory process group (the CPU default) and on gloo."""
     spec = resolve(run_config("num_minibatches=2", "warmup_minibatches=0", "world_size=2",
                                   "minibatch_size=2", "optim.weight_decay=0.1", f"engine.backend={backend}"))
-    results = run_local(spec, collect_params=True)
+    results = local.run_local(spec, collect_params=True)
     expected, _ = train_single_process(spec)
     assert relative_error(results[0]["params"], expected) < 1e-5
 
@@ -57,7 +57,7 @@ def test_a_failing_rank_is_recorded_as_a_failed_run(results_dir, monkeypatch):
     monkeypatch.setattr(local, "run_local", partial(run_local, entry=failing_rank_entry))
     cfg = compose_config(f"results_dir={results_dir}", "num_minibatches=2", "warmup_minibatches=0")
     with pytest.raises(SystemExit) as exit_info:
-        run_job(cfg)
+        Job(Planner())(cfg)
     assert exit_info.value.code == 1
     row = pd.read_csv(results_dir / "runs.csv").iloc[0]
     assert row["status"] == "failed" and row["error"] == "rank 1 failed: RuntimeError: rank 1 cannot go on"

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from odc_bench.jobs.train import execute
-from odc_bench.plan.spec import checkpoint_folder, resolve
+from odc_bench.plan.identity import checkpoint_folder
+from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import minibatch_losses
 from odc_bench.results.table import read_table
 from odc_bench.run.local import run_local

@@ -141,5 +141,5 @@ def test_a_refitted_length_profile_gives_its_runs_new_keys(monkeypatch):
 
     before = resolve(run_config())
     monkeypatch.setitem(profiles.PROFILES, "longalign", replaced(profiles.PROFILES["longalign"], min_len=1024))
-    after = resolve(run_config(), reuse=False)
+    after = resolve(run_config())
     assert after.config == before.config and after.run_id != before.run_id

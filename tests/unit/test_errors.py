@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import CONF_DIR, options_with_key
 from odc_bench.errors import ConfigError
+from odc_bench.plan.spec import Planner
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from tests.helpers import REPO, odc_bench
 
@@ -262,7 +263,7 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, mon
         monkeypatch.setenv(key, value)
     before = _files_under(tmp_path)
     with pytest.raises(ConfigError) as error:
-        precheck(argv)
+        precheck(argv, Planner())
     message = str(error.value)
     assert CASES[case][1] in message
     assert "\n" not in message, "one line"

@@ -3,7 +3,7 @@ import multiprocessing
 import pandas as pd
 import pytest
 
-from odc_bench.plan.spec import run_key
+from odc_bench.plan.identity import run_key
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.table import append_row, ok_runs, read_table
 
@@ -81,3 +81,25 @@ def test_a_schema_2_table_is_refused_with_the_migration_and_migrates_to_zero_res
     assert list(table["resumed_from"]) == [0, 0] and list(table["requeues"]) == [0, 0]
     assert list(table["samples_per_s"]) == [1.5, 2.25] and list(table["run_id"]) == ["a", "b"]
     assert migrate_table(path) == 0  # already this schema
+
+
+def test_a_schema_4_table_is_keyed_by_whole_configs_where_each_row_draws_its_lengths_again(tmp_path):
+    from odc_bench.plan.spec import resolve
+    from odc_bench.record.row import sim_row
+    from odc_bench.results.migrate import migrate_table
+    from odc_bench.sim import simulate
+    from tests.helpers import run_config
+
+    spec = resolve(run_config("backend=sim", "num_minibatches=2", "warmup_minibatches=0"))
+    row = {**sim_row(spec, simulate(spec, trace=False), ""), "schema_version": 4}
+    rows = [{**row, "run_id": "keyed-before"},
+            {**row, "run_id": "other-lengths", "len_mean": row["len_mean"] + 1},  # an earlier profile drew these
+            {**row, "run_id": "no-plan", "config": "engine:\n  name: retired"},
+            {**row, "run_id": "keyed-before"}]
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(path, index=False)
+    assert migrate_table(path) == 4
+    table = read_table(path)
+    assert list(table["run_id"]) == [spec.run_id, "other-lengths", "no-plan", spec.run_id]
+    assert list(table["attempt"]) == [0, 0, 0, 1] and (table["schema_version"] == SCHEMA_VERSION).all()
+    assert migrate_table(path) == 0

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odc_bench.app import main as run_job
+from odc_bench.app import Job
 from odc_bench.config.backend import Recompute
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import train_flops
-from odc_bench.plan.spec import resolve
+from odc_bench.plan.spec import Planner, resolve
 from odc_bench.record.row import COLUMNS
 from odc_bench.sim import claimed, simulate
 from odc_bench.sim.hardware import EngineCosts, Network
@@ -161,7 +161,7 @@ def test_sim_job_writes_the_same_row_and_trace_schema(results_dir, monkeypatch, 
 ])
 def test_unusable_hardware_is_a_one_line_error(results_dir, capsys, overrides, message):
     with pytest.raises(SystemExit) as exit_info:
-        run_job(compose_config("backend=sim", f"results_dir={results_dir}", *overrides))
+        Job(Planner())(compose_config("backend=sim", f"results_dir={results_dir}", *overrides))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("odc_bench: error:") and message in err and len(err.strip().splitlines()) == 1

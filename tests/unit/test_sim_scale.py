@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from odc_bench.config.backend import GpuHardwareConfig
 from odc_bench.plan import spec as plan_spec
-from odc_bench.plan.spec import plan_digest, resolve
+from odc_bench.plan.spec import Planner, plan_digest, resolve
 from odc_bench.record.row import sim_timing, timing
 from odc_bench.sim import simulate
 from odc_bench.sim.contention import Contention
@@ -255,12 +255,11 @@ def test_a_job_after_the_command_lines_precheck_plans_once(tmp_path, monkeypatch
     calls = []
     plan = plan_spec._resolve
 
-    def counting(config, device_type, **kwargs):
+    def counting(config, device_type, planner, **kwargs):
         calls.append(config.world_size)
-        return plan(config, device_type, **kwargs)
+        return plan(config, device_type, planner, **kwargs)
 
     monkeypatch.setattr(plan_spec, "_resolve", counting)
-    monkeypatch.setattr(plan_spec, "_planned", None)
     argv = ["backend=sim", "engine=odc", "balancer=lb_mini", "num_minibatches=3", f"results_dir={tmp_path / 'r'}",
             f"hydra.run.dir={tmp_path / 'h'}", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     monkeypatch.setattr(sys, "argv", ["odc_bench", *argv])
@@ -269,15 +268,16 @@ def test_a_job_after_the_command_lines_precheck_plans_once(tmp_path, monkeypatch
     assert (tmp_path / "r" / "runs.csv").exists()
 
 
-def test_a_changed_input_file_plans_again(tmp_path, monkeypatch):
+def test_a_changed_input_file_plans_again(tmp_path):
     data = tmp_path / "lengths.jsonl"
     data.write_text("\n".join(str(n) for n in [100, 200, 300, 400] * 8) + "\n")
     config = run_config("dataset=jsonl", f"dataset.path={data}", "num_minibatches=3", "backend=sim")
-    monkeypatch.setattr(plan_spec, "_planned", None)
-    first = resolve(config)
-    assert resolve(config) is first
+    planner = Planner()
+    first = planner.resolve(config)
+    assert planner.resolve(config) is first
+    assert resolve(config) is not first, "a planner of its own plans again"
     data.write_text("\n".join(str(n) for n in [150, 250, 350, 450] * 8) + "\n")
-    assert resolve(config) is not first
+    assert planner.resolve(config) is not first
 
 
 PLAN_DIGEST = """
@@ -306,7 +306,7 @@ def test_plans_are_identical_across_runs_with_one_seed():
     assert first == second and len(set(first.split())) == 2
     config = run_config("backend=sim", "world_size=64", "minibatch_size=4", "num_minibatches=3",
                         "dataset.length_scale=1", "balancer=lb_mini", "engine=odc", "seed=3")
-    assert plan_digest(resolve(config, reuse=False)) == plan_digest(resolve(config, reuse=False))
+    assert plan_digest(resolve(config)) == plan_digest(resolve(config))
 
 
 def test_hybrid_sharding_on_nodes_that_do_not_divide_the_local_ranks_is_a_one_line_error(results_dir, monkeypatch,

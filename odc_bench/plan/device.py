@@ -1,0 +1,59 @@
+"""Facts about the devices a run's ranks get: which device type, what its calibrations are
+filed under, and how much memory a rank may use.
+
+torch is imported only where a real device is asked about: a simulated run never needs it.
+"""
+
+from __future__ import annotations
+
+from odc_bench.balancers.cost import device_tag
+from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
+from odc_bench.config.fields import require
+from odc_bench.config.run import RunConfig
+from odc_bench.models.memory import host_available_bytes
+
+
+def cuda_available() -> bool:
+    """Whether this machine sees a CUDA device."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_type_of(config: RunConfig) -> str:
+    """cpu or cuda, as device=auto|cpu|cuda and this machine decide; ConfigError for cuda without one."""
+    if config.device == "cpu":
+        return "cpu"
+    available = cuda_available()
+    require(config.device != "cuda" or available, "device=cuda but no CUDA device is visible; use device=auto or "
+                                                  "device=cpu")
+    return "cuda" if available else "cpu"
+
+
+def run_device(config: RunConfig, remote_cuda: bool) -> tuple[str, bool]:
+    """The device type a run is resolved for, and whether its ranks run on CUDA devices of other
+    hosts (`remote_cuda`: a SLURM job asking for GPUs, submitted from a machine that has none)."""
+    remote = remote_cuda and not config.simulated and config.device != "cpu" and not cuda_available()
+    return ("cpu" if config.simulated else "cuda" if remote else device_type_of(config)), remote
+
+
+def hardware_tag(device_type: str) -> str:
+    """The name calibrations of this machine's device are filed under."""
+    if device_type != "cuda":
+        return device_tag(device_type)
+    import torch
+
+    return device_tag(device_type, torch.cuda.get_device_name(0))
+
+
+def memory_limit(config: RunConfig, device_type: str) -> int | None:
+    """Bytes a rank may use: a simulated GPU's memory, a local CUDA device's, or this host's
+    available memory shared by the run's ranks; None where nothing bounds it (the CPU profile)."""
+    if isinstance(config.backend, SimBackendConfig):
+        hw = config.backend.hardware
+        return int(hw.memory_gb * 1e9) if isinstance(hw, GpuHardwareConfig) else None
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info()[1])
+    return host_available_bytes() // config.world_size
