@@ -22,14 +22,14 @@ from odc_bench.provenance import git_commit
 from odc_bench.record.metrics import minibatch_losses, summarize, summary
 from odc_bench.sim import Simulation
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # The tidy columns every row has, in order (results/README.md defines each).
 COLUMNS = [
     "run_id", "schema_version", "attempt", "status", "error", "timestamp", "commit", "host",
     "backend", "engine", "balancer", "variant", "shard", "fetch", "staleness", "cost_model", "model", "dataset",
     "world_size", "minibatch_size", "num_minibatches", "warmup_minibatches", "max_tokens", "packing_ratio",
-    "length_scale", "precision", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
+    "length_scale", "precision", "attention", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
     "samples_per_s", "tokens_per_s", "mfu", "bubble_rate", "predicted_bubble_rate",
     "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "mem_estimate_mb", "mem_limit_mb", "wall_s",
     "loss_first", "loss_last", "resumed_from", "requeues", "trace", "config",
@@ -96,6 +96,7 @@ def run_row(spec: RunSpec, rank_results: list[dict], events: pd.DataFrame, trace
     losses = minibatch_losses(events, [mb.labelled_tokens for mb in spec.minibatches])
     resumed_from = rank_results[0].get("resumed_from", 0)
     return {**base_row(spec), **timing(spec, events, resumed_from), "status": "ok", "error": "",
+            "attention": ",".join(sorted({k for r in rank_results for k in r.get("attention", "").split(",") if k})),
             "resumed_from": resumed_from,
             "peak_mem_mb": max(r["peak_bytes"] + r["heap_bytes"] for r in rank_results) / MB,
             "heap_mb": max(r["heap_bytes"] for r in rank_results) / MB,

@@ -24,6 +24,10 @@ the lengths the row recorded (`samples`, `len_*`) now gets the key of its config
 sweep skips it; a row whose config no longer plans, or plans other lengths (a profile refitted
 since, data that changed), or that never recorded its own lengths (schema 1), keeps its key,
 which no config has, so a re-run measures it again. `attempt` is counted again over the new keys.
+
+Schema 5 -> 6 adds `attention`, the attention kernel the ranks ran (models/attention.py):
+sdpa_per_doc for every earlier real run (one SDPA call per document was the only kernel there
+was), empty for simulated rows.
 """
 
 from __future__ import annotations
@@ -93,11 +97,12 @@ def migrate_table(path: Path) -> int:
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
             return 0
-        if versions - {"1", "2", "3", "4", str(SCHEMA_VERSION)}:
+        if versions - {"1", "2", "3", "4", "5", str(SCHEMA_VERSION)}:
             raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
-                             f"migrates schemas 1 to 4")
+                             f"migrates schemas 1 to 5")
         old = table["schema_version"] == "1" if "schema_version" in table else pd.Series(True, index=table.index)
-        keyed_before = ~old & (table["schema_version"] != str(SCHEMA_VERSION)) if "schema_version" in table else ~old
+        keyed_before = ~old & ~table["schema_version"].isin(["5", str(SCHEMA_VERSION)]) \
+            if "schema_version" in table else ~old
         if keyed_before.any():
             table.loc[keyed_before, "run_id"] = _rekeyed(table.loc[keyed_before])
             table["attempt"] = table.groupby("run_id").cumcount()
@@ -114,6 +119,8 @@ def migrate_table(path: Path) -> int:
                                    index=table.index, columns=["variant", "shard", "fetch", "staleness"])
             for column in derived.columns:
                 table[column] = derived[column]
+        if "attention" not in table:
+            table["attention"] = ["" if backend == "sim" else "sdpa_per_doc" for backend in table["backend"]]
         table["schema_version"] = SCHEMA_VERSION
         atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
     return len(table)

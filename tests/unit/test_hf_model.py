@@ -18,6 +18,7 @@ from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import compose_run
 from odc_bench.config.hf_model import hf_model_overrides
 from odc_bench.errors import ConfigError
+from odc_bench.plan.spec import Planner
 from odc_bench.results.table import read_table
 from odc_bench.whatif import calibrate as cc
 from odc_bench.whatif.answer import compose_config
@@ -127,12 +128,12 @@ def test_model_equals_a_folder_or_its_config_json_in_the_harness_as_in_the_whati
 
 def test_a_model_path_the_harness_cannot_use_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as nothing:
-        precheck([f"model={tmp_path / 'nowhere'}", "backend=sim"])
+        precheck([f"model={tmp_path / 'nowhere'}", "backend=sim"], Planner())
     assert str(nothing.value).startswith(f"model={tmp_path / 'nowhere'}: no model config, and no Hugging Face model "
                                          f"folder")
     folder = write(tmp_path / "m", hf_config("qwen2_7b", "qwen3", head_dim=128))
     with pytest.raises(ConfigError) as qwen3:
-        precheck([f"model={folder}", "backend=sim"])
+        precheck([f"model={folder}", "backend=sim"], Planner())
     assert "model_type 'qwen3' is not one the harness simulates" in str(qwen3.value)
     assert "\n" not in str(nothing.value) + str(qwen3.value)
 

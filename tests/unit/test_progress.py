@@ -10,7 +10,8 @@ from rich.console import Console
 from odc_bench.cli.progress import ProgressCallback, outcome_of
 from odc_bench.jobs import progress
 from odc_bench.jobs.train import execute, kept_checkpoints
-from odc_bench.plan.spec import checkpoint_folder, resolve
+from odc_bench.plan.identity import checkpoint_folder
+from odc_bench.plan.spec import resolve
 from odc_bench.run.local import run_local
 from tests.helpers import compose_config, run_config
 

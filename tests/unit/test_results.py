@@ -103,3 +103,17 @@ def test_a_schema_4_table_is_keyed_by_whole_configs_where_each_row_draws_its_len
     assert list(table["run_id"]) == [spec.run_id, "other-lengths", "no-plan", spec.run_id]
     assert list(table["attempt"]) == [0, 0, 0, 1] and (table["schema_version"] == SCHEMA_VERSION).all()
     assert migrate_table(path) == 0
+
+
+def test_a_schema_5_table_gets_the_attention_kernel_its_real_runs_ran_and_keeps_its_keys(tmp_path):
+    from odc_bench.results.migrate import migrate_table
+
+    old = [c for c in COLUMNS if c != "attention"]
+    rows = [{**{c: "" for c in old}, "run_id": run_id, "schema_version": 5, "status": "ok", "backend": backend}
+            for run_id, backend in (("a", "local"), ("b", "sim"))]
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows, columns=old).to_csv(path, index=False)
+    assert migrate_table(path) == 2
+    table = read_table(path)
+    assert list(table.columns) == COLUMNS and list(table["run_id"]) == ["a", "b"]
+    assert list(table["attention"].fillna("")) == ["sdpa_per_doc", ""]
