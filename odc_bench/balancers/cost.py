@@ -9,7 +9,7 @@ length s (attention grows as s^2, everything else as s), which keeps them compar
   A100 time (`1p5b`: a=1.982122 b=2.611821; `7b`: a=4.348357 b=8.768377);
 - flops: forward plus backward FLOPs of the run's model (models/flops.py), in TFLOP;
 - calibrated: a x^2 + b x with x = s / 1000, in seconds, plus a per-microbatch constant c,
-  fitted on this machine by `python -m odc_bench.tools.calibrate`.
+  fitted on this machine by `python -m odc_bench.calibrate.cost_model`.
 
 A microbatch costs the sum of its documents (attention is per document) plus the model's
 per-microbatch constant c (zero except when calibrated).
@@ -104,7 +104,7 @@ def calibration_path(model_name: str, tag: str, override: str | None = None) -> 
 
 
 def load_calibration(path: Path) -> CostModel:
-    """The fitted coefficients written by `python -m odc_bench.tools.calibrate`.
+    """The fitted coefficients written by `python -m odc_bench.calibrate.cost_model`.
 
     Raises FileNotFoundError if the file is missing and ValueError if it is not a calibration.
     """
@@ -127,7 +127,7 @@ def cost_model_for(b: BalancerConfig, model: ModelConfig, device_tag_: str) -> C
     if b.cost_model == "flops":
         return flops(model)
     path = calibration_path(model.name, device_tag_, b.calibration)
-    fix = f"run `python -m odc_bench.tools.calibrate model={model.name}` on this machine first"
+    fix = f"run `python -m odc_bench.calibrate.cost_model model={model.name}` on this machine first"
     try:
         return load_calibration(path)
     except FileNotFoundError:

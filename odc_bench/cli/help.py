@@ -1,8 +1,8 @@
 """`python -m odc_bench --help` (or `help`): what the harness offers, read from where it lives.
 
-The config groups and their options are the files under odc_bench/conf and sweeps/, the tools
-the modules of odc_bench/tools with their docstrings' first lines, so the text cannot fall
-behind the code. Hydra's own flags stay behind `--hydra-help`.
+The config groups and their options are the files under odc_bench/conf and sweeps/, the other
+commands the modules of odc_bench/calibrate, studies and tools with their docstrings' first
+lines, so the text cannot fall behind the code. Hydra's own flags stay behind `--hydra-help`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from pathlib import Path
 from odc_bench.config.compose import SWEEPS_DIR
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+PACKAGE = Path(__file__).resolve().parents[1]
+# Packages of commands, each module one (`python -m odc_bench.PACKAGE.MODULE`).
+COMMANDS = ("calibrate", "studies", "tools")
 GROUPS = ("model", "dataset", "engine", "balancer", "backend", "backend/hardware", "task")
 
 ENTRY_POINTS = (
     ("python -m odc_bench.whatif LENGTHS", "odc-whatif",
      "will ODC pay off for my data, my model and my cluster? a simulated verdict in seconds"),
-    ("python -m odc_bench.whatif.calibrate RUNS.csv", "",
+    ("python -m odc_bench.calibrate.cluster_profile RUNS.csv", "",
      "a GPU profile fitted to a few collective FSDP runs measured on your cluster, for the what-if"),
     ("python -m odc_bench.results collect|compare|pairs|migrate", "odc-results",
      "merge results tables, print series side by side, read control sweeps pair by pair"),
@@ -39,7 +41,9 @@ def _first_line(module: Path) -> str:
 def text() -> str:
     groups = [(g, _options(CONF / g)) for g in GROUPS] + [("sweep", _options(SWEEPS_DIR))]
     width = max(len(g) for g, _ in groups)
-    tools = sorted(p for p in TOOLS.glob("*.py") if p.stem != "__init__")
+    named = " ".join(cmd for cmd, _, _ in ENTRY_POINTS)
+    commands = [(f"odc_bench.{pkg}.{p.stem}", p) for pkg in COMMANDS for p in sorted((PACKAGE / pkg).glob("*.py"))
+                if p.stem != "__init__" and f"odc_bench.{pkg}.{p.stem} " not in named + " "]
     lines = [
         "python -m odc_bench [group=option ...] [key=value ...]        (the odc-bench script)",
         "  One training run, by real ranks on this machine or in the simulator (backend=sim); its row goes to",
@@ -56,7 +60,7 @@ def text() -> str:
         "",
         "Other entry points:",
         *[f"  {cmd}{f'  ({script})' if script else ''}\n      {what}" for cmd, script, what in ENTRY_POINTS],
-        *[f"  python -m odc_bench.tools.{p.stem}\n      {_first_line(p)}" for p in tools],
+        *[f"  python -m {module}\n      {_first_line(p)}" for module, p in commands],
         "",
         "Examples:",
         "  python -m odc_bench                                      the default job (tiny model, 2 ranks, CPU)",

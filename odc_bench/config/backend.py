@@ -49,7 +49,7 @@ class GpuHardwareConfig:
     p2p_latency_s: float
     barrier_s: float
     memory_gb: float  # device memory (GB of 1e9 bytes): what a rank may use
-    # A cost-model calibration of this GPU (`python -m odc_bench.tools.calibrate` run on it):
+    # A cost-model calibration of this GPU (`python -m odc_bench.calibrate.cost_model` run on it):
     # compute then comes from its measured microbatch times instead of FLOPs x efficiency.
     compute_calibration: str | None = None
 

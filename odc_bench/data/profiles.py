@@ -23,7 +23,7 @@ exact lengths matter. Every published fact, with its source: docs/length_facts.m
 |           | barrier costs most on (stale-synchronous ODC,               | to [2K, 128K]: mean ~7.0K, median  |
 |           | docs/staleness.md); no published source                     | ~3.6K, p99 ~66K                    |
 
-LongAlign's floor is 8K since the sensitivity study (tools/sensitivity.py, docs/sensitivity.md):
+LongAlign's floor is 8K since the sensitivity study (studies/sensitivity.py, docs/sensitivity.md):
 the profile before it reached down to 1K, which put 18% of samples below the dataset's published
 8K. With the published floor the simulator gives the paper's collective and LB-Mini bubbles and
 LB-Mini's speedup at its 14B cell (bubble rates read as idle over busy time), which the 1K floor

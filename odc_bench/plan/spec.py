@@ -298,7 +298,7 @@ class Planner:
         `remote_cuda`: the ranks will run on CUDA devices of other hosts (a SLURM job asking for
         GPUs, submitted from a login node): the run is resolved for CUDA without this machine's,
         its device memory left unbounded here (the job's node checks it). `lengths` replaces the
-        dataset's pool (studies that vary the length distribution itself, tools/sensitivity.py);
+        dataset's pool (studies that vary the length distribution itself, studies/sensitivity.py);
         such a spec is never returned again, and its key still names the dataset, so it is not
         recorded."""
         device_type, remote = run_device(config, remote_cuda)

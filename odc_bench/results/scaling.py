@@ -1,6 +1,6 @@
 """The scaling study's numbers (sweeps/sim_scaling.yaml): ODC's acceleration over the collective
 baseline per layout and device count, shared by its figure (paper_figures/scaling.py) and its
-table (odc_bench.tools.sim_paper table).
+table (odc_bench.studies.paper table).
 
 Acceleration at a device count = ODC + LB-Mini samples/s / Collective + LB-Micro samples/s - 1,
 in %, both runs at the same setting and seed. The baseline runs the same layout (series.layouts):

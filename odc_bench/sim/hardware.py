@@ -4,7 +4,7 @@ Two kinds of profile give the timelines the same `EngineCosts`:
 
 - `gpu`: compute from the FLOPs model (models/flops.py) at a stated share of the device's
   peak, communication from link bandwidth and latency, running beside compute (CUDA streams);
-- `calibrated`: this machine's CPU ranks, fitted from real traces by `odc_bench.tools.sim_calibrate`
+- `calibrated`: this machine's CPU ranks, fitted from real traces by `odc_bench.calibrate.cpu_profile`
   (per-unit compute as a function of document lengths, and the measured per-position gaps
   that gloo collectives, hooks and copies add in line with compute).
 
@@ -285,12 +285,12 @@ def _load_json(path: str) -> dict:
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read compute calibration {p} ({e}); run `python -m odc_bench.tools.calibrate` "
+        raise ConfigError(f"cannot read compute calibration {p} ({e}); run `python -m odc_bench.calibrate.cost_model` "
                           f"on that device first") from None
 
 
 def split_microbatch_fit(fit: dict, layout: Layout, recompute: Recompute) -> np.ndarray:
-    """Per-unit costs from a whole-microbatch fit (odc_bench.tools.calibrate's file: forward plus
+    """Per-unit costs from a whole-microbatch fit (odc_bench.calibrate.cost_model's file: forward plus
     backward seconds = a * sum((len/unit)^2) + b * sum(len/unit) + c).
 
     The fit cannot tell units apart, so it is split by the FLOPs model: the quadratic term is
@@ -338,7 +338,7 @@ class CalibratedProfile:
         return tuple(float(k) for k in self.data.get("knots", ()))
 
     def compute_table(self, layout: Layout, recompute: Recompute) -> np.ndarray:
-        """One fit for every engine (see odc_bench.tools.sim_calibrate): shape (6, 3 + knots)."""
+        """One fit for every engine (see odc_bench.calibrate.cpu_profile): shape (6, 3 + knots)."""
         if recompute.any:
             raise ConfigError("the calibrated CPU profile has no activation checkpointing; set backend.recompute=false")
         comp = self.data["compute"]
@@ -351,7 +351,7 @@ class CalibratedProfile:
         config refuses hybrid sharding with this profile)."""
         e = self.data.get("engines", {}).get(engine)
         if e is None:
-            raise ConfigError(f"{self.path} has no {engine} timings; run `python -m odc_bench.tools.sim_calibrate "
+            raise ConfigError(f"{self.path} has no {engine} timings; run `python -m odc_bench.calibrate.cpu_profile "
                               f"--engines {engine} model={self.data['model']}`")
         calibrated_world = int(self.data["world_size"])
         if world != calibrated_world:
@@ -386,12 +386,12 @@ def load_profile(hw: HardwareConfig, model_name: str) -> Profile:
     path = calibration_path(hw, model_name)
     if not path.exists():
         raise ConfigError(f"no calibration {path} for model {model_name}; run "
-                          f"`python -m odc_bench.tools.sim_calibrate model={model_name}` on this machine first")
+                          f"`python -m odc_bench.calibrate.cpu_profile model={model_name}` on this machine first")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"calibration {path} is not readable JSON ({e}); recreate it with "
-                          f"python -m odc_bench.tools.sim_calibrate") from None
+                          f"python -m odc_bench.calibrate.cpu_profile") from None
     check_calibration(data, path)
     return CalibratedProfile(hw.name, path, data)
 
@@ -421,4 +421,4 @@ def check_calibration(data: dict, path: Path) -> None:
         str(data["model"])
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"calibration {path} is malformed ({e}); recreate it with "
-                          f"python -m odc_bench.tools.sim_calibrate") from None
+                          f"python -m odc_bench.calibrate.cpu_profile") from None

@@ -1,5 +1,5 @@
 """A GPU's measured unit compute, as the simulator's cost table: fitted from CUDA-event timings
-of real units (odc_bench.tools.calibrate on CUDA), read through backend.hardware.compute_calibration.
+of real units (odc_bench.calibrate.cost_model on CUDA), read through backend.hardware.compute_calibration.
 
 Every unit's seconds are fitted as a linear function of what it computes, counted by the FLOPs
 model (models/flops.py), so that one fit serves every model shape of the family:

@@ -6,7 +6,7 @@ stop the others; the command ends with status 1 if any failed):
 1. the GPU tests: the baseline's (tests/integration/test_gpu.py), ODC's on CUDA
    (test_gpu_odc.py: ranks sharing the GPU against one process, a dead rank, NVSHMEM on one
    GPU) and the transport conformance suite on cuda_ipc;
-2. the unit compute profile (odc_bench.tools.calibrate on CUDA, reduced grid): compute.json;
+2. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid): compute.json;
 3. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
 4. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
    ran: shared/gpu/h100-2026-11-26);
@@ -95,7 +95,7 @@ def steps(out: Path) -> list[Step]:
     listed = [Step("gpu tests", [*py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                                  f"--junitxml={out / 'tests.xml'}", "-k",
                                  "not test_transport_conformance or cuda_ipc or nvshmem", *gpu_tests], 170),
-              Step("compute profile", [*py, "-m", "odc_bench.tools.calibrate", "--reduced", "device=cuda",
+              Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced", "device=cuda",
                                        "model=qwen2_1p5b", "precision=bf16",
                                        f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100),
               Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",

@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
                     help=f"a hardware profile, with its validated error on speedups (10th to 90th percentile): "
                          f"{escape_percent(ratio_bands())} (cpu: this machine, calibrated; NAME_fit: fitted to "
                          f"published GPU runs); or a profile file fitted to your own cluster (python -m "
-                         f"odc_bench.whatif.calibrate; docs/calibrate.md). `--hardware list` shows the errors in full "
+                         f"odc_bench.calibrate.cluster_profile; docs/calibrate.md). `--hardware list` shows the "
+                         f"errors in full "
                          f"(default: the best validated {DEFAULT_GPU} profile, %(default)s)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes (default: %(default)s)")
     ap.add_argument("--devices-per-node", type=int, default=8, help="devices per node (default: %(default)s)")
@@ -122,7 +123,7 @@ def print_profiles() -> None:
         print(f"{p:<10} {summary(validated(hardware=p))}{mark}")
     print("validated errors: simulated over measured, 10th to 90th percentile (docs/gpu_validation.md); cpu: this "
           "repository's host (docs/simulator.md). A profile fitted to your cluster: python -m "
-          "odc_bench.whatif.calibrate (docs/calibrate.md)")
+          "odc_bench.calibrate.cluster_profile (docs/calibrate.md)")
 
 
 def profile_advice(question: Question) -> str | None:

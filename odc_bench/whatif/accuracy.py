@@ -1,13 +1,13 @@
 """The simulator's validated error, read from the committed validation results.
 
-`python -m odc_bench.tools.sim_validate` measures real runs beside their simulation and writes
+`python -m odc_bench.studies.validation` measures real runs beside their simulation and writes
 results/validation/ (docs/simulator.md, "Validation on this machine"). The verdict quotes its
 range rather than a number typed into code: re-running the validation updates what every
 verdict says. That validation is of the calibrated CPU profile on this repository's host. The
-GPU profiles are held to published GPU measurements by `python -m odc_bench.whatif.published`
+GPU profiles are held to published GPU measurements by `python -m odc_bench.studies.published`
 (docs/gpu_validation.md): a stock profile's errors on them, or a fitted profile's
 leave-one-source-out errors, are the band of a GPU verdict. A profile fitted to the user's own
-runs (`python -m odc_bench.whatif.calibrate`) has the fit's residuals as its band, read from the fit
+runs (`python -m odc_bench.calibrate.cluster_profile`) has the fit's residuals as its band, read from the fit
 table written beside it. A band always says where it comes from (`Accuracy.origin`).
 """
 
@@ -36,7 +36,7 @@ def _span(low: float, high: float) -> str:
 
 @dataclass(frozen=True)
 class GpuValidation:
-    """What the published GPU measurements say of one GPU profile (odc_bench.whatif.published)."""
+    """What the published GPU measurements say of one GPU profile (odc_bench.studies.published)."""
 
     points: int
     sources: int
@@ -236,7 +236,7 @@ def calibrated_elsewhere(calibration: dict, path: Path, here: dict[str, object])
         return None
     where = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
     this = f"{here['cpu_model']}, {here['logical_cores']} logical cores"
-    command = (f"python -m odc_bench.tools.sim_calibrate model={calibration.get('model', 'tiny')} "
+    command = (f"python -m odc_bench.calibrate.cpu_profile model={calibration.get('model', 'tiny')} "
                f"--engines collective odc")
     if not isinstance(recorded, dict):
         whose = (f"was calibrated on host {calibration.get('host', '?')} on {calibration.get('date', '?')} and records "
@@ -248,7 +248,7 @@ def calibrated_elsewhere(calibration: dict, path: Path, here: dict[str, object])
 
 
 def gpu_validated(folder: Path, hardware: str) -> Accuracy | None:
-    """The GPU band of a profile from odc_bench.whatif.published's files, or None without them:
+    """The GPU band of a profile from odc_bench.studies.published's files, or None without them:
     a stock profile's (a100) own errors on the published points, which it never saw; a fitted
     one's (a100_fit) leave-one-source-out errors."""
     try:

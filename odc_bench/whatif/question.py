@@ -133,7 +133,7 @@ class Question:
             require(path.is_file() and path.suffix == ".yaml" and path.parent.name == "hardware"
                     and path.parent.parent.name == "backend",
                     f"--hardware {self.hardware} is neither a profile ({', '.join(HARDWARE)}) nor a profile file "
-                    f"DIR/backend/hardware/NAME.yaml (as python -m odc_bench.whatif.calibrate writes one, and "
+                    f"DIR/backend/hardware/NAME.yaml (as python -m odc_bench.calibrate.cluster_profile writes one, and "
                     f"where Hydra's search path finds it)")
 
     @property

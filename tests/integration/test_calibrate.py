@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from odc_bench.balancers.cost import CALIBRATION_UNIT
+from odc_bench.calibrate.cost_model import fit_nonnegative, microbatch_shapes
 from odc_bench.plan.spec import resolve
-from odc_bench.tools.calibrate import fit_nonnegative, microbatch_shapes
 from tests.helpers import REPO, run_config
 
 
@@ -39,7 +39,7 @@ def test_shapes_cover_singles_and_packs_up_to_max_tokens():
 def test_calibrate_writes_coefficients_with_provenance_that_runs_load(tmp_path):
     out = tmp_path / "cal" / "tiny-test.json"
     env = dict(os.environ, HYDRA_FULL_ERROR="1")
-    proc = subprocess.run([sys.executable, "-m", "odc_bench.tools.calibrate", "max_tokens=192",
+    proc = subprocess.run([sys.executable, "-m", "odc_bench.calibrate.cost_model", "max_tokens=192",
                            f"balancer.calibration={out}", f"hydra.run.dir={tmp_path / 'hydra'}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -1,7 +1,7 @@
 """The simulator against real CPU runs: the same events, and a small version of the validation.
 
 The full validation (more configs, both engines, the table in docs/simulator_validation.md)
-is `python -m odc_bench.tools.sim_validate`; these runs are short, and this machine is shared, so
+is `python -m odc_bench.studies.validation`; these runs are short, and this machine is shared, so
 the out-of-sample bound here is loose.
 """
 
@@ -11,11 +11,11 @@ import os
 import pandas as pd
 import pytest
 
+from odc_bench.calibrate.cpu_profile import fit
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import COLUMNS, timing
 from odc_bench.sim.events import KIND_NAMES
-from odc_bench.tools.sim_calibrate import fit
 from tests.helpers import run_config
 
 pytestmark = pytest.mark.slow
@@ -105,7 +105,7 @@ def test_the_odc_over_collective_ratio_of_a_small_config(tmp_path):
     """The predicted ratio carries the model's error only: each engine's profile is fitted on
     its own run. (A profile pooled over both runs shares one compute fit, so the host's speed
     drifting between the two runs, made one after the other, moved the measured ratio away
-    from the prediction by itself: 14% in one CI run. The validation, odc_bench.tools.sim_validate,
+    from the prediction by itself: 14% in one CI run. The validation, odc_bench.studies.validation,
     measures that part with interleaved, repeated runs.) Even so, a hiccup of this shared host
     inside one of the two 5-second runs missed by 8% once, where four pairs in a row here missed
     by 0.1-2.0%; a model error repeats and a hiccup rarely does, so a miss is measured once

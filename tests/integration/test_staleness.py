@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from odc_bench.calibrate.cpu_profile import fit
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import events_frame, minibatch_losses
@@ -18,7 +19,6 @@ from odc_bench.run import worker
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_bench.sim import simulate
-from odc_bench.tools.sim_calibrate import fit
 from odc_core.engine.odc import DONE, FLAGS, VERSION, OdcEngine
 from tests.helpers import run_config
 from tests.helpers.reference import relative_error, train_single_process

@@ -61,7 +61,8 @@ def test_run_config_selects_the_cost_model(cost_model, label):
 
 def test_calibrated_cost_model_loads_the_file_or_says_to_run_calibrate(tmp_path):
     missing = tmp_path / "none.json"
-    with pytest.raises(ConfigError, match=r"no calibration at .*none.json; run `python -m odc_bench.tools.calibrate"):
+    with pytest.raises(ConfigError,
+                       match=r"no calibration at .*none.json; run `python -m odc_bench.calibrate.cost_model"):
         resolve(run_config("balancer=lb_micro", "balancer.cost_model=calibrated",
                                f"balancer.calibration={missing}"))
     path = tmp_path / "cal.json"

@@ -1,4 +1,4 @@
-"""The GPU profiles against published measurements (odc_bench.whatif.published) and the band the
+"""The GPU profiles against published measurements (odc_bench.studies.published) and the band the
 what-if reads from that validation (odc_bench.whatif.accuracy)."""
 
 import shutil
@@ -8,7 +8,7 @@ import pytest
 
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import resolve
-from odc_bench.whatif import published
+from odc_bench.studies import published
 from odc_bench.whatif.accuracy import VALIDATION, validated
 from odc_bench.whatif.answer import compose_config
 
@@ -72,7 +72,7 @@ def test_the_committed_page_is_what_the_committed_files_give():
             ("points", "ratios", "left-out", "profiles", "paper-cells")}
     page = published.doc(POINTS, read["points"], read["ratios"], read["left-out"], read["profiles"],
                          read["paper-cells"], published.moves())
-    assert page == published.DOC.read_text(), "run python -m odc_bench.whatif.published"
+    assert page == published.DOC.read_text(), "run python -m odc_bench.studies.published"
 
 
 def test_the_whatif_gpu_band_is_read_from_the_validation_files(tmp_path):

@@ -27,9 +27,10 @@ def test_help_lists_entry_points_groups_options_sweeps_tools_and_launchers(flag,
         assert {o.strip(",") for o in line.split()[1:]} == {p.stem for p in (conf / group).glob("*.yaml")}
     sweeps = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == "sweep")
     assert {o.strip(",") for o in sweeps.split()[1:]} == {p.stem for p in (REPO / "sweeps").glob("*.yaml")}
-    for tool in (REPO / "odc_bench" / "tools").glob("*.py"):
-        if tool.stem != "__init__":
-            assert f"python -m odc_bench.tools.{tool.stem}" in out
+    for package in ("calibrate", "studies", "tools"):
+        for command in (REPO / "odc_bench" / package).glob("*.py"):
+            if command.stem != "__init__":
+                assert f"python -m odc_bench.{package}.{command.stem}" in out
     assert "hydra/launcher=slurm" in out and "--hydra-help" in out
     assert "make gpu-check is the one command to run on a GPU machine" in out
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from odc_bench.calibrate import cluster_profile as cc
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import compose_run
 from odc_bench.config.hf_model import hf_model_overrides
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import Planner
 from odc_bench.results.table import read_table
-from odc_bench.whatif import calibrate as cc
 from odc_bench.whatif.answer import compose_config
 from odc_bench.whatif.question import Question, Series
 from tests.helpers import run_cli

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
-from odc_bench.tools.sim_paper import scaling_table
+from odc_bench.studies.paper import scaling_table
 from paper_figures import fig10_acceleration, scaling
 from paper_figures.inputs import Skip, by_source, load
 from tests.helpers import with_series

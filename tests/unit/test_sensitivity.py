@@ -1,4 +1,4 @@
-"""tools/sensitivity.py on a tiny grid: its points are the harness's own runs, its speedups follow
+"""studies/sensitivity.py on a tiny grid: its points are the harness's own runs, its speedups follow
 from its bubbles, the length distribution moves them the way it must, and the study resumes."""
 
 from dataclasses import replace
@@ -11,7 +11,7 @@ from odc_bench.data.profiles import PROFILES
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import sim_timing
 from odc_bench.sim import simulate
-from odc_bench.tools import sensitivity as S
+from odc_bench.studies import sensitivity as S
 
 TINY = S.Cell("qwen2_1p5b", 8, 2)
 MB, WARMUP = 4, 1

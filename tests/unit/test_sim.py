@@ -17,7 +17,7 @@ from odc_bench.sim import claimed, simulate
 from odc_bench.sim.hardware import EngineCosts, Network
 from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import collective, odc
-from odc_bench.tools.sim_validate import ratios
+from odc_bench.studies.validation import ratios
 from tests.helpers import compose_config, odc_bench, run_config
 
 
@@ -258,8 +258,8 @@ def test_compute_features_add_a_squared_excess_per_knot_and_document():
 def test_the_cpu_fit_follows_a_cost_per_squared_token_that_rises_past_a_length():
     """The shape this CPU shows (attention's matrix outgrowing the caches): a plain quadratic
     fitted to it misses the short documents; the fit with knots recovers the cost."""
+    from odc_bench.calibrate.cpu_profile import fit_compute
     from odc_bench.sim.layout import doc_features
-    from odc_bench.tools.sim_calibrate import fit_compute
 
     rng = np.random.default_rng(0)
     lens = rng.integers(50, 2000, size=400)

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from odc_bench.calibrate.cost_model import shape_lengths
 from odc_bench.config.backend import Recompute
 from odc_bench.sim import unit_fit
 from odc_bench.sim.hardware import GpuProfile
 from odc_bench.sim.layout import Layout
-from odc_bench.tools.calibrate import shape_lengths
 from tests.helpers import REPO, run_config
 
 SEED = REPO / "results" / "gpu" / "h100-2026-11-26"

@@ -223,7 +223,7 @@ def test_a_cpu_profile_from_another_machine_says_so_and_how_to_calibrate_this_on
     assert done.returncode == 0, done.stderr
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("The cpu profile"))
     assert "was calibrated on another machine (Some Other CPU, 96 logical cores; this one: " in line
-    assert line.endswith("To calibrate this machine (a few minutes): python -m odc_bench.tools.sim_calibrate "
+    assert line.endswith("To calibrate this machine (a few minutes): python -m odc_bench.calibrate.cpu_profile "
                          "model=tiny --engines collective odc")
 
 

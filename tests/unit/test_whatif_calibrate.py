@@ -1,4 +1,4 @@
-"""python -m odc_bench.whatif.calibrate: a GPU profile fitted to measured runs.
+"""python -m odc_bench.calibrate.cluster_profile: a GPU profile fitted to measured runs.
 
 The measured runs here are synthetic: simulated on a known profile (the A100 one with three of
 its constants changed), so the fit, started from the stock A100 profile, must find that profile.
@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from odc_bench.calibrate import cluster_profile as cc
 from odc_bench.config.compose import compose_run
-from odc_bench.whatif import calibrate as cc
 from odc_bench.whatif.__main__ import main as whatif
 from odc_bench.whatif.accuracy import validated
 from odc_bench.whatif.report import verdict_lines

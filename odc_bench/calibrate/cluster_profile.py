@@ -1,6 +1,6 @@
 """A GPU hardware profile fitted to a few runs measured on the user's own cluster.
 
-    python -m odc_bench.whatif.calibrate RUNS.csv [--base a100] [--name mine] [--out DIR]
+    python -m odc_bench.calibrate.cluster_profile RUNS.csv [--base a100] [--name mine] [--out DIR]
 
 RUNS.csv holds one measured run of collective FSDP per row (docs/calibrate.md gives the
 format). Each run is planned and simulated as `python -m odc_bench backend=sim` would, on the
@@ -45,7 +45,7 @@ from odc_bench.whatif.accuracy import fit_table_path
 from odc_bench.whatif.answer import compose_config
 from odc_bench.whatif.question import Question, Series
 
-PROG = "odc_bench.whatif.calibrate"
+PROG = "odc_bench.calibrate.cluster_profile"
 REQUIRED = ("model", "lengths", "gpus", "gpus_per_node", "minibatch_size", "tokens_per_s_per_gpu")
 OPTIONAL = {"recompute": True, "precision": "bf16", "max_tokens": None, "balancer": "local_sort"}
 # What the fit may move, in the order it is tried: compute first (every run shows it), then the
@@ -331,7 +331,7 @@ def profile_yaml(result: Fit, source: Path) -> str:
     """The fitted profile as a backend/hardware config file, saying where it came from."""
     moved = ", ".join(f"{n} {getattr(result.base, n):g} -> {getattr(result.hardware, n):.4g}" for n in result.fitted)
     r = result.residuals
-    header = (f"# Fitted by `python -m odc_bench.whatif.calibrate {source}` to {len(result.runs)} measured "
+    header = (f"# Fitted by `python -m odc_bench.calibrate.cluster_profile {source}` to {len(result.runs)} measured "
               f"runs\n# of collective FSDP, from the {result.base.name} profile: {moved}.\n"
               f"# Simulated over measured tokens/s per GPU: {r.min():+.1%} to {r.max():+.1%} "
               f"(each run: {result.hardware.name}-fit.csv, beside this file).\n")

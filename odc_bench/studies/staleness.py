@@ -1,4 +1,4 @@
-"""Stale-synchronous ODC's runs against the plan model: `python -m odc_bench.tools.staleness_report DIR...`
+"""Stale-synchronous ODC's runs against the plan model: `python -m odc_bench.studies.staleness DIR...`
 
 Reads the runs below the folders (sweep=ssp on CPU, sweep=ssp_sim in the simulator) and, for
 every set of runs made side by side (one setting and seed, one attempt), takes the throughput
@@ -11,7 +11,7 @@ of the medians.
 
 `--simulate CALIBRATION` validates the simulator's stale timeline the way docs/simulator.md
 validates the synchronous one: every real run is simulated again with the CPU profile fitted
-on this machine (python -m odc_bench.tools.sim_calibrate --engines collective odc), and the
+on this machine (python -m odc_bench.calibrate.cpu_profile --engines collective odc), and the
 simulated speedup of each pair stands beside the measured one.
 """
 
@@ -122,7 +122,7 @@ def summary(pairs: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m odc_bench.tools.staleness_report",
+    parser = argparse.ArgumentParser(prog="python -m odc_bench.studies.staleness",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="results folders (or runs.csv tables)")
     parser.add_argument("--simulate", metavar="CALIBRATION", default=None,
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             raise ConfigError(f"no such folder or table: {', '.join(missing)}")
         if args.simulate is not None and not Path(args.simulate).exists():
-            raise ConfigError(f"no calibration at {args.simulate}; run `python -m odc_bench.tools.sim_calibrate "
+            raise ConfigError(f"no calibration at {args.simulate}; run `python -m odc_bench.calibrate.cpu_profile "
                               "--engines collective odc` first")
         print(summary(side_by_side(merged(tables_under(args.dirs)), args.simulate)))
     except ConfigError as e:

@@ -1,6 +1,6 @@
-"""Fit the `calibrated` cost model: time microbatches of the chosen model on this machine.
+"""This machine's compute of the run's model: the `calibrated` cost model, and on CUDA each unit.
 
-`python -m odc_bench.tools.calibrate [hydra overrides]` uses the run config (model, device,
+`python -m odc_bench.calibrate.cost_model [hydra overrides]` uses the run config (model, device,
 threads per rank, dataset and max_tokens), so a calibration describes what a rank of that
 run computes. It times forward plus backward of single documents across the length range
 up to max_tokens and of packed microbatches of several documents (interleaved, median of
@@ -20,7 +20,7 @@ events over the same shapes, and adds their fit (sim/unit_fit.py) to the file as
 profile whose backend.hardware.compute_calibration names the file computes from it.
 `--reduced` times fewer unit shapes, three times each (make gpu-check).
 
-`python -m odc_bench.tools.calibrate --timings FILE.csv --out FILE.json --device NAME` fits
+`python -m odc_bench.calibrate.cost_model --timings FILE.csv --out FILE.json --device NAME` fits
 unit timings measured elsewhere instead (columns model, unit, shape, fwd_ms, bwd_ms and
 optionally bwd_recompute_ms; shapes as `NxL` documents of L tokens, L in tokens or `k`, or
 `mix16k`): how the H100 profile was seeded (results/gpu/h100-2026-11-26/README.md).
@@ -212,7 +212,8 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full") ->
         unit=CALIBRATION_UNIT, a=a, b=b, c=c, max_rel_error=max(rel_err),
         formula="seconds = a * sum((len/unit)^2) + b * sum(len/unit) + c, per microbatch",
         provenance=dict(host=socket.gethostname(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=git_commit(),
-                        command=" ".join([Path(sys.executable).name, "-m", "odc_bench.tools.calibrate", *sys.argv[1:]]),
+                        command=" ".join([Path(sys.executable).name, "-m", "odc_bench.calibrate.cost_model",
+                                          *sys.argv[1:]]),
                         torch=torch.__version__, threads=threads if device.type == "cpu" else None,
                         max_tokens=int(max_tokens), repeats=repeats,
                         precision=config.precision if device.type == "cuda" else "fp32"),
@@ -253,7 +254,7 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
                          bwd=r["bwd_ms"] / 1e3, bwd_recompute=r.get("bwd_recompute_ms", float("nan")) / 1e3))
     return dict(units_record(rows, models, device_name), provenance=dict(
         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=git_commit(), timings=str(csv_path),
-        command=" ".join([Path(sys.executable).name, "-m", "odc_bench.tools.calibrate", *sys.argv[1:]])))
+        command=" ".join([Path(sys.executable).name, "-m", "odc_bench.calibrate.cost_model", *sys.argv[1:]])))
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -262,7 +263,7 @@ def _calibrate(cfg: DictConfig) -> None:
         reduced = _UNIT_SHAPES[0] == "reduced"
         path = calibrate(load(cfg), repeats=3 if reduced else 5, unit_shapes=_UNIT_SHAPES[0])
     except ConfigError as e:
-        fail(e, "odc_bench.tools.calibrate")
+        fail(e, "odc_bench.calibrate.cost_model")
     data = json.loads(path.read_text())
     print(f"wrote {path}: a={data['a']:.4g} b={data['b']:.4g} c={data['c']:.4g} "
           f"(x = length/{data['unit']}, seconds; worst fit error {data['max_rel_error']:.1%})")
@@ -278,7 +279,7 @@ _UNIT_SHAPES = ["full"]
 def main() -> None:
     """`--timings` fits a timings file; otherwise Hydra's command line (`--reduced`: fewer unit shapes)."""
     if "--timings" in sys.argv:
-        parser = argparse.ArgumentParser(prog="python -m odc_bench.tools.calibrate")
+        parser = argparse.ArgumentParser(prog="python -m odc_bench.calibrate.cost_model")
         parser.add_argument("--timings", type=Path, required=True)
         parser.add_argument("--out", type=Path, required=True)
         parser.add_argument("--device", required=True, help="the GPU the timings were taken on, as torch names it")
@@ -286,7 +287,7 @@ def main() -> None:
         try:
             record = fit_timings(args.timings, args.device)
         except ConfigError as e:
-            fail(e, "odc_bench.tools.calibrate")
+            fail(e, "odc_bench.calibrate.cost_model")
         atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.out}: units fitted to {len(record['unit_timings'])} timings of {args.timings}")
         return

@@ -1,6 +1,6 @@
 """Fit the simulator's CPU profile from real runs on this machine.
 
-`python -m odc_bench.tools.sim_calibrate [OVERRIDES] [--engines collective odc]` runs a few real
+`python -m odc_bench.calibrate.cpu_profile [OVERRIDES] [--engines collective odc]` runs a few real
 jobs per engine (LongAlign and SWE-smith length profiles, so documents span a wide range of
 lengths), then fits from their traces and writes results/calibration/sim-<model>-cpu.json:
 
