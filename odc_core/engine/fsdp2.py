@@ -34,9 +34,11 @@ from odc_core.engine.base import (
     EngineContext,
     OptimizerFactory,
     OptimizerStep,
+    ParamGroups,
     SchedulerFactory,
     TraceHook,
     configured,
+    group_options,
     reduction_device,
 )
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
@@ -130,11 +132,17 @@ class CollectiveEngine:
         return model
 
     def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
-                            max_grad_norm: float | None = None) -> None:
-        """The optimizer over this rank's DTensor shards, as an FSDP2 training loop builds it."""
+                            max_grad_norm: float | None = None, param_groups: ParamGroups | None = None) -> None:
+        """The optimizer over this rank's DTensor shards, as an FSDP2 training loop builds it:
+        param_groups' groups passed through as torch-style group dicts."""
         if self.model is None:
             raise RuntimeError("wrap() the model before configure_optimizer()")
-        self._step = OptimizerStep.build(list(self.model.parameters()), factory, scheduler, max_grad_norm)
+        params: list[Any] = list(self.model.parameters())
+        if param_groups is not None:
+            named = dict(self.model.named_parameters())
+            params = [{"params": [named[n] for n in names], **options}
+                      for options, names in group_options(list(named.items()), param_groups)]
+        self._step = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -33,9 +33,11 @@ from odc_core.engine.base import (
     EngineContext,
     OptimizerFactory,
     OptimizerStep,
+    ParamGroups,
     SchedulerFactory,
     TraceHook,
     configured,
+    group_options,
 )
 from odc_core.engine.odc import state_dict
 from odc_core.engine.odc.fetch import make_fetcher
@@ -75,6 +77,7 @@ class OdcEngine:
         self.fetcher = make_fetcher(device, heap, self.versions, self.owners, prefetch, self._emit, self._now)
         self.units: list[FlatUnit] = []
         self.model: nn.Module | None = None
+        self.group_names: list[list[str]] = []  # the parameters of each optimizer group, by name
         self._hooks: UnitHooks | None = None
 
     @property
@@ -130,18 +133,30 @@ class OdcEngine:
         return mine
 
     def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
-                            max_grad_norm: float | None = None) -> None:
-        """The optimizer over this rank's own fp32 shards, one flat shard per unit: its state is
-        sharded like FSDP's. The owners step it, so ODC, not the training loop, calls step()."""
-        if self._hooks is None:
+                            max_grad_norm: float | None = None, param_groups: ParamGroups | None = None) -> None:
+        """The optimizer over this rank's own fp32 shards: its state is sharded like FSDP's. Each
+        unit's shard is one optimizer parameter, or with param_groups one per run of parameters
+        in the same group (unit.py's pieces). The owners step it, so ODC, not the training
+        loop, calls step()."""
+        if self._hooks is None or self.model is None:
             raise RuntimeError("wrap() the model before configure_optimizer()")
         if max_grad_norm is not None and self.staleness:
             # The global norm of minibatch k needs every owner's part of it before any owner
             # steps: a barrier per step, which stale-synchronous ODC exists to avoid.
             raise ValueError("max_grad_norm needs staleness 0: clipping by the global norm makes every owner "
                              "wait for every other's gradients before each step")
-        self.versions.step_rule = OptimizerStep.build([u.shard_param for u in self.units], factory, scheduler,
-                                                      max_grad_norm)
+        named = list(self.model.named_parameters())
+        groups = group_options(named, param_groups) if param_groups is not None else [({}, [n for n, _ in named])]
+        group_of = {name: g for g, (_, names) in enumerate(groups) for name in names}
+        for unit in self.units:
+            unit.split([group_of[name] for name in unit.names], self.versions.newest_slot)
+        pieces = [piece for unit in self.units for piece in unit.pieces]
+        params: list[Any] = [piece.param for piece in pieces]
+        if param_groups is not None:
+            params = [{"params": [p.param for p in pieces if p.group == g], **options}
+                      for g, (options, _) in enumerate(groups)]
+        self.group_names = [names for _, names in groups]
+        self.versions.step_rule = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

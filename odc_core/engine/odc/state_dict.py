@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from odc_core.engine.odc.unit import buffer_name
+from odc_core.engine.odc.unit import Piece, buffer_name
 from odc_core.primitives import gather
 
 if TYPE_CHECKING:
@@ -52,28 +52,29 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
     for unit in engine.units:
         size = unit.layout.shard_numel
         lo = engine.shard_index * size
-        state = opt.state[unit.shard_param]
-        for p, off, name in zip(unit.params, unit.offsets, unit.names, strict=True):
+        for j, (p, off, name) in enumerate(zip(unit.params, unit.offsets, unit.names, strict=True)):
             n = p.numel()
             ranges = [(r, max(0, r * size - off), min(n, (r + 1) * size - off)) for r in range(engine.world_size)]
             ranges = [(r, a, b) for r, a, b in ranges if a < b]
-            a, b = max(off, lo), min(off + n, lo + size)
+            a, b = unit.local_range(j)
+            # The piece holding this rank's elements of the parameter (any piece's scalars where it holds none).
+            held = unit.piece_at(a) if a < b else unit.pieces[0]
+            start = max(0, lo + a - off)  # the parameter's first flat element this rank holds
 
-            mine = slice(a - lo, b - lo) if a < b else slice(0, 0)
-            start = max(0, a - off)  # the parameter's first flat element this rank holds
-
-            def piece(buf: torch.Tensor, name: str = name, shape: torch.Size = p.shape, mine: slice = mine,
+            def sharded(buf: torch.Tensor, part: slice, name: str = name, shape: torch.Size = p.shape,
                       start: int = start, ranges: list[tuple[int, int, int]] = ranges) -> torch.Tensor:
-                return flat_pieces(name, shape, buf[mine], start, ranges, engine.rank)
+                return flat_pieces(name, shape, buf[part], start, ranges, engine.rank)
 
             for alias in aliases[id(p)]:
-                model_sd[alias] = piece(unit.master[slot])
-            optim_sd[name] = {k: piece(v) if torch.is_tensor(v) and v.numel() == size else v.detach().clone()
-                              for k, v in state.items()}
+                model_sd[alias] = sharded(unit.master[slot], slice(a, b) if a < b else slice(0, 0))
+            part = slice(a - held.lo, b - held.lo) if a < b else slice(0, 0)
+            optim_sd[name] = {k: sharded(v, part) if _flat(v, held) else v.detach().clone()
+                              for k, v in opt.state[held.param].items()}
     for name, buf in model.state_dict().items():  # persistent buffers, replicated
         if name not in model_sd:
             model_sd[name] = buf
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(optim_sd)} for g in opt.param_groups]
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": names}
+              for g, names in zip(opt.param_groups, engine.group_names, strict=True)]
     return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": groups}}
 
 
@@ -84,19 +85,32 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
     assert model is not None
     opt = engine.optimizer
     loaded = state["optim"]
-    for key, value in loaded["param_groups"][0].items():
-        if key != "params":
-            opt.param_groups[0][key] = value
+    if len(loaded["param_groups"]) != len(opt.param_groups):
+        raise ValueError(f"the state has {len(loaded['param_groups'])} optimizer parameter groups, this optimizer "
+                         f"{len(opt.param_groups)}: configure_optimizer with the param_groups it was saved with")
+    for group, given in zip(opt.param_groups, loaded["param_groups"], strict=True):
+        for key, value in given.items():
+            if key != "params":
+                group[key] = value
+    slot = engine.versions.newest_slot
     for unit in engine.units:
-        first = loaded["state"][unit.names[0]]
-        for key, value in opt.state[unit.shard_param].items():
-            if torch.is_tensor(value) and value.numel() != unit.layout.shard_numel:
-                value.copy_(first[key])
+        for held in unit.pieces:
+            # Scalars (a step count) are a piece's own, not views: take them from a parameter it holds.
+            j = next((j for j in range(len(unit.params)) if held.lo <= unit.local_range(j)[0] < held.hi), 0)
+            first = loaded["state"][unit.names[j]]
+            for key, value in opt.state[held.param].items():
+                if torch.is_tensor(value) and not _flat(value, held):
+                    value.copy_(first[key])
         if unit.shadow is not None:
-            unit.shadow[0].copy_(unit.master[0])
+            unit.shadow[slot].copy_(unit.master[slot])
     buffers = {n for n, _ in model.named_buffers()}
     model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
     engine.heap.barrier(engine.timeout_s)  # nobody gathers a shard before its owner has loaded it
+
+
+def _flat(value: object, piece: Piece) -> bool:
+    """Whether an optimizer state value is per element of the piece (moments), not a scalar."""
+    return torch.is_tensor(value) and value.shape == piece.param.shape
 
 
 def _init_state(opt: torch.optim.Optimizer) -> None:
