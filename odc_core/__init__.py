@@ -11,7 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from odc_core.engine.base import DataParallelEngine, EngineContext, OptimizerFactory, SchedulerFactory
+    from odc_core.engine.base import (
+        DataParallelEngine,
+        EngineContext,
+        MixedPrecision,
+        OptimizerFactory,
+        ParamGroups,
+        SchedulerFactory,
+    )
     from odc_core.engine.build import engine_context, make_engine
     from odc_core.engine.registry import CollectiveOptions, EngineOptions, OdcOptions
     from odc_core.transport.base import PeerTimeout
@@ -24,12 +31,15 @@ _WHERE = {
     "engine_context": "odc_core.engine.build",
     "EngineContext": "odc_core.engine.base",
     "DataParallelEngine": "odc_core.engine.base",
+    "MixedPrecision": "odc_core.engine.base",
     "OptimizerFactory": "odc_core.engine.base",
+    "ParamGroups": "odc_core.engine.base",
     "SchedulerFactory": "odc_core.engine.base",
     "PeerTimeout": "odc_core.transport.base",
 }
-__all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "OdcOptions",
-           "OptimizerFactory", "PeerTimeout", "SchedulerFactory", "engine_context", "make_engine"]
+__all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "MixedPrecision",
+           "OdcOptions", "OptimizerFactory", "ParamGroups", "PeerTimeout", "SchedulerFactory", "engine_context",
+           "make_engine"]
 
 
 def __getattr__(name: str) -> Any:

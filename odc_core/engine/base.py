@@ -39,6 +39,41 @@ ParamGroups = Callable[[str, nn.Parameter], dict[str, Any]]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """The dtypes an engine computes and reduces in, FSDP2's MixedPrecisionPolicy's two, for
+    both engines; parameters and optimizer state stay fp32 on their owners either way.
+
+    param_dtype: what forward and backward compute in, and so the gradients each rank produces
+    (ODC: the dtype it gathers, from shards of that dtype kept beside the fp32 masters).
+    reduce_dtype: what the ranks' gradients are summed in (ODC: its accumulators' dtype, which
+    not every transport can add in; FSDP2: its reduce-scatter's) before the fp32 step.
+    """
+
+    param_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        for field in ("param_dtype", "reduce_dtype"):
+            if getattr(self, field) not in _FLOATS:
+                raise ValueError(f"MixedPrecision.{field} must be one of torch.float32, torch.bfloat16, "
+                                 f"torch.float16; got {getattr(self, field)!r}")
+
+    @classmethod
+    def of(cls, precision: str | MixedPrecision) -> MixedPrecision:
+        """A policy itself, or by name: fp32, or bf16 (bf16 compute, fp32 reduction)."""
+        if isinstance(precision, MixedPrecision):
+            return precision
+        if precision == "fp32":
+            return cls()
+        if precision == "bf16":
+            return cls(torch.bfloat16, torch.float32)
+        raise ValueError(f"precision must be fp32, bf16 or an odc_core.MixedPrecision, got {precision!r}")
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """Where an engine runs and how it reaches its peers; torch.distributed is initialised."""
@@ -48,7 +83,12 @@ class EngineContext:
     # Unique per execution of a run: names the run's shared-memory segments.
     job_id: str
     timeout_s: float
-    precision: str  # fp32, or bf16 (bf16 compute, fp32 master weights and gradient reduction)
+    # fp32, bf16 (bf16 compute, fp32 master weights and gradient reduction), or a MixedPrecision.
+    precision: str | MixedPrecision
+
+    @property
+    def policy(self) -> MixedPrecision:
+        return MixedPrecision.of(self.precision)
 
 
 class DataParallelEngine(Protocol):

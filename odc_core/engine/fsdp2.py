@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from odc_core.engine.base import (
     Clock,
     EngineContext,
+    MixedPrecision,
     OptimizerFactory,
     OptimizerStep,
     ParamGroups,
@@ -54,9 +55,9 @@ class CollectiveEngine:
 
     name = "collective"
 
-    def __init__(self, device: torch.device, precision: str = "fp32", reshard_after_forward: bool = True,
-                 backend: Backend = "auto", *, job_id: str = "collective", timeout_s: float = 120.0,
-                 shard_group: int | None = None) -> None:
+    def __init__(self, device: torch.device, precision: str | MixedPrecision = "fp32",
+                 reshard_after_forward: bool = True, backend: Backend = "auto", *, job_id: str = "collective",
+                 timeout_s: float = 120.0, shard_group: int | None = None) -> None:
         self.device = device
         self.backend = CollectiveOptions(backend=backend).for_device(device.type).backend
         self.job_id, self.timeout_s = job_id, timeout_s
@@ -71,7 +72,7 @@ class CollectiveEngine:
         # pre-multiplied sum that set_gradient_divide_factor(1) needs, so the worker scales
         # its loss instead; the result is the plain sum of gradients, as with ODC.
         self.loss_scale = float(self.world_size)
-        self.precision = precision
+        self.policy = MixedPrecision.of(precision)
         self.reshard_after_forward = reshard_after_forward
         self.trace: TraceHook | None = None
         self.clock: Clock = perf_counter
@@ -114,8 +115,7 @@ class CollectiveEngine:
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
         mesh = self._mesh()
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if self.precision == "bf16" else MixedPrecisionPolicy()
+        mp = _fsdp2_policy(self.policy)
         # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
         # a parameter in one group only, so the shared one falls to the root's group with the rest
         # of those units' parameters, gathered for the whole forward and backward.
@@ -230,6 +230,15 @@ class CollectiveEngine:
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def _fsdp2_policy(policy: MixedPrecision) -> MixedPrecisionPolicy:
+    """FSDP2's policy for ours: None (the parameters' own dtype) where a dtype is fp32, as FSDP2
+    without a policy runs."""
+    fp32 = torch.float32
+    return MixedPrecisionPolicy(
+        param_dtype=None if policy.param_dtype == fp32 else policy.param_dtype,
+        reduce_dtype=None if policy.reduce_dtype == fp32 == policy.param_dtype else policy.reduce_dtype)
 
 
 def _value(norm: torch.Tensor) -> float:

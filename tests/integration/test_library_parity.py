@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_bench.run.ranks import run_ranks
-from odc_core import engine_context, make_engine
+from odc_core import EngineContext, MixedPrecision, OdcOptions, OptimizerFactory, engine_context, make_engine
+from odc_core.engine.odc.engine import build
 
 pytestmark = pytest.mark.slow
 
@@ -60,30 +61,44 @@ def _inputs(step: int, rank: int) -> list[torch.Tensor]:
     return [torch.randn(3, 8, generator=g) for _ in range(2)]
 
 
-def _loop(rank: int, world: int, store: dist.Store, engine_name: str, grouped: bool) -> dict:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
-                            timeout=timedelta(seconds=30))
+ADAMW = partial(torch.optim.AdamW, lr=LR, eps=EPS, weight_decay=DECAY)
+# Where low precision is compared with fp32: AdamW's step of +-lr on a near-zero gradient would
+# turn bf16's rounding into differences of lr.
+SGD = partial(torch.optim.SGD, lr=LR)
+
+
+def _train(rank: int, engine_name: str, grouped: bool, precision: str | MixedPrecision,
+           factory: OptimizerFactory = ADAMW) -> dict:
     torch.manual_seed(0)
     model = Net()
-    engine = make_engine(engine_name, engine_context(timeout_s=20.0))
+    engine = make_engine(engine_name, engine_context(precision=precision, timeout_s=20.0))
+    dtype = MixedPrecision.of(precision).param_dtype
     try:
         engine.wrap(model, [*model.blocks, model.head])
-        engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR, eps=EPS, weight_decay=DECAY),
-                                   param_groups=groups if grouped else None)
+        engine.configure_optimizer(factory, param_groups=groups if grouped else None)
         for step in range(STEPS):
             engine.begin_minibatch()
             for x in _inputs(step, rank):
-                (model(x) * engine.loss_scale).backward()
+                (model(x.to(dtype)) * engine.loss_scale).backward()
             engine.finish_minibatch()
-        return {"params": engine.full_parameters(),
+        return {"params": engine.full_parameters(), "heap_bytes": engine.heap_bytes,
                 "groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]}
     finally:
         engine.close()
+
+
+def _loop(rank: int, world: int, store: dist.Store, runs: list[tuple]) -> list[dict]:
+    """Each run in turn, one engine after another in the same ranks (_train's arguments)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    try:
+        return [_train(rank, *run) for run in runs]
+    finally:
         dist.destroy_process_group()
 
 
-def _reference(grouped: bool) -> dict[str, torch.Tensor]:
+def _reference(grouped: bool, factory: OptimizerFactory = ADAMW) -> dict[str, torch.Tensor]:
     """One process over every rank's microbatches, torch-style groups built by hand."""
     torch.manual_seed(0)
     model = copy.deepcopy(Net())
@@ -96,7 +111,7 @@ def _reference(grouped: bool) -> dict[str, torch.Tensor]:
         ]
     else:
         params = [p for _, p in named]
-    opt = torch.optim.AdamW(params, lr=LR, eps=EPS, weight_decay=DECAY)
+    opt = factory(params)
     for step in range(STEPS):
         for rank in range(2):
             for x in _inputs(step, rank):
@@ -110,11 +125,39 @@ def test_parameter_groups_train_alike_on_odc_fsdp2_and_one_process():
     reference, ungrouped = _reference(grouped=True), _reference(grouped=False)
     # The groups change the result, so agreeing with the grouped reference shows they were applied.
     assert max((reference[n] - ungrouped[n]).abs().max().item() for n in reference) > 1e-3
-    for name in ("odc", "collective"):
-        ranks = run_ranks(_loop, 2, name, True, timeout_s=90)
+    ranks = run_ranks(_loop, 2, [("odc", True, "fp32"), ("collective", True, "fp32")], timeout_s=90)
+    for name, run in zip(("odc", "collective"), ranks[0], strict=True):
         for n, p in reference.items():
-            torch.testing.assert_close(ranks[0]["params"][n], p, rtol=1e-5, atol=1e-6, msg=f"{name}: {n}")
+            torch.testing.assert_close(run["params"][n], p, rtol=1e-5, atol=1e-6, msg=f"{name}: {n}")
         # Groups in the order of their first parameter (a norm's first); lr_scale applied to the learning rate.
-        lrs = [g["lr"] for g in ranks[0]["groups"]]
-        decays = [g["weight_decay"] for g in ranks[0]["groups"]]
+        lrs = [g["lr"] for g in run["groups"]]
+        decays = [g["weight_decay"] for g in run["groups"]]
         assert lrs == pytest.approx([LR, LR, LR * 0.5]) and decays == [0.0, DECAY, DECAY], name
+
+
+def test_bf16_is_the_policy_bf16_params_fp32_reduction_and_bf16_reduction_differs_as_expected():
+    bf16 = torch.bfloat16
+    policies: list[str | MixedPrecision] = ["bf16", MixedPrecision(bf16, torch.float32), MixedPrecision(bf16, bf16)]
+    runs = [(name, False, policy, SGD) for name in ("odc", "collective") for policy in policies]
+    results = run_ranks(_loop, 2, runs, timeout_s=120)[0]
+    reference = _reference(False, SGD)
+    for i, name in enumerate(("odc", "collective")):
+        named, explicit, bf16_sums = results[3 * i:3 * i + 3]
+        for n in reference:
+            # The name and the policy are one thing: bit for bit.
+            assert torch.equal(named["params"][n], explicit["params"][n]), f"{name}: {n}"
+            # Summed in bf16: near the fp32 reference (bf16's 3 significant digits), not the fp32 sum's result.
+            torch.testing.assert_close(bf16_sums["params"][n], reference[n], rtol=0.05, atol=0.02)
+        assert any(not torch.equal(bf16_sums["params"][n], named["params"][n]) for n in reference), name
+    # ODC keeps its gradient accumulators in the reduce dtype: half the bytes of fp32 ones.
+    shards = sum(p.numel() for p in reference.values()) / 2
+    assert results[0]["heap_bytes"] - results[2]["heap_bytes"] == pytest.approx(2 * shards, abs=16)
+
+
+@pytest.mark.parametrize("transport, device", [("mpi", "cpu"), ("cuda_ipc", "cuda"), ("nvshmem", "cuda")])
+def test_odc_refuses_a_reduce_dtype_its_transport_cannot_add_in(transport, device):
+    ctx = EngineContext(torch.device(device), dist.HashStore(), "job", 1.0, MixedPrecision(torch.bfloat16,
+                                                                                            torch.bfloat16))
+    with pytest.raises(ValueError, match=f"engine=odc on transport {transport} sums gradients in float32 only, "
+                                         f"not bfloat16: use MixedPrecision"):
+        build(ctx, OdcOptions(transport=transport))

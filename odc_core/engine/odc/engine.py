@@ -31,6 +31,7 @@ from torch import nn
 from odc_core.engine.base import (
     Clock,
     EngineContext,
+    MixedPrecision,
     OptimizerFactory,
     OptimizerStep,
     ParamGroups,
@@ -46,14 +47,14 @@ from odc_core.engine.odc.unit import FlatUnit, flat_groups, shard_unit
 from odc_core.engine.odc.versions import Versions
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.transport.base import SymmetricHeap
-from odc_core.transport.registry import make_heap
+from odc_core.transport.registry import TRANSPORTS, make_heap
 
 
 class OdcEngine:
     name = "odc"
     loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
 
-    def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str = "fp32",
+    def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str | MixedPrecision = "fp32",
                  prefetch: bool = True, timeout_s: float = 120.0, staleness: int = 0,
                  shard_group: int | None = None) -> None:
         self.device = device
@@ -69,7 +70,9 @@ class OdcEngine:
         self.owners: tuple[int, ...] | None = None if group == self.world_size else tuple(range(first, first + group))
         self.peers: tuple[int, ...] = self.owners or tuple(range(self.world_size))
         self.shard_index = self.rank - first
-        self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        # Gathered and computed in param_dtype, summed into reduce_dtype accumulators (base.py).
+        self.policy = MixedPrecision.of(precision)
+        self.compute_dtype = self.policy.param_dtype
         self.timeout_s = timeout_s
         self.trace: TraceHook | None = None
         self.clock: Clock = perf_counter
@@ -104,7 +107,8 @@ class OdcEngine:
         for group, params in zip(groups, params_of, strict=True):
             unit = shard_unit(self.heap, len(self.units), group, params, [names[id(p)] for p in params],
                               owners=len(self.peers), shard_index=self.shard_index, slots=self.versions.slots,
-                              compute_dtype=self.compute_dtype, device=self.device)
+                              compute_dtype=self.compute_dtype, reduce_dtype=self.policy.reduce_dtype,
+                              device=self.device)
             self.units.append(unit)
             for pos in group:
                 group_of[pos] = unit
@@ -216,6 +220,12 @@ class OdcEngine:
 
 
 def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
+    reduce = str(ctx.policy.reduce_dtype).removeprefix("torch.")
+    spec = TRANSPORTS[options.transport]
+    if reduce not in spec.reduce_dtypes:
+        raise ValueError(f"engine=odc on transport {spec.name} sums gradients in {' or '.join(spec.reduce_dtypes)} "
+                         f"only, not {reduce}: use MixedPrecision(reduce_dtype=torch.float32)"
+                         + (" or transport shm" if "cpu" in spec.devices else ""))
     heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), ctx.job_id,
                      ctx.store, ctx.timeout_s)
     return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness,

@@ -75,7 +75,7 @@ class FlatUnit:
     full: torch.Tensor                  # unsharded flat parameters, compute dtype; storage freed when SHARDED
     master: list[torch.Tensor]          # heap: this rank's fp32 shard, one slot per live version
     shadow: list[torch.Tensor] | None   # heap: the slots in the compute dtype, when that is not fp32
-    acc: list[torch.Tensor]             # heap: this rank's fp32 gradient accumulators, one per minibatch in flight
+    acc: list[torch.Tensor]             # heap: gradient accumulators (reduce dtype), one per minibatch in flight
     shard_index: int                    # which shard of the layout this rank owns
     pieces: list[Piece]                 # the shard cut by optimizer group, covering it whole (split())
     storage: Storage = Storage.SHARDED
@@ -177,7 +177,7 @@ def flat_groups(model: nn.Module, units: list[nn.Module]) -> tuple[list[nn.Modul
 
 def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list[nn.Parameter], names: list[str],
                *, owners: int, shard_index: int, slots: int, compute_dtype: torch.dtype,
-               device: torch.device) -> FlatUnit:
+               reduce_dtype: torch.dtype = torch.float32, device: torch.device) -> FlatUnit:
     """Allocate a group's heap buffers (collective over the ranks), put this rank's shard of
     the parameters in version slot 0, and make the parameters views of a freed flat buffer."""
     numel = sum(p.numel() for p in params)
@@ -188,7 +188,7 @@ def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list
     if compute_dtype != torch.float32:
         shadow = [heap.alloc(buffer_name("shadow", name, j), layout.shard_numel, compute_dtype)
                   for j in range(slots)]
-    acc = [heap.alloc(buffer_name("acc", name, j), layout.shard_numel, torch.float32) for j in range(slots)]
+    acc = [heap.alloc(buffer_name("acc", name, j), layout.shard_numel, reduce_dtype) for j in range(slots)]
     flat = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
     offsets, offset = [], 0
     for p in params:
