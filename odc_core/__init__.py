@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     )
     from odc_core.engine.build import engine_context, make_engine
     from odc_core.engine.registry import CollectiveOptions, EngineOptions, OdcOptions
+    from odc_core.state import get_state_dict, set_state_dict
     from odc_core.transport.base import PeerTimeout
 
 _WHERE = {
@@ -36,10 +37,12 @@ _WHERE = {
     "ParamGroups": "odc_core.engine.base",
     "SchedulerFactory": "odc_core.engine.base",
     "PeerTimeout": "odc_core.transport.base",
+    "get_state_dict": "odc_core.state",
+    "set_state_dict": "odc_core.state",
 }
 __all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "MixedPrecision",
            "OdcOptions", "OptimizerFactory", "ParamGroups", "PeerTimeout", "SchedulerFactory", "engine_context",
-           "make_engine"]
+           "get_state_dict", "make_engine", "set_state_dict"]
 
 
 def __getattr__(name: str) -> Any:

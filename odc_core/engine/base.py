@@ -153,6 +153,15 @@ class DataParallelEngine(Protocol):
         """Apply what a DCP load left in sharded_state(for_load=True)'s dict."""
         ...
 
+    def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state dicts as torch's get_state_dict gives FSDP2's: this rank's
+        shards, or with `full` every tensor whole on every rank; collective (odc_core/state.py)."""
+        ...
+
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+        """Load state dicts as torch's set_state_dict does, full or sharded; collective, between minibatches."""
+        ...
+
     def close(self) -> None: ...
 
 

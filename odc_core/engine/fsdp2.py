@@ -225,6 +225,29 @@ class CollectiveEngine:
         assert self.model is not None
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
+    def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """torch's get_state_dict of the model and optimizer: DTensors, or with `full` whole tensors."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        if self.model is None:
+            raise RuntimeError("wrap() the model before reading its state")
+        return get_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=full))
+
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+        """torch's set_state_dict: sharded (DTensors) or full state dicts, by what they hold."""
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        if self.model is None:
+            raise RuntimeError("wrap() the model before loading its state")
+        values = list(model_state_dict.values())
+        if any(isinstance(v, ShardedTensor) for v in values):
+            raise ValueError("a sharded ODC state dict cannot load into collective FSDP; pass a full one "
+                             "(get_state_dict(engine, full=True)) or go through odc_core.checkpoint")
+        full = not any(isinstance(v, DTensor) for v in values)
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_state_dict,
+                       optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
+
     def close(self) -> None:
         self.model = None
         groups, self.groups = self.groups, []

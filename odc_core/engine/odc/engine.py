@@ -208,6 +208,15 @@ class OdcEngine:
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         state_dict.load_sharded_state(self, state)
 
+    def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        if full:
+            return state_dict.full_state(self)
+        state = state_dict.sharded_state(self)
+        return state["model"], state["optim"]
+
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+        state_dict.set_state(self, model_state_dict, optim_state_dict)
+
     def close(self) -> None:
         self.versions.closing.set()  # a prefetch waiting on a dead peer stops now
         if self._hooks is not None:
