@@ -11,9 +11,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from odc_core.engine.base import DataParallelEngine, EngineContext, OptimizerFactory, SchedulerFactory
+    from odc_core.engine.base import (
+        DataParallelEngine,
+        EngineContext,
+        MixedPrecision,
+        OptimizerFactory,
+        ParamGroups,
+        SchedulerFactory,
+    )
     from odc_core.engine.build import engine_context, make_engine
     from odc_core.engine.registry import CollectiveOptions, EngineOptions, OdcOptions
+    from odc_core.state import get_state_dict, set_state_dict
     from odc_core.transport.base import PeerTimeout
 
 _WHERE = {
@@ -24,12 +32,17 @@ _WHERE = {
     "engine_context": "odc_core.engine.build",
     "EngineContext": "odc_core.engine.base",
     "DataParallelEngine": "odc_core.engine.base",
+    "MixedPrecision": "odc_core.engine.base",
     "OptimizerFactory": "odc_core.engine.base",
+    "ParamGroups": "odc_core.engine.base",
     "SchedulerFactory": "odc_core.engine.base",
     "PeerTimeout": "odc_core.transport.base",
+    "get_state_dict": "odc_core.state",
+    "set_state_dict": "odc_core.state",
 }
-__all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "OdcOptions",
-           "OptimizerFactory", "PeerTimeout", "SchedulerFactory", "engine_context", "make_engine"]
+__all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "MixedPrecision",
+           "OdcOptions", "OptimizerFactory", "ParamGroups", "PeerTimeout", "SchedulerFactory", "engine_context",
+           "get_state_dict", "make_engine", "set_state_dict"]
 
 
 def __getattr__(name: str) -> Any:

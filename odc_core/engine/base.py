@@ -27,11 +27,51 @@ TraceHook = Callable[..., None]
 # What marks a span's ends: time.perf_counter (seconds on the host), or a clock whose marks the
 # trace resolves later (the harness's device clock on CUDA: an event on the compute stream).
 Clock = Callable[[], Any]
-# The user's optimizer, built over the parameters a rank steps: FSDP2's DTensor shards, or
-# ODC's flat fp32 shards (one per unit, so per-parameter groups cannot be told apart there).
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+# The user's optimizer, built over what a rank steps (FSDP2's DTensor shards, or ODC's runs of
+# its flat fp32 shards): a list of parameters, or with param_groups torch-style group dicts,
+# [{"params": [...], **options}, ...]; any torch.optim optimizer takes either.
+OptimizerFactory = Callable[[list[Any]], torch.optim.Optimizer]
+# (name, parameter) -> the options of the parameter's optimizer group, {} for the optimizer's
+# defaults: any option the optimizer takes ("weight_decay", "lr", ...), and "lr_scale", which
+# multiplies the group's learning rate once the optimizer is built (so its schedule scales too).
+ParamGroups = Callable[[str, nn.Parameter], dict[str, Any]]
 # A learning-rate schedule over that optimizer, stepped once per optimizer step.
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """The dtypes an engine computes and reduces in, FSDP2's MixedPrecisionPolicy's two, for
+    both engines; parameters and optimizer state stay fp32 on their owners either way.
+
+    param_dtype: what forward and backward compute in, and so the gradients each rank produces
+    (ODC: the dtype it gathers, from shards of that dtype kept beside the fp32 masters).
+    reduce_dtype: what the ranks' gradients are summed in (ODC: its accumulators' dtype, which
+    not every transport can add in; FSDP2: its reduce-scatter's) before the fp32 step.
+    """
+
+    param_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        for field in ("param_dtype", "reduce_dtype"):
+            if getattr(self, field) not in _FLOATS:
+                raise ValueError(f"MixedPrecision.{field} must be one of torch.float32, torch.bfloat16, "
+                                 f"torch.float16; got {getattr(self, field)!r}")
+
+    @classmethod
+    def of(cls, precision: str | MixedPrecision) -> MixedPrecision:
+        """A policy itself, or by name: fp32, or bf16 (bf16 compute, fp32 reduction)."""
+        if isinstance(precision, MixedPrecision):
+            return precision
+        if precision == "fp32":
+            return cls()
+        if precision == "bf16":
+            return cls(torch.bfloat16, torch.float32)
+        raise ValueError(f"precision must be fp32, bf16 or an odc_core.MixedPrecision, got {precision!r}")
 
 
 @dataclass(frozen=True)
@@ -43,7 +83,12 @@ class EngineContext:
     # Unique per execution of a run: names the run's shared-memory segments.
     job_id: str
     timeout_s: float
-    precision: str  # fp32, or bf16 (bf16 compute, fp32 master weights and gradient reduction)
+    # fp32, bf16 (bf16 compute, fp32 master weights and gradient reduction), or a MixedPrecision.
+    precision: str | MixedPrecision
+
+    @property
+    def policy(self) -> MixedPrecision:
+        return MixedPrecision.of(self.precision)
 
 
 class DataParallelEngine(Protocol):
@@ -63,10 +108,12 @@ class DataParallelEngine(Protocol):
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module: ...
 
     def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
-                            max_grad_norm: float | None = None) -> None:
+                            max_grad_norm: float | None = None, param_groups: ParamGroups | None = None) -> None:
         """Build the optimizer over the parameters this rank steps (`factory(params)`, any
         torch.optim optimizer) and its schedule; the engine applies both, after scaling the
-        minibatch's gradients down to a global norm of `max_grad_norm` when it is given."""
+        minibatch's gradients down to a global norm of `max_grad_norm` when it is given. With
+        `param_groups`, factory gets one group dict per distinct options, in the order of their
+        first parameter in model.named_parameters() (the same groups on every rank)."""
         ...
 
     @property
@@ -106,6 +153,15 @@ class DataParallelEngine(Protocol):
         """Apply what a DCP load left in sharded_state(for_load=True)'s dict."""
         ...
 
+    def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state dicts as torch's get_state_dict gives FSDP2's: this rank's
+        shards, or with `full` every tensor whole on every rank; collective (odc_core/state.py)."""
+        ...
+
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+        """Load state dicts as torch's set_state_dict does, full or sharded; collective, between minibatches."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -120,11 +176,20 @@ class OptimizerStep:
     max_grad_norm: float | None
 
     @classmethod
-    def build(cls, params: list[nn.Parameter], factory: OptimizerFactory, scheduler: SchedulerFactory | None,
+    def build(cls, params: list[Any], factory: OptimizerFactory, scheduler: SchedulerFactory | None,
               max_grad_norm: float | None) -> OptimizerStep:
+        """`params`: a list of parameters, or group dicts (group_options' groups with their params)."""
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be a number > 0 or None, got {max_grad_norm!r}")
         optimizer = factory(params)
+        given = [g for g in params if isinstance(g, dict)]
+        for group, options in zip(optimizer.param_groups, given, strict=False):
+            unknown = sorted(set(options) - set(optimizer.defaults) - {"params", "lr_scale"})
+            if unknown:
+                raise ValueError(f"param_groups gave option {unknown[0]!r}, which {type(optimizer).__name__} does not "
+                                 f"take; its options are {', '.join(sorted(optimizer.defaults))} (and lr_scale)")
+            if "lr_scale" in options:
+                group["lr"] = group["lr"] * options["lr_scale"]
         return cls(optimizer, scheduler(optimizer) if scheduler is not None else None, max_grad_norm)
 
     def apply(self, clip: Callable[[float], float]) -> float | None:
@@ -135,6 +200,28 @@ class OptimizerStep:
         if self.scheduler is not None:
             self.scheduler.step()
         return norm
+
+
+def group_options(named: Sequence[tuple[str, nn.Parameter]],
+                  rule: ParamGroups) -> list[tuple[dict[str, Any], list[str]]]:
+    """The parameters grouped by the options `rule` gives them: (options, names) per group, in
+    the order of each group's first parameter."""
+    groups: list[tuple[dict[str, Any], list[str]]] = []
+    for name, p in named:
+        options = rule(name, p)
+        if not isinstance(options, dict) or "params" in options:
+            raise ValueError(f"param_groups({name!r}, ...) must return a dict of optimizer options without "
+                             f"'params', got {options!r}")
+        scale = options.get("lr_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ValueError(f"param_groups({name!r}, ...) gave lr_scale {scale!r}; it must be a number > 0")
+        for known, names in groups:
+            if known == options:
+                names.append(name)
+                break
+        else:
+            groups.append((dict(options), [name]))
+    return groups
 
 
 def configured(step: OptimizerStep | None) -> OptimizerStep:

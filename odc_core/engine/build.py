@@ -9,24 +9,24 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from odc_core.engine.base import DataParallelEngine, EngineContext
+from odc_core.engine.base import DataParallelEngine, EngineContext, MixedPrecision
 from odc_core.engine.registry import EngineOptions, engine_spec
 
 _contexts = itertools.count()
 
 
-def engine_context(device: torch.device | None = None, *, precision: str = "fp32",
+def engine_context(device: torch.device | None = None, *, precision: str | MixedPrecision = "fp32",
                    timeout_s: float = 120.0) -> EngineContext:
     """An EngineContext from the default process group, as torchrun and SLURM launchers set it
     up: every rank calls it, in the same order. `device` defaults to this rank's current CUDA
-    device when the group runs NCCL, else the CPU; bf16 precision computes in bf16 on fp32
-    master weights. Rank 0 names the engine's shared segments (job_id) for all ranks through
-    the group's store."""
+    device when the group runs NCCL, else the CPU; precision "bf16" computes in bf16 on fp32
+    master weights and reduces in fp32 (MixedPrecision(torch.bfloat16, torch.float32)), a
+    MixedPrecision names both dtypes. Rank 0 names the engine's shared segments (job_id) for
+    all ranks through the group's store."""
     if not dist.is_initialized():
         raise RuntimeError("engine_context() needs torch.distributed initialised: call "
                            "dist.init_process_group() first (torchrun sets up its environment)")
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    MixedPrecision.of(precision)  # a ValueError now, not at make_engine
     if device is None:
         nccl = "nccl" in str(dist.get_backend())
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")

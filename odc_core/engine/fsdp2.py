@@ -32,11 +32,14 @@ from torch.distributed.tensor import DTensor
 from odc_core.engine.base import (
     Clock,
     EngineContext,
+    MixedPrecision,
     OptimizerFactory,
     OptimizerStep,
+    ParamGroups,
     SchedulerFactory,
     TraceHook,
     configured,
+    group_options,
     reduction_device,
 )
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
@@ -52,9 +55,9 @@ class CollectiveEngine:
 
     name = "collective"
 
-    def __init__(self, device: torch.device, precision: str = "fp32", reshard_after_forward: bool = True,
-                 backend: Backend = "auto", *, job_id: str = "collective", timeout_s: float = 120.0,
-                 shard_group: int | None = None) -> None:
+    def __init__(self, device: torch.device, precision: str | MixedPrecision = "fp32",
+                 reshard_after_forward: bool = True, backend: Backend = "auto", *, job_id: str = "collective",
+                 timeout_s: float = 120.0, shard_group: int | None = None) -> None:
         self.device = device
         self.backend = CollectiveOptions(backend=backend).for_device(device.type).backend
         self.job_id, self.timeout_s = job_id, timeout_s
@@ -69,7 +72,7 @@ class CollectiveEngine:
         # pre-multiplied sum that set_gradient_divide_factor(1) needs, so the worker scales
         # its loss instead; the result is the plain sum of gradients, as with ODC.
         self.loss_scale = float(self.world_size)
-        self.precision = precision
+        self.policy = MixedPrecision.of(precision)
         self.reshard_after_forward = reshard_after_forward
         self.trace: TraceHook | None = None
         self.clock: Clock = perf_counter
@@ -112,8 +115,7 @@ class CollectiveEngine:
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
         mesh = self._mesh()
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if self.precision == "bf16" else MixedPrecisionPolicy()
+        mp = _fsdp2_policy(self.policy)
         # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
         # a parameter in one group only, so the shared one falls to the root's group with the rest
         # of those units' parameters, gathered for the whole forward and backward.
@@ -130,11 +132,17 @@ class CollectiveEngine:
         return model
 
     def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
-                            max_grad_norm: float | None = None) -> None:
-        """The optimizer over this rank's DTensor shards, as an FSDP2 training loop builds it."""
+                            max_grad_norm: float | None = None, param_groups: ParamGroups | None = None) -> None:
+        """The optimizer over this rank's DTensor shards, as an FSDP2 training loop builds it:
+        param_groups' groups passed through as torch-style group dicts."""
         if self.model is None:
             raise RuntimeError("wrap() the model before configure_optimizer()")
-        self._step = OptimizerStep.build(list(self.model.parameters()), factory, scheduler, max_grad_norm)
+        params: list[Any] = list(self.model.parameters())
+        if param_groups is not None:
+            named = dict(self.model.named_parameters())
+            params = [{"params": [named[n] for n in names], **options}
+                      for options, names in group_options(list(named.items()), param_groups)]
+        self._step = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -217,11 +225,43 @@ class CollectiveEngine:
         assert self.model is not None
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
+    def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        """torch's get_state_dict of the model and optimizer: DTensors, or with `full` whole tensors."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        if self.model is None:
+            raise RuntimeError("wrap() the model before reading its state")
+        return get_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=full))
+
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+        """torch's set_state_dict: sharded (DTensors) or full state dicts, by what they hold."""
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        if self.model is None:
+            raise RuntimeError("wrap() the model before loading its state")
+        values = list(model_state_dict.values())
+        if any(isinstance(v, ShardedTensor) for v in values):
+            raise ValueError("a sharded ODC state dict cannot load into collective FSDP; pass a full one "
+                             "(get_state_dict(engine, full=True)) or go through odc_core.checkpoint")
+        full = not any(isinstance(v, DTensor) for v in values)
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_state_dict,
+                       optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
+
     def close(self) -> None:
         self.model = None
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def _fsdp2_policy(policy: MixedPrecision) -> MixedPrecisionPolicy:
+    """FSDP2's policy for ours: None (the parameters' own dtype) where a dtype is fp32, as FSDP2
+    without a policy runs."""
+    fp32 = torch.float32
+    return MixedPrecisionPolicy(
+        param_dtype=None if policy.param_dtype == fp32 else policy.param_dtype,
+        reduce_dtype=None if policy.reduce_dtype == fp32 == policy.param_dtype else policy.reduce_dtype)
 
 
 def _value(norm: torch.Tensor) -> float:

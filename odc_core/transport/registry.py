@@ -26,12 +26,16 @@ class TransportSpec:
     describe: str  # what it is, in the words errors and docs use
     # What to run across hosts instead, where this transport cannot (the engine.* settings).
     across_hosts: str = ""
+    # The dtypes its accumulate can add into (a gradient accumulator's: MixedPrecision.reduce_dtype).
+    reduce_dtypes: tuple[str, ...] = ("float32",)
 
 
 TRANSPORTS: dict[str, TransportSpec] = {
     "shm": TransportSpec("shm", "odc_core.transport.shm:ShmHeap", devices=("cpu",), spans_hosts=False,
-                         describe="POSIX shared memory (/dev/shm) on one host", across_hosts="engine.transport=mpi"),
+                         describe="POSIX shared memory (/dev/shm) on one host", across_hosts="engine.transport=mpi",
+                         reduce_dtypes=("float32", "bfloat16", "float16")),
     # Ranks must be started by an MPI process manager (mpiexec, srun --mpi=pmi2): odc_bench's launchers do.
+    # MPI_Accumulate has no bf16 or fp16 type; the CUDA heaps' atomic-add kernel adds into fp32.
     "mpi": TransportSpec("mpi", "odc_core.transport.mpi:MpiHeap", devices=("cpu",), spans_hosts=True,
                          describe="MPI-3 one-sided windows (MPICH), on one host or many"),
     # Ranks on one host, sharing GPUs or one each (peer access over NVLink or PCIe).

@@ -28,11 +28,12 @@ fetch_add atomic and orders data before flags: the kernel's lock acquire/release
 barriers, so whatever a rank wrote before store() is visible to a peer whose load() saw it.
 
 Lifecycle: segments are named odc-<job>-r<rank>-p<pid>-t<start>-b<index>, where <start> is
-the creator's start time in clock ticks since boot (guards against PID reuse). close()
-(also run by the context manager and at exit) unlinks this rank's segments; a rank killed
-by SIGKILL leaves its segments behind: its peers remove them when they close their heaps, the
-local launcher as soon as its ranks are gone, and failing both (every rank of a job killed)
-the next ShmHeap on the host removes every odc-* segment whose creator is no longer running.
+the creator's start time in clock ticks since boot (guards against PID reuse). close() (also
+run by the context manager and at exit) unlinks this rank's segments, and so does SIGTERM
+(sigterm.py: how torchrun stops a failed rank's peers). A rank killed by SIGKILL leaves its
+segments behind: its peers remove them when they close their heaps, the local launcher as
+soon as its ranks are gone, and failing both (every rank of a job killed) the next ShmHeap on
+the host removes every odc-* segment whose creator is no longer running.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import torch.distributed as dist
 
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.exchange import exchange, rotated
+from odc_core.transport.sigterm import forget, on_sigterm
 
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "odc-"
@@ -217,6 +219,7 @@ class ShmHeap:
         self._epoch = 0
         self._closed = False
         atexit.register(self.close)
+        on_sigterm(id(self), self._unlink_own)  # torchrun SIGTERMs a failed rank's peers
         try:
             sweep_stale_segments(directory)
             self.alloc(_CONTROL, 1, torch.int64)
@@ -423,21 +426,29 @@ class ShmHeap:
             return
         self._closed = True
         atexit.unregister(self.close)
+        forget(id(self))
         with self._fds_guard:
             fds, self._lock_fds = self._lock_fds + self._control_fds, []
         self._control_fds = []
         for fd in fds:
             os.close(fd)
         self._tls = threading.local()
-        if os.getpid() == self._pid:  # a forked child must not remove its parent's segments
-            for segment in self._own_segments:
-                with contextlib.suppress(FileNotFoundError):
-                    (self._dir / segment).unlink()
+        if os.getpid() == self._pid:
+            self._unlink_own()
             sweep_stale_segments(self._dir, self._job)  # a dead peer's, which it could not remove
         # Mappings are not closed here: a tensor from torch.frombuffer keeps its mmap object
         # alive but not locked, so closing it would leave the caller's tensors dangling. Each
         # mapping goes away with the last tensor that uses it.
         self._buffers = {}
+
+
+    def _unlink_own(self) -> None:
+        """Remove this rank's segment names (peers keep their mappings); a forked child must not
+        remove its parent's."""
+        if os.getpid() == self._pid:
+            for segment in self._own_segments:
+                with contextlib.suppress(FileNotFoundError):
+                    (self._dir / segment).unlink()
 
 
 class _Held:

@@ -31,11 +31,14 @@ from torch import nn
 from odc_core.engine.base import (
     Clock,
     EngineContext,
+    MixedPrecision,
     OptimizerFactory,
     OptimizerStep,
+    ParamGroups,
     SchedulerFactory,
     TraceHook,
     configured,
+    group_options,
 )
 from odc_core.engine.odc import state_dict
 from odc_core.engine.odc.fetch import make_fetcher
@@ -44,14 +47,14 @@ from odc_core.engine.odc.unit import FlatUnit, flat_groups, shard_unit
 from odc_core.engine.odc.versions import Versions
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.transport.base import SymmetricHeap
-from odc_core.transport.registry import make_heap
+from odc_core.transport.registry import TRANSPORTS, make_heap
 
 
 class OdcEngine:
     name = "odc"
     loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
 
-    def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str = "fp32",
+    def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str | MixedPrecision = "fp32",
                  prefetch: bool = True, timeout_s: float = 120.0, staleness: int = 0,
                  shard_group: int | None = None) -> None:
         self.device = device
@@ -67,7 +70,9 @@ class OdcEngine:
         self.owners: tuple[int, ...] | None = None if group == self.world_size else tuple(range(first, first + group))
         self.peers: tuple[int, ...] = self.owners or tuple(range(self.world_size))
         self.shard_index = self.rank - first
-        self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        # Gathered and computed in param_dtype, summed into reduce_dtype accumulators (base.py).
+        self.policy = MixedPrecision.of(precision)
+        self.compute_dtype = self.policy.param_dtype
         self.timeout_s = timeout_s
         self.trace: TraceHook | None = None
         self.clock: Clock = perf_counter
@@ -75,6 +80,7 @@ class OdcEngine:
         self.fetcher = make_fetcher(device, heap, self.versions, self.owners, prefetch, self._emit, self._now)
         self.units: list[FlatUnit] = []
         self.model: nn.Module | None = None
+        self.group_names: list[list[str]] = []  # the parameters of each optimizer group, by name
         self._hooks: UnitHooks | None = None
 
     @property
@@ -101,7 +107,8 @@ class OdcEngine:
         for group, params in zip(groups, params_of, strict=True):
             unit = shard_unit(self.heap, len(self.units), group, params, [names[id(p)] for p in params],
                               owners=len(self.peers), shard_index=self.shard_index, slots=self.versions.slots,
-                              compute_dtype=self.compute_dtype, device=self.device)
+                              compute_dtype=self.compute_dtype, reduce_dtype=self.policy.reduce_dtype,
+                              device=self.device)
             self.units.append(unit)
             for pos in group:
                 group_of[pos] = unit
@@ -130,18 +137,30 @@ class OdcEngine:
         return mine
 
     def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
-                            max_grad_norm: float | None = None) -> None:
-        """The optimizer over this rank's own fp32 shards, one flat shard per unit: its state is
-        sharded like FSDP's. The owners step it, so ODC, not the training loop, calls step()."""
-        if self._hooks is None:
+                            max_grad_norm: float | None = None, param_groups: ParamGroups | None = None) -> None:
+        """The optimizer over this rank's own fp32 shards: its state is sharded like FSDP's. Each
+        unit's shard is one optimizer parameter, or with param_groups one per run of parameters
+        in the same group (unit.py's pieces). The owners step it, so ODC, not the training
+        loop, calls step()."""
+        if self._hooks is None or self.model is None:
             raise RuntimeError("wrap() the model before configure_optimizer()")
         if max_grad_norm is not None and self.staleness:
             # The global norm of minibatch k needs every owner's part of it before any owner
             # steps: a barrier per step, which stale-synchronous ODC exists to avoid.
             raise ValueError("max_grad_norm needs staleness 0: clipping by the global norm makes every owner "
                              "wait for every other's gradients before each step")
-        self.versions.step_rule = OptimizerStep.build([u.shard_param for u in self.units], factory, scheduler,
-                                                      max_grad_norm)
+        named = list(self.model.named_parameters())
+        groups = group_options(named, param_groups) if param_groups is not None else [({}, [n for n, _ in named])]
+        group_of = {name: g for g, (_, names) in enumerate(groups) for name in names}
+        for unit in self.units:
+            unit.split([group_of[name] for name in unit.names], self.versions.newest_slot)
+        pieces = [piece for unit in self.units for piece in unit.pieces]
+        params: list[Any] = [piece.param for piece in pieces]
+        if param_groups is not None:
+            params = [{"params": [p.param for p in pieces if p.group == g], **options}
+                      for g, (options, _) in enumerate(groups)]
+        self.group_names = [names for _, names in groups]
+        self.versions.step_rule = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -189,6 +208,15 @@ class OdcEngine:
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         state_dict.load_sharded_state(self, state)
 
+    def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        if full:
+            return state_dict.full_state(self)
+        state = state_dict.sharded_state(self)
+        return state["model"], state["optim"]
+
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+        state_dict.set_state(self, model_state_dict, optim_state_dict)
+
     def close(self) -> None:
         self.versions.closing.set()  # a prefetch waiting on a dead peer stops now
         if self._hooks is not None:
@@ -201,6 +229,12 @@ class OdcEngine:
 
 
 def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
+    reduce = str(ctx.policy.reduce_dtype).removeprefix("torch.")
+    spec = TRANSPORTS[options.transport]
+    if reduce not in spec.reduce_dtypes:
+        raise ValueError(f"engine=odc on transport {spec.name} sums gradients in {' or '.join(spec.reduce_dtypes)} "
+                         f"only, not {reduce}: use MixedPrecision(reduce_dtype=torch.float32)"
+                         + (" or transport shm" if "cpu" in spec.devices else ""))
     heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), ctx.job_id,
                      ctx.store, ctx.timeout_s)
     return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness,

@@ -1,13 +1,16 @@
-"""ODC's state outside minibatches: the full parameters, and the sharded state a checkpoint
-saves and loads (odc_core/checkpoint.py), in DCP's FSDP2 layout."""
+"""ODC's state outside minibatches: the full parameters, and the model's and optimizer's state
+dicts, sharded (what a checkpoint saves and loads, odc_core/checkpoint.py) or full, both laid
+out as torch.distributed.checkpoint.state_dict gives FSDP2's."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
-from odc_core.engine.odc.unit import buffer_name
+from odc_core.engine.base import reduction_device
+from odc_core.engine.odc.unit import Piece, buffer_name
 from odc_core.primitives import gather
 
 if TYPE_CHECKING:
@@ -39,42 +42,149 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
         raise RuntimeError("wrap() the model before saving or loading a checkpoint")
     if engine.owners is not None:
         raise ValueError("checkpoints of hybrid-sharded ODC are not supported yet; save with shard=full")
-    if for_load and engine.versions.minibatch >= 0:
-        raise RuntimeError("load a checkpoint before the first minibatch")
+    if for_load and engine.staleness and engine.versions.minibatch >= 0:
+        raise RuntimeError("with staleness > 0, load state before the first minibatch: the minibatches after "
+                           "it would still read the versions before it")
     opt = engine.optimizer
+    if for_load:
+        engine.drain()  # every owner's step is applied before its shard is overwritten
     _init_state(opt)
     slot = engine.versions.newest_slot
-    aliases: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(p), []).append(name)
+    aliases = _aliases(model)
     model_sd: dict[str, Any] = {}
     optim_sd: dict[str, Any] = {}
     for unit in engine.units:
         size = unit.layout.shard_numel
         lo = engine.shard_index * size
-        state = opt.state[unit.shard_param]
-        for p, off, name in zip(unit.params, unit.offsets, unit.names, strict=True):
+        for j, (p, off, name) in enumerate(zip(unit.params, unit.offsets, unit.names, strict=True)):
             n = p.numel()
             ranges = [(r, max(0, r * size - off), min(n, (r + 1) * size - off)) for r in range(engine.world_size)]
             ranges = [(r, a, b) for r, a, b in ranges if a < b]
-            a, b = max(off, lo), min(off + n, lo + size)
+            a, b = unit.local_range(j)
+            # The piece holding this rank's elements of the parameter (any piece's scalars where it holds none).
+            held = unit.piece_at(a) if a < b else unit.pieces[0]
+            start = max(0, lo + a - off)  # the parameter's first flat element this rank holds
 
-            mine = slice(a - lo, b - lo) if a < b else slice(0, 0)
-            start = max(0, a - off)  # the parameter's first flat element this rank holds
-
-            def piece(buf: torch.Tensor, name: str = name, shape: torch.Size = p.shape, mine: slice = mine,
+            def sharded(buf: torch.Tensor, part: slice, name: str = name, shape: torch.Size = p.shape,
                       start: int = start, ranges: list[tuple[int, int, int]] = ranges) -> torch.Tensor:
-                return flat_pieces(name, shape, buf[mine], start, ranges, engine.rank)
+                return flat_pieces(name, shape, buf[part], start, ranges, engine.rank)
 
             for alias in aliases[id(p)]:
-                model_sd[alias] = piece(unit.master[slot])
-            optim_sd[name] = {k: piece(v) if torch.is_tensor(v) and v.numel() == size else v.detach().clone()
-                              for k, v in state.items()}
+                model_sd[alias] = sharded(unit.master[slot], slice(a, b) if a < b else slice(0, 0))
+            part = slice(a - held.lo, b - held.lo) if a < b else slice(0, 0)
+            optim_sd[name] = {k: sharded(v, part) if _flat(v, held) else v.detach().clone()
+                              for k, v in opt.state[held.param].items()}
     for name, buf in model.state_dict().items():  # persistent buffers, replicated
         if name not in model_sd:
             model_sd[name] = buf
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": list(optim_sd)} for g in opt.param_groups]
-    return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": groups}}
+    return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": _groups(engine)}}
+
+
+def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and optimizer's state dicts with every tensor whole, the same on every rank,
+    as get_state_dict(full_state_dict=True) gives FSDP2's; collective. Each optimizer state
+    tensor is gathered per unit with one all-gather of every rank's shard."""
+    model = engine.model
+    if model is None:
+        raise RuntimeError("wrap() the model before reading its state")
+    if engine.owners is not None:
+        raise ValueError("state dicts of hybrid-sharded ODC are not supported yet; use shard=full")
+    params = full_parameters(engine)
+    model_sd: dict[str, Any] = {}
+    for unit in engine.units:
+        for p, name in zip(unit.params, unit.names, strict=True):
+            for alias in _aliases(model)[id(p)]:
+                model_sd[alias] = params[name]
+    for name, buf in model.state_dict().items():
+        if name not in model_sd:
+            model_sd[name] = buf.detach().cpu().clone()
+    opt = engine.optimizer
+    _init_state(opt)
+    on = reduction_device(engine.device)
+    optim_sd: dict[str, Any] = {}
+    for unit in engine.units:
+        keys = [k for k, v in opt.state[unit.pieces[0].param].items() if _flat(v, unit.pieces[0])]
+        for held in unit.pieces:
+            if [k for k, v in opt.state[held.param].items() if _flat(v, held)] != keys:
+                raise ValueError("the optimizer keeps different state in different parameter groups (amsgrad in "
+                                 "some?): full state dicts need the same in every group")
+        whole = {}
+        for key in keys:
+            mine = torch.cat([opt.state[held.param][key] for held in unit.pieces]).to(on)
+            every = [torch.empty_like(mine) for _ in range(engine.world_size)]
+            dist.all_gather(every, mine)
+            whole[key] = torch.cat(every).cpu()
+        for j, (p, off, name) in enumerate(zip(unit.params, unit.offsets, unit.names, strict=True)):
+            a, b = unit.local_range(j)
+            held = unit.piece_at(a) if a < b else unit.pieces[0]
+            optim_sd[name] = {k: whole[k][off:off + p.numel()].view(p.shape).clone() if k in whole
+                              else v.detach().cpu().clone() for k, v in opt.state[held.param].items()}
+    return model_sd, {"state": optim_sd, "param_groups": _groups(engine)}
+
+
+def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> None:
+    """Load model and optimizer state dicts, full or sharded, of either engine; collective. Each
+    rank copies the parts of each tensor its shards hold: from a full tensor, from a DTensor
+    (FSDP2's sharded dicts, made whole first, collectively) or from a sharded ODC dict of the
+    same layout (its own get_state_dict at this world size)."""
+    target = sharded_state(engine, for_load=True)
+    assert engine.model is not None
+    aliases = _aliases(engine.model)
+    names = {alias: group for group in aliases.values() for alias in group}
+    model: dict[str, Any] = {}
+    for key, view in target["model"].items():
+        given = next((model_sd[n] for n in names.get(key, [key]) if n in model_sd), None)
+        if given is None:
+            raise ValueError(f"the model state dict has no {key!r}")
+        model[key] = _fill(view, given, key)
+    state: dict[str, Any] = {}
+    for name, views in target["optim"]["state"].items():
+        given = optim_sd["state"].get(name)
+        if given is None:
+            raise ValueError(f"the optimizer state dict has no state for {name!r}")
+        state[name] = {key: _fill(view, given[key], f"{name} {key}") for key, view in views.items()}
+    load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}})
+
+
+def _fill(view: Any, given: Any, what: str) -> Any:
+    """Copy what `given` holds of a ShardedTensor view's local boxes into them; any other value
+    is taken as given (a scalar, a buffer)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(view, ShardedTensor):
+        return given
+    if isinstance(given, DTensor):
+        given = given.full_tensor()  # collective: every rank visits the same keys in the same order
+    if isinstance(given, ShardedTensor):
+        theirs = {tuple(s.metadata.shard_offsets): s.tensor for s in given.local_shards()}
+        for shard in view.local_shards():
+            source = theirs.get(tuple(shard.metadata.shard_offsets))
+            if source is None or source.shape != shard.tensor.shape:
+                raise ValueError(f"{what}: a sharded ODC state dict loads only into the layout it came from (engine "
+                                 f"odc, the same world size); pass a full one (get_state_dict(engine, full=True)) "
+                                 f"or go through odc_core.checkpoint")
+            shard.tensor.copy_(source)
+        return view
+    for shard in view.local_shards():
+        box = tuple(slice(o, o + n) for o, n in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes,
+                                                    strict=True))
+        shard.tensor.copy_(given[box])
+    return view
+
+
+def _aliases(model: torch.nn.Module) -> dict[int, list[str]]:
+    """Every name of each parameter (tied ones have several), by the parameter's id."""
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    return aliases
+
+
+def _groups(engine: OdcEngine) -> list[dict[str, Any]]:
+    """The optimizer's groups as DCP lays them out: their options and their parameters' names."""
+    return [{**{k: v for k, v in g.items() if k != "params"}, "params": names}
+            for g, names in zip(engine.optimizer.param_groups, engine.group_names, strict=True)]
 
 
 def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
@@ -84,19 +194,32 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
     assert model is not None
     opt = engine.optimizer
     loaded = state["optim"]
-    for key, value in loaded["param_groups"][0].items():
-        if key != "params":
-            opt.param_groups[0][key] = value
+    if len(loaded["param_groups"]) != len(opt.param_groups):
+        raise ValueError(f"the state has {len(loaded['param_groups'])} optimizer parameter groups, this optimizer "
+                         f"{len(opt.param_groups)}: configure_optimizer with the param_groups it was saved with")
+    for group, given in zip(opt.param_groups, loaded["param_groups"], strict=True):
+        for key, value in given.items():
+            if key != "params":
+                group[key] = value
+    slot = engine.versions.newest_slot
     for unit in engine.units:
-        first = loaded["state"][unit.names[0]]
-        for key, value in opt.state[unit.shard_param].items():
-            if torch.is_tensor(value) and value.numel() != unit.layout.shard_numel:
-                value.copy_(first[key])
+        for held in unit.pieces:
+            # Scalars (a step count) are a piece's own, not views: take them from a parameter it holds.
+            j = next((j for j in range(len(unit.params)) if held.lo <= unit.local_range(j)[0] < held.hi), 0)
+            first = loaded["state"][unit.names[j]]
+            for key, value in opt.state[held.param].items():
+                if torch.is_tensor(value) and not _flat(value, held):
+                    value.copy_(first[key])
         if unit.shadow is not None:
-            unit.shadow[0].copy_(unit.master[0])
+            unit.shadow[slot].copy_(unit.master[slot])
     buffers = {n for n, _ in model.named_buffers()}
     model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
     engine.heap.barrier(engine.timeout_s)  # nobody gathers a shard before its owner has loaded it
+
+
+def _flat(value: object, piece: Piece) -> bool:
+    """Whether an optimizer state value is per element of the piece (moments), not a scalar."""
+    return torch.is_tensor(value) and value.shape == piece.param.shape
 
 
 def _init_state(opt: torch.optim.Optimizer) -> None:

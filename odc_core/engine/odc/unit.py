@@ -50,6 +50,18 @@ def alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
 
 
 @dataclass
+class Piece:
+    """A run [lo, hi) of this rank's shard whose parameters are all in one optimizer group: what
+    the optimizer steps, its data a view of the newest version's slot and its gradient the
+    accumulator's (versions.py re-points both at every step)."""
+
+    lo: int
+    hi: int
+    group: int
+    param: nn.Parameter
+
+
+@dataclass
 class FlatUnit:
     """One flat group of parameters: a unit's, or several units' that share a parameter."""
 
@@ -63,8 +75,9 @@ class FlatUnit:
     full: torch.Tensor                  # unsharded flat parameters, compute dtype; storage freed when SHARDED
     master: list[torch.Tensor]          # heap: this rank's fp32 shard, one slot per live version
     shadow: list[torch.Tensor] | None   # heap: the slots in the compute dtype, when that is not fp32
-    acc: list[torch.Tensor]             # heap: this rank's fp32 gradient accumulators, one per minibatch in flight
-    shard_param: nn.Parameter           # what the optimizer steps: its data is the newest version's slot
+    acc: list[torch.Tensor]             # heap: gradient accumulators (reduce dtype), one per minibatch in flight
+    shard_index: int                    # which shard of the layout this rank owns
+    pieces: list[Piece]                 # the shard cut by optimizer group, covering it whole (split())
     storage: Storage = Storage.SHARDED
     backward: Backward = Backward.IDLE
     pending: Any = None                 # the prefetch filling `full` while FETCHING (fetch.py's handle)
@@ -99,6 +112,43 @@ class FlatUnit:
             p.grad = None
         self.grad = None
 
+    def local_range(self, j: int) -> tuple[int, int]:
+        """Parameter j's elements in this rank's shard: [a, b) in shard coordinates (a >= b: none)."""
+        size = self.layout.shard_numel
+        lo = self.shard_index * size
+        return max(self.offsets[j], lo) - lo, min(self.offsets[j] + self.params[j].numel(), lo + size) - lo
+
+    def split(self, group_of: list[int], slot: int) -> None:
+        """Cut this rank's shard into runs of consecutive parameters in the same optimizer group
+        (group_of[j]: parameter j's); the padding goes with the last run, and a shard of padding
+        only with the unit's last group, so every rank steps every element it owns. Each run is
+        one optimizer parameter over `slot`'s master shard: per-parameter options cost one
+        tensor per change of group, not one per parameter, and the elementwise optimizers step
+        the same values either way."""
+        starts: list[tuple[int, int]] = []  # (first element in the shard, group)
+        for j, group in enumerate(group_of):
+            a, b = self.local_range(j)
+            if a < b and (not starts or starts[-1][1] != group):
+                starts.append((a, group))
+        if not starts:
+            starts = [(0, group_of[-1])]
+        # The first run starts at 0: the shard's first element is in its first parameter.
+        ends = [a for a, _ in starts[1:]] + [self.layout.shard_numel]
+        self.pieces = [Piece(a, end, group, nn.Parameter(self.master[slot][a:end]))
+                       for (a, group), end in zip(starts, ends, strict=True)]
+
+    def point(self, version_slot: int, acc_slot: int) -> None:
+        """Each piece steps version_slot's master shard with acc_slot's accumulated gradients (in
+        fp32: a lower-precision accumulator is converted)."""
+        for piece in self.pieces:
+            piece.param.data = self.master[version_slot][piece.lo:piece.hi]  # optimizers key state by parameter
+            grad = self.acc[acc_slot][piece.lo:piece.hi]
+            piece.param.grad = grad if grad.dtype == torch.float32 else grad.float()
+
+    def piece_at(self, a: int) -> Piece:
+        """The piece holding shard element a."""
+        return next(piece for piece in self.pieces if piece.lo <= a < piece.hi)
+
 
 def flat_groups(model: nn.Module, units: list[nn.Module]) -> tuple[list[nn.Module], list[list[int]],
                                                                    list[list[nn.Parameter]]]:
@@ -127,7 +177,7 @@ def flat_groups(model: nn.Module, units: list[nn.Module]) -> tuple[list[nn.Modul
 
 def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list[nn.Parameter], names: list[str],
                *, owners: int, shard_index: int, slots: int, compute_dtype: torch.dtype,
-               device: torch.device) -> FlatUnit:
+               reduce_dtype: torch.dtype = torch.float32, device: torch.device) -> FlatUnit:
     """Allocate a group's heap buffers (collective over the ranks), put this rank's shard of
     the parameters in version slot 0, and make the parameters views of a freed flat buffer."""
     numel = sum(p.numel() for p in params)
@@ -138,7 +188,7 @@ def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list
     if compute_dtype != torch.float32:
         shadow = [heap.alloc(buffer_name("shadow", name, j), layout.shard_numel, compute_dtype)
                   for j in range(slots)]
-    acc = [heap.alloc(buffer_name("acc", name, j), layout.shard_numel, torch.float32) for j in range(slots)]
+    acc = [heap.alloc(buffer_name("acc", name, j), layout.shard_numel, reduce_dtype) for j in range(slots)]
     flat = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
     offsets, offset = [], 0
     for p in params:
@@ -153,5 +203,6 @@ def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list
     for p, off in zip(params, offsets, strict=True):
         p.data = full[off:off + p.numel()].view(p.shape)
     full.untyped_storage().resize_(0)
-    shard_param = nn.Parameter(master[0], requires_grad=True)
-    return FlatUnit(index, name, modules, params, names, offsets, layout, full, master, shadow, acc, shard_param)
+    whole = Piece(0, layout.shard_numel, 0, nn.Parameter(master[0]))
+    return FlatUnit(index, name, modules, params, names, offsets, layout, full, master, shadow, acc, shard_index,
+                    [whole])

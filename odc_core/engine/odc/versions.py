@@ -208,8 +208,7 @@ class Versions:
         for unit in self.units:
             if new != now:
                 unit.master[new].copy_(unit.master[now])
-                unit.shard_param.data = unit.master[new]  # AdamW keeps its moments per parameter, not per tensor
-            unit.shard_param.grad = unit.acc[now]
+            unit.point(new, now)
         norm = step.apply(self.clip)
         for unit in self.units:
             unit.acc[now].zero_()
@@ -225,7 +224,7 @@ class Versions:
         parts: one all-reduce of a scalar (every rank steps at the same barrier when s = 0).
         With hybrid sharding every node holds the whole gradient once, so the sum counts it once
         per node. Returns the norm before clipping."""
-        shards = [u.shard_param for u in self.units]
+        shards = [piece.param for u in self.units for piece in u.pieces]
         square = torch.stack([g.grad.double().square().sum() for g in shards]).sum().reshape(1)  # type: ignore[union-attr]
         square = square.to(reduction_device(square.device))
         dist.all_reduce(square)

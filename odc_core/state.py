@@ -1,0 +1,35 @@
+"""Model and optimizer state dicts of either engine, as torch.distributed.checkpoint.state_dict's
+get_state_dict and set_state_dict give and take them for FSDP2: the same keys (parameters by
+name, the optimizer's state by parameter name, its param_groups with their parameters' names),
+so that a full state dict of one engine loads into the other. Sharded, FSDP2's are DTensors and
+ODC's ShardedTensors of the flat ranges each rank holds (odc_core/checkpoint.py saves them)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from odc_core.engine.base import DataParallelEngine
+
+
+def get_state_dict(engine: DataParallelEngine, *, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model_state_dict, optim_state_dict) of a wrapped engine with its optimizer configured:
+    this rank's shards (views of them: copy what must outlive the next step), or with `full`
+    every tensor whole, on every rank (fp32 parameters). Collective: call it on every rank,
+    between minibatches.
+
+    The FSDP2 counterpart: torch.distributed.checkpoint.state_dict.get_state_dict(model,
+    optimizer, options=StateDictOptions(full_state_dict=full))."""
+    return engine.state_dict(full)
+
+
+def set_state_dict(engine: DataParallelEngine, model_state_dict: dict[str, Any],
+                   optim_state_dict: dict[str, Any]) -> None:
+    """Load state dicts into a wrapped engine with its optimizer configured: full ones of either
+    engine, or sharded ones of FSDP2 (DTensors) or of ODC at the same world size. Collective,
+    between minibatches (ODC with staleness > 0: before the first); the optimizer needs the
+    parameter groups the state was saved with.
+
+    The FSDP2 counterpart: set_state_dict(model, optimizer, model_state_dict=...,
+    optim_state_dict=..., options=StateDictOptions(full_state_dict=...))."""
+    engine.load_state_dict(model_state_dict, optim_state_dict)
