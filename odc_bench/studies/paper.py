@@ -36,6 +36,7 @@ from odc_bench.results.series import (
     series_key,
 )
 from odc_bench.results.table import read_table
+from odc_bench.studies.pages import render
 
 RESULTS = REPO_ROOT / "results" / "sim_paper"
 SCALING = REPO_ROOT / "results" / "sim_scaling"
@@ -90,10 +91,14 @@ def _key_columns(table: pd.DataFrame) -> pd.DataFrame:
     return t
 
 
-def fig8_table(t: pd.DataFrame) -> list[str]:
-    lines = ["## Fig. 8: SFT throughput, simulated (A100)", "",
-             "Samples/s per series, speedup of each ODC series over its collective baseline, and bubble rates. "
-             "Paper column: what the shared paper notes report for that cell (blank: not reported there).", ""]
+def _series(s: pd.DataFrame, series: list[str], column: str) -> list[float | None]:
+    """A column's value per series from rows indexed by series (None where a series did not run)."""
+    return [s.loc[x, column] if x in s.index else None for x in series]
+
+
+def fig8(t: pd.DataFrame) -> dict:
+    """Fig. 8's cells: per model, dataset and minibatch size, every series' samples/s and bubble
+    rate, the speedups of ODC's series over their baselines and what the paper reports there."""
     devices = fig8_devices()
     params = sweeper("fig8_sft")["params"]
     sizes = [int(x) for x in str(params["minibatch_size"]).split(",")]
@@ -103,34 +108,27 @@ def fig8_table(t: pd.DataFrame) -> list[str]:
     f8 = f8[f8["world_size"] == f8["model"].map(devices)]
     series = sorted(set(f8["series"]))
     present = [c for c in COMPARISONS if {f"{c[0]}+{c[1]}", f"{c[2]}+{c[3]}"} <= set(series)]
-    head = ["model", "devices", "dataset", "mb/device"]
-    head += [f"{s} samples/s" for s in series]
-    head += [f"{a}+{b} vs {c}+{d}" for a, b, c, d in present]
-    head += [f"bubble {s}" for s in series]
-    head += ["paper"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {m: i for i, m in enumerate(devices)}
     f8 = f8.sort_values(["model", "dataset", "minibatch_size"], key=lambda c: c.map(order) if c.name == "model" else c)
+    rows = []
     for (model, dataset, mb), g in f8.groupby(["model", "dataset", "minibatch_size"], sort=False):
         s = g.set_index("series")
-        cells = [model, str(devices[model]), dataset, str(mb)]
-        cells += [f"{s.loc[x, 'samples_per_s']:.3f}" if x in s.index else "" for x in series]
-        cells += [_speedup(s, f"{a}+{b}", f"{c}+{d}") for a, b, c, d in present]
-        cells += [f"{s.loc[x, 'bubble_rate']:.0%}" if x in s.index else "" for x in series]
         notes = [f"{cmp}: {v}" for (m2, d2, mb2, cmp), v in SFT_SPEEDUP.items()
                  if (m2, d2, mb2) == (model, dataset, mb)]
         if (model, dataset, mb) in SFT_BUBBLE:
             notes.append("bubble " + SFT_BUBBLE[(model, dataset, mb)])
-        cells.append("; ".join(notes))
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append({"model": model, "devices": devices[model], "dataset": dataset, "mb": mb,
+                     "samples": _series(s, series, "samples_per_s"),
+                     "speedups": [_speedup(s, f"{a}+{b}", f"{c}+{d}") for a, b, c, d in present],
+                     "bubbles": _series(s, series, "bubble_rate"), "paper": notes})
+    return {"series": series, "comparisons": [f"{a}+{b} vs {c}+{d}" for a, b, c, d in present], "rows": rows}
 
 
-def _speedup(s: pd.DataFrame, x: str, y: str) -> str:
-    """Series x's samples/s over series y's, minus 1, from rows indexed by series ("" if either is missing)."""
+def _speedup(s: pd.DataFrame, x: str, y: str) -> float | None:
+    """Series x's samples/s over series y's, minus 1, from rows indexed by series (None if either is missing)."""
     if x not in s.index or y not in s.index:
-        return ""
-    return f"{s.loc[x, 'samples_per_s'] / s.loc[y, 'samples_per_s'] - 1:+.1%}"
+        return None
+    return float(s.loc[x, "samples_per_s"] / s.loc[y, "samples_per_s"] - 1)
 
 
 # Fig. 9's series (sweeps/fig9_rl.yaml): ODC's two against both collective ones.
@@ -139,95 +137,79 @@ RL_COMPARISONS = tuple((series_key(ours), series_key(baseline)) for ours, baseli
     (ODC_LB_MICRO, HEADLINE_BASELINE), (HEADLINE_BASELINE, VERL_BASELINE)))
 
 
-def fig9_table(t: pd.DataFrame) -> list[str]:
-    """Samples/s and speedups of the RL sweep (dataset=grpo rows), with the range of ODC's speedups."""
+def fig9(t: pd.DataFrame) -> dict:
+    """Samples/s and speedups of the RL sweep (dataset=grpo rows), with the range of ODC's best
+    speedups over the best collective series."""
     rl = t[t["dataset"] == "grpo"]
-    lines = ["## Fig. 9: RL (GRPO) throughput, simulated (A100)", "",
-             "Samples/s per series (odc+lb_mini with equal sample counts per rank, as verl dispatches), "
-             "speedups and bubble rates; a PPO minibatch holds world_size x mb/device samples in whole groups "
-             f"(dataset.grpo.group_size responses per prompt). Paper: {RL_RANGE_TEXT}, per setting not published.", ""]
-    if rl.empty:
-        return lines + ["No dataset=grpo rows: run `python -m odc_bench.studies.paper run`."]
     series = sorted(set(rl["series"]))
     present = [c for c in RL_COMPARISONS if set(c) <= set(series)]
-    head = ["model", "devices", "mb/device", "prompts per minibatch", *(f"{s} samples/s" for s in series),
-            *(f"{x} vs {y}" for x, y in present), *(f"bubble {s}" for s in series)]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {m: i for i, m in enumerate(fig8_devices())}
     rl = rl.sort_values(["model", "minibatch_size"], key=lambda c: c.map(order) if c.name == "model" else c)
-    best = []
+    rows, best = [], []
     for (model, devices, mb), g in rl.groupby(["model", "world_size", "minibatch_size"], sort=False):
         s = g.set_index("series")
         group = (yaml.safe_load(g["config"].iloc[0]) or {}).get("dataset", {}).get("grpo", {}).get("group_size")
-        cells = [model, str(devices), str(mb), f"{devices * mb // group}" if group else ""]
-        cells += [f"{s.loc[x, 'samples_per_s']:.3f}" if x in s.index else "" for x in series]
-        cells += [_speedup(s, x, y) for x, y in present]
-        cells += [f"{s.loc[x, 'bubble_rate']:.0%}" if x in s.index else "" for x in series]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append({"model": model, "devices": devices, "mb": mb,
+                     "prompts": devices * mb // group if group else None,
+                     "samples": _series(s, series, "samples_per_s"),
+                     "speedups": [_speedup(s, x, y) for x, y in present],
+                     "bubbles": _series(s, series, "bubble_rate")})
         odc = s[s.index.str.startswith("odc+")]["samples_per_s"]
         coll = s[s.index.str.startswith("collective+")]["samples_per_s"]
         if not odc.empty and not coll.empty:
             best.append(odc.max() / coll.max() - 1)
-    if best:
-        lines += ["", f"The best ODC series over the best collective series, per setting: {min(best):+.1%} to "
-                      f"{max(best):+.1%} (paper: {RL_RANGE_TEXT})."]
-    return lines
+    return {"series": series, "comparisons": [f"{x} vs {y}" for x, y in present], "rows": rows,
+            "best": (min(best), max(best)) if best else None}
 
 
 FIG10_COLUMN = {"minibatch_size": "minibatch_size", "dataset.length_scale": "length_scale",
                 "packing_ratio": "packing_ratio", "world_size": "world_size"}
 
 
-def fig10_table(t: pd.DataFrame) -> list[str]:
+def fig10(t: pd.DataFrame) -> dict:
+    """Fig. 10's axes around the golden point: per factor and value, the speedups and bubbles."""
     golden, factors = fig10_setting()
-    lines = [f"## Fig. 10: acceleration of ODC over collective, simulated (A100, {golden['model']}, "
-             f"{golden['dataset']})", ""]
     present = [c for c in COMPARISONS if {f"{c[0]}+{c[1]}", f"{c[2]}+{c[3]}"} <= set(t["series"])]
     g = t[(t["model"] == golden["model"]) & (t["dataset"] == golden["dataset"])]
+    series = sorted(set(g["series"]))
+    axes = []
     for key, values in factors.items():
-        col = FIG10_COLUMN[key]
-        label = "max length (K tokens)" if key == "dataset.length_scale" else col
-        lines += [f"### {label} (paper: {FIG10_TRENDS[key]})", ""]
-        series = sorted(set(g["series"]))
-        head = [label, *(f"{a}+{b} vs {c}+{d}" for a, b, c, d in present), *(f"bubble {s}" for s in series)]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows = []
         for v in values:
             point = {**golden, key: v}
             sel = g[(g["minibatch_size"] == point["minibatch_size"]) & (g["world_size"] == point["world_size"])
                     & (g["packing_ratio"] == point["packing_ratio"])
                     & (g["length_scale"] == point["dataset.length_scale"])].set_index("series")
-            cells = [f"{64 * v:g}" if key == "dataset.length_scale" else str(v)]
-            cells += [_speedup(sel, f"{a}+{b}", f"{c}+{d}") for a, b, c, d in present]
-            cells += [f"{sel.loc[x, 'bubble_rate']:.0%}" if x in sel.index else "" for x in series]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    return lines
+            rows.append({"value": 64 * v if key == "dataset.length_scale" else v,
+                         "speedups": [_speedup(sel, f"{a}+{b}", f"{c}+{d}") for a, b, c, d in present],
+                         "bubbles": _series(sel, series, "bubble_rate")})
+        axes.append({"column": FIG10_COLUMN[key], "k_tokens": key == "dataset.length_scale",
+                     "paper": FIG10_TRENDS[key], "rows": rows})
+    return {"golden": golden, "series": series, "comparisons": [f"{a}+{b} vs {c}+{d}" for a, b, c, d in present],
+            "axes": axes}
+
+
+def scaling(scaling_dir: Path) -> dict:
+    """The sim_scaling sweep: acceleration by device count, per layout (odc_bench/results/scaling.py)."""
+    path = scaling_dir / "runs.csv"
+    if not path.is_file():
+        return {"path": _shown(path), "dir": _shown(scaling_dir), "layouts": None, "rows": []}
+    t = acceleration(_key_columns(read_table(path)))
+    present = [k for k in LAYOUTS if k in set(t["layout"])]
+    rows = []
+    for (model, dataset, devices), g in t.groupby(["model", "dataset", "world_size"], sort=True):
+        by = g.set_index("layout")
+        rows.append({"model": model, "dataset": dataset, "devices": devices,
+                     "cells": [{"acceleration": by.loc[k, "acceleration"], "fits": bool(by.loc[k, "fits"]),
+                                "samples_per_s": by.loc[k, "samples_per_s"]} if k in by.index else None
+                               for k in present]})
+    return {"path": _shown(path), "dir": _shown(scaling_dir), "layouts": [LAYOUTS[k] for k in present],
+            "rows": rows}
 
 
 def scaling_table(scaling_dir: Path) -> list[str]:
-    """The sim_scaling sweep: acceleration by device count, per layout (odc_bench/results/scaling.py)."""
-    path = scaling_dir / "runs.csv"
-    lines = ["## Scaling: acceleration by device count, simulated (A100)", ""]
-    if not path.is_file():
-        return lines + [f"No rows yet: `python -m odc_bench sweep=sim_scaling results_dir={_shown(scaling_dir)}`.", ""]
-    t = acceleration(_key_columns(read_table(path)))
-    lines += [f"From `{_shown(path)}` (sweeps/sim_scaling.yaml): ODC + LB-Mini over Collective + LB-Micro, "
-              "4 samples per device, 64K-token microbatches (LongAlign) or 128K (SWE-smith), nodes of 8 A100s, "
-              "800 Gbps per node. Each layout against the collective run of its own layout: full sharding against "
-              "full, hybrid ODC against FSDP2's HSDP, topology-aware fetch (an ODC option) against full. "
-              "Samples/s are ODC's. `*`: over the 80 GB of an A100 by the memory estimate (simulated anyway).", ""]
-    present = [k for k in LAYOUTS if k in set(t["layout"])]
-    head = ["model", "dataset", "devices", *(LAYOUTS[k] for k in present),
-            *(f"samples/s, {LAYOUTS[k]}" for k in present)]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (model, dataset, devices), g in t.groupby(["model", "dataset", "world_size"], sort=True):
-        by = g.set_index("layout")
-        cells = [model, dataset, str(devices)]
-        cells += [f"{by.loc[k, 'acceleration']:+.1f}%{'' if by.loc[k, 'fits'] else '*'}" if k in by.index else ""
-                  for k in present]
-        cells += [f"{by.loc[k, 'samples_per_s']:.3f}" if k in by.index else "" for k in present]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
+    """The page's scaling section alone, as lines."""
+    return render("simulator_paper_scaling", scaling=scaling(scaling_dir)).splitlines()
 
 
 def _shown(path: Path) -> str:
@@ -235,15 +217,11 @@ def _shown(path: Path) -> str:
 
 
 def table(results_dir: Path, docs: Path, scaling_dir: Path = SCALING) -> str:
+    """docs/simulator_paper.md (templates/simulator_paper.md.j2) from the sweeps' rows."""
     t = _key_columns(read_table(results_dir / "runs.csv"))
-    lines = ["# The paper's experiments in simulation", "",
-             "Generated by `python -m odc_bench.studies.paper table` from "
-             f"`{_shown(results_dir.resolve() / 'runs.csv')}`; do not edit by hand. "
-             "Settings: the sweeps " + ", ".join(SWEEPS_RUN) + " with "
-             + ", ".join(f"`{x}`" for x in PAPER_SETTINGS) + ". "
-             "The model and why the numbers differ from the paper's: docs/simulator.md.", ""]
-    lines += fig8_table(t) + [""] + fig10_table(t) + fig9_table(t) + [""] + scaling_table(scaling_dir)
-    text = "\n".join(lines) + "\n"
+    text = render("simulator_paper", source=_shown(results_dir.resolve() / "runs.csv"), sweeps=SWEEPS_RUN,
+                  settings=PAPER_SETTINGS, fig8=fig8(t), fig10=fig10(t), fig9=fig9(t), rl_range=RL_RANGE_TEXT,
+                  scaling=scaling(scaling_dir))
     atomic_write_text(docs, text)
     return text
 

@@ -40,6 +40,7 @@ from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
 from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, SETTING
 from odc_bench.sim import simulate
+from odc_bench.studies.pages import render
 from odc_bench.whatif.answer import compose_config
 
 POINTS = REPO_ROOT / "results" / "published" / "points.csv"
@@ -294,57 +295,52 @@ def by_source(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def worst_point(points: pd.DataFrame, table: pd.DataFrame, profiles: pd.DataFrame, profile: str) -> str:
+def _run(r: pd.Series) -> dict:
+    """How a published point ran, for the page."""
+    return {"gpus": r["gpus"], "memory_gb": r["gpu_memory_gb"], "seq_len": r["seq_len_published"],
+            "samples": int(r["microbatch_per_gpu"]), "microbatches": int(r["grad_accum"]),
+            "checkpointing": r["activation_checkpointing"]}
+
+
+def worst_point(points: pd.DataFrame, table: pd.DataFrame, profiles: pd.DataFrame, profile: str) -> dict:
     """A profile's worst held-out point beside the same model's other runs in its source, and the
-    fit that held it out: what that fit saw, and the constants where it parts from the fit to
-    every point."""
+    fit that held it out (`held_out_fit`)."""
     part = table[table["profile"] == profile].merge(points, on="point_id", suffixes=("", "_published"))
     worst = part.loc[part["held_out_error"].abs().idxmax()]
     same = part[(part["source_id"] == worst["source_id"]) & (part["model_published"] == worst["model_published"])
                 & (part["point_id"] != worst["point_id"])]
-
-    def run(r: pd.Series) -> str:
-        samples, micro = int(r["microbatch_per_gpu"]), int(r["grad_accum"])
-        return (f"{r['gpus']} GPUs of {r['gpu_memory_gb']:g} GB, {r['seq_len_published']} tokens, "
-                f"{samples} sample{'s' * (samples != 1)} x {micro} microbatch{'es' * (micro != 1)} per step, "
-                f"checkpointing {r['activation_checkpointing']}")
-
-    text = (f"{profile}'s worst held-out point is {worst['point_id']} ({worst['source_id']}, "
-            f"{worst['model_published']} on {run(worst)}): measured {worst['measured']:g} tokens/s per GPU, "
-            f"held-out error {_pct(worst['held_out_error'])}, stock {_pct(worst['stock_error'])}.")
-    if not same.empty:
-        others = "; ".join(f"{r['point_id']}: {run(r)}, {r['measured']:g}, held out {_pct(r['held_out_error'])}"
-                           for _, r in same.iterrows())
-        text += f" The same model in the same source: {others}."
-    return f"{text} {_held_out_fit(part, profiles, profile, worst)}"
+    return {"profile": profile, "point_id": worst["point_id"], "source": worst["source_id"],
+            "model": worst["model_published"], "run": _run(worst), "measured": worst["measured"],
+            "held_out": worst["held_out_error"], "stock": worst["stock_error"],
+            "others": [{"point_id": r["point_id"], "run": _run(r), "measured": r["measured"],
+                        "held_out": r["held_out_error"]} for _, r in same.iterrows()],
+            "fit": held_out_fit(part, profiles, profile, worst)}
 
 
-def _held_out_fit(part: pd.DataFrame, profiles: pd.DataFrame, profile: str, worst: pd.Series) -> str:
+def held_out_fit(part: pd.DataFrame, profiles: pd.DataFrame, profile: str, worst: pd.Series) -> dict:
+    """What the fit that held a point's source out saw, and the constants where it parts from the
+    fit to every point."""
     source = worst["source_id"]
     seen = part[part["source_id"] != source]
     constants = profiles[profiles["profile"] == profile].set_index("constant")
     without = constants[f"without {source}"]
     # A constant the held-out fit left a tenth or more from the every-point fit is where the
     # other sources pulled it; smaller differences are the fit's own noise.
-    apart = [f"{name} {without[name]:.3g} against {constants.loc[name, 'fitted']:.3g}" for name in constants.index
+    apart = [(name, without[name], constants.loc[name, "fitted"]) for name in constants.index
              if abs(without[name] / constants.loc[name, "fitted"] - 1) >= 0.1]
-    text = (f"The fit that held {source} out saw {len(seen)} points ("
-            + ", ".join(f"{s} {n}" for s, n in seen["source_id"].value_counts().sort_index().items())
-            + f") at {seen['seq_len'].min()} to {seen['seq_len'].max()} tokens per sample on "
-            f"{seen['gpus'].min()} to {seen['gpus'].max()} GPUs")
-    if not apart:
-        return text + "; its constants are within a tenth of the fit to every point."
-    return (text + f"; it parts from the fit to every point in {'; '.join(apart)}, and under the fit to every "
-            f"point this point's error is {_pct(worst['fitted_error'])}.")
+    return {"source": source, "points": len(seen), "by_source": list(seen["source_id"].value_counts().sort_index()
+                                                                     .items()),
+            "seq_len": (seen["seq_len"].min(), seen["seq_len"].max()), "gpus": (seen["gpus"].min(), seen["gpus"].max()),
+            "apart": apart, "fitted_error": worst["fitted_error"]}
 
 
 TARGET = (0.10, 0.25)  # issue 32's bar for held-out tokens/s error: median and worst |error|
 
 
-def unstated_network_lines(table: pd.DataFrame, profiles: pd.DataFrame) -> list[str]:
+def unstated_networks(table: pd.DataFrame, profiles: pd.DataFrame) -> list[dict]:
     """Per profile whose NIC efficiency a held-out fit moves: which of its sources state no
     network, and what the fit that learned the constant from them made of a stated one."""
-    lines = []
+    out = []
     for profile, part in table.groupby("profile", sort=True):
         unstated = sorted(part.loc[part["network_gbps"].isna(), "source_id"].unique())
         nic = profiles[(profiles["profile"] == profile) & (profiles["constant"] == "nic_efficiency")]
@@ -356,180 +352,133 @@ def unstated_network_lines(table: pd.DataFrame, profiles: pd.DataFrame) -> list[
             without = nic.get(f"without {source}")
             if pd.isna(without) or abs(without / nic["fitted"] - 1) < 0.25:
                 continue
-            stated = float(sub["network_gbps"].iloc[0])
-            worst = sub.loc[sub["held_out_error"].abs().idxmax()]
-            fitted, held = nic["fitted"], _pct(worst["held_out_error"])
-            who, its = " and ".join(unstated), "its" if len(unstated) == 1 else "their"
-            left = " and ".join(f"{o}'s" for o in sorted(set(part["source_id"]) - {source}))
-            lines += [f"Why {source}'s {profile.upper()} points miss when held out ({held} at worst): "
-                      f"{who} state{'s' * (len(unstated) == 1)} no network for these GPUs, so {its} points ran "
-                      f"on the stock profile's {assumed:g} Gbps per node. The fit without {source}, on {left} "
-                      f"points, sets NIC efficiency to {without:.3g} (an effective {without * assumed:.0f} Gbps "
-                      f"per node there) and applies it to {source}'s stated {stated:g} Gbps "
-                      f"({without * stated:.0f} effective); fitted with {source}, the efficiency is {fitted:.3g} "
-                      f"({fitted * stated:.0f} Gbps effective for {source}, {fitted * assumed:.0f} on the assumed "
-                      "network). An efficiency fitted where the network is an assumption does not carry over to a "
-                      "network that is stated.", ""]
-    return lines
+            stated, fitted = float(sub["network_gbps"].iloc[0]), nic["fitted"]
+            out.append({"profile": profile, "source": source,
+                        "held_out": sub.loc[sub["held_out_error"].abs().idxmax(), "held_out_error"],
+                        "unstated": unstated, "others": sorted(set(part["source_id"]) - {source}),
+                        "assumed_gbps": assumed, "stated_gbps": stated, "without": without, "fitted": fitted,
+                        "without_on_assumed": without * assumed, "without_on_stated": without * stated,
+                        "fitted_on_stated": fitted * stated, "fitted_on_assumed": fitted * assumed})
+    return out
+
+
+def _span(points: pd.DataFrame, mode: str) -> tuple[int, int]:
+    sizes = points.loc[points["activation_checkpointing"] == mode, "microbatch_per_gpu"]
+    return sizes.min(), sizes.max()
+
+
+def against_the_bar(table: pd.DataFrame) -> list[dict]:
+    """Per GPU profile: its held-out |error| against TARGET, or, where one source gives all its
+    points (no fit, nothing held out), the stock profile's |error|."""
+    out = []
+    for profile, part in table.groupby("profile", sort=True):
+        err = part["held_out_error"].abs()
+        if err.isna().all():
+            stock = part["stock_error"].abs()
+            out.append({"profile": profile, "sources": sorted(part["source_id"].unique()), "points": len(part),
+                        "held_out": False, "median": stock.median(), "worst": stock.max()})
+        else:
+            out.append({"profile": profile, "points": len(part), "held_out": True, "median": err.median(),
+                        "worst": err.max(), "ok": err.median() <= TARGET[0] and err.max() <= TARGET[1]})
+    return out
+
+
+def misses(points: pd.DataFrame, table: pd.DataFrame, profiles: pd.DataFrame) -> dict:
+    """The numbers behind the page's account of where the profiles miss: the stock error by
+    source and checkpointing mode, torch.compile's effect in torchtitan-2412, llm-foundry's H100
+    rows, unstated networks, tinyllama and KempnerForge (None where a source has no points)."""
+    joined = table.merge(points[["point_id", "activation_checkpointing", "compile"]], on="point_id")
+    by_mode = joined.groupby(["profile", "source_id", "activation_checkpointing"])["stock_error"].median()
+    out: dict = {"by_mode": [(*key, v) for key, v in by_mode.items()], "compile": None, "tinyllama": None,
+                 "kempnerforge": None}
+    compiled = points[(points["source_id"] == "torchtitan-2412") & ~points["precision"].str.contains("float8")]
+    on = compiled[compiled["compile"] == "on"]["tokens_per_s_per_gpu"].to_numpy()
+    off = compiled[compiled["compile"] == "off"]["tokens_per_s_per_gpu"].to_numpy()
+    if len(on) and len(off):
+        out["compile"] = {"effect": on.mean() / off.mean() - 1, "on": len(on), "off": len(off)}
+    h100 = table[table["profile"] == "h100"]
+    foundry = points[(points["source_id"] == "llm-foundry") & (points["gpu"] == "H100-SXM")]
+    out["llm_foundry"] = {"others": int((h100["source_id"] != "llm-foundry").sum()),
+                          "none": _span(foundry, "none"), "full": _span(foundry, "full")}
+    out["networks"] = unstated_networks(table, profiles)
+    tiny = table[table["source_id"] == "tinyllama"]
+    if not tiny.empty:
+        out["tinyllama"] = {"held_out": tiny["held_out_error"].median(), "gpus": int(tiny["gpus"].iloc[0]),
+                            "gpus_per_node": int(tiny["gpus_per_node"].iloc[0]),
+                            "assumed_gbps": 8 * base_profile("a100").nic_gbps, "fitted": tiny["fitted_error"].median()}
+    kempner = points[points["source_id"] == "kempnerforge"]
+    if not kempner.empty and "h200" in set(table["profile"]):
+        out["kempnerforge"] = {"stock": table[table["profile"] == "h200"]["stock_error"].median(),
+                               "mfu": kempner["mfu"].max()}
+    return out
+
+
+def every_point(points: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Per point: how it ran as published, measured tokens/s per GPU and each simulation's error."""
+    joined = table.merge(points[["point_id", "activation_checkpointing", "compile"]], on="point_id")
+    each = joined.merge(points[["point_id", "model", "seq_len"]], on="point_id", suffixes=("", "_published"))
+    each = each[["point_id", "source_id", "profile", "model_published", "gpus", "seq_len_published",
+                 "activation_checkpointing", "compile", "measured", "stock_error", "fitted_error", "held_out_error"]]
+    return each.rename(columns=lambda c: c.removesuffix("_published"))
+
+
+def ratio_spread(pairs: pd.DataFrame) -> pd.DataFrame:
+    """The 10th, 50th and 90th percentile of the ratio errors per profile, stock and held out."""
+    spread = []
+    for col, label in (("stock", "stock"), ("held_out", "held out")):
+        q = pairs.groupby("profile")[f"{col}_error"].quantile([0.1, 0.5, 0.9]).unstack()
+        q.columns = ["10th percentile", "median", "90th percentile"]
+        spread.append(q.reset_index().assign(profile=lambda f, label=label: f["profile"] + f" ({label})"))
+    return pd.concat(spread, ignore_index=True)
+
+
+def cell_moves(cells: pd.DataFrame) -> list[dict]:
+    """Per paper cell with a fitted profile: its speedup stock and fitted, and the move of each
+    fitted constant alone, in points."""
+    out = []
+    for cell, part in cells.groupby("cell", sort=False):
+        by = part.set_index("profile")["speedup"]
+        if "fitted" not in by:
+            continue
+        alone = [(label.split(", ")[1].removesuffix(" fitted"), 100 * (v - by["stock"]))
+                 for label, v in by.items() if label.startswith("stock, ")]
+        out.append({"cell": cell, "stock": by["stock"], "fitted": by["fitted"],
+                    "move": 100 * (by["fitted"] - by["stock"]), "alone": alone})
+    return out
+
+
+def paper_table_moves(moves: pd.DataFrame) -> dict | None:
+    """How the headline speedups of results/sim_paper moved on the fitted profile: the spread,
+    the largest moves down and up, and the table (None before results/sim_paper_fit exists)."""
+    if moves.empty:
+        return None
+    move = 100 * moves["move"]
+    shown = moves.assign(stock=moves["stock"].map(_pct), fitted=moves["fitted"].map(_pct),
+                         move=move.map(lambda v: f"{v:+.1f}"))
+    columns = ["model", "dataset", "world_size", "minibatch_size", "packing_ratio", "length_scale", "stock", "fitted",
+               "move"]
+    return {"settings": len(moves), "median": move.median(), "min": move.min(), "max": move.max(),
+            "down": moves.loc[move.idxmin()], "up": moves.loc[move.idxmax()],
+            "table": shown[columns].rename(columns=lambda c: c.replace("_", " "))}
 
 
 def _pct(v: float) -> str:
     return "-" if pd.isna(v) else f"{v:+.1%}"
 
 
-def _span(points: pd.DataFrame, mode: str) -> str:
-    sizes = points.loc[points["activation_checkpointing"] == mode, "microbatch_per_gpu"]
-    return f"{sizes.min()} to {sizes.max()}"
-
-
-def _md(frame: pd.DataFrame) -> str:
-    return frame.to_markdown(index=False, floatfmt=".3g")
-
-
 def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped: pd.DataFrame,
         profiles: pd.DataFrame, cells: pd.DataFrame, moves: pd.DataFrame) -> str:
-    """docs/gpu_validation.md from the validation files: every number in it is computed here."""
-    joined = table.merge(points[["point_id", "activation_checkpointing", "compile"]], on="point_id")
-    lines = ["# The GPU profiles against published GPU measurements", "",
-             "Generated by `python -m odc_bench.studies.published` (about 20 minutes on one core) from "
-             "results/published/points.csv (docs/published.md); it writes results/validation/gpu-*.csv and this "
-             "page. Each usable point is simulated as collective FSDP with its model's family and shape, its "
-             "sequence length, samples per GPU, GPU count and node size, its network and memory bandwidth where the "
-             "source states them "
-             "(docs/published.md says how a rate is read), hybrid sharding where it ran HSDP, bf16 and its "
-             "checkpointing mode (`backend.recompute_mode`, docs/simulator.md), on its GPU's stock profile "
-             "(`stock`), on the profile fitted to every point of that GPU (`fitted`), and on the profile fitted "
-             "without the point's source "
-             "(`held out`: the leave-one-source-out error). The fit is odc_bench.calibrate.cluster_profile's "
-             "(docs/calibrate.md): least squares on log tokens/s, only the constants the points can tell apart. "
-             "Errors are simulated over measured tokens/s per GPU, minus 1.", "",
-             f"## Points: {len(table)} used, {len(dropped)} left out", ""]
-    reasons = dropped["reason"].value_counts()
-    lines += [f"- left out, {n}: {reason}" for reason, n in reasons.items()]
-    lines += ["", "## Error by source", ""]
-    src = by_source(table).rename(columns=lambda c: c.replace("_", " "))
-    lines += [_md(src), ""]
-    lines += ["## Against the bar (held-out |error| on tokens/s per GPU: median at most "
-              f"{TARGET[0]:.0%}, worst at most {TARGET[1]:.0%})", ""]
-    for profile, part in table.groupby("profile", sort=True):
-        err = part["held_out_error"].abs()
-        if err.isna().all():
-            stock = part["stock_error"].abs()
-            lines.append(f"- {profile}: one source ({', '.join(sorted(part['source_id'].unique()))}), so no fit and "
-                         f"nothing to hold out; the stock profile, which never saw its {len(part)} points, is off by "
-                         f"{stock.median():.1%} (median), {stock.max():.1%} at worst.")
-            continue
-        ok = err.median() <= TARGET[0] and err.max() <= TARGET[1]
-        lines.append(f"- {profile}: median {err.median():.1%}, worst {err.max():.1%} over {len(part)} points: "
-                     f"{'within the bar' if ok else 'not within the bar'}.")
-    lines += [""] + [worst_point(points, table, profiles, profile) for profile in sorted(table["profile"].unique())
-                     if table.loc[table["profile"] == profile, "held_out_error"].notna().any()]
-    by_mode = joined.groupby(["profile", "source_id", "activation_checkpointing"])["stock_error"].median()
-    lines += ["", "Where the stock profiles miss, by source and checkpointing mode (median stock error): "
-              + "; ".join(f"{p} {s} {m}: {_pct(v)}" for (p, s, m), v in by_mode.items()) + ".", ""]
-    compiled = points[(points["source_id"] == "torchtitan-2412") & ~points["precision"].str.contains("float8")]
-    if not compiled.empty:
-        on = compiled[compiled["compile"] == "on"]["tokens_per_s_per_gpu"].to_numpy()
-        off = compiled[compiled["compile"] == "off"]["tokens_per_s_per_gpu"].to_numpy()
-        if len(on) and len(off):
-            lines += [f"Why torchtitan-2412 stays off: its runs are on H100s with HBM2e at a 500 W power cap "
-                      f"(simulated at their stated 2.4 TB/s, but the stock H100 profile's compute is the 700 W SXM "
-                      f"part's, and their source says it does not know the capped peak), and "
-                      f"torch.compile alone moves them by {on.mean() / off.mean() - 1:+.0%} (compile on over off, "
-                      f"mean of {len(on)} and {len(off)} runs), which the simulator has no setting for: one profile "
-                      f"cannot meet both.", ""]
-    h100 = table[table["profile"] == "h100"]
-    foundry = points[(points["source_id"] == "llm-foundry") & (points["gpu"] == "H100-SXM")]
-    lines += ["Why llm-foundry's H100 rows miss when held out: without them the H100 fit sees only "
-              f"{int((h100['source_id'] != 'llm-foundry').sum())} points (fms-fsdp's one bf16 run without block "
-              "checkpointing and torchtitan's four capped runs), "
-              "and within llm-foundry's rows those without checkpointing run slower against those with it than the "
-              "FLOPs model's 4/3 says (the medians by mode above), a cost of the runs without recomputation that "
-              f"the simulator does not model (their microbatches hold {_span(foundry, 'none')} samples, the "
-              f"checkpointed runs' {_span(foundry, 'full')}).", ""]
-    lines += unstated_network_lines(table, profiles)
-    tiny = table[table["source_id"] == "tinyllama"]
-    if not tiny.empty:
-        lines += [f"Why tinyllama misses ({_pct(tiny['held_out_error'].median())} held out): its one point is a "
-                  "sentence of throughput that states no GPU count, node size or network (assumed: "
-                  f"{int(tiny['gpus'].iloc[0])} GPUs in nodes of {int(tiny['gpus_per_node'].iloc[0])} on the stock "
-                  f"profile's {8 * base_profile('a100').nic_gbps:g} Gbps per node; results/published/points.csv), run "
-                  "with lit-gpt's fused kernels (RMSNorm, "
-                  "SwiGLU, rotary embedding, cross entropy), which the simulator has no setting for; the fit to every "
-                  f"A100 point still leaves it at {_pct(tiny['fitted_error'].median())}.", ""]
-    kempner = points[points["source_id"] == "kempnerforge"]
-    if not kempner.empty and "h200" in set(table["profile"]):
-        h200 = table[table["profile"] == "h200"]["stock_error"]
-        lines += [f"Why the H200 profile misses KempnerForge's runs ({_pct(h200.median())}, median): they run faster "
-                  f"than the H100's efficiencies give on the H200's die. KempnerForge prints MFU up to "
-                  f"{kempner['mfu'].max():.1%} by PaLM's formula, which counts no recomputation, with full "
-                  "checkpointing on: the tensor cores did a third more work than that. Whether the H200 sustains "
-                  "higher clocks than the H100 in these runs, or torch.compile (on in all but one) is what the "
-                  "H100 sources lack, no source states; the H200 profile keeps the H100's constants, and a "
-                  "profile fitted to one source would have nothing left to validate it.", ""]
-    lines += ["## Fitted constants", "",
-              "`fitted`: to every point of the GPU (the profile `NAME_fit` this command writes); `without SOURCE`: "
-              "to the other sources' points, the fit that gives SOURCE's held-out errors. Where the sources disagree, "
-              "a constant moves when one of them is held out, and the held-out source's points carry the difference.",
-              "", _md(profiles), ""]
-    each = joined.merge(points[["point_id", "model", "seq_len"]], on="point_id", suffixes=("", "_published"))
-    each = each[["point_id", "source_id", "profile", "model_published", "gpus", "seq_len_published",
-                 "activation_checkpointing", "compile", "measured", "stock_error", "fitted_error", "held_out_error"]]
-    lines += ["## Every point", "", "Measured tokens/s per GPU and each simulation's error (point ids are "
-              "results/published/points.csv's):", "",
-              _md(each.rename(columns=lambda c: c.removesuffix("_published").replace("_", " "))), ""]
-    lines += ["## Ratios between a source's configurations", "",
-              "What the what-if's speedups are: the ratio of two throughputs. Per pair of one source's points on one "
-              "model, the simulated ratio over the measured one, minus 1:", ""]
-    spread = []
-    for col, label in (("stock", "stock"), ("held_out", "held out")):
-        q = pairs.groupby("profile")[f"{col}_error"].quantile([0.1, 0.5, 0.9]).unstack()
-        q.columns = ["10th percentile", "median", "90th percentile"]
-        spread.append(q.reset_index().assign(profile=lambda f, label=label: f["profile"] + f" ({label})"))
-    lines += [_md(pd.concat(spread, ignore_index=True)), "",
-              "The what-if quotes the 10th to 90th percentile of these errors, on throughput and on these ratios, as "
-              "its band (odc_bench/whatif/accuracy.py reads these files): a stock profile's own errors for a100, "
-              "h100 and h200 (the profiles never saw these points), the held-out ones for the fitted a100_fit and "
-              "h100_fit (odc_bench/conf/backend/hardware/, written by this command). It says when a configuration lies "
-              "outside the validated model sizes, GPU counts, sequence lengths, node sizes or networks (those the "
-              "sources state: a network a source leaves unstated was simulated as the stock profile's and "
-              "validates none).", ""]
-    lines += ["## The paper's cells on the fitted A100 profile", "",
-              "ODC + LB-Mini over Collective + LB-Micro and both bubble rates, simulated as results/sim_paper is "
-              "(bf16, recomputation, 50 minibatches, 2 of them warm-up), on the stock A100 profile, the fitted one, "
-              "and the stock one with each fitted constant alone:", "", _md(cells), "",
-              "The paper: 14B +36% with bubbles 57% and 14%; 32B about -2% (results/published/paper_relative.csv).",
-              ""]
-    for cell, part in cells.groupby("cell", sort=False):
-        by = part.set_index("profile")["speedup"]
-        if "fitted" not in by:
-            continue
-        alone = [f"{label.split(', ')[1].removesuffix(' fitted')} alone {100 * (v - by['stock']):+.1f}"
-                 for label, v in by.items() if label.startswith("stock, ")]
-        lines.append(f"- {cell}: {by['stock']:+.1%} stock, {by['fitted']:+.1%} fitted "
-                     f"({100 * (by['fitted'] - by['stock']):+.1f} points; {', '.join(alone)} points).")
-    lines.append("")
-    if not moves.empty:
-        move = 100 * moves["move"]
-        lines += ["## What moved in the paper-scale tables", "",
-                  "results/sim_paper's sweeps (fig8_sft, fig10, fig9_rl) run again on the fitted A100 profile into "
-                  "results/sim_paper_fit (`python -m odc_bench sweep=NAME backend=sim backend/hardware=a100_fit "
-                  "precision=bf16 backend.recompute=true backend.write_trace=false "
-                  "results_dir=results/sim_paper_fit`). "
-                  f"Over the {len(moves)} settings with both ODC + LB-Mini and Collective + LB-Micro, the speedup "
-                  f"moves by {move.median():+.1f} points (median), {move.min():+.1f} to {move.max():+.1f}; the "
-                  f"largest moves down and up: {_setting(moves.loc[move.idxmin()])} and "
-                  f"{_setting(moves.loc[move.idxmax()])}.", "",
-                  _md(moves.assign(stock=moves["stock"].map(_pct), fitted=moves["fitted"].map(_pct),
-                                   move=move.map(lambda v: f"{v:+.1f}"))
-                      [["model", "dataset", "world_size", "minibatch_size", "packing_ratio", "length_scale", "stock",
-                        "fitted", "move"]].rename(columns=lambda c: c.replace("_", " "))), ""]
-    return "\n".join(lines)
-
-
-def _setting(row: pd.Series) -> str:
-    return (f"{row['model']} on {row['dataset']} at {row['world_size']} GPUs, minibatch {row['minibatch_size']} "
-            f"({100 * row['move']:+.1f})")
+    """docs/gpu_validation.md (templates/gpu_validation.md.j2) from the validation files."""
+    held_out = [profile for profile in sorted(table["profile"].unique())
+                if table.loc[table["profile"] == profile, "held_out_error"].notna().any()]
+    return render("gpu_validation", used=len(table), dropped=len(dropped),
+                  reasons=list(dropped["reason"].value_counts().items()),
+                  by_source=by_source(table).rename(columns=lambda c: c.replace("_", " ")), target=TARGET,
+                  bar=against_the_bar(table), worst=[worst_point(points, table, profiles, p) for p in held_out],
+                  misses=misses(points, table, profiles), profiles=profiles,
+                  every_point=every_point(points, table).rename(columns=lambda c: c.replace("_", " ")),
+                  ratio_spread=ratio_spread(pairs), cells=cells, cell_moves=cell_moves(cells),
+                  paper_moves=paper_table_moves(moves))
 
 
 def moves() -> pd.DataFrame:

@@ -51,6 +51,7 @@ from odc_bench.record.row import sim_timing
 from odc_bench.results.paper import CELL_14B, SFT_SPEEDUP
 from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, ODC_LB_MICRO, comparison_key
 from odc_bench.sim import simulate
+from odc_bench.studies.pages import render
 from odc_bench.studies.paper import PAPER_SETTINGS
 
 ROWS = REPO_ROOT / "results" / "sensitivity" / "points.csv"
@@ -255,12 +256,6 @@ def _rows(s: pd.DataFrame, points: Sequence[Point]) -> list[tuple[Point, pd.Seri
     return [(p, s.loc[p.key()]) for p in points if p.key() in s.index]
 
 
-def _pct(row: pd.Series, col: str, signed: bool = False) -> str:
-    fmt = "{:+.0%}" if signed else "{:.0%}"
-    lo, hi = row[f"{col}_min"], row[f"{col}_max"]
-    return f"{fmt.format(row[col])} ({fmt.format(lo)} to {fmt.format(hi)})"
-
-
 PAPER_COLL_BUSY = CELL_14B["bubble_collective_lb_micro"]
 PAPER_MINI_BUSY = CELL_14B["bubble_odc_lb_mini"]
 
@@ -274,103 +269,44 @@ def distance(row: pd.Series) -> float:
     return 100 * sum(abs(a - b) for a, b in pairs) / len(pairs)
 
 
-def _md(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
-
-
-def identity_lines(table: pd.DataFrame) -> list[str]:
+def identity(table: pd.DataFrame) -> dict:
+    """The paper's bubble rates read both ways, and how far this study's speedups are from the ones
+    their bubbles imply."""
     t = derived(table)
     worst = max((t[f"{s}_speedup"] - t[f"{s}_implied"]).abs().max() for s in ("odc_lb_mini", "odc_lb_micro"))
-    b_c, b_m, paper = PAPER_COLL_BUSY, PAPER_MINI_BUSY, CELL_14B["speedup_odc_lb_mini"]
-    total_c, total_m = b_c / (1 + b_c), b_m / (1 + b_m)
-    return [
-        "## The paper's three numbers and what a bubble rate is",
-        "",
-        "A bubble rate here is idle rank-time over all rank-time (record/metrics.py). When two series "
-        "do the same work, their busy times are equal, so the speedup follows from the bubbles alone: "
-        "(1 - b_odc) / (1 - b_collective) - 1. In every row of this study the simulated speedup and the one "
-        f"its bubbles imply differ by at most {worst:.2%} (the series' microbatch counts, and with them their "
-        f"launch overheads, differ a little). The paper's cell gives 57% and 14% and a speedup of {paper:+.0%}:",
-        "",
-        *_md(["reading of the paper's bubble rate", "collective", "ODC + LB-Mini", "speedup they imply",
-              "paper's speedup"],
-             [["idle / all rank-time (ours)", f"{b_c:.0%}", f"{b_m:.0%}", f"{(1 - b_m) / (1 - b_c) - 1:+.0%}",
-               f"{paper:+.0%}"],
-              ["idle / busy rank-time", f"{b_c:.0%} (= {total_c:.1%} of all)", f"{b_m:.0%} (= {total_m:.1%} of all)",
-               f"{(1 + b_c) / (1 + b_m) - 1:+.0%}", f"{paper:+.0%}"]]),
-        "",
-        "Read as shares of all rank-time the three numbers contradict each other (a 57% bubble against 14% "
-        "would make ODC twice as fast); read as idle over busy time they agree within two points. So the "
-        f"targets in our units are a collective bubble of {total_c:.0%}, an LB-Mini bubble of {total_m:.0%} and "
-        f"{paper:+.0%}, and the tables below give every bubble both ways.",
-    ]
+    b_c, b_m = PAPER_COLL_BUSY, PAPER_MINI_BUSY
+    return {"worst": worst, "collective": b_c, "lb_mini": b_m, "speedup": CELL_14B["speedup_odc_lb_mini"],
+            "collective_of_all": b_c / (1 + b_c), "lb_mini_of_all": b_m / (1 + b_m),
+            "implied_of_all": (1 - b_m) / (1 - b_c) - 1, "implied_of_busy": (1 + b_c) / (1 + b_m) - 1}
 
 
-def one_factor_lines(s: pd.DataFrame, points: Sequence[Point]) -> list[str]:
-    head = ["factor", "share > 32K", "share >= 56K", "collective bubble", "as idle / busy", "LB-Mini bubble",
-            "ODC+LB-Micro bubble", "ODC+LB-Mini speedup", "ODC+LB-Micro speedup"]
-    rows = [[p.label, f"{r['share_over_half_max']:.1%}", f"{r['share_top_eighth']:.2%}",
-             _pct(r, "collective_bubble"), _pct(r, "collective_bubble_busy"), _pct(r, "odc_lb_mini_bubble"),
-             _pct(r, "odc_lb_micro_bubble"), _pct(r, "odc_lb_mini_speedup", True),
-             _pct(r, "odc_lb_micro_speedup", True)] for p, r in _rows(s, points)]
-    return [f"## One factor at a time ({CELL.model}, {CELL.world_size} devices, 4 per device)", "",
-            f"Around the profile before this study ({describe(BEFORE)}, mean 16.5K). Bubbles are shares of all "
-            "rank-time unless marked; each cell is the mean over seeds with their range.", "", *_md(head, rows)]
-
-
-def candidate_lines(s: pd.DataFrame, points: Sequence[Point]) -> list[str]:
+def candidates(s: pd.DataFrame, points: Sequence[Point]) -> dict:
+    """The candidate profiles' rows at the 14B cell, nearest to the paper first, each with its
+    summary at the golden cell (None where it has none) and its distance."""
     golden = {p.label: r for p, r in _rows(s, [p for p in points if p.cell != CELL])}
     cell = sorted(((p.label, r) for p, r in _rows(s, [p for p in points if p.cell == CELL])),
                   key=lambda lr: distance(lr[1]))
-    g_mini = SFT_SPEEDUP[(GOLDEN.model, "longalign", 4, comparison_key(HEADLINE_ODC, HEADLINE_BASELINE))]
-    g_micro = SFT_SPEEDUP[(GOLDEN.model, "longalign", 4, comparison_key(ODC_LB_MICRO, HEADLINE_BASELINE))]
-    head = ["profile (mean 16.5K)", "share > 32K", "14B: collective bubble, idle / busy", "LB-Mini, idle / busy",
-            "ODC+LB-Mini speedup", "ODC+LB-Micro speedup", f"1.5B: ODC+LB-Mini (paper {g_mini})",
-            f"ODC+LB-Micro (paper {g_micro})", "distance (points)"]
-    rows = []
-    for label, r in cell:
-        g = golden.get(label)
-        rows.append([label, f"{r['share_over_half_max']:.1%}", _pct(r, "collective_bubble_busy"),
-                     _pct(r, "odc_lb_mini_bubble_busy"), _pct(r, "odc_lb_mini_speedup", True),
-                     _pct(r, "odc_lb_micro_speedup", True),
-                     _pct(g, "odc_lb_mini_speedup", True) if g is not None else "",
-                     _pct(g, "odc_lb_micro_speedup", True) if g is not None else "", f"{distance(r):.1f}"])
-    return ["## Profiles consistent with the published facts", "",
-            f"Mean 16.5K and maximum 64K (the paper), a floor near LongAlign's 8K (6-8K: its 8K is counted with "
-            f"ChatGLM's tokenizer, the paper's lengths with Qwen2.5's), with and without 1% of samples in 56-64K "
-            f"(documents cut at the limit). Paper at the 14B cell: {PAPER_COLL_BUSY:.0%} and {PAPER_MINI_BUSY:.0%} "
-            f"(idle / busy), {CELL_14B['speedup_odc_lb_mini']:+.0%} and {CELL_14B['speedup_odc_lb_micro']:+.0%}. "
-            "Distance: the mean absolute difference from those four, in percentage points; sorted by it.", "",
-            *_md(head, rows)]
-
-
-def max_length_lines(s: pd.DataFrame, points: Sequence[Point]) -> list[str]:
-    head = ["profile, max length", "collective bubble", "ODC+LB-Mini speedup", "ODC+LB-Micro speedup"]
-    rows = [[p.label, _pct(r, "collective_bubble"), _pct(r, "odc_lb_mini_speedup", True),
-             _pct(r, "odc_lb_micro_speedup", True)] for p, r in _rows(s, points)]
-    return [f"## Fig. 10's max-length axis ({GOLDEN.model}, {GOLDEN.world_size} devices, 4 per device)", "",
-            "Every length scaled so the longest possible sample is the max length, the packing limit with it "
-            "(the fig10 sweep's way); the paper: about +25% at 8K rising to about +35% at 128K.", "",
-            *_md(head, rows)]
+    return {"paper_golden_lb_mini": SFT_SPEEDUP[(GOLDEN.model, "longalign", 4,
+                                                 comparison_key(HEADLINE_ODC, HEADLINE_BASELINE))],
+            "paper_golden_lb_micro": SFT_SPEEDUP[(GOLDEN.model, "longalign", 4,
+                                                  comparison_key(ODC_LB_MICRO, HEADLINE_BASELINE))],
+            "rows": [{"label": label, "cell": r, "golden": golden.get(label), "distance": distance(r)}
+                     for label, r in cell]}
 
 
 def table(rows: Path, docs: Path, points: Sequence[Point] | None = None) -> str:
-    """docs/sensitivity.md from the rows of `points` (default: the whole study) found in `rows`."""
+    """docs/sensitivity.md (templates/sensitivity.md.j2) from the rows of `points` (default: the
+    whole study) found in `rows`."""
     points = study_points() if points is None else points
     t = pd.read_csv(rows)
     s = summary(t)
     seeds = sorted(t["seed"].unique())
-    lines = ["# Sensitivity of the simulator's paper-scale numbers", "",
-             f"Generated by `python -m odc_bench.studies.sensitivity table` from `{_shown(rows)}`; do not edit by "
-             f"hand. Seeds {seeds[0]}-{seeds[-1]}, {MINIBATCHES} minibatches ({WARMUP} warm-up), A100 profile, bf16, "
-             "recomputation. What the study is and what it found: docs/simulator.md.", "",
-             *identity_lines(t)]
-    for study, section in (("one factor", one_factor_lines), ("candidates", candidate_lines),
-                           ("max length", max_length_lines)):
-        chosen = [p for p in points if p.study == study]
-        if _rows(s, chosen):
-            lines += ["", *section(s, chosen)]
-    text = "\n".join(lines) + "\n"
+    studies = {study: [p for p in points if p.study == study] for study in ("one factor", "candidates", "max length")}
+    text = render("sensitivity", source=_shown(rows), seeds=seeds, minibatches=MINIBATCHES, warmup=WARMUP,
+                  identity=identity(t), cell=CELL, golden_cell=GOLDEN, before=describe(BEFORE),
+                  paper=CELL_14B, one_factor=_rows(s, studies["one factor"]),
+                  candidates=candidates(s, studies["candidates"]) if _rows(s, studies["candidates"]) else None,
+                  max_length=_rows(s, studies["max length"]))
     atomic_write_text(docs, text)
     return text
 
