@@ -34,10 +34,6 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, rank_entry, threads_per_rank
 from odc_core.transport.shm import sweep_stale_segments
 
-# Ranks fork from a server that has already imported the rank's code (torch with it), so a
-# rank starts in a fraction of the time.
-multiprocessing.set_forkserver_preload(["odc_bench.run.worker"])
-
 
 def _start_forkserver() -> None:
     """Start the fork server (once per process) with Ctrl-C blocked. A blocked signal stays
