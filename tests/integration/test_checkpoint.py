@@ -4,7 +4,9 @@ never finished leaves the previous checkpoint what latest() finds, and `keep` ke
 
 from __future__ import annotations
 
+import shutil
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -110,9 +112,31 @@ def _run(engine: str, world: int, root: Path, resume: bool = False, save_at: int
     return run_ranks(_train, world, engine, precision, str(root), resume, save_at, timeout_s=120)[0]
 
 
+Saved = Callable[[str, int, Path, str], dict]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
+    """saved(engine, world, root, precision): the uninterrupted run that checkpointed at SAVE_AT,
+    its checkpoints copied into `root`. Each run is made once and shared by the tests that resume
+    from it (a resume only reads the checkpoint it loads; the copy is the test's to change)."""
+    runs: dict[tuple[str, int, str], tuple[dict, Path]] = {}
+
+    def get(engine: str, world: int, root: Path, precision: str = "fp32") -> dict:
+        key = (engine, world, precision)
+        if key not in runs:
+            folder = tmp_path_factory.mktemp(f"{engine}-{world}-{precision}")
+            runs[key] = (_run(engine, world, folder, save_at=SAVE_AT, precision=precision), folder)
+        whole, folder = runs[key]
+        shutil.copytree(folder, root, dirs_exist_ok=True)
+        return whole
+
+    return get
+
+
 @pytest.mark.parametrize(("engine", "precision"), [("odc", "fp32"), ("odc", "bf16"), ("collective", "fp32")])
-def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, engine: str, precision: str) -> None:
-    whole = _run(engine, 2, tmp_path, save_at=SAVE_AT, precision=precision)
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, saved: Saved, engine: str, precision: str) -> None:
+    whole = saved(engine, 2, tmp_path, precision)
     resumed = _run(engine, 2, tmp_path, resume=True, precision=precision)
     assert resumed["start"] == SAVE_AT and resumed["extra"] == {"next_step": SAVE_AT, "note": {"engine": engine}}
     if engine == "collective":  # the same run, bit for bit
@@ -132,8 +156,8 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, engine: str, 
                          [("odc", "collective", 2, 2), ("collective", "odc", 2, 2), ("odc", "odc", 4, 2),
                           ("collective", "odc", 4, 3)])
 def test_a_checkpoint_loads_into_the_other_engine_and_another_world_size(
-        tmp_path: Path, saver: str, loader: str, saved_on: int, loaded_on: int) -> None:
-    whole = _run(saver, saved_on, tmp_path, save_at=SAVE_AT)
+        tmp_path: Path, saved: Saved, saver: str, loader: str, saved_on: int, loaded_on: int) -> None:
+    whole = saved(saver, saved_on, tmp_path, "fp32")
     resumed = _run(loader, loaded_on, tmp_path, resume=True)
     assert resumed["start"] == SAVE_AT
     for name, value in whole["params"].items():
@@ -141,8 +165,8 @@ def test_a_checkpoint_loads_into_the_other_engine_and_another_world_size(
     torch.testing.assert_close(resumed["losses"], whole["losses"][SAVE_AT:], rtol=1e-5, atol=0)
 
 
-def test_a_save_that_never_finished_is_ignored_and_cleared(tmp_path: Path) -> None:
-    _run("odc", 2, tmp_path, save_at=SAVE_AT)
+def test_a_save_that_never_finished_is_ignored_and_cleared(tmp_path: Path, saved: Saved) -> None:
+    saved("odc", 2, tmp_path, "fp32")
     crashed = tmp_path / f"step-{SAVE_AT + 1}.partial"  # what a crash while saving step 3 leaves
     crashed.mkdir()
     (crashed / "__0_0.distcp").write_bytes(b"half a file")

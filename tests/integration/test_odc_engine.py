@@ -28,16 +28,24 @@ def _spec(engine: str, *overrides: str):
     return resolve(run_config(f"engine={engine}", *SMALL, *overrides))
 
 
-def test_uneven_microbatch_counts_match_fsdp2_and_a_single_process():
+@pytest.fixture(scope="module")
+def collective_run() -> tuple:
+    """The collective engine's 3-minibatch run, its torch.distributed calls counted (spying_entry,
+    below): the baseline both of the equivalence test and of the no-collective check's spy."""
+    spec = _spec("collective", "num_minibatches=3")
+    return spec, run_local(spec, collect_params=True, entry=spying_entry)
+
+
+def test_uneven_microbatch_counts_match_fsdp2_and_a_single_process(collective_run):
     odc = _spec("odc", "num_minibatches=3")
     # Rank 1 idles in minibatch 0, rank 0 in minibatch 2; minibatch 1 splits 3 to 1.
     splits = [([0, 1, 2, 3], []), ([0, 1, 2], [3]), ([], [0, 1, 2, 3])]
     odc = replace(odc, minibatches=[replace(mb, plan=[[[i] for i in mine], [[i] for i in theirs]])
                                     for mb, (mine, theirs) in zip(odc.minibatches, splits, strict=True)])
     odc_params = run_local(odc, collect_params=True)[0]["params"]
-    collective = _spec("collective", "num_minibatches=3")
+    collective, results = collective_run
     assert [m.sample_ids for m in collective.minibatches] == [m.sample_ids for m in odc.minibatches]
-    collective_params = run_local(collective, collect_params=True)[0]["params"]
+    collective_params = results[0]["params"]
     reference, _ = train_single_process(odc)
     assert relative_error(odc_params, reference) < 1e-5
     assert relative_error(collective_params, reference) < 1e-5
@@ -97,8 +105,9 @@ def spying_entry(rank: int, job: RankJob) -> None:
 
 @pytest.mark.parametrize(("engine", "overrides"), [("odc", ()), ("odc", ("engine.staleness=1",)),
                                                    ("collective", ())])
-def test_no_collective_runs_inside_an_odc_minibatch(engine, overrides):
-    results = run_local(_spec(engine, "num_minibatches=3", *overrides), entry=spying_entry)
+def test_no_collective_runs_inside_an_odc_minibatch(engine, overrides, collective_run):
+    results = (collective_run[1] if engine == "collective" else
+               run_local(_spec(engine, "num_minibatches=3", *overrides), entry=spying_entry))
     inside = [r["spy"]["inside_calls"] for r in results]
     if engine == "odc":
         assert inside == [0, 0]
