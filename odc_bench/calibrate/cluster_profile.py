@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -212,12 +212,15 @@ def sensitivity(runs: Sequence[Measured], base: GpuHardwareConfig) -> np.ndarray
     return np.array(columns).T
 
 
-def choose(jac: np.ndarray, most: int) -> list[str]:
-    """The constants the runs can tell apart, in FREE's order, at most `most` of them."""
+def choose(jac: np.ndarray, most: int, pinned: Collection[str] = ()) -> list[str]:
+    """The constants the runs can tell apart, in FREE's order, at most `most` of them, none of
+    those `pinned` (set by a measurement the fit must keep)."""
     chosen: list[int] = []
     for j in range(len(FREE)):
         if len(chosen) >= most:
             break
+        if FREE[j] in pinned:
+            continue
         column = jac[:, j]
         if np.sqrt(np.mean(column**2)) < SENSITIVE:
             continue
@@ -263,26 +266,28 @@ def _solve(runs: Sequence[Measured], base: GpuHardwareConfig, start: GpuHardware
 
 
 def fit(runs: list[Measured], base: GpuHardwareConfig, name: str, most: int | None = None,
-        worst_residual: float | None = WORST_RESIDUAL) -> Fit:
+        worst_residual: float | None = WORST_RESIDUAL, pinned: Collection[str] = ()) -> Fit:
     """The base profile with the constants the runs can tell apart fitted to them: at most
-    `most` (default: one fewer than the runs, so that residuals remain to judge the fit by);
-    refused when a run stays further off than `worst_residual`.
+    `most` (default: one fewer than the runs, so that residuals remain to judge the fit by),
+    never one `pinned` (the base profile's value comes from a measurement); refused when a run
+    stays further off than `worst_residual`.
 
     The constants that move the runs at the base profile are fitted first. A link the base
     profile hides behind compute can still be what the measured runs waited for, so each other
     constant is then tried in turn and kept when it at least halves the remaining error (and
     takes off at least IMPROVES of it)."""
     most = len(runs) - 1 if most is None else most
-    names = choose(sensitivity(runs, base), most)
+    names = choose(sensitivity(runs, base), most, pinned)
     require(bool(names), "no constant of the profile moves these runs' simulated throughput; measure runs whose "
                          "compute time changes with the setting")
     hardware, rms = _solve(runs, base, base, names)
     for extra in FREE:
-        if extra in names or len(names) >= most:
+        if extra in names or extra in pinned or len(names) >= most:
             continue
         trial = [n for n in FREE if n in names or n == extra]
         candidate, trial_rms = _solve(runs, base, hardware, trial)
-        if trial_rms <= rms / 2 and rms - trial_rms >= IMPROVES and choose(sensitivity(runs, candidate), most) == trial:
+        if trial_rms <= rms / 2 and rms - trial_rms >= IMPROVES and \
+                choose(sensitivity(runs, candidate), most, pinned) == trial:
             names, hardware, rms = trial, candidate, trial_rms
     hardware = replace(hardware, name=name)
     done = Fit(hardware, base, names, runs, predict(runs, hardware))

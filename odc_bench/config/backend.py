@@ -20,6 +20,7 @@ _GPU_RANGES = {
     "optimizer_overhead_s": _SECONDS, "link_gbps": _POSITIVE, "link_efficiency": _SHARE, "nic_gbps": _POSITIVE,
     "nic_efficiency": _SHARE, "collective_latency_s": _SECONDS, "ring_step_s": _SECONDS,
     "p2p_latency_s": _SECONDS, "barrier_s": _SECONDS, "memory_gb": _POSITIVE,
+    "attention_half_length": (0.0, math.inf, False),
 }
 
 
@@ -32,6 +33,10 @@ class GpuHardwareConfig:
     peak_tflops: float
     matmul_efficiency: float
     attention_efficiency: float
+    # Attention's efficiency rises with document length: at s tokens it is attention_efficiency x
+    # s / (s + attention_half_length), the flash kernel's tiles filling up (measured on an H100:
+    # docs/simulator.md, "Attention against document length"); 0: the same at every length.
+    attention_half_length: float = 0.0
     unit_overhead_s: float
     hbm_gbps: float
     memory_efficiency: float
@@ -58,7 +63,8 @@ class GpuHardwareConfig:
             value = getattr(self, key)
             inside = (value > low if strict else value >= low) and value <= high
             what = ("a share in (0, 1]" if (low, high) == (0.0, 1.0) else
-                    "a positive number" if strict else "a number of seconds >= 0")
+                    "a positive number" if strict else
+                    "a number of tokens >= 0" if key == "attention_half_length" else "a number of seconds >= 0")
             require(inside, f"backend.hardware.{key} must be {what}, got {value!r}")
         require(self.gpus_per_node >= 1, f"backend.hardware.gpus_per_node must be at least 1, got {self.gpus_per_node}")
         require(self.nic_rails >= 1 and self.gpus_per_node % self.nic_rails == 0,

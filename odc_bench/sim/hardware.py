@@ -204,12 +204,15 @@ class GpuProfile:
         c0 = self.hw.unit_overhead_s
         h, v = cfg.hidden_size, cfg.vocab_size
         layer_tok, layer_sq = 2.0 * layer_linear_params(cfg) / mm, 2.0 * h / attn
+        # A document of s tokens at efficiency E s / (s + half): its FLOPs' time is (s^2 + half s) / E.
+        attn_tok = layer_sq * self.hw.attention_half_length
         head_tok = 2.0 * h * v / mm
         table = {
             ("embed", "fwd"): (c0, 2 * h * 2 / mem, 0.0),
             ("embed", "bwd"): (c0 + v * h * 4 / mem, 2 * h * 4 / mem, 0.0),
-            ("layer", "fwd"): (c0, layer_tok, layer_sq),
-            ("layer", "bwd"): (c0, (2.0 + recompute.matmul) * layer_tok, (2.0 + recompute.attention) * layer_sq),
+            ("layer", "fwd"): (c0, layer_tok + attn_tok, layer_sq),
+            ("layer", "bwd"): (c0, (2.0 + recompute.matmul) * layer_tok + (2.0 + recompute.attention) * attn_tok,
+                               (2.0 + recompute.attention) * layer_sq),
             ("head", "fwd"): (c0, head_tok, 0.0),
             ("head", "bwd"): (c0, 2 * head_tok, 0.0),
         }

@@ -106,3 +106,17 @@ def table_rows(units: Mapping[str, Mapping[str, Mapping[str, float]]], cfg: Mode
                 extra = rows.get(("layer", "fwd"), np.zeros(3))
             rows["layer", "bwd"] = rows["layer", "bwd"] + shares * np.maximum(extra, 0.0)
     return rows
+
+
+def attention_curve(lengths: Sequence[Sequence[int]], seconds: Sequence[float], heads: int, head_dim: int,
+                    peak_flops: float, passes: float = 3.0) -> tuple[float, float]:
+    """Attention's efficiency against document length from timings of attention alone: each
+    microbatch's seconds fitted as k (sum s^2 + half sum s) (NNLS), which is its causal FLOPs
+    (2 s^2 heads head_dim per document and pass) at efficiency E s / (s + half). Returns
+    (E, half). `passes`: forward 1, backward 2, both 3."""
+    design = np.array([[float(sum(s * s for s in lens)), float(sum(lens))] for lens in lengths])
+    y = np.asarray(seconds, dtype=float)
+    scale = design.max(axis=0)
+    (k_sq, k_s), _ = nnls(design / scale / y[:, None], np.ones_like(y))
+    k_sq, k_s = k_sq / scale[0], k_s / scale[1]
+    return passes * 2.0 * heads * head_dim / (k_sq * peak_flops), k_s / k_sq

@@ -136,6 +136,10 @@ def measured_points(points: pd.DataFrame) -> tuple[list[Measured], pd.DataFrame]
 
 
 Fitted = dict[str, dict[str, GpuHardwareConfig]]  # per GPU profile: "every point", "without SOURCE"
+# Constants a GPU's profile takes from a measurement of its own kernels, which its fits keep: the
+# H100's matrix multiplies and attention (results/gpu/h100-2026-11-26; docs/simulator.md), so that
+# the published points fit what they can tell apart (the network, links, overheads).
+PINNED = {"h100": ("matmul_efficiency", "attention_efficiency")}
 EVERY = "every point"
 
 
@@ -148,7 +152,8 @@ def validate(runs: list[Measured]) -> tuple[pd.DataFrame, Fitted]:
         group = [r for r in runs if r.setting[1] == profile]
         base = base_profile(profile)
         sources = {r.setting[0] for r in group}
-        every = fit(group, base, f"{profile}{FITTED}", worst_residual=None) if len(sources) > 1 else None
+        pinned = PINNED.get(profile, ())
+        every = fit(group, base, f"{profile}{FITTED}", worst_residual=None, pinned=pinned) if len(sources) > 1 else None
         if every is not None:
             fitted[profile] = {EVERY: every.hardware}
         stock = predict(group, base)
@@ -157,7 +162,7 @@ def validate(runs: list[Measured]) -> tuple[pd.DataFrame, Fitted]:
             train = [r for r in group if r.setting[0] != source]
             if not train:
                 continue
-            without = fit(train, base, "loso", most=max(1, len(train) - 1), worst_residual=None)
+            without = fit(train, base, "loso", most=max(1, len(train) - 1), worst_residual=None, pinned=pinned)
             idx = [i for i, r in enumerate(group) if r.setting[0] == source]
             held_out[idx] = predict([group[i] for i in idx], without.hardware)
             if every is not None:
@@ -478,7 +483,8 @@ def doc(points: pd.DataFrame, table: pd.DataFrame, pairs: pd.DataFrame, dropped:
                   misses=misses(points, table, profiles), profiles=profiles,
                   every_point=every_point(points, table).rename(columns=lambda c: c.replace("_", " ")),
                   ratio_spread=ratio_spread(pairs), cells=cells, cell_moves=cell_moves(cells),
-                  paper_moves=paper_table_moves(moves))
+                  paper_moves=paper_table_moves(moves),
+                  pinned=[(p, names) for p, names in PINNED.items() if p in set(table["profile"])])
 
 
 def moves() -> pd.DataFrame:

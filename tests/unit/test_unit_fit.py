@@ -79,3 +79,18 @@ def test_the_committed_h100_seed_fits_its_timings_and_the_h100_profile_computes_
     layer_fwd = measured[2] @ [1, 8192, 8192**2]
     assert layer_fwd == pytest.approx(9.5176e-3, rel=0.1)
     np.testing.assert_array_equal(measured[:2], datasheet[:2])  # embeddings were not measured: the datasheet's
+
+
+def test_attentions_curve_against_document_length_is_what_the_h100_profile_takes():
+    """Varlen attention on one H100: efficiency E s / (s + half), fitted to its four shapes."""
+    from odc_bench.config.compose import compose_run
+    from odc_bench.sim.unit_fit import attention_curve
+
+    table = pd.read_csv(SEED / "attention_kernels.csv")
+    table = table[table["impl"] == "varlen_attn"]
+    lengths = [shape_lengths(s) for s in table["shape"]]
+    efficiency, half = attention_curve(lengths, list((table["fwd_ms"] + table["bwd_ms"]) / 1e3), 28, 128, 989e12)
+    hw = compose_run(["backend=sim", "backend/hardware=h100"]).backend.hardware
+    assert (round(efficiency, 3), round(half)) == (hw.attention_efficiency, hw.attention_half_length)
+    # Short documents pay the per-token term: a 512-token one runs at a fifth of the asymptote.
+    assert 512 / (512 + half) == pytest.approx(0.2, abs=0.01)
