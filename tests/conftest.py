@@ -19,6 +19,20 @@ def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"
 
 
+@pytest.fixture
+def one_rank_group():
+    """torch.distributed's default group of this one process (gloo), its store yielded: an engine
+    built in the test's own process."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield store
+    finally:
+        dist.destroy_process_group()
+
+
 def _descends_from(pid: int, ancestor: int) -> bool:
     while pid > 1:
         if pid == ancestor:

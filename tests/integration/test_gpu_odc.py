@@ -46,7 +46,9 @@ def test_two_ranks_sharing_the_gpu_match_one_process_with_uneven_counts(stalenes
     assert spec.config.engine.options.transport == "cuda_ipc", "auto picks the CUDA heap on GPUs"
     results = run_local(spec, collect_params=True)
     reference, _ = train_single_process(spec, staleness=staleness, device=torch.device("cuda"))
-    assert relative_error(results[0]["params"], reference) < 1e-5
+    # The ranks' layers are compiled (compile_dense) and the reference's eager: the same sums
+    # in other orders, which AdamW turns into small steps where gradients are near zero.
+    assert relative_error(results[0]["params"], reference) < 1e-4
     assert all(r["heap_bytes"] > 0 for r in results)
 
 

@@ -6,7 +6,6 @@ from functools import partial
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from odc_core.engine.base import EngineContext
@@ -38,16 +37,6 @@ class Net(nn.Module):
             x, a = layer(x)
             aux = aux + a
         return x.sum() + aux
-
-
-@pytest.fixture
-def one_rank_group():
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield store
-    finally:
-        dist.destroy_process_group()
 
 
 def test_units_returning_tuples_get_their_backward_hooks(one_rank_group):

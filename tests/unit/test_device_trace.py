@@ -9,7 +9,6 @@ import uuid
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from odc_bench.run.trace import Recorder, instrument
@@ -75,16 +74,6 @@ def test_host_clock_records_at_once():
     recorder.add("gc", t0, t0 + 2.0, fwd_end=t0 + 0.5)
     assert recorder.events[0]["t1"] - recorder.events[0]["t0"] == 2.0
     assert recorder.events[0]["fwd_s"] == 0.5
-
-
-@pytest.fixture
-def one_rank_group():
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield store
-    finally:
-        dist.destroy_process_group()
 
 
 def test_units_and_the_engine_report_spans_on_the_device_clock(one_rank_group):

@@ -37,7 +37,7 @@ class Fetcher:
         """The unit is GATHERED on return: its prefetch waited for, or gathered here."""
         if unit.pending is not None:
             t0 = self._now()
-            self._prefetched(unit.pending)
+            self._prefetched(unit)
             unit.pending = None
             self._emit("prefetch_wait", t0, unit=unit.name)
         if unit.storage is not Storage.GATHERED:
@@ -51,9 +51,10 @@ class Fetcher:
         unit.storage = Storage.FETCHING
         unit.pending = self._pool.submit(self._gather, unit)
 
-    def _prefetched(self, pending: Future) -> None:
+    def _prefetched(self, unit: FlatUnit) -> None:
         """Wait for a prefetch, applying this rank's due steps meanwhile (the prefetch may be
         waiting for a peer that waits for one of them)."""
+        pending: Future = unit.pending
         delay = POLL_FIRST_S
         while self.versions.due() and not pending.done():
             self.versions.serve()
@@ -96,17 +97,10 @@ class StreamFetcher(Fetcher):
         self.prefetching = prefetch
         self.stream = torch.cuda.Stream(device)
 
-    def ensure(self, unit: FlatUnit) -> None:
-        if unit.pending is not None:
-            t0 = self._now()
-            torch.cuda.current_stream().wait_event(unit.pending)
-            unit.pending = None
-            unit.storage = Storage.GATHERED
-            self._emit("prefetch_wait", t0, unit=unit.name)
-        if unit.storage is not Storage.GATHERED:
-            t0 = self._now()
-            self._gather(unit, serve=True)
-            self._emit("gather", t0, unit=unit.name)
+    def _prefetched(self, unit: FlatUnit) -> None:
+        """The compute stream waits for the prefetch's copies; the host does not."""
+        torch.cuda.current_stream().wait_event(unit.pending)
+        unit.storage = Storage.GATHERED
 
     def prefetch(self, unit: FlatUnit) -> None:
         if not self.prefetching or unit.storage is not Storage.SHARDED or not self.versions.owners_ready():
