@@ -148,10 +148,9 @@ class Recorder:
             return host + device.elapsed_ms(anchor, m) / 1e3
 
         for event in self._pending:
-            event["t0"], event["t1"] = seconds(event["t0"]), seconds(event["t1"])
-            if "fwd_end" in event:
-                event["fwd_s"] = seconds(event.pop("fwd_end")) - event["t0"]
-            self.events.append(event)
+            t0, t1 = seconds(event.pop("t0")), seconds(event.pop("t1"))
+            fwd_end = event.pop("fwd_end", None)
+            self.events.append(self._event(event, t0, t1, None if fwd_end is None else seconds(fwd_end) - t0))
         self._pending = []
         self._anchor = self._new_anchor(device)
 
@@ -166,16 +165,19 @@ class Recorder:
         """One event between two marks of now(); `fwd_end` (a mark) gives it the seconds from t0
         to it as fwd_s (a microbatch's forward); `extra` may name its minibatch and microbatch,
         for events an engine reports later (a stale-synchronous owner's step of an earlier one)."""
-        event = {"rank": self.rank, "minibatch": self.minibatch, "microbatch": self.microbatch,
-                 "kind": kind, "unit": unit, "t0": t0, "t1": t1, **extra}
+        where = {"rank": self.rank, "minibatch": self.minibatch, "microbatch": self.microbatch, "kind": kind,
+                 "unit": unit, **extra}
         if self._device is not None:
-            if fwd_end is not None:
-                event["fwd_end"] = fwd_end
-            self._pending.append(event)
+            self._pending.append({**where, "t0": t0, "t1": t1, "fwd_end": fwd_end})
             return
-        if fwd_end is not None:
-            event["fwd_s"] = fwd_end - t0
-        self.events.append(event)
+        self.events.append(self._event(where, t0, t1, None if fwd_end is None else fwd_end - t0))
+
+    @staticmethod
+    def _event(where: dict, t0: float, t1: float, fwd_s: float | None) -> dict:
+        """An event's columns in the trace's order (sim/events.py COLUMNS): who and what, its
+        times, a microbatch's forward seconds, then the rest."""
+        head = {k: where.pop(k) for k in ("rank", "minibatch", "microbatch", "kind", "unit")}
+        return {**head, "t0": t0, "t1": t1, **({} if fwd_s is None else {"fwd_s": fwd_s}), **where}
 
     def open(self, unit: str, phase: str) -> None:
         self._open[(unit, phase)] = self.now()
