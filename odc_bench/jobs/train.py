@@ -28,7 +28,7 @@ from odc_bench.plan.identity import checkpoint_folder
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.metrics import events_frame
 from odc_bench.record.row import failed_row, run_row, sim_row
-from odc_bench.results.table import append_row, check_results_dir, ok_runs, write_trace
+from odc_bench.results.table import TRACE_SUFFIX, append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
 from odc_bench.sim import check_hardware, simulate
 from odc_core import checkpoint
@@ -108,10 +108,10 @@ def kept_checkpoints(folder: Path, resumes: bool = True) -> str:
 
 
 def _trace_path(results_dir: Path, spec: RunSpec) -> Path:
-    """traces/<run_id>.csv, or <run_id>-<n>.csv for the n-th run of a config already in the table."""
+    """traces/<run_id>.csv.gz, or <run_id>-<n>.csv.gz for the n-th run of a config already in the table."""
     traces = results_dir / "traces"
-    runs = sum(1 for _ in traces.glob(f"{spec.run_id}*.csv")) if traces.is_dir() else 0
-    return Path("traces") / (f"{spec.run_id}.csv" if runs == 0 else f"{spec.run_id}-{runs}.csv")
+    runs = sum(1 for _ in traces.glob(f"{spec.run_id}*{TRACE_SUFFIX}")) if traces.is_dir() else 0
+    return Path("traces") / (f"{spec.run_id}{TRACE_SUFFIX}" if runs == 0 else f"{spec.run_id}-{runs}{TRACE_SUFFIX}")
 
 
 def execute_sim(spec: RunSpec, results_dir: Path) -> dict:

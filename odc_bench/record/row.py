@@ -22,7 +22,7 @@ from odc_bench.provenance import git_commit
 from odc_bench.record.metrics import minibatch_losses, summarize, summary
 from odc_bench.sim import Simulation
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # The tidy columns every row has, in order (results/README.md defines each).
 COLUMNS = [

@@ -28,6 +28,10 @@ which no config has, so a re-run measures it again. `attempt` is counted again o
 Schema 5 -> 6 adds `attention`, the attention kernel the ranks ran (models/attention.py):
 sdpa_per_doc for every earlier real run (one SDPA call per document was the only kernel there
 was), empty for simulated rows.
+
+Schema 6 -> 7 stores traces gzipped: a row's trace `traces/X.csv` becomes `traces/X.csv.gz`,
+the same bytes compressed (results/table.py's `compressed`), and the .csv is removed once the
+table names the .csv.gz. A trace that is missing stays named as it was.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ import yaml
 from odc_bench.config.engine import ENGINES
 from odc_bench.config.run import run_config
 from odc_bench.errors import ConfigError, TableError
-from odc_bench.files import atomic_write_text, locked
+from odc_bench.files import atomic_path, atomic_write_text, locked
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import COLUMNS, MB, SCHEMA_VERSION
+from odc_bench.results.table import TEXT_COLUMNS, TRACE_SUFFIX, compressed
 
 HARDWARE_DIR = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
 
@@ -93,15 +98,15 @@ def series_from_config(engine: object, backend: object, config_yaml: object) -> 
 def migrate_table(path: Path) -> int:
     """Rewrite one runs.csv in this schema, atomically; return how many rows changed."""
     with locked(path):
-        table = pd.read_csv(path, dtype={"schema_version": str})
+        table = pd.read_csv(path, dtype={**TEXT_COLUMNS, "schema_version": str})
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
             return 0
-        if versions - {"1", "2", "3", "4", "5", str(SCHEMA_VERSION)}:
+        if versions - {"1", "2", "3", "4", "5", "6", str(SCHEMA_VERSION)}:
             raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
-                             f"migrates schemas 1 to 5")
+                             f"migrates schemas 1 to 6")
         old = table["schema_version"] == "1" if "schema_version" in table else pd.Series(True, index=table.index)
-        keyed_before = ~old & ~table["schema_version"].isin(["5", str(SCHEMA_VERSION)]) \
+        keyed_before = ~old & ~table["schema_version"].isin(["5", "6", str(SCHEMA_VERSION)]) \
             if "schema_version" in table else ~old
         if keyed_before.any():
             table.loc[keyed_before, "run_id"] = _rekeyed(table.loc[keyed_before])
@@ -121,9 +126,31 @@ def migrate_table(path: Path) -> int:
                 table[column] = derived[column]
         if "attention" not in table:
             table["attention"] = ["" if backend == "sim" else "sdpa_per_doc" for backend in table["backend"]]
+        table["trace"], replaced = _compressed_traces(path.parent, table["trace"])
         table["schema_version"] = SCHEMA_VERSION
         atomic_write_text(path, table.reindex(columns=COLUMNS).to_csv(index=False))
+        for trace in replaced:  # only now that the table names their compressed copies
+            trace.unlink()
     return len(table)
+
+
+def _compressed_traces(folder: Path, traces: pd.Series) -> tuple[list[object], list[Path]]:
+    """Each row's trace named as schema 7 stores it, a .csv written compressed beside itself
+    (schema 6 -> 7); and the .csv files that the compressed ones replace."""
+    names: list[object] = []
+    replaced: list[Path] = []
+    for trace in traces:
+        if not (isinstance(trace, str) and trace.endswith(".csv")):
+            names.append(trace)
+            continue
+        named = trace.removesuffix(".csv") + TRACE_SUFFIX
+        csv, gz = folder / trace, folder / named
+        if csv.is_file() and csv not in replaced:
+            with atomic_path(gz) as tmp:
+                tmp.write_bytes(compressed(csv.read_bytes()))
+            replaced.append(csv)
+        names.append(named if gz.is_file() else trace)
+    return names, replaced
 
 
 def _rekeyed(rows: pd.DataFrame) -> list[str]:
