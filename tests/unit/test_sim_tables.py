@@ -17,15 +17,15 @@ from odc_bench.sim import simulate
 from tests.helpers import REPO
 
 ROWS = {
-    "sim_paper": ["1c14b39832db2f53",  # ODC + LB-Mini, 32B LongAlign, 4 nodes
-                  "5e26484210568e5e",  # Collective + LB-Micro, 32B SWE-smith
-                  "30850f1eaddaf323"],  # ODC + LB-Mini, 14B GRPO
-    "sim_paper_fit": ["e64d3080b4a4a2fa",  # Collective + verl, fitted A100 profile
-                      "d0535de4bec9aa4a"],  # ODC + LocalSort
-    "sim_scaling": ["a17b895353e54509",  # topology-aware fetch
-                    "a575ac05bb047992",  # ODC, hybrid sharding
-                    "baa43c40f3006afe"],  # Collective (HSDP), hybrid sharding
-    "sim_ssp": ["46903c1b86f9d439"],  # stale-synchronous ODC + LB-Carry, staleness 1
+    "sim_paper": ["17aad6a4df187ab8",  # ODC + LB-Mini, 32B LongAlign, 4 nodes
+                  "443f0ef10f40e107",  # Collective + LB-Micro, 32B SWE-smith
+                  "647449bdbb457ec1"],  # ODC + LB-Mini, 14B GRPO
+    "sim_paper_fit": ["38cdf69ac301c4e6",  # Collective + verl, fitted A100 profile
+                      "2ab21ff5e010e3a7"],  # ODC + LocalSort
+    "sim_scaling": ["93f3af2c727c76fc",  # topology-aware fetch
+                    "f57cc68327172e5c",  # ODC, hybrid sharding
+                    "c937e8f7204d55fe"],  # Collective (HSDP), hybrid sharding
+    "sim_ssp": ["f15422182df93569"],  # stale-synchronous ODC + LB-Carry, staleness 1
 }
 COLUMNS = ["run_id", "max_tokens", "samples", "len_mean", "len_p50", "len_p99", "len_max", "samples_per_s",
            "tokens_per_s", "bubble_rate", "predicted_bubble_rate", "compute_s", "sync_s", "mem_estimate_mb",
