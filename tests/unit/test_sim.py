@@ -220,8 +220,11 @@ def test_each_checkpointing_mode_recomputes_its_share_of_a_layers_forward(mode, 
     layout = Layout(config.model)
     fwd, bwd = profile.compute_table(layout, config.backend.recomputed)[2:4]  # the layer's rows
     plain = profile.compute_table(layout, NONE)[3]
-    # the tokens term is the matrix multiplies', the squared-lengths term attention's
-    assert bwd[1:] - plain[1:] == pytest.approx([matmul * fwd[1], attention * fwd[2]])
+    # The tokens term is the matrix multiplies' plus attention's per-token part (its efficiency
+    # rising with length: half x the squared term), the squared-lengths term attention's.
+    attention_tok = fwd[2] * config.backend.hardware.attention_half_length
+    assert bwd[1:] - plain[1:] == pytest.approx([matmul * (fwd[1] - attention_tok) + attention * attention_tok,
+                                                 attention * fwd[2]])
     # memory: the checkpointed share of layers keeps only its input
     none = resolve(run_config("backend=sim", "model=llama3_8b")).memory.activations
     full = resolve(run_config("backend=sim", "model=llama3_8b", "backend.recompute=true")).memory.activations
