@@ -288,7 +288,7 @@ def test_the_command_turns_sigterm_into_an_exit_while_it_runs_and_restores_the_h
     own handler back."""
     during = []
 
-    def stop_at_the_check(args: list[str]) -> None:
+    def stop_at_the_check(args: list[str], planner: object) -> None:
         during.append(signal.getsignal(signal.SIGTERM))
         raise ConfigError("stopped at the check")
 
