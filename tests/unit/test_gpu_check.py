@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import pandas as pd
 import pytest
@@ -24,6 +25,15 @@ def test_without_cuda_it_says_so_and_exits_0(capsys, monkeypatch):
                                                ("NVIDIA A100-SXM4-80GB", "a100"), ("Some GPU", "some-gpu")])
 def test_results_go_to_a_folder_named_for_the_device_and_the_day(name, folder):
     assert gpu_check.device_folder(name, now=0.0) == f"{folder}-1970-01-01"
+
+
+def test_a_step_runs_within_what_the_command_has_left_and_none_starts_once_it_is_spent():
+    step = gpu_check.Step("quick", [sys.executable, "-c", "pass"], timeout_s=100)
+    gpu_check.run_step(step, left_s=30)
+    assert step.ok and step.timeout_s == 30, "the command's time left bounds the step's own limit"
+    late = gpu_check.Step("late", [sys.executable, "-c", "pass"], timeout_s=100)
+    gpu_check.run_step(late, left_s=2)
+    assert late.status.startswith("not run") and not late.ok
 
 
 def test_the_engines_gap_is_the_microbatchs_time_outside_its_units_per_unit():
