@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import pytest
@@ -33,35 +31,16 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-def _descends_from(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat[stat.rindex(")") + 2:].split()[1])
-    return False
-
-
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
     """After the suite, no odc-* segment may remain in /dev/shm.
 
     The host is shared: segments whose creator is still running outside this session belong
     to someone else's run and are ignored. A segment whose creator is dead, or still running
-    under this session, is a leak, unless it goes within a few seconds: another run on the host
-    whose rank just died has its launcher or its peers remove the rank's segments a moment later.
+    under this session, is a leak, unless it goes within a few seconds (tests/helpers/shm.py).
     """
-    from odc_core.transport.shm import creator_alive, list_segments, segment_creator
-
-    def leaked() -> list[str]:
-        return [name for name in list_segments()
-                if not creator_alive(name) or _descends_from(segment_creator(name)[0], os.getpid())]
+    from tests.helpers.shm import leaked_segments
 
     yield
-    deadline = time.monotonic() + 5
-    while (left := leaked()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"shared-memory segments left in /dev/shm: {left}"
+    leaked = leaked_segments()
+    assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"

@@ -7,6 +7,7 @@ real datasets, figures.py results tables to draw figures from.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -51,10 +52,20 @@ def exit_status(entry: Callable[[Sequence[str]], object], *args: str) -> int:
 
 def odc_bench(*args: str) -> int:
     """`python -m odc_bench ARGS` in this process (Hydra's output folders land in the working
-    directory: chdir to a scratch folder first): its exit status; read its output with capsys."""
+    directory: chdir to a scratch folder first): its exit status; read its output with capsys.
+    The root logger is given back as it was: Hydra points it at the job's console and log file."""
     from odc_bench.cli import main  # imported on first use: a module that never runs the command skips its imports
 
-    return exit_status(main, *args)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        return exit_status(main, *args)
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

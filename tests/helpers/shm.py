@@ -1,0 +1,50 @@
+"""/dev/shm on a shared host: what this test process's runs left there, told apart from the
+segments of runs other sessions have going at the same time."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from odc_core.transport.shm import SHM_DIR, creator_alive, list_segments, segment_creator
+
+# A run whose rank just died has its launcher or its peers remove the rank's segments a moment later.
+GRACE_S = 5.0
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return False
+
+
+def _elsewhere(name: str) -> bool:
+    """An odc segment of a run going on outside this process."""
+    creator = segment_creator(name)
+    return creator is not None and creator_alive(name) and not descends_from(creator[0], os.getpid())
+
+
+def _settled(left: Callable[[], Collection[str]]) -> set[str]:
+    """left(), asked again for up to GRACE_S while it is not empty."""
+    deadline = time.monotonic() + GRACE_S
+    while (found := set(left())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return found
+
+
+def leaked_segments() -> set[str]:
+    """odc segments whose creator is dead, or still running under this process: a leak."""
+    return _settled(lambda: [name for name in list_segments() if not _elsewhere(name)])
+
+
+def left_behind(before: Collection[str]) -> set[str]:
+    """What /dev/shm holds that it did not hold `before`, less other sessions' live runs' segments."""
+    return _settled(lambda: [name for name in os.listdir(SHM_DIR) if name not in before and not _elsewhere(name)])
