@@ -99,6 +99,9 @@ class RunConfig:
     # not part of the run's key: raising it runs the config again.
     repeat: int = 1
     checkpoint: CheckpointConfig = CheckpointConfig()
+    # A warm-up minibatch to run under torch.profiler (run/profile.py); null: none. Not part of
+    # the run's key: it changes no metric.
+    profile_minibatch: int | None = None
 
     def __post_init__(self) -> None:
         for key, least in (("world_size", 1), ("minibatch_size", 1), ("num_minibatches", 1),
@@ -116,6 +119,13 @@ class RunConfig:
         require(self.packing_ratio >= 1, f"packing_ratio must be a number >= 1, got {self.packing_ratio}")
         require(self.max_tokens is None or self.max_tokens >= 2,
                 f"max_tokens must be null or an integer >= 2, got {self.max_tokens}")
+        k = self.profile_minibatch
+        require(k is None or 0 <= k < self.warmup_minibatches,
+                f"profile_minibatch must be a warm-up minibatch, 0 to warmup_minibatches - 1 "
+                f"({self.warmup_minibatches - 1}), or null, got {k}: the profiler's cost stays out of the metrics; "
+                f"raise warmup_minibatches to profile a later one")
+        require(k is None or not self.simulated,
+                "profile_minibatch profiles a real run; backend=sim has no device to profile: drop it")
 
     @property
     def simulated(self) -> bool:

@@ -2,8 +2,8 @@
 
 The key names a run in the results table (a sweep re-run skips what the table holds) and its
 checkpoint folder (only a re-run of the same config resumes from it). It hashes the run's
-whole resolved config but where results go, how often to repeat it and how it is
-checkpointed, none of which changes what it measures.
+whole resolved config but where results go, how often to repeat it, how it is checkpointed
+and which warm-up minibatch is profiled, none of which changes what it measures.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.profiles import PROFILES
 
 # Top-level keys that do not change what a run measures.
-UNKEYED = frozenset({"results_dir", "hydra", "repeat", "checkpoint"})
+UNKEYED = frozenset({"results_dir", "hydra", "repeat", "checkpoint", "profile_minibatch"})
 
 
 def run_key(config: Mapping[str, Any]) -> str:

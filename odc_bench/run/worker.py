@@ -27,7 +27,8 @@ from odc_bench.files import atomic_write_text
 from odc_bench.models.decoder import build_model, compile_dense
 from odc_bench.plan.identity import checkpoint_folder
 from odc_bench.plan.spec import Minibatch, RunSpec
-from odc_bench.run import trace
+from odc_bench.provenance import git_commit
+from odc_bench.run import profile, trace
 from odc_bench.run.optim import adamw
 from odc_core import checkpoint
 from odc_core.engine.base import DataParallelEngine, EngineContext
@@ -142,6 +143,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             if k < start:
                 continue
             recorder.minibatch, recorder.microbatch = k, -1
+            profiler = profile.start(device) if k == config.profile_minibatch else None
             t_mb = recorder.now()
             engine.begin_minibatch()
             loss_sum = torch.zeros((), device=device)
@@ -166,6 +168,9 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             t2 = recorder.now()
             recorder.sample_memory()
             recorder.add("minibatch", t_mb, t2, loss_sum=float(loss_sum))
+            if profiler is not None:
+                profile.save(profiler, device, profile.folder(config.results_dir, spec.run_id), rank,
+                             f"run {spec.run_id}, rank {rank}, minibatch {k}, commit {git_commit()}, device {device}")
             collect_garbage_between_minibatches()
             recorder.add("gc", t2, recorder.now())
             every = config.checkpoint.every

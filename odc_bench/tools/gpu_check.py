@@ -9,7 +9,8 @@ stop the others; the command ends with status 1 if any failed):
 2. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid): compute.json;
 3. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
 4. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
-   ran: shared/gpu/h100-2026-11-26);
+   ran: shared/gpu/h100-2026-11-26), the first with its second warm-up minibatch under
+   torch.profiler (profiles/<run_id>/: where a minibatch's host and device time go);
 then, in this process, the simulator's prediction of each run on the H100 profile and on the
 profile this machine just measured (compute.json, with the gap per unit the collective engine
 left in the runs' device-timed traces), and summary.md: every number and ratio (the memory
@@ -39,12 +40,14 @@ from odc_bench.files import atomic_write_text
 from odc_bench.provenance import REPO_ROOT, git_commit
 
 # The two runs the H100 measurement made (shared/gpu/h100-2026-11-26/README.md), shortened to a
-# few minibatches: the first is warm-up (compilation) and excluded from every metric.
+# few minibatches: the first two are warm-up (compilation, then the profiled one) and excluded
+# from every metric.
 RUNS = {
     "longalign-x0.125-mb8": ["dataset.length_scale=0.125", "minibatch_size=8", "max_tokens=8192"],
     "longalign-x1/32-mb32": ["dataset.length_scale=0.03125", "minibatch_size=32", "max_tokens=4096"],
 }
-COMMON = ["model=qwen2_1p5b", "world_size=1", "precision=bf16", "num_minibatches=4", "warmup_minibatches=1"]
+COMMON = ["model=qwen2_1p5b", "world_size=1", "precision=bf16", "num_minibatches=5", "warmup_minibatches=2"]
+PROFILED = "profile_minibatch=1"  # the first run's: after compilation, before the measured minibatches
 GOAL_RATIO = 0.8  # gather against a device copy at >= 16 MiB (issue 44)
 # The whole command fits a device loan's slot: no step runs past the deadline less what the
 # simulator and the summary need after the last one, whatever the steps' own limits add up to.
@@ -107,7 +110,8 @@ def steps(out: Path) -> list[Step]:
                                   "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
                                   f"results_dir={out}"], 40)]
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
-                                    f"results_dir={out}"], 50) for name, overrides in RUNS.items()]
+                                    *([PROFILED] if i == 0 else []), f"results_dir={out}"], 50)
+               for i, (name, overrides) in enumerate(RUNS.items())]
     return listed
 
 
@@ -221,6 +225,10 @@ def comparisons(out: Path) -> list[str]:
                          f"{' | '.join(cells)} | {r['peak_mem_mb'] / 1024:.1f} | {r['mem_estimate_mb'] / 1024:.1f} | "
                          f"{r['mem_estimate_mb'] / r['peak_mem_mb']:.2f} | {tokens} | {there:.1f} | "
                          f"{there * 1024 / r['peak_mem_mb']:.2f} |")
+    profiled = sorted(out.glob("profiles/*/rank*.txt"))
+    if profiled:
+        lines.append("\nOne warm-up minibatch under torch.profiler, operators by device time: "
+                     + ", ".join(str(p.relative_to(out)) for p in profiled))
     prims = out / "primitives.csv"
     if prims.exists():
         table = pd.read_csv(prims)
