@@ -177,7 +177,7 @@ class _Sorted:
     (side="right").
     """
 
-    def __init__(self, values: np.ndarray, per_value: int = 2) -> None:
+    def __init__(self, values: np.ndarray, per_value: int = 8) -> None:
         self.values = values
         self.buckets = max(1, per_value * values.size)
         self.lo = float(values[0])
