@@ -95,7 +95,7 @@ def pack_fewest_each(shares: Sequence[Sequence[int]], lengths: Sequence[int], co
     costs = cost.each(lens)
     items = np.fromiter(itertools.chain.from_iterable(shares), np.int64, count=int(sizes.sum()))
     owner = np.repeat(np.arange(k), sizes)
-    order = np.lexsort((items, -lens[items], owner))  # per share: longest first, then by index
+    order = _by_share_longest_first(owner, lens[items], items, k, len(lens))
     items = items[order]
     slot = np.arange(items.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     doc = np.full((k, width), -1)
@@ -126,23 +126,28 @@ def pack_fewest_each(shares: Sequence[Sequence[int]], lengths: Sequence[int], co
     place = np.empty((k, width), dtype=np.int64)
     place[r[by_cost], b[by_cost]] = np.arange(by_cost.size) - np.repeat(np.cumsum(opened) - opened, opened)
     where = place[owner, bins[owner, slot]]
-    flat = items[np.lexsort((slot, where, owner))].tolist()
+    flat = items[np.argsort((owner * width + where) * width + slot)].tolist()  # lexsort((slot, where, owner))
     counts = np.zeros((k, width), dtype=np.int64)
     np.add.at(counts, (owner, where), 1)
-    plan: Plan = []
-    at = 0
-    for share, n_bins, need, row in zip(shares, opened.tolist(), fewest.tolist(), counts.tolist(), strict=True):
-        if n_bins > need:
-            plan.append(pack_fewest(share, lengths, cost, max_tokens))
-        else:
-            mbs = []
-            for n in row[:n_bins]:
-                mbs.append(flat[at:at + n])
-                at += n
-            plan.append(mbs)
-            continue
-        at += len(share)
+    # Every share's bins in order, each a slice of `flat`; shares first-fit did not pack into
+    # the fewest bins take pack_fewest's search instead.
+    ends = np.cumsum(counts[np.arange(width) < opened[:, None]]).tolist()
+    micro = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    last = np.cumsum(opened).tolist()
+    plan: Plan = [micro[a:b] for a, b in zip([0, *last[:-1]], last, strict=True)]
+    for share in np.flatnonzero(opened > fewest).tolist():
+        plan[share] = pack_fewest(shares[share], lengths, cost, max_tokens)
     return plan
+
+
+def _by_share_longest_first(owner: np.ndarray, lens: np.ndarray, items: np.ndarray, shares: int, n: int
+                            ) -> np.ndarray:
+    """np.lexsort((items, -lens, owner)): by share, longest first, then by index; one sort of
+    one integer key where it fits in 63 bits (the keys are distinct, so the order is the same)."""
+    longest = int(lens.max(initial=0))
+    if shares * (longest + 1) * n >= 2**62:
+        return np.lexsort((items, -lens, owner))
+    return np.argsort((owner * (longest + 1) + (longest - lens)) * n + items)
 
 
 def pack_exactly(samples: Sequence[int], lengths: Sequence[int], cost: CostModel, max_tokens: int,
