@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from odc_bench.balancers import partition_many
 from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Microbatch, Plan
@@ -94,7 +95,7 @@ def pack_fewest_each(shares: Sequence[Sequence[int]], lengths: Sequence[int], co
     costs = cost.each(lens)
     items = np.fromiter(itertools.chain.from_iterable(shares), np.int64, count=int(sizes.sum()))
     owner = np.repeat(np.arange(k), sizes)
-    order = np.lexsort((items, -lens[items], owner))  # per share: longest first, then by index
+    order = _by_share_longest_first(owner, lens[items], items, k, len(lens))
     items = items[order]
     slot = np.arange(items.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     doc = np.full((k, width), -1)
@@ -125,23 +126,28 @@ def pack_fewest_each(shares: Sequence[Sequence[int]], lengths: Sequence[int], co
     place = np.empty((k, width), dtype=np.int64)
     place[r[by_cost], b[by_cost]] = np.arange(by_cost.size) - np.repeat(np.cumsum(opened) - opened, opened)
     where = place[owner, bins[owner, slot]]
-    flat = items[np.lexsort((slot, where, owner))].tolist()
+    flat = items[np.argsort((owner * width + where) * width + slot)].tolist()  # lexsort((slot, where, owner))
     counts = np.zeros((k, width), dtype=np.int64)
     np.add.at(counts, (owner, where), 1)
-    plan: Plan = []
-    at = 0
-    for share, n_bins, need, row in zip(shares, opened.tolist(), fewest.tolist(), counts.tolist(), strict=True):
-        if n_bins > need:
-            plan.append(pack_fewest(share, lengths, cost, max_tokens))
-        else:
-            mbs = []
-            for n in row[:n_bins]:
-                mbs.append(flat[at:at + n])
-                at += n
-            plan.append(mbs)
-            continue
-        at += len(share)
+    # Every share's bins in order, each a slice of `flat`; shares first-fit did not pack into
+    # the fewest bins take pack_fewest's search instead.
+    ends = np.cumsum(counts[np.arange(width) < opened[:, None]]).tolist()
+    micro = [flat[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    last = np.cumsum(opened).tolist()
+    plan: Plan = [micro[a:b] for a, b in zip([0, *last[:-1]], last, strict=True)]
+    for share in np.flatnonzero(opened > fewest).tolist():
+        plan[share] = pack_fewest(shares[share], lengths, cost, max_tokens)
     return plan
+
+
+def _by_share_longest_first(owner: np.ndarray, lens: np.ndarray, items: np.ndarray, shares: int, n: int
+                            ) -> np.ndarray:
+    """np.lexsort((items, -lens, owner)): by share, longest first, then by index; one sort of
+    one integer key where it fits in 63 bits (the keys are distinct, so the order is the same)."""
+    longest = int(lens.max(initial=0))
+    if shares * (longest + 1) * n >= 2**62:
+        return np.lexsort((items, -lens, owner))
+    return np.argsort((owner * (longest + 1) + (longest - lens)) * n + items)
 
 
 def pack_exactly(samples: Sequence[int], lengths: Sequence[int], cost: CostModel, max_tokens: int,
@@ -167,6 +173,63 @@ def pack_exactly(samples: Sequence[int], lengths: Sequence[int], cost: CostModel
     return heaviest_first(mbs, lengths, cost)
 
 
+def pack_exactly_each(shares: Sequence[Sequence[int]], lengths: Sequence[int], cost: CostModel, max_tokens: int,
+                      target: int) -> Plan:
+    """[pack_exactly(share, ..., min(target, len(share))) for share in shares], the same plan,
+    with the balanced splits of shares of one size made together (partition_many.py); shares
+    no balanced split fits (and sizes it does not take) go through pack_exactly itself."""
+    plan: Plan = [[] for _ in shares]
+    by_size: dict[int, list[int]] = {}
+    for r, share in enumerate(shares):
+        by_size.setdefault(len(share), []).append(r)
+    lens = np.asarray(lengths, dtype=np.int64)
+    costs = cost.each(lens)
+    for n, ranks in by_size.items():
+        k = min(target, n)
+        if not (k >= 1 and n * k <= partition_many.MAX_WORK):
+            for r in ranks:
+                plan[r] = pack_exactly(shares[r], lengths, cost, max_tokens, k)
+            continue
+        samples = np.array([shares[r] for r in ranks], dtype=np.int64).reshape(len(ranks), n)
+        left = np.arange(len(ranks))
+        for key in (costs, lens.astype(np.float64)):  # split_into's keys, in its order
+            if not left.size:
+                break
+            local = partition_many.balanced_partitions(key[samples[left]], k)
+            ids = np.where(local >= 0, np.take_along_axis(samples[left][:, None, :], np.maximum(local, 0), axis=2), -1)
+            tokens = np.where(ids >= 0, lens[np.maximum(ids, 0)], 0).sum(axis=2)
+            # heaviest_first needs every microbatch non-empty: pack_exactly decides the others.
+            ok = (tokens <= max_tokens).all(axis=1) & (ids[:, :, 0] >= 0).all(axis=1)
+            for r, mbs in zip(left[ok].tolist(), _heaviest_first_each(ids[ok], lens, costs), strict=True):
+                plan[ranks[r]] = mbs
+            left = left[~ok]
+        for r in left.tolist():
+            plan[ranks[r]] = pack_exactly(shares[ranks[r]], lengths, cost, max_tokens, k)
+    return plan
+
+
+def _heaviest_first_each(parts: np.ndarray, lens: np.ndarray, costs: np.ndarray) -> Plan:
+    """heaviest_first of every row of a (m, k, n) matrix of sample ids (-1 past each
+    microbatch's samples, none empty): samples longest first, then by id; microbatches
+    costliest first (their costs summed in that order, as microbatch_cost does), then by
+    their lowest id."""
+    if not len(parts):
+        return []
+    big = np.iinfo(np.int64).max
+    real = parts >= 0
+    safe = np.maximum(parts, 0)
+    within = np.lexsort((np.where(real, parts, big), np.where(real, -lens[safe], big)), axis=2)
+    parts = np.take_along_axis(parts, within, axis=2)
+    real = parts >= 0
+    slot = np.where(real, costs[np.maximum(parts, 0)], 0.0)
+    load = np.zeros(parts.shape[:2])
+    for column in np.moveaxis(slot, 2, 0):
+        load += column
+    lowest = np.where(real, parts, big).min(axis=2)
+    parts = np.take_along_axis(parts, np.lexsort((lowest, -load), axis=1)[..., None], axis=1)
+    return [[[i for i in mb if i >= 0] for mb in row] for row in parts.tolist()]
+
+
 def pack_equal_counts(shares: Sequence[Sequence[int]], lengths: Sequence[int], cost: CostModel,
                       max_tokens: int) -> Plan:
     """Pack every rank's share, then give all ranks the largest count any rank needs.
@@ -177,6 +240,8 @@ def pack_equal_counts(shares: Sequence[Sequence[int]], lengths: Sequence[int], c
     """
     plan = pack_fewest_each(shares, lengths, cost, max_tokens)
     target = max((len(r) for r in plan), default=0)
-    return [mbs if len(mbs) == target else pack_exactly(share, lengths, cost, max_tokens,
-                                                          min(target, len(share)))
-            for share, mbs in zip(shares, plan, strict=True)]
+    todo = [r for r, mbs in enumerate(plan) if len(mbs) != target]
+    for r, mbs in zip(todo, pack_exactly_each([shares[r] for r in todo], lengths, cost, max_tokens, target),
+                      strict=True):
+        plan[r] = mbs
+    return plan

@@ -34,6 +34,7 @@ hair heavier (pairwise local searches end in different local optima).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -221,6 +222,9 @@ class _Sets:
     def __init__(self, costs: np.ndarray, items: np.ndarray, movable: bool) -> None:
         self.movable = movable
         self.items = items
+        # Every slot usable: moves allowed, or (equal sizes dividing evenly) no empty slot,
+        # which swaps never make.
+        self.all_usable = movable or bool((items >= 0).all())
         self.load_matrix = np.where(items >= 0, costs[np.maximum(items, 0)], 0.0)
         self.loads = self.load_matrix.sum(axis=1)
         self.eps = 1e-12 * max(1.0, float(np.abs(costs).sum()))
@@ -343,12 +347,19 @@ def _pair_round(sets: _Sets, shift: int) -> bool:
         return False
     order = np.argsort(sets.loads, kind="stable")
     heavy = order[::-1][:half]
-    light = np.roll(order[:half], -(shift % half))
+    turn = shift % half
+    light = np.concatenate((order[turn:half], order[:turn]))  # np.roll(order[:half], -turn)
     gap = sets.loads[heavy] - sets.loads[light]
     d = sets.load_matrix[heavy][:, :, None] - sets.load_matrix[light][:, None, :]
-    ok = sets.usable(heavy)[:, :, None] & sets.usable(light)[:, None, :]
     gap3 = gap[:, None, None]
-    err = np.where(ok & (d > sets.eps) & (d < gap3 - sets.eps), np.abs(gap3 - 2 * d), np.inf)
+    ok = (d > sets.eps) & (d < gap3 - sets.eps)
+    if not sets.all_usable:
+        ok &= sets.usable(heavy)[:, :, None] & sets.usable(light)[:, None, :]
+    # |gap - 2 d| where the exchange narrows the gap, inf elsewhere (the same operations, in place).
+    err = d * 2
+    np.subtract(gap3, err, out=err)
+    np.abs(err, out=err)
+    err[~ok] = np.inf
     flat = err.reshape(half, -1)
     best = flat.argmin(axis=1)
     found = np.isfinite(flat[np.arange(half), best])
@@ -392,7 +403,9 @@ def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
     """The first partner that can trade a slot group with set t, and the groups that best
     halve their gap: (partner, t's group, partner's group), or None."""
     rows = np.concatenate([[t], partners])
-    group_load = sets.load_matrix[rows][:, group].sum(axis=2)
+    picked = sets.load_matrix[rows]
+    # A group's load as .sum(axis=2) adds it: one slot alone, or the two of a pair.
+    group_load = picked if group.shape[1] == 1 else picked[:, group[:, 0]] + picked[:, group[:, 1]]
     # (partner, t's group, partner's group): each partner's candidates contiguous.
     mine, theirs = group_load[0][None, :, None], group_load[1:][:, None, :]
     # d: load moved from the heavier set of the pair to the lighter one.
@@ -400,7 +413,7 @@ def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
     gap = sets.loads[t] - sets.loads[partners] if heaviest else sets.loads[partners] - sets.loads[t]
     gap3 = gap[:, None, None]
     valid: np.ndarray = (d > sets.eps) & (d < gap3 - sets.eps)
-    if not sets.movable:  # every slot is usable where moves are allowed
+    if not sets.all_usable:
         usable = np.asarray(sets.usable(rows)[:, group].all(axis=2))
         valid &= usable[0][None, :, None] & usable[1:][:, None, :]
     can = valid.reshape(len(partners), -1).any(axis=1)
@@ -412,5 +425,8 @@ def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
     return int(partners[other]), mine_group, their_group
 
 
+@functools.cache
 def _slot_pairs(width: int) -> np.ndarray:
-    return np.array(list(itertools.combinations(range(width), 2)), dtype=np.int64).reshape(-1, 2)
+    pairs = np.array(list(itertools.combinations(range(width), 2)), dtype=np.int64).reshape(-1, 2)
+    pairs.flags.writeable = False
+    return pairs

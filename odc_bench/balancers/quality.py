@@ -116,8 +116,10 @@ class Prediction:
 
 
 def predict(plan: Plan, lengths: Sequence[int], world_size: int, max_tokens: int, cost: CostModel,
-            semantics: str) -> Prediction:
-    per_rank = microbatch_costs(plan, lengths, cost)
+            semantics: str, per_rank: list[list[float]] | None = None) -> Prediction:
+    """`per_rank`: the plan's microbatch_costs, where the caller has them already."""
+    if per_rank is None:
+        per_rank = microbatch_costs(plan, lengths, cost)
     return Prediction(time=_plan_time(per_rank, semantics), work=sum(sum(r) for r in per_rank),
                       bound=lower_bound(lengths, world_size, max_tokens, cost),
                       bound_work=least_work(lengths, max_tokens, cost))

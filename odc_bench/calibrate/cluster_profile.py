@@ -38,7 +38,7 @@ from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.errors import ConfigError, fail
 from odc_bench.files import atomic_write_text
-from odc_bench.plan.spec import RunSpec, resolve
+from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
 from odc_bench.sim import simulate
 from odc_bench.whatif.accuracy import fit_table_path
@@ -129,6 +129,7 @@ def read_runs(path: Path, base: str) -> list[Measured]:
     require(len(table) >= 2, f"{path} holds {len(table)} run{'s' * (len(table) != 1)}; a fit needs at least two "
                              f"measured runs (more settings: more constants it can fit)")
     runs = []
+    planner = Planner()  # repeated settings plan the same minibatches
     for i, r in enumerate(table.to_dict("records"), start=1):
         gpus = int(_number(r["gpus"], "gpus", i, integer=True))
         per_node = int(_number(r["gpus_per_node"], "gpus_per_node", i, integer=True))
@@ -147,7 +148,7 @@ def read_runs(path: Path, base: str) -> list[Measured]:
             question = Question(lengths=lengths, model=model, hardware=base, nodes=gpus // per_node,
                                 devices_per_node=per_node, minibatch_sizes=(minibatch,), num_minibatches=MINIBATCHES,
                                 overrides=tuple(extra))
-            spec = resolve(compose_config(question.run(Series("collective", balancer, 0), minibatch)))
+            spec = planner.resolve(compose_config(question.run(Series("collective", balancer, 0), minibatch)))
         except ConfigError as e:
             raise ConfigError(f"row {i}: {e}") from None
         setting = (question.model, lengths, gpus, per_node, minibatch, recompute, precision, balancer, max_tokens)

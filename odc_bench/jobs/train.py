@@ -31,7 +31,6 @@ from odc_bench.record.row import failed_row, run_row, sim_row
 from odc_bench.results.table import TRACE_SUFFIX, append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
 from odc_bench.sim import check_hardware, simulate
-from odc_core import checkpoint
 
 # A launcher: runs the spec's ranks; every rank's result, or None in a task that does not report.
 Launcher = Callable[[RunSpec], list[dict] | None]
@@ -65,6 +64,9 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
     """
     if spec.config.simulated:
         return execute_sim(spec, results_dir)
+    # odc_core.checkpoint imports torch (about 1.5 s): a simulated run never loads it.
+    from odc_core import checkpoint
+
     folder = checkpoint_folder(spec.config, spec.run_id)
     found = checkpoint.latest(folder) if spec.config.checkpoint.resume == "auto" else None
     if found is not None and not (slurm_task.in_task() and slurm_task.task_rank() != 0):
@@ -95,6 +97,8 @@ def _step(checkpoint_path: Path) -> int:
 def kept_checkpoints(folder: Path, resumes: bool = True) -> str:
     """What a stopped run leaves, for the Ctrl-C line: its checkpoints, where, and whether the same
     command resumes from them (checkpoint.resume=auto); empty when it has none."""
+    from odc_core import checkpoint
+
     newest = checkpoint.latest(folder)
     if newest is None:
         return ""

@@ -26,6 +26,7 @@ from odc_bench.balancers.quality import (
     StaleClock,
     bubble_rate,
     least_work,
+    microbatch_costs,
     predict,
     rank_work,
     run_bubble_rate,
@@ -378,9 +379,10 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
                 require(len(counts) == 1,
                         f"balancer {balancer.name} gave ranks different microbatch counts {sorted(counts)} in "
                         f"minibatch {k}; engine={engine.name} needs equal counts, use engine=odc")
-            clock.advance(rank_work(plan, lens, cost))
-            minibatches.append(Minibatch(ids, lens, plan, predict(plan, lens, world, max_tokens, cost, semantics),
-                                         queue))
+            costs = microbatch_costs(plan, lens, cost)  # once, for the clock and the prediction
+            clock.advance([sum(r) for r in costs])  # rank_work
+            prediction = predict(plan, lens, world, max_tokens, cost, semantics, costs)
+            minibatches.append(Minibatch(ids, lens, plan, prediction, queue))
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
     return RunSpec(resolved, config_key(resolved), device_type, cost, options,
                    rank_memory(resolved, device_type, max_tokens, longest),

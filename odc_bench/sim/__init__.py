@@ -8,6 +8,7 @@ docs/simulator.md.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -71,17 +72,17 @@ def plan_arrays(spec: RunSpec, costs: EngineCosts, table: np.ndarray, layout: La
     nmb = np.array([[len(rank) for rank in plan] for plan in plans], dtype=np.int64).reshape(M, world)
     # Every document once, with the flat (m, r, j) slot of its microbatch: the features of all
     # microbatches are then sums over slots (layout.doc_features, vectorised).
-    docs: list[int] = []
-    slots: list[int] = []
-    for m, (plan, mb) in enumerate(zip(plans, spec.minibatches, strict=True)):
-        lengths = mb.lengths
-        for r, rank in enumerate(plan):
-            base = (m * world + r) * J
-            for j, micro in enumerate(rank):
-                docs.extend(lengths[i] for i in micro)
-                slots.extend([base + j] * len(micro))
-    lens = np.asarray(docs, dtype=np.float64)
-    slot = np.asarray(slots, dtype=np.int64)
+    micro_sizes: list[int] = []
+    docs: list[np.ndarray] = []
+    for plan, mb in zip(plans, spec.minibatches, strict=True):
+        micros = list(itertools.chain.from_iterable(plan))
+        micro_sizes.extend(map(len, micros))
+        docs.append(np.asarray(mb.lengths, dtype=np.float64)[list(itertools.chain.from_iterable(micros))])
+    lens = np.concatenate(docs) if docs else np.zeros(0)
+    # Microbatches in plan order: rank by rank, j = 0 .. nmb - 1 within each.
+    first = np.cumsum(nmb.ravel()) - nmb.ravel()
+    j = np.arange(int(nmb.sum())) - np.repeat(first, nmb.ravel())
+    slot = np.repeat(np.repeat(np.arange(M * world) * J, nmb.ravel()) + j, micro_sizes)
     size = M * world * J
     columns = [np.bincount(slot, minlength=size).astype(float), np.bincount(slot, lens, size),
                np.bincount(slot, lens * lens, size)]

@@ -91,12 +91,24 @@ class Contention:
                             min_remote=g - np.where(idle_in_node == self.most[row, None], self.second[row, None],
                                                     self.most[row, None]),
                             rail=None if net.rails == 1 else per_rail - idle_on_rail + idle)
-        self._early_times: dict[tuple[float, float], np.ndarray] = {}
+        # After a minibatch's first finish a transfer's time can still be its early one: until a
+        # rank of its own node finishes, its node's (and rail's) counts are the early ones, and
+        # the busiest remote NIC only gets less busy (each finish elsewhere removes a rank from
+        # the total and adds at most one to the least busy other node's idle ranks). Where that
+        # NIC did not set the early time, the time stays until then: `quiet`, the first finish
+        # among the rank's working node-mates (+inf when none is known), needs no search before.
+        node_f = np.where(idle, np.inf, f).reshape(M, net.nodes, g)
+        lowest = np.sort(node_f, axis=2)[:, :, :2] if g > 1 else np.full((M, net.nodes, 2), np.inf)
+        mates = np.where(node_f == lowest[:, :, :1], lowest[:, :, 1:], lowest[:, :, :1]).reshape(M, R)
+        self.quiet = np.where(mates <= self.horizon + 0.5, mates, np.inf)
+        self._early_times: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
 
-    def counts(self, at: np.ndarray, needed: np.ndarray | None = None) -> tuple[np.ndarray, Counts]:
-        """The transfers starting at `at` (M, R) whose counts differ from `early` (flat indices,
-        only where `needed`), and their counts."""
-        after = at >= self.first
+    def counts(self, at: np.ndarray, needed: np.ndarray | None = None, since: np.ndarray | None = None
+               ) -> tuple[np.ndarray, Counts]:
+        """The transfers starting at `at` (M, R) whose counts may differ from `early` (flat
+        indices, only where `needed`, and at or after `since`, (M, 1) or (M, R): by default
+        the minibatch's first finish), and their counts."""
+        after = at >= (self.first if since is None else since)
         late = np.flatnonzero(after if needed is None else after & needed)
         net, R, g = self.net, self.shape[1], self.net.gpus_per_node
         q = np.minimum(at.ravel()[late], self.horizon + 0.5)
@@ -123,14 +135,17 @@ class Contention:
         if net.nodes == 1:
             one = np.ones(at.shape)
             return net.transfer_time(nbytes, one, one, one)
+        since = None
         if np.ndim(from_peer):
             out = net.transfer_time(nbytes, *self.early.args(), from_peer)
         else:
             key = (float(nbytes), float(from_peer))
             if key not in self._early_times:
-                self._early_times[key] = net.transfer_time(nbytes, *self.early.args(), from_peer)
-            out = self._early_times[key]
-        late, counts = self.counts(at, needed)
+                remote = net.remote_sets_time(nbytes, *self.early.args(), float(from_peer))
+                self._early_times[key] = (net.transfer_time(nbytes, *self.early.args(), from_peer),
+                                          np.where(remote, self.first, self.quiet))
+            out, since = self._early_times[key]
+        late, counts = self.counts(at, needed, since)
         if late.size:
             out = out.copy()
             peer = np.ravel(from_peer)[late] if np.ndim(from_peer) else from_peer
@@ -162,7 +177,7 @@ class _Sorted:
     (side="right").
     """
 
-    def __init__(self, values: np.ndarray, per_value: int = 2) -> None:
+    def __init__(self, values: np.ndarray, per_value: int = 8) -> None:
         self.values = values
         self.buckets = max(1, per_value * values.size)
         self.lo = float(values[0])

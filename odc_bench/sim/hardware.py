@@ -90,6 +90,18 @@ class Network:
             t = np.maximum(t, np.maximum(nic[k_nic], remote[busy_remote + self.gpus_per_node]))
         return self.latency_s + t
 
+    def remote_sets_time(self, nbytes: float, k_loc: np.ndarray, k_tot: np.ndarray, k_min_remote: np.ndarray,
+                         k_rail: np.ndarray | None = None, from_peer: float = 0.0) -> np.ndarray:
+        """Where the busiest remote NIC's term is above both the rank's link and NIC terms, so
+        that fewer ranks active elsewhere would shorten the transfer (transfer_time's counts)."""
+        link, nic, remote = self._times(float(nbytes), float(from_peer))
+        if self.world == 1 or nic is None or remote is None:
+            return np.zeros(np.shape(k_loc), dtype=bool)
+        k_loc = np.asarray(k_loc, dtype=np.intp)
+        k_nic = k_loc if self.rails == 1 or k_rail is None else np.asarray(k_rail, dtype=np.intp)
+        busy_remote = np.asarray(k_tot, dtype=np.intp) - np.asarray(k_min_remote, dtype=np.intp)
+        return remote[busy_remote + self.gpus_per_node] > np.maximum(link[k_loc], nic[k_nic])
+
     def _times(self, nbytes: float, from_peer: float) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """transfer_time's terms for every count a node can have (the counts are small integers, so
         a transfer reads them off): the larger of the rank's own link and the busiest owner's, by

@@ -170,6 +170,9 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
     for j in range(J):
         act = j < nmb
         more = j + 1 < nmb
+        # Ranks past their last microbatch keep their channels: a select by a mask that mixes
+        # them in at random mispredicts a branch per rank, so their values are put back by index.
+        idle, idle_next = np.flatnonzero(~act), np.flatnonzero(~more)
         begin = t + c.prep
         mb_t0[:, :, j] = begin
         prev_end = begin
@@ -194,7 +197,7 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
                 peer = held & (via_peer < took)
                 took = np.where(peer, via_peer, took)
             g_end_next = g_start + took
-            np.copyto(g_chan, g_end_next, where=nxt_act)
+            g_chan = _kept(g_end_next, g_chan, idle if p + 1 < P else idle_next)
             e = b + comp_j[cols[p]]
             if hold_s is not None and hold_e is not None:
                 hold_s[:, :, j, p] = g_end
@@ -204,7 +207,7 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
                 p_start = np.maximum(e, p_chan)
                 gathered = 0.0 if holders is None or c.gather_bytes is None else np.where(
                     was_peer, c.gather_bytes[p], 0.0)
-                np.copyto(p_chan, p_start + transfer(c.push_load[p], p_start, act, gathered), where=act)
+                p_chan = _kept(p_start + transfer(c.push_load[p], p_start, act, gathered), p_chan, idle)
             prev_end = e
         end = prev_end + c.tail + c.tail_tok * tok if c.tail or c.tail_tok else prev_end
         mb_t1[:, :, j] = end
@@ -217,6 +220,16 @@ def _odc_pass(comp: np.ndarray, cols: np.ndarray, nmb: np.ndarray, tokens: np.nd
     timeline = Timeline(start=start, mb_t0=mb_t0, mb_t1=mb_t1, sync_t0=t, sync_t1=sync_t1, opt_t1=opt_t1,
                         duration=opt_t1[:, 0].copy())
     return timeline, finish, None if hold_s is None or hold_e is None else (hold_s, hold_e)
+
+
+def _kept(new: np.ndarray, old: np.ndarray, idle: np.ndarray) -> np.ndarray:
+    """np.where(working, new, old), the ranks not working listed (flat) in `idle`. Neither `new`
+    nor the result (which may be `new` itself) is written in place afterwards."""
+    if not idle.size:
+        return new
+    out = new.copy()
+    out.ravel()[idle] = old.ravel()[idle]
+    return out
 
 
 def odc_alone(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, c: EngineCosts, *,

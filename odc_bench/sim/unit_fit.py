@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 from odc_bench.config.backend import Recompute
 from odc_bench.config.model import ModelConfig
@@ -54,6 +53,9 @@ def fit(rows: Iterable[Mapping[str, Any]], models: Mapping[str, ModelConfig]) ->
     """Per kind and phase, the coefficients that fit the timings, and how well (median and worst
     relative error). A row: model, unit (kind), doc_lens, and seconds per phase (fwd, bwd, and
     bwd_recompute for layers timed with checkpointing); a phase with no timings is left out."""
+    # scipy takes 0.25 s to import: a simulation reads fitted profiles and never fits.
+    from scipy.optimize import nnls
+
     grouped: dict[tuple[str, str], list[tuple[np.ndarray, float]]] = {}
     for row in rows:
         x = features(models[row["model"]], row["unit"], row["doc_lens"])

@@ -45,7 +45,7 @@ from odc_bench.config.compose import compose_run
 from odc_bench.config.run import RunConfig
 from odc_bench.data.profiles import PROFILES, LengthProfile
 from odc_bench.files import atomic_write_text
-from odc_bench.plan.spec import resolve
+from odc_bench.plan.spec import Planner
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
 from odc_bench.results.paper import CELL_14B, SFT_SPEEDUP
@@ -192,8 +192,9 @@ def run_point(point: Point, seed: int, minibatches: int = MINIBATCHES, warmup: i
            "len_mean": float(lengths.mean()), "len_p50": float(np.median(lengths)),
            "share_over_half_max": float((lengths > top / 2).mean()),
            "share_top_eighth": float((lengths >= top * 7 / 8).mean())}
+    planner = Planner()  # series with the same balancer plan the same minibatches
     for label, engine, balancer in SERIES:
-        spec = resolve(point_config(point, engine, balancer, seed, minibatches, warmup), lengths=lengths)
+        spec = planner.resolve(point_config(point, engine, balancer, seed, minibatches, warmup), lengths=lengths)
         result = sim_timing(spec, simulate(spec, trace=False))
         row[f"{label}_samples_per_s"] = result["samples_per_s"]
         row[f"{label}_bubble"] = result["bubble_rate"]

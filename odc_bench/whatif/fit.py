@@ -15,16 +15,17 @@ from dataclasses import replace
 
 from odc_bench.config.backend import SimBackendConfig
 from odc_bench.errors import ConfigError
-from odc_bench.plan.spec import RunSpec, resolve
+from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.whatif.question import Question
 
 # More nodes are tried up to this many times the question's: past it, the answer is another model.
 MAX_NODE_FACTOR = 64
 
 
-def _replanned(spec: RunSpec, recompute: bool = False, bf16: bool = False, world_size: int | None = None
-               ) -> RunSpec | None:
-    """The run with these changes, planned anew; None when the data or config refuses them."""
+def _replanned(planner: Planner, spec: RunSpec, recompute: bool = False, bf16: bool = False,
+               world_size: int | None = None) -> RunSpec | None:
+    """The run with these changes, planned anew with `planner` (recomputation and precision leave
+    the plans as they are: the planner makes them once); None when the data or config refuses them."""
     config = spec.config
     backend = config.backend
     assert isinstance(backend, SimBackendConfig), "the what-if's runs are simulated"
@@ -35,7 +36,7 @@ def _replanned(spec: RunSpec, recompute: bool = False, bf16: bool = False, world
     if world_size is not None:
         config = replace(config, world_size=world_size)
     try:
-        return resolve(config)
+        return planner.resolve(config)
     except ConfigError:
         return None
 
@@ -44,7 +45,7 @@ def _all_fit(specs: Sequence[RunSpec | None]) -> bool:
     return all(s is not None and s.fits for s in specs)
 
 
-def _fewest_nodes(specs: list[RunSpec], question: Question) -> int | None:
+def _fewest_nodes(planner: Planner, specs: list[RunSpec], question: Question) -> int | None:
     """The smallest multiple of the question's nodes at which every run fits (up to
     MAX_NODE_FACTOR times). The estimate finds the candidate, as
     more ranks only shrink the owned shards; planning then checks that the data fills
@@ -55,7 +56,8 @@ def _fewest_nodes(specs: list[RunSpec], question: Question) -> int | None:
         world = question.nodes * factor * question.devices_per_node
         if all(replace(s, config=replace(s.config, world_size=world)).memory_at(s.max_tokens).total <= limit
                for s in specs):
-            return question.nodes * factor if _all_fit([_replanned(s, world_size=world) for s in specs]) else None
+            fits = _all_fit([_replanned(planner, s, world_size=world) for s in specs])
+            return question.nodes * factor if fits else None
     return None
 
 
@@ -73,12 +75,13 @@ def ways_to_fit(specs: list[RunSpec], question: Question) -> list[str]:
     what-if knows of does (then only a smaller model or bigger devices will)."""
     backend = specs[0].config.backend
     assert isinstance(backend, SimBackendConfig)
+    planner = Planner()
     cheap = {"recompute": not backend.recompute, "bf16": specs[0].config.precision != "bf16"}
     named = {"recompute": "recomputed activations (leave out backend.recompute=false)",
              "bf16": "bf16 (leave out precision=fp32)"}
-    ways = [named[k] for k, wanted in cheap.items() if wanted and _all_fit([_replanned(s, **{k: True})
+    ways = [named[k] for k, wanted in cheap.items() if wanted and _all_fit([_replanned(planner, s, **{k: True})
                                                                            for s in specs])]
-    nodes = _fewest_nodes(specs, question)
+    nodes = _fewest_nodes(planner, specs, question)
     if nodes is not None:
         ways.append(f"--nodes {nodes}, the fewest nodes that fit")
     cut = _shortest_cut(specs)
@@ -88,7 +91,7 @@ def ways_to_fit(specs: list[RunSpec], question: Question) -> list[str]:
     if ways or not any(cheap.values()):
         return ways
     # No single change is enough: take the cheap ones together, then look for nodes or lengths.
-    both = [_replanned(s, **cheap) for s in specs]
+    both = [_replanned(planner, s, **cheap) for s in specs]
     if any(s is None for s in both):
         return []
     together = " and ".join(named[k].split(" (")[0] for k, wanted in cheap.items() if wanted)
@@ -97,7 +100,7 @@ def ways_to_fit(specs: list[RunSpec], question: Question) -> list[str]:
     planned = [s for s in both if s is not None]
     if _all_fit(planned):
         return [prefix]
-    nodes = _fewest_nodes(planned, question)
+    nodes = _fewest_nodes(planner, planned, question)
     if nodes is not None:
         ways.append(f"{prefix} and --nodes {nodes}")
     cut = _shortest_cut(planned)

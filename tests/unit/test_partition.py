@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from odc_bench.balancers import partition
+from odc_bench.balancers import partition, partition_many
 from odc_bench.balancers.partition import balanced_partition
 from tests.helpers import reference_partition as reference
 
@@ -111,3 +111,14 @@ def test_degenerate_inputs(costs):
 def test_equal_size_refuses_an_indivisible_count():
     with pytest.raises(ValueError, match="impossible"):
         balanced_partition([1.0] * 700, 64, equal_size=True)
+
+
+@pytest.mark.parametrize("kind", DISTRIBUTIONS)
+def test_many_small_partitions_at_once_are_balanced_partitions_answers(kind):
+    # LB-Micro splits hundreds of rank shares per minibatch together: item for item the same sets.
+    for seed, (n, k, equal_size) in enumerate([(4, 2, False), (4, 2, True), (5, 3, False), (6, 3, True),
+                                               (7, 1, False), (8, 8, False), (12, 4, False), (30, 6, True)]):
+        rows = [_costs(kind, n, 100 * seed + r, kind in ("integers", "ties")) for r in range(40)]
+        many = partition_many.balanced_partitions(np.array(rows, dtype=float), k, equal_size)
+        for costs, sets in zip(rows, many.tolist(), strict=True):
+            assert [[i for i in s if i >= 0] for s in sets] == balanced_partition(costs, k, equal_size)

@@ -1,5 +1,7 @@
 """The simulator's timelines on small cases whose answer can be worked out by hand."""
 
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -18,7 +20,7 @@ from odc_bench.sim.hardware import EngineCosts, Network
 from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import collective, odc
 from odc_bench.studies.validation import ratios
-from tests.helpers import compose_config, odc_bench, run_config
+from tests.helpers import REPO, compose_config, odc_bench, run_config
 
 
 def costs(P: int, pre=0.0, tail=0.0, prep=0.0, ag=0.0, rs=0.0, gather=None, push=None, sync=0.0, opt=0.0,
@@ -298,3 +300,20 @@ def test_validation_ratio_is_the_median_over_side_by_side_pairs():
     r = ratios(table).iloc[0]
     assert r["measured_ratio"] == 2.5 and (r["pair_min"], r["pair_max"]) == (1.0, 3.0)
     assert r["ratio_of_medians"] == 2.0 and r["predicted_ratio"] == 2.5 and r["error"] == 0.0
+
+
+def test_a_simulated_run_and_the_what_if_import_neither_torch_nor_scipy(tmp_path):
+    """Importing torch (and scipy) cost a simulated run over a second and a half of its start-up
+    (docs/simulator.md, Speed): a simulated run of the command line never loads them."""
+    code = (
+        "import sys\n"
+        "from odc_bench.cli import main\n"
+        "import odc_bench.whatif.__main__\n"
+        f"main(['backend=sim', 'world_size=2', 'num_minibatches=1', 'warmup_minibatches=0', "
+        f"'results_dir={tmp_path / 'r'}', 'hydra.run.dir={tmp_path / 'h'}'])\n"
+        "loaded = sorted({'torch', 'scipy'} & {name.split('.')[0] for name in sys.modules})\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "r" / "runs.csv").exists()
