@@ -116,6 +116,8 @@ def attention_curve(lengths: Sequence[Sequence[int]], seconds: Sequence[float], 
     microbatch's seconds fitted as k (sum s^2 + half sum s) (NNLS), which is its causal FLOPs
     (2 s^2 heads head_dim per document and pass) at efficiency E s / (s + half). Returns
     (E, half). `passes`: forward 1, backward 2, both 3."""
+    from scipy.optimize import nnls  # as in fit(): simulations never import scipy
+
     design = np.array([[float(sum(s * s for s in lens)), float(sum(lens))] for lens in lengths])
     y = np.asarray(seconds, dtype=float)
     scale = design.max(axis=0)
