@@ -162,6 +162,7 @@ def launch(spec: RunSpec, start: Starter, entry: Entry, collect_params: bool = F
             with sigint_held():
                 ranks = start(entry, job, world)
             watch(ranks, spec.config.deadline_s, lambda: f"after {minibatches_done()} of {total} minibatches", tick)
+            tick()  # the last minibatches may have ended after the last poll
         finally:
             with sigint_held():
                 if ranks is not None:
