@@ -1,6 +1,7 @@
 # Two entry points, both doing their own set-up on a fresh machine:
 #   make demo   - create .venv if missing, install, run the default benchmark and print the comparison
-#   make test   - same set-up, lint, then the whole test suite as CI runs it (printing its 15 slowest tests)
+#   make test   - same set-up, lint, then the whole test suite as CI runs it (tests/suite.py: the wall-clock
+#                 tests alone, then the SLURM tests beside the others; each part prints its slowest tests)
 # make test-fast is the inner loop: the tests not marked slow, slurm or mpi (docs/architecture.md, "Tests").
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -23,7 +24,7 @@ demo: $(STAMP)
 	$(PY) -m odc_bench.results compare results/local/demo
 
 test: lint
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m tests.suite
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not slurm and not mpi"

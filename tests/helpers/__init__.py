@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import pytest
 from omegaconf import DictConfig
 
 from odc_bench.config.compose import compose_config as _compose
@@ -80,3 +81,12 @@ def with_series(row: dict) -> dict:
     """A synthetic row with the series columns a run of its config would have written."""
     values = series_from_config(row["engine"], row.get("backend"), row.get("config"))
     return {**row, **dict(zip(("variant", "shard", "fetch", "staleness"), values, strict=True))}
+
+
+def skip_if_overloaded() -> None:
+    """Real timings on a machine running several times more work than it has cores measure the
+    other work, not the model: compare only when the machine is roughly free. (`make test` runs
+    the tests marked `timing` alone; this is for a suite run some other way.)"""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > 1.5 * cores:
+        pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock comparisons would measure other jobs")

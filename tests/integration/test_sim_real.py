@@ -6,7 +6,6 @@ the out-of-sample bound here is loose.
 """
 
 import json
-import os
 
 import pandas as pd
 import pytest
@@ -16,19 +15,12 @@ from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import COLUMNS, timing
 from odc_bench.sim.events import KIND_NAMES
-from tests.helpers import run_config
+from tests.helpers import run_config, skip_if_overloaded
 
-pytestmark = pytest.mark.slow
+# The whole module is `timing`: its calibration run, shared by every test here, is measured.
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 BASE = ("num_minibatches=5", "warmup_minibatches=1", "minibatch_size=2", "threads_per_rank=1")
-
-
-def skip_if_overloaded() -> None:
-    """Real timings on a machine running several times more work than it has cores measure the
-    other work, not the model: compare only when the machine is roughly free."""
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > 1.5 * cores:
-        pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock comparisons would measure other jobs")
 
 
 def real_run(tmp, *overrides):

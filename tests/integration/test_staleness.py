@@ -20,9 +20,8 @@ from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_bench.sim import simulate
 from odc_core.engine.odc import DONE, FLAGS, VERSION, OdcEngine
-from tests.helpers import run_config
+from tests.helpers import run_config, skip_if_overloaded
 from tests.helpers.reference import relative_error, train_single_process
-from tests.integration.test_sim_real import skip_if_overloaded
 
 pytestmark = pytest.mark.slow
 
@@ -161,6 +160,7 @@ def test_the_version_slots_are_what_the_heap_reports(precision):
     assert heaps[2] - flags == pytest.approx(3 * (heaps[0] - flags), rel=1e-6)
 
 
+@pytest.mark.timing
 def test_the_stale_timeline_predicts_a_stale_run_from_a_profile_fitted_on_a_synchronous_one(tmp_path):
     """The simulator's stale timeline against a real stale run, the way test_sim_real checks the
     synchronous ones: a CPU profile fitted on the ODC s = 0 run of a config predicts the s = 1

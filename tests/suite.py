@@ -1,0 +1,69 @@
+"""`make test`: the whole suite, as CI runs it, in three pytest processes.
+
+1. The wall-clock comparisons (marker `timing`) first, alone: they measure the machine, and
+   anything beside them would be measured too.
+2. Then the SLURM tests (marker `slurm`), which spend most of their time waiting for the
+   cluster's scheduler, beside all the others; their output follows when both are done.
+
+Arguments go to every pytest (`python -m tests.suite -x -k resume`); `-m` is this script's.
+Ctrl-C reaches each pytest once, so the SLURM tests still cancel what they submitted. The exit
+status is the first failing pytest's (no test selected counts as passing).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from tests.helpers.shm import BESIDE_SLURM
+
+NOTHING_SELECTED = 5  # pytest's exit status when the marks and -k leave no test
+
+
+def _pytest(args: Sequence[str], marks: str, durations: int) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", *args, "-m", marks, f"--durations={durations}"]
+
+
+def _wait(procs: Sequence[subprocess.Popen]) -> list[int]:
+    """Every process's exit status; on Ctrl-C each is interrupted once and waited for, so that
+    its tests clean up (cancel SLURM jobs, remove shared memory)."""
+    try:
+        return [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait()
+        raise
+
+
+def main(args: Sequence[str]) -> int:
+    # Each pytest in its own session: the terminal's Ctrl-C reaches this process alone, which
+    # passes it on once (a second SIGINT would cut a pytest's clean-up short).
+    timing = subprocess.Popen(_pytest(args, "timing and not slurm", 5), start_new_session=True)
+    statuses = _wait([timing])
+    with tempfile.TemporaryFile("w+") as log:
+        slurm = subprocess.Popen(_pytest([*args, "-p", "no:cacheprovider"], "slurm", 10), stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        rest = subprocess.Popen(_pytest(args, "not slurm and not timing", 15), start_new_session=True,
+                                env=dict(os.environ, **{BESIDE_SLURM: "1"}))
+        try:
+            statuses += _wait([rest, slurm])
+        finally:
+            log.seek(0)
+            print("\n--- the SLURM tests, run beside the others ---", flush=True)
+            sys.stdout.write(log.read())
+    failed = [s for s in statuses if s not in (0, NOTHING_SELECTED)]
+    return failed[0] if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        sys.exit(130)
