@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from tests.helpers.shm import BESIDE_SLURM
+from tests.helpers.shm import PART
 
 NOTHING_SELECTED = 5  # pytest's exit status when the marks and -k leave no test
 
@@ -49,9 +49,10 @@ def main(args: Sequence[str]) -> int:
     statuses = _wait([timing])
     with tempfile.TemporaryFile("w+") as log:
         slurm = subprocess.Popen(_pytest([*args, "-p", "no:cacheprovider"], "slurm", 10), stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 env=dict(os.environ, **{PART: "slurm"}))
         rest = subprocess.Popen(_pytest(args, "not slurm and not timing", 15), start_new_session=True,
-                                env=dict(os.environ, **{BESIDE_SLURM: "1"}))
+                                env=dict(os.environ, **{PART: "main"}))
         try:
             statuses += _wait([rest, slurm])
         finally:

@@ -13,13 +13,21 @@ from odc_core.transport.shm import SHM_DIR, creator_alive, list_segments, segmen
 
 # A run whose rank just died has its launcher or its peers remove the rank's segments a moment later.
 GRACE_S = 5.0
-# Set by tests/suite.py in the pytest it runs beside the SLURM tests. Those tests' jobs kill
-# ranks on purpose (requeue, SIGKILL) and check their own segments; a killed task's segments
-# wait a few seconds for the job's next attempt or rank 0 to remove them, and a check here in
-# that window would count them as this process's leak.
-BESIDE_SLURM = "ODC_TESTS_BESIDE_SLURM"
-# The job tag of a SLURM task's heap: <run>_<SLURM job>_<attempt> (run/slurm_task.py's _job_id).
+# Set by tests/suite.py in the two pytest processes it runs side by side: "slurm" for the SLURM
+# tests, "main" for all the others. Each kills ranks on purpose (SIGKILL, a SLURM requeue) and
+# checks its own runs' segments; a killed rank's segments wait a few seconds for its peers, its
+# launcher or its job's next attempt to remove them, and a check in the other process during
+# that window would count them as that process's leak. So each leaves the other's alone: a SLURM
+# task's heap is named <run>_<SLURM job>_<attempt> (run/slurm_task.py's _job_id), and only the
+# SLURM tests start SLURM tasks (test_reliability's stand-ins take a job id that is not a number).
+PART = "ODC_TESTS_PART"
 _SLURM_TASK = re.compile(r"^odc-[0-9a-f]{8}_\d+_")
+
+
+def _other_parts(name: str) -> bool:
+    """A segment of the pytest process running beside this one (tests/suite.py)."""
+    part = os.environ.get(PART)
+    return part is not None and (_SLURM_TASK.match(name) is not None) == (part == "main")
 
 
 def descends_from(pid: int, ancestor: int) -> bool:
@@ -36,7 +44,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
 
 def _elsewhere(name: str) -> bool:
     """An odc segment of a run going on outside this process."""
-    if os.environ.get(BESIDE_SLURM) and _SLURM_TASK.match(name):
+    if _other_parts(name):
         return True
     creator = segment_creator(name)
     return creator is not None and creator_alive(name) and not descends_from(creator[0], os.getpid())

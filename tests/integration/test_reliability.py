@@ -151,7 +151,9 @@ def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, vic
     spec = _spec(engine, *overrides, f"timeout_s={UNWATCHED_TIMEOUT_S}")
     results = tmp_path / "results"
     ctx = multiprocessing.get_context("forkserver")
-    job_number = str(os.getpid())  # unique on the host, like a SLURM job id
+    # Unique on the host, like a SLURM job id, but not a number: its segments are then told apart
+    # from real SLURM tasks', which the SLURM tests running beside this one check (tests/helpers/shm.py).
+    job_number = f"pid{os.getpid()}"
     tasks = [ctx.Process(target=plain_slurm_task,
                          args=(r, 2, spec, str(results), str(tmp_path / "job"), job_number, victim))
              for r in range(2)]
