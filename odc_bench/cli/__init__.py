@@ -75,4 +75,9 @@ def interrupted(what: str = "") -> NoReturn:
     launcher did (the SLURM jobs it cancelled)."""
     print(f"odc_bench: interrupted; {what or 'the run under way was stopped and wrote nothing'} (finished runs' "
           f"rows are kept)", file=sys.stderr)
+    # A Ctrl-C that surfaced inside source run by exec() (dataclasses build their methods that way,
+    # so a lazy `import torch` can take it there) leaves CPython's mark of an unhandled
+    # KeyboardInterrupt set though it was handled here, and the interpreter would end by SIGINT
+    # rather than with 130; running source again clears the mark.
+    exec("")
     sys.exit(130)

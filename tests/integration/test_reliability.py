@@ -30,7 +30,7 @@ from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
 from odc_core.engine.odc import OdcEngine
 from odc_core.transport.shm import list_segments, of_job, process_start_time, sweep_stale_segments
-from tests.helpers import odc_bench, run_config
+from tests.helpers import REPO, odc_bench, run_config
 
 pytestmark = pytest.mark.slow
 
@@ -269,6 +269,23 @@ def test_ctrl_c_at_any_moment_is_one_line_status_130_and_leaves_no_segment(after
     assert proc.returncode == 130 and len(lines) == 1, err
     assert lines[0].startswith("odc_bench: interrupted; ") and "Traceback" not in err
     assert not [name for name in list_segments() if name.startswith(ours)], "no shared memory left behind"
+
+
+def test_ctrl_c_landing_in_executed_source_still_ends_with_status_130(tmp_path):
+    """A Ctrl-C can surface inside source run by exec(): dataclasses build their methods that way,
+    so a lazy `import torch` in the precheck took one there under load. CPython marks such a
+    KeyboardInterrupt unhandled though the command handles it, and `python -m` would then end
+    by SIGINT (-2) instead of with 130 (cli.interrupted clears the mark)."""
+    (tmp_path / "ctrl_c_in_exec.py").write_text(
+        "from odc_bench.cli import interrupted\n"
+        "try:\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "except KeyboardInterrupt:\n"
+        "    interrupted()\n")
+    proc = subprocess.run([sys.executable, "-m", "ctrl_c_in_exec"], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)])))
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.startswith("odc_bench: interrupted; ") and len(proc.stderr.splitlines()) == 1
 
 
 def test_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
