@@ -1,7 +1,7 @@
 """`make test`: the whole suite, as CI runs it, in three pytest processes.
 
-1. The wall-clock comparisons (marker `timing`) first, alone: they measure the machine, and
-   anything beside them would be measured too.
+1. The wall-clock comparisons (marker `timing`) first, alone, once the load average has
+   settled: they measure the machine, and anything beside them would be measured too.
 2. Then the SLURM tests (marker `slurm`), which spend most of their time waiting for the
    cluster's scheduler, beside all the others; their output follows when both are done.
 
@@ -17,11 +17,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 
+from tests.helpers import overloaded
 from tests.helpers.shm import PART
 
 NOTHING_SELECTED = 5  # pytest's exit status when the marks and -k leave no test
+# What came before (installing, lint) can leave the one-minute load average high for a while:
+# the timing tests wait this long for it to settle before they skip.
+SETTLE_S = 120.0
 
 
 def _pytest(args: Sequence[str], marks: str, durations: int) -> list[str]:
@@ -42,7 +47,17 @@ def _wait(procs: Sequence[subprocess.Popen]) -> list[int]:
         raise
 
 
+def _settle() -> None:
+    deadline = time.monotonic() + SETTLE_S
+    if (busy := overloaded()) is not None:
+        print(f"tests.suite: load average {busy[0]:.1f} on {busy[1]} cores; waiting up to {SETTLE_S:.0f} s for it "
+              f"to settle before the timing tests", flush=True)
+    while overloaded() is not None and time.monotonic() < deadline:
+        time.sleep(2)
+
+
 def main(args: Sequence[str]) -> int:
+    _settle()
     # Each pytest in its own session: the terminal's Ctrl-C reaches this process alone, which
     # passes it on once (a second SIGINT would cut a pytest's clean-up short).
     timing = subprocess.Popen(_pytest(args, "timing and not slurm", 5), start_new_session=True)

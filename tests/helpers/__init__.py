@@ -83,10 +83,18 @@ def with_series(row: dict) -> dict:
     return {**row, **dict(zip(("variant", "shard", "fetch", "staleness"), values, strict=True))}
 
 
+def overloaded() -> tuple[float, int] | None:
+    """(load average, cores) where the machine runs more than 1.5 times as much work as it has
+    cores; None where it is roughly free."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    return (load, cores) if load > 1.5 * cores else None
+
+
 def skip_if_overloaded() -> None:
     """Real timings on a machine running several times more work than it has cores measure the
     other work, not the model: compare only when the machine is roughly free. (`make test` runs
-    the tests marked `timing` alone; this is for a suite run some other way.)"""
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load > 1.5 * cores:
+    the tests marked `timing` alone, once the load has settled; this is for a suite run some
+    other way.)"""
+    if (busy := overloaded()) is not None:
+        load, cores = busy
         pytest.skip(f"load average {load:.1f} on {cores} cores: wall-clock comparisons would measure other jobs")
