@@ -216,15 +216,13 @@ class _Sets:
     """k sets as rows of a padded matrix: item ids (-1 marks an empty slot) and their costs.
 
     Without the equal-size constraint every row keeps a free slot, so a move is always a swap
-    with an empty slot and the search needs no special case for it.
+    with an empty slot and the search needs no special case for it. With it, the count divides
+    evenly (balanced_partition checks), so every slot holds an item and swaps keep it so.
     """
 
     def __init__(self, costs: np.ndarray, items: np.ndarray, movable: bool) -> None:
         self.movable = movable
         self.items = items
-        # Every slot usable: moves allowed, or (equal sizes dividing evenly) no empty slot,
-        # which swaps never make.
-        self.all_usable = movable or bool((items >= 0).all())
         self.load_matrix = np.where(items >= 0, costs[np.maximum(items, 0)], 0.0)
         self.loads = self.load_matrix.sum(axis=1)
         self.eps = 1e-12 * max(1.0, float(np.abs(costs).sum()))
@@ -244,12 +242,6 @@ class _Sets:
             self.load_matrix = np.hstack([self.load_matrix, np.zeros((k, width - have))])
         else:
             self.items, self.load_matrix = self.items[:, :width], self.load_matrix[:, :width]
-
-    def usable(self, rows: np.ndarray) -> np.ndarray:
-        """Slots an exchange may use: every slot when moves are allowed, else real items."""
-        if self.movable:
-            return np.ones((len(rows), self.items.shape[1]), dtype=bool)
-        return self.items[rows] >= 0
 
     def exchange(self, give: np.ndarray, give_slot: np.ndarray, take: np.ndarray, take_slot: np.ndarray) -> None:
         """Swap slot give_slot of rows `give` with take_slot of rows `take` (disjoint rows)."""
@@ -350,19 +342,16 @@ def _pair_round(sets: _Sets, shift: int) -> bool:
     turn = shift % half
     light = np.concatenate((order[turn:half], order[:turn]))  # np.roll(order[:half], -turn)
     gap = sets.loads[heavy] - sets.loads[light]
-    d = sets.load_matrix[heavy][:, :, None] - sets.load_matrix[light][:, None, :]
-    gap3 = gap[:, None, None]
-    ok = (d > sets.eps) & (d < gap3 - sets.eps)
-    if not sets.all_usable:
-        ok &= sets.usable(heavy)[:, :, None] & sets.usable(light)[:, None, :]
-    # |gap - 2 d| where the exchange narrows the gap, inf elsewhere (the same operations, in place).
+    # (heavy slot, light slot, pair): the pairs innermost and contiguous, so numpy's loops run over them.
+    d = _columns(sets.load_matrix, heavy)[:, None, :] - _columns(sets.load_matrix, light)[None, :, :]
+    ok = (d > sets.eps) & (d < gap - sets.eps)
+    # |gap - 2 d| where the exchange narrows the gap, inf elsewhere.
     err = d * 2
-    np.subtract(gap3, err, out=err)
+    np.subtract(gap, err, out=err)
     np.abs(err, out=err)
-    err[~ok] = np.inf
-    flat = err.reshape(half, -1)
-    best = flat.argmin(axis=1)
-    found = np.isfinite(flat[np.arange(half), best])
+    flat = np.where(ok, err, np.inf).reshape(-1, half)
+    best = flat.argmin(axis=0)
+    found = np.isfinite(flat[best, np.arange(half)])
     if not found.any():
         return False
     give_slot, take_slot = np.divmod(best[found], sets.items.shape[1])
@@ -377,52 +366,68 @@ def _polish_step(sets: _Sets, heaviest: bool) -> bool:
     Taking the farthest partner that can trade, as the classic search does, moves the most
     load per step and keeps lowering the sets just under the top, which frees the heaviest
     set to trade again later. Single slots are tried before pairs of slots, and the nearest
-    _WINDOW partners before the rest, which is where a trade is usually found.
+    _WINDOW partners before the rest, which is where a trade is usually found: in that order,
+    the first partner of the first kind that has a trade. Single slots are searched over all
+    partners at once, pairs only where no single slot of a nearer window trades.
     """
     order = np.argsort(sets.loads, kind="stable")
     t = int(order[-1] if heaviest else order[0])
     partners = order[:-1] if heaviest else order[1:][::-1]
+    if not partners.size:
+        return False
     width = sets.items.shape[1]
-    for window in (partners[:_WINDOW], partners[_WINDOW:]):
-        if not window.size:
-            continue
-        for group in (np.arange(width).reshape(width, 1), _slot_pairs(width)):
-            found = _first_trade(sets, t, window, group, heaviest)
-            if found is not None:
-                q, mine, theirs = found
-                for mine_slot, their_slot in zip(group[mine], group[theirs], strict=True):
-                    give, take = (t, q) if heaviest else (q, t)
-                    give_slot, take_slot = (mine_slot, their_slot) if heaviest else (their_slot, mine_slot)
-                    sets.exchange(np.array([give]), np.array([give_slot]), np.array([take]), np.array([take_slot]))
-                return True
-    return False
+    singles = _Trades(sets, t, partners, np.arange(width).reshape(width, 1), heaviest)
+    found = singles.first(0, _WINDOW)
+    if found is None:
+        pairs = _Trades(sets, t, partners[:_WINDOW], _slot_pairs(width), heaviest)
+        found = pairs.first(0, _WINDOW) or singles.first(_WINDOW, partners.size)
+        if found is None and partners.size > _WINDOW:
+            found = _Trades(sets, t, partners[_WINDOW:], _slot_pairs(width), heaviest).first(0, partners.size)
+    if found is None:
+        return False
+    q, mine, theirs, group = found
+    for mine_slot, their_slot in zip(group[mine], group[theirs], strict=True):
+        give, take = (t, q) if heaviest else (q, t)
+        give_slot, take_slot = (mine_slot, their_slot) if heaviest else (their_slot, mine_slot)
+        sets.exchange(np.array([give]), np.array([give_slot]), np.array([take]), np.array([take_slot]))
+    return True
 
 
-def _first_trade(sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray,
-                 heaviest: bool) -> tuple[int, int, int] | None:
-    """The first partner that can trade a slot group with set t, and the groups that best
-    halve their gap: (partner, t's group, partner's group), or None."""
-    rows = np.concatenate([[t], partners])
-    picked = sets.load_matrix[rows]
-    # A group's load as .sum(axis=2) adds it: one slot alone, or the two of a pair.
-    group_load = picked if group.shape[1] == 1 else picked[:, group[:, 0]] + picked[:, group[:, 1]]
-    # (partner, t's group, partner's group): each partner's candidates contiguous.
-    mine, theirs = group_load[0][None, :, None], group_load[1:][:, None, :]
-    # d: load moved from the heavier set of the pair to the lighter one.
-    d = mine - theirs if heaviest else theirs - mine
-    gap = sets.loads[t] - sets.loads[partners] if heaviest else sets.loads[partners] - sets.loads[t]
-    gap3 = gap[:, None, None]
-    valid: np.ndarray = (d > sets.eps) & (d < gap3 - sets.eps)
-    if not sets.all_usable:
-        usable = np.asarray(sets.usable(rows)[:, group].all(axis=2))
-        valid &= usable[0][None, :, None] & usable[1:][:, None, :]
-    can = valid.reshape(len(partners), -1).any(axis=1)
-    if not can.any():
-        return None
-    other = int(can.argmax())
-    err = np.where(valid[other], np.abs(gap[other] - 2 * d[other]), np.inf)
-    mine_group, their_group = divmod(int(err.argmin()), len(group))
-    return int(partners[other]), mine_group, their_group
+class _Trades:
+    """Set t's trades of a slot group (single slots, or pairs of slots) with each of `partners`:
+    which groups would narrow the gap of the pair, moving d from the heavier set to the lighter
+    with 0 < d < gap (eps either side)."""
+
+    def __init__(self, sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray, heaviest: bool) -> None:
+        self.partners, self.group = partners, group
+        # A group's load as .sum(axis=2) adds it: one slot alone, or the two of a pair.
+        mine, theirs = sets.load_matrix[t], _columns(sets.load_matrix, partners)
+        if group.shape[1] == 2:
+            mine, theirs = mine[group[:, 0]] + mine[group[:, 1]], theirs[group[:, 0]] + theirs[group[:, 1]]
+        else:
+            theirs = theirs[group[:, 0]]
+        # (t's group, partner's group, partner): the partners innermost, so numpy's loops run over them.
+        mine3, theirs3 = mine[:, None, None], theirs[None, :, :]
+        self.d = mine3 - theirs3 if heaviest else theirs3 - mine3
+        self.gap = sets.loads[t] - sets.loads[partners] if heaviest else sets.loads[partners] - sets.loads[t]
+        self.valid = (self.d > sets.eps) & (self.d < self.gap - sets.eps)
+        self.can = self.valid.reshape(-1, len(partners)).any(axis=0)
+
+    def first(self, lo: int, hi: int) -> tuple[int, int, int, np.ndarray] | None:
+        """The first partner among partners[lo:hi] that can trade, and the groups that best
+        halve their gap: (partner, t's group, partner's group, the groups), or None."""
+        can = self.can[lo:hi]
+        if not can.any():
+            return None
+        other = lo + int(can.argmax())
+        err = np.where(self.valid[:, :, other], np.abs(self.gap[other] - 2 * self.d[:, :, other]), np.inf)
+        mine_group, their_group = divmod(int(err.argmin()), len(self.group))
+        return int(self.partners[other]), mine_group, their_group, self.group
+
+
+def _columns(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """matrix[rows] transposed, contiguous: (slot, row)."""
+    return np.ascontiguousarray(matrix[rows].T)
 
 
 @functools.cache
