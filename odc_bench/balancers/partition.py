@@ -223,8 +223,11 @@ class _Sets:
     def __init__(self, costs: np.ndarray, items: np.ndarray, movable: bool) -> None:
         self.movable = movable
         self.items = items
-        self.load_matrix = np.where(items >= 0, costs[np.maximum(items, 0)], 0.0)
-        self.loads = self.load_matrix.sum(axis=1)
+        load_matrix = np.where(items >= 0, costs[np.maximum(items, 0)], 0.0)
+        self.loads = load_matrix.sum(axis=1)
+        # Slot costs stored by slot, (width, k): the searches gather sets' slots with take(),
+        # which is several times faster than gathering rows and transposing them.
+        self.columns = np.ascontiguousarray(load_matrix.T)
         self.eps = 1e-12 * max(1.0, float(np.abs(costs).sum()))
         self._keep_free_slot()
 
@@ -234,22 +237,34 @@ class _Sets:
             return
         packed = np.argsort(self.items < 0, axis=1, kind="stable")
         self.items = np.take_along_axis(self.items, packed, axis=1)
-        self.load_matrix = np.take_along_axis(self.load_matrix, packed, axis=1)
+        load_matrix = np.take_along_axis(self.columns.T, packed, axis=1)
         width = int((self.items >= 0).sum(axis=1).max()) + 1
         k, have = self.items.shape
         if width > have:
             self.items = np.hstack([self.items, np.full((k, width - have), -1, dtype=self.items.dtype)])
-            self.load_matrix = np.hstack([self.load_matrix, np.zeros((k, width - have))])
+            load_matrix = np.hstack([load_matrix, np.zeros((k, width - have))])
         else:
-            self.items, self.load_matrix = self.items[:, :width], self.load_matrix[:, :width]
+            self.items, load_matrix = self.items[:, :width], load_matrix[:, :width]
+        self.columns = np.ascontiguousarray(load_matrix.T)
 
     def exchange(self, give: np.ndarray, give_slot: np.ndarray, take: np.ndarray, take_slot: np.ndarray) -> None:
         """Swap slot give_slot of rows `give` with take_slot of rows `take` (disjoint rows)."""
         items = self.items
         a, b = items[give, give_slot], items[take, take_slot]
         items[give, give_slot], items[take, take_slot] = b, a
-        ca, cb = self.load_matrix[give, give_slot], self.load_matrix[take, take_slot]
-        self.load_matrix[give, give_slot], self.load_matrix[take, take_slot] = cb, ca
+        columns = self.columns
+        ca, cb = columns[give_slot, give], columns[take_slot, take]
+        columns[give_slot, give], columns[take_slot, take] = cb, ca
+        self.loads[give] += cb - ca
+        self.loads[take] += ca - cb
+        self._keep_free_slot()
+
+    def swap(self, give: int, give_slot: int, take: int, take_slot: int) -> None:
+        """exchange() of one pair of slots, by scalar indexing (a polish step's few swaps)."""
+        items, columns = self.items, self.columns
+        items[give, give_slot], items[take, take_slot] = items[take, take_slot], items[give, give_slot]
+        ca, cb = columns[give_slot, give], columns[take_slot, take]
+        columns[give_slot, give], columns[take_slot, take] = cb, ca
         self.loads[give] += cb - ca
         self.loads[take] += ca - cb
         self._keep_free_slot()
@@ -337,13 +352,13 @@ def _pair_round(sets: _Sets, shift: int) -> bool:
     half = k // 2
     if not half:
         return False
-    order = np.argsort(sets.loads, kind="stable")
+    order = _order(sets.loads)
     heavy = order[::-1][:half]
     turn = shift % half
     light = np.concatenate((order[turn:half], order[:turn]))  # np.roll(order[:half], -turn)
     gap = sets.loads[heavy] - sets.loads[light]
     # (heavy slot, light slot, pair): the pairs innermost and contiguous, so numpy's loops run over them.
-    d = _columns(sets.load_matrix, heavy)[:, None, :] - _columns(sets.load_matrix, light)[None, :, :]
+    d = sets.columns.take(heavy, axis=1)[:, None, :] - sets.columns.take(light, axis=1)[None, :, :]
     ok = (d > sets.eps) & (d < gap - sets.eps)
     # |gap - 2 d| where the exchange narrows the gap, inf elsewhere.
     err = d * 2
@@ -370,47 +385,50 @@ def _polish_step(sets: _Sets, heaviest: bool) -> bool:
     the first partner of the first kind that has a trade. Single slots are searched over all
     partners at once, pairs only where no single slot of a nearer window trades.
     """
-    order = np.argsort(sets.loads, kind="stable")
+    order = _order(sets.loads)
     t = int(order[-1] if heaviest else order[0])
     partners = order[:-1] if heaviest else order[1:][::-1]
     if not partners.size:
         return False
     width = sets.items.shape[1]
-    singles = _Trades(sets, t, partners, np.arange(width).reshape(width, 1), heaviest)
+    mine, theirs = sets.columns[:, t], sets.columns.take(partners, axis=1)
+    loads = sets.loads.take(partners)
+    gap = sets.loads[t] - loads if heaviest else loads - sets.loads[t]
+    singles = _Trades(sets, mine, theirs, gap, partners, _slots(width), heaviest)
     found = singles.first(0, _WINDOW)
     if found is None:
-        pairs = _Trades(sets, t, partners[:_WINDOW], _slot_pairs(width), heaviest)
+        pairs = _Trades(sets, mine, theirs[:, :_WINDOW], gap[:_WINDOW], partners[:_WINDOW], _slot_pairs(width),
+                        heaviest)
         found = pairs.first(0, _WINDOW) or singles.first(_WINDOW, partners.size)
         if found is None and partners.size > _WINDOW:
-            found = _Trades(sets, t, partners[_WINDOW:], _slot_pairs(width), heaviest).first(0, partners.size)
+            found = _Trades(sets, mine, theirs[:, _WINDOW:], gap[_WINDOW:], partners[_WINDOW:], _slot_pairs(width),
+                            heaviest).first(0, partners.size)
     if found is None:
         return False
-    q, mine, theirs, group = found
-    for mine_slot, their_slot in zip(group[mine], group[theirs], strict=True):
-        give, take = (t, q) if heaviest else (q, t)
-        give_slot, take_slot = (mine_slot, their_slot) if heaviest else (their_slot, mine_slot)
-        sets.exchange(np.array([give]), np.array([give_slot]), np.array([take]), np.array([take_slot]))
+    q, mine_group, their_group, group = found
+    for mine_slot, their_slot in zip(group[mine_group].tolist(), group[their_group].tolist(), strict=True):
+        if heaviest:
+            sets.swap(t, mine_slot, q, their_slot)
+        else:
+            sets.swap(q, their_slot, t, mine_slot)
     return True
 
 
 class _Trades:
     """Set t's trades of a slot group (single slots, or pairs of slots) with each of `partners`:
     which groups would narrow the gap of the pair, moving d from the heavier set to the lighter
-    with 0 < d < gap (eps either side)."""
+    with 0 < d < gap (eps either side). `mine`: t's slot costs; `theirs`: the partners' (slot,
+    partner); `gap`: each pair's gap."""
 
-    def __init__(self, sets: _Sets, t: int, partners: np.ndarray, group: np.ndarray, heaviest: bool) -> None:
-        self.partners, self.group = partners, group
-        # A group's load as .sum(axis=2) adds it: one slot alone, or the two of a pair.
-        mine, theirs = sets.load_matrix[t], _columns(sets.load_matrix, partners)
-        if group.shape[1] == 2:
+    def __init__(self, sets: _Sets, mine: np.ndarray, theirs: np.ndarray, gap: np.ndarray, partners: np.ndarray,
+                 group: np.ndarray, heaviest: bool) -> None:
+        self.partners, self.group, self.gap = partners, group, gap
+        if group.shape[1] == 2:  # a pair's load, its two slots added
             mine, theirs = mine[group[:, 0]] + mine[group[:, 1]], theirs[group[:, 0]] + theirs[group[:, 1]]
-        else:
-            theirs = theirs[group[:, 0]]
         # (t's group, partner's group, partner): the partners innermost, so numpy's loops run over them.
         mine3, theirs3 = mine[:, None, None], theirs[None, :, :]
         self.d = mine3 - theirs3 if heaviest else theirs3 - mine3
-        self.gap = sets.loads[t] - sets.loads[partners] if heaviest else sets.loads[partners] - sets.loads[t]
-        self.valid = (self.d > sets.eps) & (self.d < self.gap - sets.eps)
+        self.valid = (self.d > sets.eps) & (self.d < gap - sets.eps)
         self.can = self.valid.reshape(-1, len(partners)).any(axis=0)
 
     def first(self, lo: int, hi: int) -> tuple[int, int, int, np.ndarray] | None:
@@ -425,9 +443,22 @@ class _Trades:
         return int(self.partners[other]), mine_group, their_group, self.group
 
 
-def _columns(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """matrix[rows] transposed, contiguous: (slot, row)."""
-    return np.ascontiguousarray(matrix[rows].T)
+def _order(loads: np.ndarray) -> np.ndarray:
+    """np.argsort(loads, kind="stable"), from an unstable sort where no two loads tie (the order
+    is then the only one): on the shuffled loads a round leaves, the stable sort is about 3x
+    slower."""
+    order = loads.argsort()
+    ranked = loads[order]
+    if (ranked[1:] == ranked[:-1]).any() or np.isnan(ranked[-1:]).any():
+        return loads.argsort(kind="stable")
+    return order
+
+
+@functools.cache
+def _slots(width: int) -> np.ndarray:
+    slots = np.arange(width).reshape(width, 1)
+    slots.flags.writeable = False
+    return slots
 
 
 @functools.cache
