@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,25 +92,43 @@ def reference_loop_s() -> float:
     return best
 
 
-def time_commands(names: list[str]) -> None:
+def time_commands(names: list[str], repeat: int = 1) -> None:
+    """Each command `repeat` times, round after round (so the machine's drift reaches every
+    command alike), a line per run; with several rounds, each command's median and range."""
+    scaled: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="sim_bench-") as tmp:
         todo = commands(Path(tmp))
-        for name in names or list(todo):
-            command, target = todo[name]
-            loop = reference_loop_s()
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            start = time.perf_counter()
-            done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-            wall = time.perf_counter() - start
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-            if done.returncode != 0:
-                tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-                sys.exit(f"sim_bench: {name} failed (exit status {done.returncode}): {' '.join(tail)}")
-            scaled = wall * REFERENCE_LOOP_S / loop
-            print(f"{name:20s} wall {wall:6.2f} s (cpu {cpu:6.2f} s)  reference loop {loop:5.3f} s  at the reference "
-                  f"speed {scaled:6.2f} s (cpu {cpu * REFERENCE_LOOP_S / loop:6.2f} s)  target {target:4.1f} s  "
-                  f"{'ok' if scaled <= target else 'OVER'}", flush=True)
+        for round_ in range(repeat):
+            for name in names or list(todo):
+                command, target = todo[name]
+                if round_:
+                    shutil.rmtree(Path(tmp) / name, ignore_errors=True)  # a fresh folder, as a user's first run
+                scaled.setdefault(name, []).append(time_command(name, command, target))
+    if repeat > 1:
+        for name, times in scaled.items():
+            target = todo[name][1]
+            median = statistics.median(times)
+            print(f"{name:20s} median of {repeat} at the reference speed {median:6.2f} s (range {min(times):.2f}-"
+                  f"{max(times):.2f} s)  target {target:4.1f} s  {'ok' if median <= target else 'OVER'}")
+
+
+def time_command(name: str, command: list[str], target: float) -> float:
+    """Run one command beside the reference loop, print its line; its time at the reference speed."""
+    loop = reference_loop_s()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        sys.exit(f"sim_bench: {name} failed (exit status {done.returncode}): {' '.join(tail)}")
+    scaled = wall * REFERENCE_LOOP_S / loop
+    print(f"{name:20s} wall {wall:6.2f} s (cpu {cpu:6.2f} s)  reference loop {loop:5.3f} s  at the reference "
+          f"speed {scaled:6.2f} s (cpu {cpu * REFERENCE_LOOP_S / loop:6.2f} s)  target {target:4.1f} s  "
+          f"{'ok' if scaled <= target else 'OVER'}", flush=True)
+    return scaled
 
 
 def timed(fn: Callable[..., T], *args: object) -> tuple[T, float, float]:
@@ -139,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stages", action="store_true", help="each stage's seconds in this process instead")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096], help="--stages: world sizes (1024 4096)")
     ap.add_argument("--minibatches", type=int, default=100, help="--stages: minibatches per run (100)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run the commands N rounds and print each one's median and range (default: 1)")
     args = ap.parse_args(argv)
     if args.stages:
         stages(args.ranks, args.minibatches, args.commands)
@@ -147,7 +169,9 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         fail(ConfigError(f"unknown command {unknown[0]!r}; choose from {', '.join(commands(Path('.')))}"),
              "sim_bench")
-    time_commands(args.commands)
+    if args.repeat < 1:
+        fail(ConfigError(f"--repeat {args.repeat}: give at least 1 round"), "sim_bench")
+    time_commands(args.commands, args.repeat)
 
 
 if __name__ == "__main__":
