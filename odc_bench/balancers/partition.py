@@ -429,7 +429,9 @@ class _Trades:
         mine3, theirs3 = mine[:, None, None], theirs[None, :, :]
         self.d = mine3 - theirs3 if heaviest else theirs3 - mine3
         self.valid = (self.d > sets.eps) & (self.d < gap - sets.eps)
-        self.can = self.valid.reshape(-1, len(partners)).any(axis=0)
+        # Over t's groups, then the partner's: two reductions along long contiguous rows, where
+        # one over both runs a short row of partners per pair of groups.
+        self.can = self.valid.any(axis=0).any(axis=0)
 
     def first(self, lo: int, hi: int) -> tuple[int, int, int, np.ndarray] | None:
         """The first partner among partners[lo:hi] that can trade, and the groups that best
