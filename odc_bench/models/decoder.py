@@ -13,6 +13,15 @@ per-rank trace attach to the units from outside, through module hooks. Inside a 
 work before attention (norm, q/k/v, rotary) and after it (output projection, MLP, residuals)
 are methods of their own: on CUDA `compile_dense` compiles them, leaving the attention call,
 whose documents change every microbatch, outside the compiled code.
+
+On CUDA (`build_model`'s `fused`) q/k/v are one projection and so are the gate and up
+projections of a gated MLP, as Megatron-style trainers lay them out: one GEMM where there were
+three (or two), forward and backward, which matters where the decoder is bound by kernel
+launches. The fused weights start as the separate ones' rows stacked (the same values for a
+seed), and parameters are then named `qkv_proj` and `gate_up_proj`; elsewhere the model keeps
+the separate projections (and Hugging Face's names), so CPU runs and their numbers are unchanged.
+Fusing by stacking the weights at every forward instead would keep the names, but hold a copy
+of the stacked weights per layer until its backward.
 """
 
 from __future__ import annotations
@@ -54,38 +63,61 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :] + swapped * sin[:, None, :]
 
 
+class FusedLinear(nn.Linear):
+    """Several projections of one input as one: their weights' rows stacked in `rows` order."""
+
+    def __init__(self, in_features: int, rows: list[int], bias: bool) -> None:
+        super().__init__(in_features, sum(rows), bias=bias)
+        self.rows = rows
+
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self(x).split(self.rows, dim=-1)
+
+
 class Attention(nn.Module):
     """The projections around attention; the attention call itself is the layer's (attention.py)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         d, h, kv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         bias = cfg.arch.qkv_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
+        self.qkv_proj = FusedLinear(cfg.hidden_size, [h * d, kv * d, kv * d], bias) if fused else None
+        if not fused:
+            self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=bias)
+            self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
+            self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        t, d = x.shape[0], self.cfg.head_dim
-        q = apply_rope(self.q_proj(x).view(t, self.cfg.num_heads, d), cos, sin)
-        k = apply_rope(self.k_proj(x).view(t, self.cfg.num_kv_heads, d), cos, sin)
-        return q, k, self.v_proj(x).view(t, self.cfg.num_kv_heads, d)
+        t, d, h, kv = x.shape[0], self.cfg.head_dim, self.cfg.num_heads, self.cfg.num_kv_heads
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj.parts(x)
+            v = v.contiguous()  # a column slice of the fused output: the attention kernels get dense rows
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return apply_rope(q.view(t, h, d), cos, sin), apply_rope(k.view(t, kv, d), cos, sin), v.view(t, kv, d)
 
 
 class GatedMLP(nn.Module):
     """SwiGLU (Qwen2, Llama)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        size = cfg.intermediate_size
+        self.gate_up_proj = FusedLinear(cfg.hidden_size, [size, size], False) if fused else None
+        if not fused:
+            self.gate_proj = nn.Linear(cfg.hidden_size, size, bias=False)
+            self.up_proj = nn.Linear(cfg.hidden_size, size, bias=False)
+        self.down_proj = nn.Linear(size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj.parts(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class PlainMLP(nn.Module):
@@ -101,12 +133,12 @@ class PlainMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, fused)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = GatedMLP(cfg) if cfg.arch.gated_mlp else PlainMLP(cfg)
+        self.mlp = GatedMLP(cfg, fused) if cfg.arch.gated_mlp else PlainMLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Documents) -> torch.Tensor:
         q, k, v = self.before_attention(x, cos, sin)
@@ -149,11 +181,11 @@ class Head(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, fused) for _ in range(cfg.num_layers))
         self.head = Head(cfg)
         if cfg.tie_embeddings:
             self.head.lm_head.weight = self.embed.embed_tokens.weight
@@ -193,8 +225,10 @@ def compile_dense(model: DecoderModel) -> None:
 
 
 def init_weights(model: DecoderModel, seed: int) -> None:
-    """Deterministic initialisation, independent of construction order and device layout."""
+    """Deterministic initialisation, independent of construction order and device layout; a
+    fused projection's weight is drawn part by part, so it holds the separate projections' values."""
     gen = torch.Generator().manual_seed(seed)
+    rows = {f"{name}.weight": m.rows for name, m in model.named_modules() if isinstance(m, FusedLinear)}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
@@ -202,12 +236,14 @@ def init_weights(model: DecoderModel, seed: int) -> None:
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                parts = [torch.randn((r, *p.shape[1:]), generator=gen) for r in rows.get(name, [p.shape[0]])]
+                p.copy_(torch.cat(parts) * 0.02)
 
 
-def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> DecoderModel:
-    """The model every rank starts from: the same weights for one seed on every rank."""
-    model = DecoderModel(cfg)
+def build_model(cfg: ModelConfig, seed: int, device: torch.device, fused: bool | None = None) -> DecoderModel:
+    """The model every rank starts from: the same weights for one seed on every rank; its
+    projections fused (see above) where `fused` says, by default on CUDA."""
+    model = DecoderModel(cfg, fused=device.type == "cuda" if fused is None else fused)
     init_weights(model, seed)
     return model.to(device)
 

@@ -6,7 +6,7 @@ import torch
 from odc_bench.config.model import FAMILIES, ModelConfig
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import sample_tokens
-from odc_bench.models.decoder import DecoderModel, count_parameters, init_weights
+from odc_bench.models.decoder import DecoderModel, build_model, count_parameters, init_weights
 from tests.helpers import run_config
 
 TINY = ModelConfig(name="test", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -91,3 +91,44 @@ def test_every_family_builds_the_layers_its_record_names_and_trains(family):
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) == count_parameters(cfg)
+
+
+def _separate(layer, fused: str, names: list[str]) -> torch.Tensor:
+    """The separate projections' weights (or gradients, `fused` ending in .grad) stacked as a fused one stacks them."""
+    module = layer.self_attn if fused.startswith("qkv") else layer.mlp
+    weights = [getattr(module, n).weight for n in names]
+    return torch.cat([w.grad for w in weights] if fused.endswith(".grad") else weights)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fused_projections_start_from_and_train_like_the_separate_ones(family):
+    cfg = replace(TINY, family=family)
+    separate = build_model(cfg, seed=5, device=torch.device("cpu"))  # the CPU default
+    fused = build_model(cfg, seed=5, device=torch.device("cpu"), fused=True)
+    kinds = [("qkv_proj", ["q_proj", "k_proj", "v_proj"])]
+    if FAMILIES[family].gated_mlp:
+        kinds.append(("gate_up_proj", ["gate_proj", "up_proj"]))
+    fused_names = {f"layers.{i}.{'self_attn' if f == 'qkv_proj' else 'mlp'}.{f}.weight"
+                   for i in range(cfg.num_layers) for f, _ in kinds}
+    assert fused_names <= dict(fused.named_parameters()).keys()
+    assert not any("q_proj" in n or "gate_proj" in n for n, _ in fused.named_parameters())
+    assert any("q_proj" in n for n, _ in separate.named_parameters())
+    for a, b in zip(separate.layers, fused.layers, strict=True):
+        for f, parts in kinds:
+            module = b.self_attn if f == "qkv_proj" else b.mlp
+            assert torch.equal(getattr(module, f).weight, _separate(a, f, parts))
+    # Every other parameter is the same, by name.
+    others = dict(separate.named_parameters())
+    for name, p in fused.named_parameters():
+        if name not in fused_names and not name.endswith("qkv_proj.bias"):
+            assert torch.equal(p, others[name]), name
+    docs = [sample_tokens(0, i, n, cfg.vocab_size) for i, n in enumerate([9, 4, 13])]
+    losses = [model(**packed_batch(docs)) for model in (separate, fused)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+    for a, b in zip(separate.layers, fused.layers, strict=True):
+        for f, parts in kinds:
+            module = b.self_attn if f == "qkv_proj" else b.mlp
+            torch.testing.assert_close(getattr(module, f).weight.grad, _separate(a, f + ".grad", parts),
+                                       rtol=1e-4, atol=1e-6)
