@@ -111,16 +111,17 @@ class Contention:
         after = at >= (self.first if since is None else since)
         late = np.flatnonzero(after if needed is None else after & needed)
         net, R, g = self.net, self.shape[1], self.net.gpus_per_node
-        q = np.minimum(at.ravel()[late], self.horizon + 0.5)
-        done = self.finish.ravel()[late] <= q
+        # take() rather than [] for these gathers from large flat arrays: the same values, sooner.
+        q = np.minimum(at.ravel().take(late), self.horizon + 0.5)
+        done = self.finish.ravel().take(late) <= q
         m = late // R
         k = self.keys.count(q + self.stride * m) - m * R
-        node_done = self.node_finish.count(self.node_group[late], q)
+        node_done = self.node_finish.count(self.node_group.take(late), q)
         row = m * (R + 1) + k
-        most, second = self.most[row], self.second[row]
+        most, second = self.most.take(row), self.second.take(row)
         rail = None
         if net.rails > 1:
-            rail_done = self.rail_finish.count(self.rail_group[late], q)
+            rail_done = self.rail_finish.count(self.rail_group.take(late), q)
             rail = (g // net.rails - rail_done) + done
         return late, Counts(loc=(g - node_done) + done, tot=(R - k) + done,
                             min_remote=g - np.where(node_done == most, second, most), rail=rail)
@@ -191,7 +192,7 @@ class _Sorted:
 
     def count(self, query: np.ndarray) -> np.ndarray:
         bucket = self._bucket(query)
-        at, end = self.start[bucket], self.start[bucket + 1]
+        at, end = self.start.take(bucket), self.start.take(bucket + 1)
         todo = np.flatnonzero(at < end)
         while todo.size:
             todo = todo[self.values[at[todo]] <= query[todo]]
@@ -216,9 +217,9 @@ class _Groups:
         base = group * self.width
         step = self.width // 2
         while step:
-            base += step * (self.values[base + step - 1] <= query)
+            base += step * (self.values.take(base + step - 1) <= query)
             step //= 2
-        return base - group * self.width + (self.values[base] <= query)
+        return base - group * self.width + (self.values.take(base) <= query)
 
 
 def _rank_in_group(first: np.ndarray) -> np.ndarray:
