@@ -166,19 +166,26 @@ def test_the_stale_timeline_predicts_a_stale_run_from_a_profile_fitted_on_a_sync
     synchronous ones: a CPU profile fitted on the ODC s = 0 run of a config predicts the s = 1
     run of the same config (docs/staleness.md; the full reading is staleness_report --simulate
     over sweep=ssp). This host is shared, so the bound is loose; 30 measured minibatches, since
-    a pareto minibatch here lasts tens of milliseconds and a window of 8 read 35% off once."""
+    a pareto minibatch here lasts tens of milliseconds and a window of 8 read 35% off once. The
+    profile holds the host's speed during the first run, so a change of speed between the two
+    runs reads as an error; a model error repeats and such a change rarely does, so a miss is
+    measured once more, on fresh runs (test_sim_real does the same)."""
     skip_if_overloaded()
     config = ("engine=odc", "balancer=lb_carry", "dataset=pareto", "minibatch_size=4", "num_minibatches=34",
               "warmup_minibatches=4", "threads_per_rank=1")
-    measured = {}
-    for staleness in (0, 1):
-        spec = resolve(run_config(*config, f"engine.staleness={staleness}", f"results_dir={tmp_path}"))
-        row = execute(spec, tmp_path)
-        assert row["status"] == "ok", row["error"]
-        measured[staleness] = (spec, pd.read_csv(tmp_path / row["trace"]))
-    calibration = tmp_path / "cal.json"
-    calibration.write_text(json.dumps(fit({"odc": [measured[0]]})))
-    sim = resolve(run_config(*config, "engine.staleness=1", "backend=sim", "backend/hardware=cpu",
-                             f"backend.hardware.calibration={calibration}"))
-    predicted = timing(sim, simulate(sim).events)["samples_per_s"]
+    for attempt in range(2):
+        folder = tmp_path / f"attempt{attempt}"
+        measured = {}
+        for staleness in (0, 1):
+            spec = resolve(run_config(*config, f"engine.staleness={staleness}", f"results_dir={folder}"))
+            row = execute(spec, folder)
+            assert row["status"] == "ok", row["error"]
+            measured[staleness] = (spec, pd.read_csv(folder / row["trace"]))
+        calibration = folder / "cal.json"
+        calibration.write_text(json.dumps(fit({"odc": [measured[0]]})))
+        sim = resolve(run_config(*config, "engine.staleness=1", "backend=sim", "backend/hardware=cpu",
+                                 f"backend.hardware.calibration={calibration}"))
+        predicted = timing(sim, simulate(sim).events)["samples_per_s"]
+        if predicted == pytest.approx(timing(*measured[1])["samples_per_s"], rel=0.25):
+            break
     assert predicted == pytest.approx(timing(*measured[1])["samples_per_s"], rel=0.25)
