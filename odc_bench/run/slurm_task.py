@@ -9,15 +9,26 @@ requires to be shared between nodes); every rank leaves its result or its error 
 rank 0 gathers them and writes the run's row. Nobody watches the ranks from outside, so each
 notices a dead peer through its own timeouts and heartbeats (odc_core/liveness.py); when
 rank 0 is the one that died, the first surviving rank to claim the report writes the row.
+
+SLURM ending an attempt is not the run failing. Before it kills a job it requeues (a
+preemption) or cancels, SLURM sends every task SIGTERM, KillWait seconds ahead (submitit only
+logs it); before the time limit it sends SIGUSR2, on which submitit's rank 0 requeues the job
+and exits. The tasks then die one by one, and a survivor sees a peer vanish. A task signalled so
+(`_Ending`) records no row for that: the requeued attempt resumes from the newest checkpoint
+and writes the run's one row (a cancelled run has none; a re-run resumes it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,7 +74,60 @@ def _job_id(spec: RunSpec, slurm_job: str, attempt: str) -> str:
     return f"{spec.run_id[:8]}-{slurm_job}-{attempt}"
 
 
+class _Ending:
+    """Whether SLURM has signalled this task that the attempt is ending (module docstring): the
+    signals' handlers are wrapped to note it, and the handlers they had (submitit's) still run."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+    # A peer's death can reach a task before the signal sent to both does: wait this long for it.
+    GRACE_S = 1.0
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[_Ending]:
+        if threading.current_thread() is not threading.main_thread():  # only there can handlers change
+            yield self
+            return
+        previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        for s, handler in previous.items():
+            signal.signal(s, functools.partial(self._note, handler))
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _note(self, previous: object, signum: int, frame: object) -> None:
+        self.signum = signum
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:  # what the signal would have done: end the process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    def explains(self, error: BaseException | None = None) -> bool:
+        """Whether a failure is the attempt ending: a peer gone (`error` a PeerLost, or another
+        rank's error: None) in a task SLURM signalled, by now or within GRACE_S."""
+        from odc_core.liveness import PeerLost
+
+        if error is not None and not isinstance(error, PeerLost):
+            return False
+        deadline = time.monotonic() + self.GRACE_S
+        while self.signum is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the signal's handler runs between these sleeps
+        return self.signum is not None
+
+
 def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
+    """Run this task's rank; rank 0 returns every rank's result, the other ranks None (and every
+    rank None when SLURM is ending the attempt: module docstring)."""
+    with _Ending().watching() as ending:
+        return _run_task(spec, repeat_index, ending)
+
+
+def _run_task(spec: RunSpec, repeat_index: int, ending: _Ending) -> list[dict] | None:
     """Run this task's rank; rank 0 returns every rank's result, the other ranks None.
 
     The job's time limit (hydra.launcher.timeout_min) bounds the run here, not deadline_s.
@@ -112,6 +176,8 @@ def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
         run_rank(rank, job, local_rank)
     except Exception as e:  # reported through the shared folder: rank 0 names the failing rank
         atomic_write_text(shared / f"rank{rank}.error", one_line(e))
+        if ending.explains(e):
+            return None
         rank0_lost = isinstance(e, PeerLost) and 0 in e.peers
         if (rank != 0 and not rank0_lost) or not _claim_report(shared):
             return None
@@ -122,6 +188,8 @@ def run_task(spec: RunSpec, repeat_index: int = 0) -> list[dict] | None:
     for r in range(1, world):
         got = _wait_for_file([shared / f"rank{r}.done", shared / f"rank{r}.error"], timeout_s, f"rank {r} to finish")
         if got.suffix == ".error":
+            if ending.explains():
+                return None
             raise RunFailed(f"rank {r} failed: {got.read_text()}")
     results = [json.loads((shared / f"rank{r}.json").read_text()) for r in range(world)]
     shutil.rmtree(shared, ignore_errors=True)

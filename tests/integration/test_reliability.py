@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -45,9 +46,10 @@ def _spec(engine: str, *overrides: str):
     return resolve(run_config(f"engine={engine}", *SMALL, *overrides))
 
 
-def die_in_minibatch_1(rank: int, victim: int) -> None:
-    """Make `victim` SIGKILL itself as it loads its second sample of minibatch 1: its peers are
-    then inside minibatch 1 too, gathering from it, pushing to it or in a collective with it."""
+def die_in_minibatch_1(rank: int, victim: int, before: Callable[[], None] | None = None) -> None:
+    """Make `victim` SIGKILL itself as it loads its second sample of minibatch 1 (calling `before`
+    first): its peers are then inside minibatch 1 too, gathering from it, pushing to it or in a
+    collective with it."""
     if rank != victim:
         return
     state = {"minibatch": -1, "samples": 0}
@@ -66,6 +68,8 @@ def die_in_minibatch_1(rank: int, victim: int) -> None:
             if state["minibatch"] == 1:
                 state["samples"] += 1
                 if state["samples"] == 2:
+                    if before is not None:
+                        before()
                     os.kill(os.getpid(), signal.SIGKILL)
             return tokens(*args, **kwargs)
 
@@ -183,6 +187,54 @@ def test_ranks_with_nobody_watching_notice_a_dead_peer_by_themselves(engine, vic
     if engine == "odc":
         assert f"waiting for rank {victim}" in error, error
     job_id = f"{spec.run_id[:8]}-{job_number}-0.0"  # as slurm_task.run_task names it (restart 0, repeat 0)
+    assert _segments_of(job_id) == [], "the survivor removed the dead rank's segments"
+
+
+def ending_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str, job_number: str,
+                      victim: int) -> None:
+    """plain_slurm_task as SLURM ends an attempt (a requeue, a cancel): submitit only logs SIGTERM,
+    SLURM sends it to every task, then kills the tasks one by one, here `victim` first."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # submitit's handler: it only logs
+    pids = Path(folder) / "pids"
+    pids.mkdir(parents=True, exist_ok=True)
+    (pids / str(rank)).write_text(str(os.getpid()))
+
+    def sigterm_every_task() -> None:
+        for pid in sorted(int(p.read_text()) for p in pids.iterdir()):
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(0.2)  # KillWait, shortened
+
+    os.environ.update(SUBMITIT_EXECUTOR="slurm", SUBMITIT_FOLDER=folder, SLURM_JOB_ID=job_number,
+                      SLURM_NTASKS=str(world), SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0",
+                      SLURM_JOB_NODELIST="localhost", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank))
+    die_in_minibatch_1(rank, victim, before=sigterm_every_task)
+    execute(spec, Path(results_dir), slurm_task.run_task)
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_an_attempt_slurm_ends_writes_no_failed_row(victim, tmp_path):
+    """SLURM killing a requeued or cancelled job's tasks one by one is not the run failing: the
+    survivor, signalled first, sees its peer vanish and records nothing (the requeued attempt
+    resumes and writes the run's one row). In CI the survivor of a requeue once wrote a failed
+    row (test_slurm's requeue test read two rows)."""
+    spec = _spec("odc", f"timeout_s={UNWATCHED_TIMEOUT_S}")
+    results = tmp_path / "results"
+    ctx = multiprocessing.get_context("forkserver")
+    job_number = f"pid{os.getpid()}"  # not a number: see the test above
+    tasks = [ctx.Process(target=ending_slurm_task,
+                         args=(r, 2, spec, str(results), str(tmp_path / "job"), job_number, victim))
+             for r in range(2)]
+    for task in tasks:
+        task.start()
+    for task in tasks:
+        task.join(timeout=120)
+        if task.is_alive():
+            task.kill()
+            task.join()
+    assert tasks[victim].exitcode == -signal.SIGKILL
+    assert tasks[1 - victim].exitcode == 0, "the survivor ended without an error"
+    assert not (results / "runs.csv").exists() or read_table(results / "runs.csv").empty, "no row"
+    job_id = f"{spec.run_id[:8]}-{job_number}-0.0"
     assert _segments_of(job_id) == [], "the survivor removed the dead rank's segments"
 
 
