@@ -129,12 +129,17 @@ def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
     assert table["error"][0] == "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
 
 
-def plain_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str, job_number: str, victim: int) -> None:
-    """One task of a SLURM job as submitit runs it, minus sbatch: the job's execute() around
-    slurm_task.run_task, with no process watching the ranks."""
+def _as_slurm_task(rank: int, world: int, folder: str, job_number: str) -> None:
+    """The environment submitit gives task `rank` of a one-node job of `world` tasks."""
     os.environ.update(SUBMITIT_EXECUTOR="slurm", SUBMITIT_FOLDER=folder, SLURM_JOB_ID=job_number,
                       SLURM_NTASKS=str(world), SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0",
                       SLURM_JOB_NODELIST="localhost", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank))
+
+
+def plain_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str, job_number: str, victim: int) -> None:
+    """One task of a SLURM job as submitit runs it, minus sbatch: the job's execute() around
+    slurm_task.run_task, with no process watching the ranks."""
+    _as_slurm_task(rank, world, folder, job_number)
     die_in_minibatch_1(rank, victim)
     execute(spec, Path(results_dir), slurm_task.run_task)
 
@@ -204,9 +209,7 @@ def ending_slurm_task(rank: int, world: int, spec, results_dir: str, folder: str
             os.kill(pid, signal.SIGTERM)
         time.sleep(0.2)  # KillWait, shortened
 
-    os.environ.update(SUBMITIT_EXECUTOR="slurm", SUBMITIT_FOLDER=folder, SLURM_JOB_ID=job_number,
-                      SLURM_NTASKS=str(world), SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0",
-                      SLURM_JOB_NODELIST="localhost", SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank))
+    _as_slurm_task(rank, world, folder, job_number)
     die_in_minibatch_1(rank, victim, before=sigterm_every_task)
     execute(spec, Path(results_dir), slurm_task.run_task)
 
