@@ -103,13 +103,15 @@ class Contention:
         self.quiet = np.where(mates <= self.horizon + 0.5, mates, np.inf)
         self._early_times: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
 
-    def counts(self, at: np.ndarray, needed: np.ndarray | None = None, since: np.ndarray | None = None
-               ) -> tuple[np.ndarray, Counts]:
+    def late(self, at: np.ndarray, needed: np.ndarray | None = None, since: np.ndarray | None = None) -> np.ndarray:
         """The transfers starting at `at` (M, R) whose counts may differ from `early` (flat
-        indices, only where `needed`, and at or after `since`, (M, 1) or (M, R): by default
-        the minibatch's first finish), and their counts."""
+        indices): only where `needed`, and at or after `since`, (M, 1) or (M, R): by default
+        the minibatch's first finish."""
         after = at >= (self.first if since is None else since)
-        late = np.flatnonzero(after if needed is None else after & needed)
+        return np.flatnonzero(after if needed is None else after & needed)
+
+    def counts(self, at: np.ndarray, late: np.ndarray) -> Counts:
+        """The counts of the transfers starting at `at` (M, R) at the flat indices `late`."""
         net, R, g = self.net, self.shape[1], self.net.gpus_per_node
         # take() rather than [] for these gathers from large flat arrays: the same values, sooner.
         q = np.minimum(at.ravel().take(late), self.horizon + 0.5)
@@ -123,8 +125,8 @@ class Contention:
         if net.rails > 1:
             rail_done = self.rail_finish.count(self.rail_group.take(late), q)
             rail = (g // net.rails - rail_done) + done
-        return late, Counts(loc=(g - node_done) + done, tot=(R - k) + done,
-                            min_remote=g - np.where(node_done == most, second, most), rail=rail)
+        return Counts(loc=(g - node_done) + done, tot=(R - k) + done,
+                      min_remote=g - np.where(node_done == most, second, most), rail=rail)
 
     def transfer(self, nbytes: float, at: np.ndarray, from_peer: float | np.ndarray = 0.0,
                  needed: np.ndarray | None = None) -> np.ndarray:
@@ -146,11 +148,13 @@ class Contention:
                 self._early_times[key] = (net.transfer_time(nbytes, *self.early.args(), from_peer),
                                           np.where(remote, self.first, self.quiet))
             out, since = self._early_times[key]
-        late, counts = self.counts(at, needed, since)
+        # Most batches of transfers lie wholly before their minibatch's first finish (or their
+        # node's): nothing to count, the early times stand.
+        late = self.late(at, needed, since)
         if late.size:
             out = out.copy()
             peer = np.ravel(from_peer)[late] if np.ndim(from_peer) else from_peer
-            out.ravel()[late] = net.transfer_time(nbytes, *counts.args(), peer)
+            out.ravel()[late] = net.transfer_time(nbytes, *self.counts(at, late).args(), peer)
         return out
 
 

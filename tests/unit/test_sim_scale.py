@@ -163,7 +163,8 @@ def test_contention_counts_match_their_definition(seed, shape, first_pass):
     at = rng.choice([0.5, 1.0, 2.0, 2.5, 4.0, 9.0], size=(M, world))
     net = Network(world=world, gpus_per_node=g, link_Bps=1.0, nic_Bps=1.0, latency_s=0.0, rails=rails)
     contention = Contention(net, finish)
-    late, found = contention.counts(at)
+    late = contention.late(at)
+    found = contention.counts(at, late)
     counted = []
     for early, value in zip(contention.early.args(), found.args(), strict=True):
         if early is None:  # one rail: the node's count
