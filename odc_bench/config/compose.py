@@ -57,6 +57,15 @@ def compose_run(overrides: Sequence[str] = ()) -> RunConfig:
     return load(compose_config(overrides))
 
 
+def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
+    """compose_run of each command line, under one Hydra initialisation (its config search path
+    is set up once for all of them)."""
+    if any(chooses_sweep(overrides) for overrides in runs):
+        register_sweeps()
+    with initialize_config_module("odc_bench.conf", version_base="1.3"):
+        return [load(compose("config", overrides=list(overrides))) for overrides in runs]
+
+
 def hydra_error_line(error: Exception) -> str:
     """Hydra's or OmegaConf's error about a command line, in one line saying what to do."""
     unknown_key = re.match(r"Could not override '([^']+)'", str(error))

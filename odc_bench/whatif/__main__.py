@@ -4,6 +4,7 @@ odc_bench/whatif/__init__.py."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import re
 import shlex
@@ -223,4 +224,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # One short process, and its garbage is rarely cyclic: CPython's default (a collection every
+    # 700 new objects) would scan the planner's and the simulator's many small containers again
+    # and again for nothing.
+    gc.set_threshold(100_000, 50, 100)
     main()

@@ -17,7 +17,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.balancers.quality import stale_lower_bound
-from odc_bench.config.compose import compose_run, hydra_error_line
+from odc_bench.config.compose import compose_runs, hydra_error_line
 from odc_bench.config.run import RunConfig
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
@@ -36,8 +36,13 @@ COLUMNS = ["series", "engine", "balancer", "staleness", "minibatch_size", "sampl
 
 def compose_config(overrides: list[str]) -> RunConfig:
     """The typed config `python -m odc_bench OVERRIDES` would run; ConfigError in one line."""
+    return compose_configs([overrides])[0]
+
+
+def compose_configs(runs: list[list[str]]) -> list[RunConfig]:
+    """compose_config of each command line, composed together; ConfigError in one line."""
     try:
-        return compose_run(overrides)
+        return compose_runs(runs)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(hydra_error_line(e)) from None
 
@@ -51,8 +56,8 @@ def plan(question: Question) -> list[tuple[Series, int, list[str], RunSpec]]:
     runs = []
     planner = Planner()  # series that share a balancer share its plans
     first = question.minibatch_sizes[0]
-    for s in series(question.all_balancers, question.staleness):
-        config = compose_config(question.run(s, first))
+    every = series(question.all_balancers, question.staleness)
+    for s, config in zip(every, compose_configs([question.run(s, first) for s in every]), strict=True):
         for m in question.minibatch_sizes:
             spec = planner.resolve(replace(config, minibatch_size=m))
             if m == first:
