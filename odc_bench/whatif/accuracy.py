@@ -14,6 +14,7 @@ table written beside it. A band always says where it comes from (`Accuracy.origi
 from __future__ import annotations
 
 import functools
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,15 +33,15 @@ GPU_BAND = (0.1, 0.9)
 
 
 def _read(path: Path) -> pd.DataFrame:
-    """A committed validation table, read once per version of the file: a what-if quotes several
-    profiles' bands (its --hardware help names every one). Not to be modified."""
-    st = path.stat()
-    return _read_version(path, st.st_mtime_ns, st.st_size)
+    """A validation table, parsed once per content: a what-if quotes several profiles' bands (its
+    --hardware help names every one). Keyed by the bytes, not the file's time, which a rewrite
+    within the clock's tick leaves unchanged. Not to be modified."""
+    return _parse(path.read_bytes())
 
 
 @functools.lru_cache(maxsize=16)
-def _read_version(path: Path, mtime_ns: int, size: int) -> pd.DataFrame:
-    return pd.read_csv(path)
+def _parse(content: bytes) -> pd.DataFrame:
+    return pd.read_csv(io.BytesIO(content))
 
 
 def _span(low: float, high: float) -> str:
