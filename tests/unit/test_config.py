@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from odc_bench.balancers.registry import BALANCERS
+from odc_bench.config.compose import compose_runs
 from odc_bench.errors import ConfigError, RunFailed
 from odc_bench.jobs.primitives import plan_from_config
 from odc_bench.jobs.train import run_training
@@ -52,6 +53,12 @@ def test_default_job_is_the_documented_one():
     assert (c.model.name, c.world_size, c.dataset.profile) == ("tiny", 2, "longalign")
     assert c.dataset.length_scale < 1
     assert all(len(mb.lengths) == c.world_size * c.minibatch_size for mb in spec.minibatches)
+
+
+def test_command_lines_composed_together_are_those_composed_alone():
+    lines = [["engine=odc", "balancer=lb_mini", "minibatch_size=3"], ["sweep=demo"],
+             ["model=qwen2_7b", "backend=sim", "backend/hardware=h100", "world_size=16"], []]
+    assert compose_runs(lines) == [run_config(*line) for line in lines]
 
 
 def test_resolve_is_deterministic():

@@ -1,6 +1,8 @@
 """The GPU profiles against published measurements (odc_bench.studies.published) and the band the
 what-if reads from that validation (odc_bench.whatif.accuracy)."""
 
+import csv
+import os
 import shutil
 
 import pandas as pd
@@ -94,6 +96,28 @@ def test_the_whatif_gpu_band_is_read_from_the_validation_files(tmp_path):
     assert validated(tmp_path, "a100_fit").ratio == pytest.approx(tuple(3 * v for v in before)), \
         "the band follows the files"
     assert validated(tmp_path, "cpu").gpu is None, "the CPU profile keeps the CPU host's validation"
+
+
+def test_a_validation_table_rewritten_within_the_clocks_tick_is_read_again(tmp_path):
+    """A file rewritten with the same size and time (a rewrite within the file clock's tick) is
+    read anew: the fitted profile's column swapped with the stock one's, text for text, so every
+    line keeps its length."""
+    for path in VALIDATION.glob("gpu-*.csv"):
+        shutil.copy(path, tmp_path / path.name)
+    ratios = tmp_path / "gpu-ratios.csv"
+    stock = validated(tmp_path, "a100").ratio
+    assert validated(tmp_path, "a100_fit").ratio != stock
+    stamp = ratios.stat()
+    with ratios.open(newline="") as f:
+        rows = list(csv.reader(f))
+    a, b = rows[0].index("held_out_error"), rows[0].index("stock_error")
+    for row in rows[1:]:
+        row[a], row[b] = row[b], row[a]
+    with ratios.open("w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows)
+    os.utime(ratios, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (ratios.stat().st_size, ratios.stat().st_mtime_ns) == (stamp.st_size, stamp.st_mtime_ns)
+    assert validated(tmp_path, "a100_fit").ratio == stock
 
 
 def test_a_configuration_outside_the_validated_range_is_named():
