@@ -26,6 +26,28 @@ from odc_bench.results.migrate import series_from_config
 REPO = Path(__file__).resolve().parents[2]
 
 
+# What a rank under torchrun prints when torch's C++ side aborts it at interpreter exit, after its
+# script has ended (docs/use_odc.md, "Under torchrun"): the run itself is complete, so it is run
+# again rather than failed; any other failure fails the test.
+EXIT_ABORT = "terminate called without an active exception"
+
+
+def torchrun(*args: str, cwd: Path | None = None, timeout: float = 300) -> None:
+    """`python -m torch.distributed.run --standalone --nproc-per-node 2 ARGS`, run once more if a rank
+    aborted at exit (EXIT_ABORT) and only then; an AssertionError with the ranks' output otherwise."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    for attempt in (1, 2):
+        done = subprocess.run(command, cwd=cwd, timeout=timeout, capture_output=True, text=True)
+        output = done.stdout + done.stderr
+        if done.returncode == 0:
+            return
+        if EXIT_ABORT not in output:
+            break
+        if attempt == 1:
+            logging.getLogger(__name__).warning("torchrun %s: a rank aborted at exit; running it again", args)
+    raise AssertionError(f"torchrun {' '.join(args)} exited {done.returncode}:\n{output[-8000:]}")
+
+
 def compose_config(*overrides: str, hydra: bool = False) -> DictConfig:
     """The composed config `python -m odc_bench OVERRIDES` would run with (Hydra's section too, if asked)."""
     return _compose(overrides, hydra=hydra)

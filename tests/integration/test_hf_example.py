@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import torchrun
+
 pytest.importorskip("transformers", reason="the example needs transformers: pip install 'odc-bench[hf]'")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf_train.py"
@@ -29,8 +31,7 @@ def trained(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hf")
     variants = ["--model", *MODELS, "--tied", *TIES, "--out", str(out)]
     subprocess.run([sys.executable, str(EXAMPLE), "--reference", *variants], check=True, timeout=300)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                    str(EXAMPLE), "--engine", *ENGINES, "--export", *variants], check=True, timeout=600)
+    torchrun(str(EXAMPLE), "--engine", *ENGINES, "--export", *variants, timeout=600)
     return out
 
 

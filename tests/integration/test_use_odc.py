@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, torchrun
 
 PAGE = REPO / "docs" / "use_odc.md"
 CODE = re.compile(r"```python\n(.*?)```(?:\s*```text\n(.*?)```)?", re.DOTALL)
@@ -43,8 +43,7 @@ def written(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_the_fsdp2_loop_and_its_odc_conversion_end_with_the_same_parameters(written: Path) -> None:
     for script in ("train_fsdp2.py", "train_odc.py"):
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                        script], cwd=written, check=True, timeout=300, capture_output=True)
+        torchrun(script, cwd=written)
     fsdp2, odc = torch.load(written / "fsdp2.pt"), torch.load(written / "odc.pt")
     assert sorted(fsdp2) == sorted(odc)
     sys.path.insert(0, str(written))
