@@ -54,7 +54,7 @@ def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictCo
 
 def compose_run(overrides: Sequence[str] = ()) -> RunConfig:
     """The typed config of the run `python -m odc_bench OVERRIDES` asks for."""
-    return load(compose_config(overrides))
+    return compose_runs([overrides])[0]
 
 
 def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
