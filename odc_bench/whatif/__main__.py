@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import re
 import shlex
 import sys
 import time
 from collections.abc import Sequence
+from importlib import import_module
 from pathlib import Path
 
 from rich.console import Console
@@ -24,10 +26,10 @@ from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import host_fingerprint
 from odc_bench.sim.hardware import calibration_path
 from odc_bench.whatif.accuracy import best_validated, calibrated_elsewhere, gpu_of, summary, validated
-from odc_bench.whatif.answer import answer, plan
+from odc_bench.whatif.answer import verdict
 from odc_bench.whatif.fit import advice as ways
 from odc_bench.whatif.question import HARDWARE, MODELS, Question, in_user_terms
-from odc_bench.whatif.report import describe_pool, draw, print_table, verdict_lines, write_csv
+from odc_bench.whatif.report import describe_pool, print_table, verdict_lines, write_csv
 
 PROG = "odc_bench.whatif"
 # The GPU the what-if asks about when --hardware is not given: its best validated profile is the default.
@@ -82,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
                     help="also stale-synchronous ODC with LB-Carry at these staleness values (beyond the paper: "
                          "ranks run up to S minibatches apart and train on gradients S steps old; "
                          "docs/staleness.md), beside the verdict")
+    ap.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                    help="processes that plan and simulate the series side by side (default: the CPUs this process "
+                         "may use, %(default)s); the verdict is the same to the bit with any number")
     ap.add_argument("--out", type=Path, default=Path("results/local/whatif"),
                     help="where verdict.csv and verdict.png go (default: %(default)s)")
     return ap
@@ -165,7 +170,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as e:
         fail(e, PROG)
     try:
-        runs = plan(question)
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+        # matplotlib, a good part of the start-up, loads here while the workers plan and simulate
+        runs, table = verdict(question, args.jobs, meanwhile=lambda: import_module("odc_bench.whatif.figure"))
         if args.out.exists() and not args.out.is_dir():
             raise ConfigError(f"--out {args.out} is not a folder; give a folder for verdict.csv and verdict.png")
     except ConfigError as e:
@@ -177,7 +185,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     source = spec.config.dataset.profile or Path(str(spec.config.dataset.path)).name
     lengths = dataset_lengths(spec.config.dataset, spec.config.seed)
     say(describe_pool(lengths, question, source))
-    table = answer(runs)
     accuracy = validated(hardware=question.hardware, profile_file=question.hardware_file)
     print_table(table, question, accuracy, console)
     too_big: dict[int, list[RunSpec]] = {}
@@ -219,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         say(f"Wrote {args.out / 'verdict.csv'} and no figure: no series fits in memory at any minibatch size "
             f"({time.perf_counter() - t0:.1f} s).")
         sys.exit(NOTHING_FITS)
+    from odc_bench.whatif.figure import draw  # imported here, not above: see verdict's meanwhile
     draw(table, question, accuracy, args.out / "verdict.png")
     say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")
 
@@ -226,6 +234,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 if __name__ == "__main__":
     # One short process, and its garbage is rarely cyclic: CPython's default (a collection every
     # 700 new objects) would scan the planner's and the simulator's many small containers again
-    # and again for nothing.
+    # and again for nothing; and at exit, the interpreter's last collections would scan every
+    # object only to free memory the process hands back whole (frozen, they are skipped).
     gc.set_threshold(100_000, 50, 100)
-    main()
+    try:
+        main()
+    finally:
+        gc.freeze()

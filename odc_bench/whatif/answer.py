@@ -1,9 +1,10 @@
 """The verdict's rows: every series at every minibatch size, planned and simulated as
 `python -m odc_bench backend=sim` would (the same config composition, plan and simulator).
 
-All runs are composed and planned first, so bad input ends before anything is simulated or
-written; a run whose per-device memory estimate is over the device's memory is reported as
-not fitting (a `backend=sim` run refuses it too) and not simulated.
+Bad input ends before anything is written (with one process, before anything is simulated:
+all runs are composed and planned first); a run whose per-device memory estimate is over the
+device's memory is reported as not fitting (a `backend=sim` run refuses it too) and not
+simulated.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from odc_bench.balancers.quality import stale_lower_bound
 from odc_bench.config.compose import compose_runs, hydra_error_line
 from odc_bench.config.run import RunConfig
+from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import Planner, RunSpec
@@ -26,6 +28,7 @@ from odc_bench.record.row import sim_timing
 from odc_bench.results.split import per_sample, saving
 from odc_bench.sim import check_hardware, simulate
 from odc_bench.whatif.question import Question, Series, series
+from odc_bench.whatif.workers import in_processes
 
 GIB = 2**30
 
@@ -47,24 +50,71 @@ def compose_configs(runs: list[list[str]]) -> list[RunConfig]:
         raise ConfigError(hydra_error_line(e)) from None
 
 
-def plan(question: Question) -> list[tuple[Series, int, list[str], RunSpec]]:
+# One run of the verdict: its series, minibatch size, command line and plan.
+Run = tuple[Series, int, list[str], RunSpec]
+
+
+def plan(question: Question) -> list[Run]:
     """Every run of the verdict, planned; ConfigError (nothing simulated or written) for bad input.
 
     Hydra composes each series once; its other minibatch sizes are the same typed config with
     another `minibatch_size` (the run key and the plans are those of composing it anew, which the
     tests check against `python -m odc_bench`)."""
+    every = series(question.all_balancers, question.staleness)
+    first = question.minibatch_sizes[0]
+    configs = compose_configs([question.run(s, first) for s in every])
+    return sorted(_planned(question, list(zip(every, configs, strict=True))), key=_order(every))
+
+
+def _planned(question: Question, configs: list[tuple[Series, RunConfig]]) -> list[Run]:
     runs = []
     planner = Planner()  # series that share a balancer share its plans
-    first = question.minibatch_sizes[0]
-    every = series(question.all_balancers, question.staleness)
-    for s, config in zip(every, compose_configs([question.run(s, first) for s in every]), strict=True):
+    for s, config in configs:
         for m in question.minibatch_sizes:
             spec = planner.resolve(replace(config, minibatch_size=m))
-            if m == first:
+            if m == question.minibatch_sizes[0]:
                 check_hardware(spec)
             runs.append((s, m, question.run(s, m), spec))
-    runs.sort(key=lambda run: run[1])  # by minibatch size, series in order within each
     return runs
+
+
+def _order(every: list[Series]) -> Callable[[Run], tuple[int, int]]:
+    """The verdict's order of runs: by minibatch size, the series in their order within each."""
+    return lambda run: (run[1], every.index(run[0]))
+
+
+def verdict(question: Question, jobs: int = 1, meanwhile: Callable[[], object] | None = None
+            ) -> tuple[list[Run], pd.DataFrame]:
+    """plan and answer: every run in the verdict's order, and the verdict's table.
+
+    With `jobs` > 1, up to that many processes forked from this one plan and simulate the series,
+    those sharing a balancer together (they share its plans), and `meanwhile` runs here while they
+    do (with one process it does not run). The first series is composed here first: that loads
+    the dataset once (the workers inherit it, and its length cache is written from here) and
+    ends most bad input before any worker starts. Bad input still ends before anything is
+    written; the rows are those of jobs=1 to the bit."""
+    every = series(question.all_balancers, question.staleness)
+    groups = list({s.balancer: [t for t in every if t.balancer == s.balancer] for s in every}.values())
+    if jobs <= 1 or len(groups) == 1:
+        runs = plan(question)
+        return runs, answer(runs)
+    first = compose_configs([question.run(every[0], question.minibatch_sizes[0])])[0]
+    dataset_lengths(first.dataset, first.seed)
+    done = in_processes(_group_rows, [(question, group, {every[0]: first}) for group in groups], jobs, meanwhile)
+    order = _order(every)
+    pairs = sorted((pair for group in done for pair in group), key=lambda pair: order(pair[0]))
+    write_pending_caches()
+    return [run for run, _ in pairs], table([r for _, r in pairs])
+
+
+def _group_rows(question: Question, group: list[Series], composed: dict[Series, RunConfig]
+                ) -> list[tuple[Run, dict]]:
+    """One worker's share of verdict: its series composed (unless given), planned, then simulated."""
+    missing = [s for s in group if s not in composed]
+    configs = dict(zip(missing, compose_configs([question.run(s, question.minibatch_sizes[0]) for s in missing]),
+                       strict=True))
+    runs = _planned(question, [(s, composed.get(s) or configs[s]) for s in group])
+    return [(run, row(run)) for run in runs]
 
 
 def unavoidable(spec: RunSpec, bubble: float) -> float:
@@ -80,37 +130,43 @@ def unavoidable(spec: RunSpec, bubble: float) -> float:
     return max(0.0, 1.0 - (1.0 - bubble) * shrink)
 
 
-def answer(runs: list[tuple[Series, int, list[str], RunSpec]],
-           on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
+def answer(runs: list[Run]) -> pd.DataFrame:
     """One row per run: predicted throughput, bubbles, memory, and the speedup over the baseline
     series at the same minibatch size."""
     write_pending_caches()  # every run is accepted: real data's lengths may be cached beside it
-    rows = []
-    for s, m, overrides, spec in runs:
-        limit = spec.memory_limit
-        fits = limit is None or spec.memory.total <= limit
-        row = dict(series=s.label, engine=s.engine, balancer=s.balancer, staleness=s.staleness, minibatch_size=m,
-                   predicted_bubble_rate=spec.predicted_bubble_rate(), mem_gib=spec.memory.total / GIB,
-                   mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
-                   overrides=shlex.join(overrides))
-        if fits:
-            # As the run's own command writes its row (backend.write_trace=false): from the timeline.
-            times = sim_timing(spec, simulate(spec, trace=False))
-            row.update({k: v for k, v in times.items()
-                        if k in ("samples_per_s", "tokens_per_s", "bubble_rate", "compute_s", "wall_s")})
-            row["unavoidable_bubble_rate"] = unavoidable(spec, times["bubble_rate"])
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
-    table = pd.DataFrame(rows)
-    parts = per_sample(table.reindex(columns=["samples_per_s", "bubble_rate", "compute_s", "wall_s"]))
-    table = table.reindex(columns=COLUMNS)
-    base = {r.minibatch_size: i for i, r in table.iterrows() if Series(r.engine, r.balancer, r.staleness).is_baseline}
-    table["speedup"] = table.apply(lambda r: r.samples_per_s / table.samples_per_s[base[r.minibatch_size]]
+    return table([row(run) for run in runs])
+
+
+def row(run: Run) -> dict:
+    """A run's own columns, simulated where it fits in memory."""
+    s, m, overrides, spec = run
+    limit = spec.memory_limit
+    fits = limit is None or spec.memory.total <= limit
+    out = dict(series=s.label, engine=s.engine, balancer=s.balancer, staleness=s.staleness, minibatch_size=m,
+               predicted_bubble_rate=spec.predicted_bubble_rate(), mem_gib=spec.memory.total / GIB,
+               mem_limit_gib=limit / GIB if limit is not None else None, fits=fits, run_id=spec.run_id,
+               overrides=shlex.join(overrides))
+    if fits:
+        # As the run's own command writes its row (backend.write_trace=false): from the timeline.
+        times = sim_timing(spec, simulate(spec, trace=False))
+        out.update({k: v for k, v in times.items()
+                    if k in ("samples_per_s", "tokens_per_s", "bubble_rate", "compute_s", "wall_s")})
+        out["unavoidable_bubble_rate"] = unavoidable(spec, times["bubble_rate"])
+    return out
+
+
+def table(rows: list[dict]) -> pd.DataFrame:
+    """The verdict's table of its runs' rows, in their order: the speedups over the baseline and
+    where the time they save comes from."""
+    frame = pd.DataFrame(rows)
+    parts = per_sample(frame.reindex(columns=["samples_per_s", "bubble_rate", "compute_s", "wall_s"]))
+    frame = frame.reindex(columns=COLUMNS)
+    base = {r.minibatch_size: i for i, r in frame.iterrows() if Series(r.engine, r.balancer, r.staleness).is_baseline}
+    frame["speedup"] = frame.apply(lambda r: r.samples_per_s / frame.samples_per_s[base[r.minibatch_size]]
                                    if r.minibatch_size in base else float("nan"), axis=1)
     # Where the time per sample a series saves against the baseline comes from (idle time: the paper's claim).
     splits = [saving(parts.loc[i], parts.loc[base[r.minibatch_size]]) if r.minibatch_size in base else None
-              for i, r in table.iterrows()]
-    table["saved_idle"] = [s.shares.get("idle", 0.0) if s else float("nan") for s in splits]
-    table["saved"] = [s.describe() if s else "" for s in splits]
-    return table
+              for i, r in frame.iterrows()]
+    frame["saved_idle"] = [s.shares.get("idle", 0.0) if s else float("nan") for s in splits]
+    frame["saved"] = [s.describe() if s else "" for s in splits]
+    return frame

@@ -1,36 +1,27 @@
-"""The verdict on the terminal (a table and a few lines), as a CSV, and as one figure."""
+"""The verdict on the terminal (a table and a few lines) and as a CSV (whatif/figure.py draws it)."""
 
 from __future__ import annotations
 
-from itertools import cycle
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from odc_bench.config.engine import ENGINES
 from odc_bench.data.lengths import reuse_note
-from odc_bench.files import atomic_path, atomic_write_text
+from odc_bench.files import atomic_write_text
 from odc_bench.whatif.accuracy import Accuracy
 from odc_bench.whatif.question import Question, Series
-
-# Baseline engine's series in blues, the others' in oranges to reds (the paper figures' scheme).
-BLUES = ["#9ecae1", "#2171b5", "#08306b", "#6baed6"]
-REDS = ["#fdae6b", "#e6550d", "#a50f15", "#756bb1", "#fd8d3c", "#67000d"]
-# Stale-synchronous series (beyond the paper): greens, dashed.
-GREENS = ["#74c476", "#31a354", "#006d2c"]
-LEGEND_COLUMNS = 4
 
 
 def _cell(value: float, fmt: str) -> str:
     return "-" if pd.isna(value) else format(value, fmt)
 
 
-def _validated(row: pd.Series) -> bool:
+def validated_row(row: pd.Series) -> bool:
     """Whether the simulator's validated error applies to the row: validation measured synchronous
     ODC against collective FSDP, so neither the baseline engine's own series nor stale ones have it."""
     return not ENGINES[row.engine].baseline and not row.staleness
@@ -38,7 +29,7 @@ def _validated(row: pd.Series) -> bool:
 
 def _range(accuracy: Accuracy, row: pd.Series) -> str:
     """The speedup a measurement would give if the simulator errs as it did in validation."""
-    if not _validated(row) or pd.isna(row.speedup):
+    if not validated_row(row) or pd.isna(row.speedup):
         return "-"
     span = accuracy.measured_range(row.speedup)
     return "-" if span is None else f"{span[0]:.2f}-{span[1]:.2f}x"
@@ -132,45 +123,3 @@ def _stale_line(m: int, group: pd.DataFrame, best: pd.Series, base: pd.Series) -
 
 def write_csv(table: pd.DataFrame, path: Path) -> None:
     atomic_write_text(path, table.to_csv(index=False))
-
-
-def draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path) -> None:
-    """Samples/s by minibatch size per series, and each series' speedup over the baseline with the
-    range the validated error allows; every number simulated."""
-    every = list(dict.fromkeys(map(Series, table.engine, table.balancer, table.staleness)))
-    legend_rows = -(-len(every) // LEGEND_COLUMNS)
-    fig = Figure(figsize=(11, 3.8 + 0.3 * legend_rows))
-    left, right = fig.subplots(1, 2)
-    # Cycled: a registry that grows past a palette repeats a colour rather than failing to draw.
-    blues, reds, greens = cycle(BLUES), cycle(REDS), cycle(GREENS)
-    colors = {s.label: next(greens if s.staleness else blues if ENGINES[s.engine].baseline else reds) for s in every}
-    sizes = sorted(table.minibatch_size.unique())
-    for label, rows in table[table.samples_per_s.notna()].groupby("series", sort=False):
-        rows = rows.sort_values("minibatch_size")
-        style = dict(marker="o", color=colors[label], linestyle="--" if rows.staleness.iloc[0] else "-")
-        left.plot(rows.minibatch_size, rows.samples_per_s, label=label, **style)
-        right.plot(rows.minibatch_size, rows.speedup, **style)
-        spans = [accuracy.measured_range(v) for v in rows.speedup]
-        if _validated(rows.iloc[0]) and all(s is not None for s in spans):
-            right.fill_between(rows.minibatch_size, [s[0] for s in spans if s], [s[1] for s in spans if s],
-                               color=colors[label], alpha=0.15, linewidth=0)
-    right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(s) for s in sizes])
-        ax.set_xlabel("minibatch size (samples per device)")
-        ax.grid(alpha=0.3)
-    left.set_ylabel("samples/s (simulated)")
-    right.set_ylabel("speedup over the baseline (simulated)")
-    left.set_title("throughput", fontsize=10)
-    right.set_title(f"speedup; band: {accuracy.origin}", fontsize=9)
-    fig.suptitle(f"Simulated: {title(question)}", fontsize=11)
-    handles, labels = left.get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), LEGEND_COLUMNS), frameon=False)
-    else:
-        fig.text(0.5, 0.04, "no run fits in the devices' memory", ha="center")
-    # The legend's rows below the axes, each about 0.3 inch of the figure's height.
-    fig.tight_layout(rect=(0, 0.3 * legend_rows / fig.get_figheight() + 0.02, 1, 1))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)

@@ -182,6 +182,21 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_worker_processes_give_the_verdict_to_the_bit_and_the_lengths_cache_is_written(tmp_path, whatif):
+    data = tmp_path / "lengths.jsonl"
+    data.write_text(EXAMPLE.read_text())
+    outputs = {}
+    for jobs in ("3", "1"):  # the workers' run first, so that it is the one to read the file and cache it
+        done = whatif(str(data), *SMALL, "--staleness", "1", "--jobs", jobs, "--out", str(tmp_path / jobs))
+        assert done.returncode == 0, done.stderr
+        outputs[jobs] = done.stdout.splitlines()[:-1]  # the last line names the folder and the time taken
+        if jobs == "3":
+            assert list(tmp_path.glob("lengths.jsonl.lengths-*.npy")), "the lengths cache is written"
+    for name in ("verdict.csv", "verdict.png"):
+        assert (tmp_path / "3" / name).read_bytes() == (tmp_path / "1" / name).read_bytes(), name
+    assert outputs["3"] == outputs["1"]
+
+
 @pytest.mark.parametrize(("args", "message", "derived"), [
     (["--hardware", "h100", "--devices-per-node", "3"], "must divide --devices-per-node (3): give "
      "--devices-per-node a multiple of 8, or set backend.hardware.nic_rails to a divisor of 3", "gpus_per_node"),
@@ -380,6 +395,9 @@ def test_fit_advice_names_only_changes_that_fit_when_replanned():
     (["longalign", "engine.staleness=1"], None, "the what-if sets engine.staleness itself"),
     # A setting after a many-valued option is a setting, not one more value of it.
     (["longalign", "--minibatch", "1", "2", "engine=odc"], None, "the what-if sets engine itself"),
+    (["longalign", "--jobs", "0"], None, "--jobs must be at least 1"),
+    # Valid for the first series, composed here; the others' workers refuse it.
+    (["longalign", "-j", "2", "balancer.options.pack=true"], None, "belongs to balancer=local_sort"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, whatif, args, setup, message):
     if setup is not None:

@@ -1,0 +1,54 @@
+"""Calls spread over processes forked from this one: the what-if's series, planned and
+simulated side by side.
+
+Forked, a worker starts with everything this process has imported and loaded (the dataset's
+lengths included) and costs a few milliseconds; a spawned one would import the harness again
+(about half a second). Workers leave Ctrl-C to this process, which stops the pool: each
+worker ends the call in hand (its series, about a second at most) and exits; none outlives
+this process (on Linux the kernel stops it should this one be killed)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], jobs: int,
+                 meanwhile: Callable[[], object] | None = None) -> list[T]:
+    """fn(*args) for each args in `calls`, in up to `jobs` forked processes, the results in the
+    calls' order; `meanwhile` runs here while they work. The first call's exception (in that
+    order) is raised here once no worker runs any more."""
+    # Frozen, the objects the workers inherit are left out of their collections, which would
+    # otherwise write to every one of them and so copy the pages they share with this process.
+    gc.freeze()
+    pool = ProcessPoolExecutor(max_workers=max(1, min(jobs, len(calls))),
+                               mp_context=multiprocessing.get_context("fork"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
+    try:
+        futures = [pool.submit(fn, *args) for args in calls]  # the workers fork at the first
+        gc.unfreeze()
+        if meanwhile is not None:
+            meanwhile()
+        return [f.result() for f in futures]
+    finally:
+        gc.unfreeze()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _worker_start(parent: int) -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if sys.platform == "linux":
+        # A worker waits for calls on a pipe this process writes; were this one killed, it would wait forever.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # this process died before the request was made
+        os._exit(1)

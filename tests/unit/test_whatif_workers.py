@@ -1,0 +1,88 @@
+"""The what-if's worker processes (odc_bench/whatif/workers.py): results in order, the first
+failure raised here, Ctrl-C left to the parent, and no worker outliving a killed parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from odc_bench.whatif.workers import in_processes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _whoami(i: int) -> tuple[int, int]:
+    return i, os.getpid()
+
+
+def _fails_from_one(i: int) -> int:
+    if i >= 1:
+        raise ValueError(f"call {i}")
+    return i
+
+
+def _sigint_blocked() -> bool:
+    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_calls_run_in_other_processes_and_come_back_in_their_order():
+    met = []
+    done = in_processes(_whoami, [(i,) for i in range(5)], 2, meanwhile=lambda: met.append(os.getpid()))
+    assert [i for i, _ in done] == list(range(5))
+    assert os.getpid() not in {pid for _, pid in done} and 1 <= len({pid for _, pid in done}) <= 2
+    assert met == [os.getpid()], "meanwhile runs once, here"
+
+
+def test_the_first_calls_exception_is_raised_here():
+    with pytest.raises(ValueError, match="^call 1$"):
+        in_processes(_fails_from_one, [(0,), (1,), (2,)], 3)
+
+
+def test_workers_leave_ctrl_c_to_this_process():
+    assert in_processes(_sigint_blocked, [(), ()], 2) == [True, True]
+    assert not _sigint_blocked()
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (Z: a zombie), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal is Linux's")
+def test_no_worker_outlives_a_killed_parent(tmp_path):
+    script = textwrap.dedent("""
+        import os, sys, time
+        from pathlib import Path
+        from odc_bench.whatif.workers import in_processes
+
+        def work(folder, i):
+            Path(folder, str(os.getpid())).write_text("")
+            time.sleep(120)
+
+        in_processes(work, [(sys.argv[1], 0), (sys.argv[1], 1)], 2)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2:
+            assert parent.poll() is None and time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.05)
+        workers = [int(p.name) for p in tmp_path.iterdir()]
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_state(pid) not in (None, "Z") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_state(pid) in (None, "Z") for pid in workers), "a worker outlived its parent"
