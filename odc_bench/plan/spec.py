@@ -42,6 +42,7 @@ from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
 from odc_bench.errors import CombinationError, ConfigError
+from odc_bench.forked import in_processes, usable_cpus
 from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import hardware_tag, memory_limit, run_device
 from odc_bench.plan.identity import config_key
@@ -315,17 +316,76 @@ class Planner:
     def plan(self, balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
              cost: CostModel, ready: Sequence[float] | None = None) -> tuple[Plan, list[Microbatch] | None]:
         """One minibatch's plan (balancers/registry.py plan_minibatch), planned once."""
-        try:
-            key = (balancer.name, options, cost, world, max_tokens, tuple(lengths),
-                   None if ready is None else tuple(ready))
-            hash(key)
-        except TypeError:  # options holding a mutable value: plan without the memo
+        key = _memo_key(balancer, options, lengths, world, max_tokens, cost, ready)
+        if key is None:  # options holding a mutable value: plan without the memo
             return plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
         if key not in self._plans:
-            if len(self._plans) >= self.KEPT:
-                self._plans.clear()
-            self._plans[key] = plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
+            self._remember(key, plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready))
         return self._plans[key]
+
+    def plan_all(self, balancer: BalancerSpec, options: Any, minibatches: Sequence[list[int]], world: int,
+                 max_tokens: int, cost: CostModel) -> list[Planned | ValueError]:
+        """plan() of each minibatch, for a balancer that plans without the ranks' clock (any but a
+        carry planner), or the ValueError it raised. Those not planned yet are planned side by side
+        in processes forked from this one (forked.py), one share each, where they hold
+        PARALLEL_FROM samples or more."""
+        assert balancer.carry is None, "a carry planner plans each minibatch knowing the one before"
+        keys = [_memo_key(balancer, options, lens, world, max_tokens, cost, None) for lens in minibatches]
+        todo = [i for i, key in enumerate(keys) if key is None or key not in self._plans]
+        jobs = usable_cpus() if sum(len(minibatches[i]) for i in todo) >= PARALLEL_FROM else 1
+        shares = [todo[j::jobs] for j in range(min(jobs, len(todo)))]
+        done = in_processes(_plan_each, [(balancer, options, [minibatches[i] for i in share], world, max_tokens, cost)
+                                         for share in shares], jobs)
+        planned = {i: result for share, results in zip(shares, done, strict=True)
+                   for i, result in zip(share, results, strict=True)}
+        out: list[Planned | ValueError] = []
+        for i, key in enumerate(keys):
+            if i not in planned:
+                assert key is not None, "a plan without a key is never remembered, so always planned"
+                out.append(self._plans[key])
+            elif isinstance(result := planned[i], ValueError) or key is None:
+                out.append(result)
+            else:
+                self._remember(key, result)
+                out.append(result)
+        return out
+
+    def _remember(self, key: tuple, planned: Planned) -> None:
+        if len(self._plans) >= self.KEPT:
+            self._plans.clear()
+        self._plans[key] = planned
+
+
+# A minibatch's plan, and the claim queue of a run-time balancer (else None).
+Planned = tuple[Plan, list[Microbatch] | None]
+# Plans of fewer samples than this, in all, are planned here: forking workers and sending the
+# plans back (about a quarter of a microsecond a sample) would cost more than they save.
+PARALLEL_FROM = 100_000
+
+
+def _memo_key(balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
+              cost: CostModel, ready: Sequence[float] | None) -> tuple | None:
+    """What a plan depends on (the ranks' clock only for a carry planner); None when unhashable."""
+    key = (balancer.name, options, cost, world, max_tokens, tuple(lengths),
+           None if ready is None or balancer.carry is None else tuple(ready))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _plan_each(balancer: BalancerSpec, options: Any, minibatches: list[list[int]], world: int, max_tokens: int,
+               cost: CostModel) -> list[Planned | ValueError]:
+    """One worker's share of Planner.plan_all."""
+    out: list[Planned | ValueError] = []
+    with _no_cycle_collection():
+        for lengths in minibatches:
+            try:
+                out.append(plan_minibatch(balancer, options, lengths, world, max_tokens, cost))
+            except ValueError as e:
+                out.append(e)
+    return out
 
 
 def resolve(config: RunConfig, lengths: np.ndarray | None = None, remote_cuda: bool = False) -> RunSpec:
@@ -364,14 +424,23 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
     # Plans are many small lists, none in a cycle: the cyclic collector would only scan them
     # again and again as they grow (a quarter of the planning time at 1,024 ranks).
     with _no_cycle_collection():
-        for k, ids in enumerate(drawn):
-            lens = lengths[ids].tolist()
+        every = [lengths[ids].tolist() for ids in drawn]
+        # Those before the first with a sample over max_tokens, which is refused below, are planned.
+        checked = next((k for k, lens in enumerate(every) if max(lens) > max_tokens), len(every))
+        planned = (None if balancer.carry is not None else
+                   planner.plan_all(balancer, options, every[:checked], world, max_tokens, cost))
+        for k, (ids, lens) in enumerate(zip(drawn, every, strict=True)):
             longest = max(lens)
             require(longest <= max_tokens,
                     f"minibatch {k} has a sample of {longest} tokens, over the microbatch limit "
                     f"max_tokens={max_tokens}; raise max_tokens (or packing_ratio) or lower dataset.length_scale")
             try:
-                plan, queue = planner.plan(balancer, options, lens, world, max_tokens, cost, clock.ready())
+                if planned is None:
+                    plan, queue = planner.plan(balancer, options, lens, world, max_tokens, cost, clock.ready())
+                elif isinstance(result := planned[k], ValueError):
+                    raise result
+                else:
+                    plan, queue = result
             except ValueError as e:
                 raise ConfigError(f"balancer {balancer.name} cannot plan minibatch {k}: {e}") from None
             if engine.spec.equal_microbatch_counts:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import re
 import shlex
 import sys
@@ -21,6 +20,7 @@ from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
+from odc_bench.forked import usable_cpus
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import host_fingerprint
@@ -84,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
                     help="also stale-synchronous ODC with LB-Carry at these staleness values (beyond the paper: "
                          "ranks run up to S minibatches apart and train on gradients S steps old; "
                          "docs/staleness.md), beside the verdict")
-    ap.add_argument("-j", "--jobs", type=int, default=len(os.sched_getaffinity(0)),
+    ap.add_argument("-j", "--jobs", type=int, default=usable_cpus(),
                     help="processes that plan and simulate the series side by side (default: the CPUs this process "
                          "may use, %(default)s); the verdict is the same to the bit with any number")
     ap.add_argument("--out", type=Path, default=Path("results/local/whatif"),

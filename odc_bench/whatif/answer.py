@@ -23,12 +23,12 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
+from odc_bench.forked import in_processes
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
 from odc_bench.results.split import per_sample, saving
 from odc_bench.sim import check_hardware, simulate
 from odc_bench.whatif.question import Question, Series, series
-from odc_bench.whatif.workers import in_processes
 
 GIB = 2**30
 

@@ -9,7 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from odc_bench.balancers.cost import linear
+from odc_bench.balancers.local_sort import LocalSortOptions, local_sort
+from odc_bench.balancers.registry import BalancerSpec
 from odc_bench.config.backend import GpuHardwareConfig
+from odc_bench.forked import in_processes
 from odc_bench.plan import spec as plan_spec
 from odc_bench.plan.spec import Planner, plan_digest, resolve
 from odc_bench.record.row import sim_timing, timing
@@ -267,6 +271,43 @@ def test_a_job_after_the_command_lines_precheck_plans_once(tmp_path, monkeypatch
     cli.main(argv)
     assert calls == [2]
     assert (tmp_path / "r" / "runs.csv").exists()
+
+
+@pytest.mark.parametrize("balancer", ["lb_mini", "lb_micro", "local_sort"])
+def test_plans_made_side_by_side_are_those_made_here(monkeypatch, balancer):
+    config = run_config("backend=sim", "model=qwen2_32b", "dataset.length_scale=1", "world_size=64",
+                        "minibatch_size=4", "num_minibatches=5", f"balancer={balancer}", "engine=odc")
+    here = plan_digest(resolve(config))
+    shares = []
+
+    def counting(fn, calls, jobs, meanwhile=None):
+        shares.append((len(calls), jobs))
+        return in_processes(fn, calls, jobs, meanwhile)
+
+    monkeypatch.setattr(plan_spec, "in_processes", counting)
+    monkeypatch.setattr(plan_spec, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(plan_spec, "PARALLEL_FROM", 0)
+    assert plan_digest(resolve(config)) == here
+    assert shares == [(3, 3)], "five minibatches in three shares, for three workers"
+
+
+def _refuses_seven(lengths, world_size, max_tokens, cost, options):
+    if 7 in lengths:
+        raise ValueError("seven")
+    return local_sort(lengths, world_size, max_tokens, cost, options)
+
+
+def test_a_minibatch_planned_side_by_side_that_cannot_be_planned_is_its_error_in_its_place(monkeypatch):
+    balancer = BalancerSpec("refuses_seven", "R7", LocalSortOptions, equal_counts=True, plan=_refuses_seven)
+    minibatches = [[5, 6, 8, 9], [1, 2, 3, 4], [7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]]
+    args = (balancer, LocalSortOptions(), minibatches, 2, 64, linear())
+    here = Planner().plan_all(*args)
+    monkeypatch.setattr(plan_spec, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(plan_spec, "PARALLEL_FROM", 0)
+    side = Planner().plan_all(*args)
+    assert [str(p) if isinstance(p, ValueError) else p for p in side] == \
+           [str(p) if isinstance(p, ValueError) else p for p in here]
+    assert [isinstance(p, ValueError) for p in side] == [False, False, True, False, False]
 
 
 def test_a_changed_input_file_plans_again(tmp_path):

@@ -1,11 +1,12 @@
-"""Calls spread over processes forked from this one: the what-if's series, planned and
-simulated side by side.
+"""Calls spread over processes forked from this one: the what-if's series, and the plans of a
+large run's minibatches, computed side by side.
 
-Forked, a worker starts with everything this process has imported and loaded (the dataset's
+Forked, a worker starts with everything this process has imported and loaded (a dataset's
 lengths included) and costs a few milliseconds; a spawned one would import the harness again
 (about half a second). Workers leave Ctrl-C to this process, which stops the pool: each
-worker ends the call in hand (its series, about a second at most) and exits; none outlives
-this process (on Linux the kernel stops it should this one be killed)."""
+worker ends the call in hand and exits; none outlives this process (on Linux the kernel stops
+it should this one be killed). A worker's own calls to in_processes run in it, one after the
+other: the cores are busy already."""
 
 from __future__ import annotations
 
@@ -21,18 +22,28 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_in_worker = False
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: taskset, a SLURM allocation)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], jobs: int,
                  meanwhile: Callable[[], object] | None = None) -> list[T]:
     """fn(*args) for each args in `calls`, in up to `jobs` forked processes, the results in the
     calls' order; `meanwhile` runs here while they work. The first call's exception (in that
-    order) is raised here once no worker runs any more."""
+    order) is raised here once no worker runs any more. With one job or one call, or in a
+    worker, the calls run here and `meanwhile` does not run."""
+    if jobs <= 1 or len(calls) <= 1 or _in_worker:
+        return [fn(*args) for args in calls]
     # Frozen, the objects the workers inherit are left out of their collections, which would
     # otherwise write to every one of them and so copy the pages they share with this process.
     gc.freeze()
-    pool = ProcessPoolExecutor(max_workers=max(1, min(jobs, len(calls))),
-                               mp_context=multiprocessing.get_context("fork"),
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=multiprocessing.get_context("fork"),
                                initializer=_worker_start, initargs=(os.getpid(),))
     try:
         futures = [pool.submit(fn, *args) for args in calls]  # the workers fork at the first
@@ -46,6 +57,8 @@ def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], jobs: int,
 
 
 def _worker_start(parent: int) -> None:
+    global _in_worker
+    _in_worker = True
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     if sys.platform == "linux":
         # A worker waits for calls on a pipe this process writes; were this one killed, it would wait forever.

@@ -1,5 +1,6 @@
-"""The what-if's worker processes (odc_bench/whatif/workers.py): results in order, the first
-failure raised here, Ctrl-C left to the parent, and no worker outliving a killed parent."""
+"""Calls in forked worker processes (odc_bench/forked.py): results in order, the first failure
+raised here, Ctrl-C left to the parent, a worker's own calls inline, and no worker outliving a
+killed parent."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from odc_bench.whatif.workers import in_processes
+from odc_bench.forked import in_processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,6 +41,22 @@ def test_calls_run_in_other_processes_and_come_back_in_their_order():
     assert met == [os.getpid()], "meanwhile runs once, here"
 
 
+def _inner_pids() -> tuple[int, list[tuple[int, int]]]:
+    return os.getpid(), in_processes(_whoami, [(0,), (1,)], 2)
+
+
+def test_a_workers_own_calls_run_in_it():
+    [(worker, inner)] = in_processes(_inner_pids, [(), ()], 2)[:1]
+    assert worker != os.getpid() and {pid for _, pid in inner} == {worker}
+
+
+def test_one_job_runs_the_calls_here_and_not_meanwhile():
+    met = []
+    assert in_processes(_whoami, [(0,), (1,)], 1, meanwhile=lambda: met.append(1)) == [(0, os.getpid()),
+                                                                                       (1, os.getpid())]
+    assert met == []
+
+
 def test_the_first_calls_exception_is_raised_here():
     with pytest.raises(ValueError, match="^call 1$"):
         in_processes(_fails_from_one, [(0,), (1,), (2,)], 3)
@@ -63,7 +80,7 @@ def test_no_worker_outlives_a_killed_parent(tmp_path):
     script = textwrap.dedent("""
         import os, sys, time
         from pathlib import Path
-        from odc_bench.whatif.workers import in_processes
+        from odc_bench.forked import in_processes
 
         def work(folder, i):
             Path(folder, str(os.getpid())).write_text("")
