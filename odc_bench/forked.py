@@ -32,18 +32,20 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], jobs: int,
+def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], workers: int,
                  meanwhile: Callable[[], object] | None = None) -> list[T]:
-    """fn(*args) for each args in `calls`, in up to `jobs` forked processes, the results in the
-    calls' order; `meanwhile` runs here while they work. The first call's exception (in that
-    order) is raised here once no worker runs any more. With one job or one call, or in a
-    worker, the calls run here and `meanwhile` does not run."""
-    if jobs <= 1 or len(calls) <= 1 or _in_worker:
+    """fn(*args) for each args in `calls`, in up to `workers` forked processes, the results in
+    the calls' order; `meanwhile` runs here once, while they work. The first call's exception
+    (in that order) is raised here once no worker runs any more. With no workers, or in a
+    worker, the calls run here (after `meanwhile`)."""
+    if workers < 1 or not calls or _in_worker:
+        if meanwhile is not None:
+            meanwhile()
         return [fn(*args) for args in calls]
     # Frozen, the objects the workers inherit are left out of their collections, which would
     # otherwise write to every one of them and so copy the pages they share with this process.
     gc.freeze()
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(calls)), mp_context=multiprocessing.get_context("fork"),
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(calls)), mp_context=multiprocessing.get_context("fork"),
                                initializer=_worker_start, initargs=(os.getpid(),))
     try:
         futures = [pool.submit(fn, *args) for args in calls]  # the workers fork at the first

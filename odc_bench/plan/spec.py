@@ -326,18 +326,23 @@ class Planner:
     def plan_all(self, balancer: BalancerSpec, options: Any, minibatches: Sequence[list[int]], world: int,
                  max_tokens: int, cost: CostModel) -> list[Planned | ValueError]:
         """plan() of each minibatch, for a balancer that plans without the ranks' clock (any but a
-        carry planner), or the ValueError it raised. Those not planned yet are planned side by side
-        in processes forked from this one (forked.py), one share each, where they hold
-        PARALLEL_FROM samples or more."""
+        carry planner), or the ValueError it raised. Those not planned yet are planned side by side,
+        where they hold PARALLEL_FROM samples or more: one share here, one in each process forked
+        for each other CPU this process may use (forked.py)."""
         assert balancer.carry is None, "a carry planner plans each minibatch knowing the one before"
         keys = [_memo_key(balancer, options, lens, world, max_tokens, cost, None) for lens in minibatches]
         todo = [i for i, key in enumerate(keys) if key is None or key not in self._plans]
-        jobs = usable_cpus() if sum(len(minibatches[i]) for i in todo) >= PARALLEL_FROM else 1
-        shares = [todo[j::jobs] for j in range(min(jobs, len(todo)))]
-        done = in_processes(_plan_each, [(balancer, options, [minibatches[i] for i in share], world, max_tokens, cost)
-                                         for share in shares], jobs)
-        planned = {i: result for share, results in zip(shares, done, strict=True)
-                   for i, result in zip(share, results, strict=True)}
+        planned: dict[int, Planned | ValueError] = {}
+        if todo:
+            ways = usable_cpus() if sum(len(minibatches[i]) for i in todo) >= PARALLEL_FROM else 1
+            shares = [todo[j::ways] for j in range(min(ways, len(todo)))]
+            calls = [(balancer, options, [minibatches[i] for i in share], world, max_tokens, cost) for share in shares]
+            here: list[Planned | ValueError] = []
+            # The first share is planned here while the workers plan the others: no plan of it to send back.
+            done = [here, *in_processes(_plan_each, calls[1:], ways - 1,
+                                        meanwhile=lambda: here.extend(_plan_each(*calls[0])))]
+            planned = {i: result for share, results in zip(shares, done, strict=True)
+                       for i, result in zip(share, results, strict=True)}
         out: list[Planned | ValueError] = []
         for i, key in enumerate(keys):
             if i not in planned:

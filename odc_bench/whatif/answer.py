@@ -89,7 +89,7 @@ def verdict(question: Question, jobs: int = 1, meanwhile: Callable[[], object] |
 
     With `jobs` > 1, up to that many processes forked from this one plan and simulate the series,
     those sharing a balancer together (they share its plans), and `meanwhile` runs here while they
-    do (with one process it does not run). The first series is composed here first: that loads
+    do (with one process, not at all). The first series is composed here first: that loads
     the dataset once (the workers inherit it, and its length cache is written from here) and
     ends most bad input before any worker starts. Bad input still ends before anything is
     written; the rows are those of jobs=1 to the bit."""

@@ -50,11 +50,16 @@ def test_a_workers_own_calls_run_in_it():
     assert worker != os.getpid() and {pid for _, pid in inner} == {worker}
 
 
-def test_one_job_runs_the_calls_here_and_not_meanwhile():
-    met = []
-    assert in_processes(_whoami, [(0,), (1,)], 1, meanwhile=lambda: met.append(1)) == [(0, os.getpid()),
-                                                                                       (1, os.getpid())]
-    assert met == []
+def test_with_no_workers_the_calls_run_here_after_meanwhile():
+    order: list[object] = []
+
+    def call(i: int) -> tuple[int, int]:
+        order.append(i)
+        return _whoami(i)
+
+    assert in_processes(call, [(0,), (1,)], 0, meanwhile=lambda: order.append("meanwhile")) == [
+        (0, os.getpid()), (1, os.getpid())]
+    assert order == ["meanwhile", 0, 1]
 
 
 def test_the_first_calls_exception_is_raised_here():

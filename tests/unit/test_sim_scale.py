@@ -288,7 +288,7 @@ def test_plans_made_side_by_side_are_those_made_here(monkeypatch, balancer):
     monkeypatch.setattr(plan_spec, "usable_cpus", lambda: 3)
     monkeypatch.setattr(plan_spec, "PARALLEL_FROM", 0)
     assert plan_digest(resolve(config)) == here
-    assert shares == [(3, 3)], "five minibatches in three shares, for three workers"
+    assert shares == [(2, 2)], "five minibatches in three shares: one planned here, two in two workers"
 
 
 def _refuses_seven(lengths, world_size, max_tokens, cost, options):
