@@ -85,8 +85,9 @@ def parser() -> argparse.ArgumentParser:
                          "ranks run up to S minibatches apart and train on gradients S steps old; "
                          "docs/staleness.md), beside the verdict")
     ap.add_argument("-j", "--jobs", type=int, default=usable_cpus(),
-                    help="processes that plan and simulate the series side by side (default: the CPUs this process "
-                         "may use, %(default)s); the verdict is the same to the bit with any number")
+                    help="worker processes that plan and simulate series beside this one, which loads the figure's "
+                         "libraries meanwhile, then takes a share too; 0: all here (default: the CPUs this process "
+                         "may use, %(default)s). The verdict is the same to the bit with any number")
     ap.add_argument("--out", type=Path, default=Path("results/local/whatif"),
                     help="where verdict.csv and verdict.png go (default: %(default)s)")
     return ap
@@ -170,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as e:
         fail(e, PROG)
     try:
-        if args.jobs < 1:
-            raise ConfigError(f"--jobs must be at least 1, got {args.jobs}")
+        if args.jobs < 0:
+            raise ConfigError(f"--jobs takes 0 or more worker processes, got {args.jobs}")
         # matplotlib, a good part of the start-up, loads here while the workers plan and simulate
         runs, table = verdict(question, args.jobs, meanwhile=lambda: import_module("odc_bench.whatif.figure"))
         if args.out.exists() and not args.out.is_dir():

@@ -83,24 +83,32 @@ def _order(every: list[Series]) -> Callable[[Run], tuple[int, int]]:
     return lambda run: (run[1], every.index(run[0]))
 
 
-def verdict(question: Question, jobs: int = 1, meanwhile: Callable[[], object] | None = None
+def verdict(question: Question, workers: int = 0, meanwhile: Callable[[], object] | None = None
             ) -> tuple[list[Run], pd.DataFrame]:
     """plan and answer: every run in the verdict's order, and the verdict's table.
 
-    With `jobs` > 1, up to that many processes forked from this one plan and simulate the series,
-    those sharing a balancer together (they share its plans), and `meanwhile` runs here while they
-    do (with one process, not at all). The first series is composed here first: that loads
-    the dataset once (the workers inherit it, and its length cache is written from here) and
-    ends most bad input before any worker starts. Bad input still ends before anything is
-    written; the rows are those of jobs=1 to the bit."""
+    With `workers`, up to that many processes forked from this one plan and simulate the series,
+    those sharing a balancer together (they share its plans), while this one runs `meanwhile` and
+    then the first series' share. That series is composed here before anything starts: that
+    loads the dataset once (the workers inherit it, and its length cache is written from here)
+    and ends most bad input before any worker starts. Bad input still ends before anything is
+    written; the rows are those of workers=0 to the bit. With no workers (or one share) `meanwhile`
+    does not run."""
     every = series(question.all_balancers, question.staleness)
     groups = list({s.balancer: [t for t in every if t.balancer == s.balancer] for s in every}.values())
-    if jobs <= 1 or len(groups) == 1:
+    if workers < 1 or len(groups) == 1:
         runs = plan(question)
         return runs, answer(runs)
     first = compose_configs([question.run(every[0], question.minibatch_sizes[0])])[0]
     dataset_lengths(first.dataset, first.seed)
-    done = in_processes(_group_rows, [(question, group, {every[0]: first}) for group in groups], jobs, meanwhile)
+    here: list[tuple[Run, dict]] = []
+
+    def then_mine() -> None:
+        if meanwhile is not None:
+            meanwhile()
+        here.extend(_group_rows(question, groups[0], {every[0]: first}))
+
+    done = [here, *in_processes(_group_rows, [(question, group, {}) for group in groups[1:]], workers, then_mine)]
     order = _order(every)
     pairs = sorted((pair for group in done for pair in group), key=lambda pair: order(pair[0]))
     write_pending_caches()
@@ -109,7 +117,7 @@ def verdict(question: Question, jobs: int = 1, meanwhile: Callable[[], object] |
 
 def _group_rows(question: Question, group: list[Series], composed: dict[Series, RunConfig]
                 ) -> list[tuple[Run, dict]]:
-    """One worker's share of verdict: its series composed (unless given), planned, then simulated."""
+    """One share of verdict: its series composed (unless given), planned, then simulated."""
     missing = [s for s in group if s not in composed]
     configs = dict(zip(missing, compose_configs([question.run(s, question.minibatch_sizes[0]) for s in missing]),
                        strict=True))
