@@ -8,12 +8,9 @@ learn its work.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,7 +31,7 @@ from odc_bench.balancers.quality import (
     stale_lower_bound,
     stale_window,
 )
-from odc_bench.balancers.registry import BalancerSpec, balancer_options, balancer_spec, plan_minibatch
+from odc_bench.balancers.registry import balancer_options, balancer_spec
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
@@ -42,10 +39,10 @@ from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
 from odc_bench.errors import CombinationError, ConfigError
-from odc_bench.forked import in_processes, usable_cpus
 from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import hardware_tag, memory_limit, run_device
 from odc_bench.plan.identity import config_key
+from odc_bench.plan.plans import Plans, no_cycle_collection
 from odc_core.engine.registry import shard_group_size
 
 GB = 2**30
@@ -220,17 +217,6 @@ def check_combination(config: RunConfig) -> None:
                                ("balancer", "engine.staleness"))
 
 
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def shard_group(config: RunConfig) -> int:
     """How many ranks share a unit's shards: all of them, or with hybrid sharding one node's
     (the simulated hardware's, or a real run's engine.ranks_per_node)."""
@@ -272,27 +258,22 @@ def _plan_key(config: RunConfig, device_type: str, remote: bool) -> str:
 
 
 class Planner:
-    """Resolves runs (RunConfig -> RunSpec) and keeps what it planned, for the runs of one command.
-
-    Plans are pure functions of their inputs, so runs over the same minibatches (the series of a
-    what-if, the jobs of a sweep, which differ only in the engine) plan each minibatch once; and
-    the run just resolved (same config, same files read) is returned again: the command line's
-    precheck resolves the run, then hands its planner to the Hydra job (app.Job), which resolves
-    it again. Plans are never modified after planning. A pickled planner (a SLURM job's) starts
-    empty.
+    """Resolves runs (RunConfig -> RunSpec) for the runs of one command, keeping what it planned
+    (plan/plans.py: each minibatch planned once) and the run just resolved (same config, same
+    files read), which it returns again: the command line's precheck resolves the run, then hands
+    its planner to the Hydra job (app.Job), which resolves it again. A pickled planner (a SLURM
+    job's) starts empty.
     """
 
-    KEPT = 4096  # plans remembered before they are all forgotten
-
     def __init__(self) -> None:
-        self._plans: dict[tuple, tuple[Plan, list[Microbatch] | None]] = {}
+        self.plans = Plans()
         self._last: tuple[str, RunSpec] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._plans, self._last = {}, None
+        self.plans, self._last = Plans(), None
 
     def resolve(self, config: RunConfig, lengths: np.ndarray | None = None, remote_cuda: bool = False) -> RunSpec:
         """Plan every minibatch of the run; ConfigError (one line) for input that cannot run.
@@ -312,85 +293,6 @@ class Planner:
         spec = _resolve(config, device_type, self, remote=remote)
         self._last = (key, spec)
         return spec
-
-    def plan(self, balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
-             cost: CostModel, ready: Sequence[float] | None = None) -> tuple[Plan, list[Microbatch] | None]:
-        """One minibatch's plan (balancers/registry.py plan_minibatch), planned once."""
-        key = _memo_key(balancer, options, lengths, world, max_tokens, cost, ready)
-        if key is None:  # options holding a mutable value: plan without the memo
-            return plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready)
-        if key not in self._plans:
-            self._remember(key, plan_minibatch(balancer, options, lengths, world, max_tokens, cost, ready))
-        return self._plans[key]
-
-    def plan_all(self, balancer: BalancerSpec, options: Any, minibatches: Sequence[list[int]], world: int,
-                 max_tokens: int, cost: CostModel) -> list[Planned | ValueError]:
-        """plan() of each minibatch, for a balancer that plans without the ranks' clock (any but a
-        carry planner), or the ValueError it raised. Those not planned yet are planned side by side,
-        where they hold PARALLEL_FROM samples or more: one share here, one in each process forked
-        for each other CPU this process may use (forked.py)."""
-        assert balancer.carry is None, "a carry planner plans each minibatch knowing the one before"
-        keys = [_memo_key(balancer, options, lens, world, max_tokens, cost, None) for lens in minibatches]
-        todo = [i for i, key in enumerate(keys) if key is None or key not in self._plans]
-        planned: dict[int, Planned | ValueError] = {}
-        if todo:
-            ways = usable_cpus() if sum(len(minibatches[i]) for i in todo) >= PARALLEL_FROM else 1
-            shares = [todo[j::ways] for j in range(min(ways, len(todo)))]
-            calls = [(balancer, options, [minibatches[i] for i in share], world, max_tokens, cost) for share in shares]
-            here: list[Planned | ValueError] = []
-            # The first share is planned here while the workers plan the others: no plan of it to send back.
-            done = [here, *in_processes(_plan_each, calls[1:], ways - 1,
-                                        meanwhile=lambda: here.extend(_plan_each(*calls[0])))]
-            planned = {i: result for share, results in zip(shares, done, strict=True)
-                       for i, result in zip(share, results, strict=True)}
-        out: list[Planned | ValueError] = []
-        for i, key in enumerate(keys):
-            if i not in planned:
-                assert key is not None, "a plan without a key is never remembered, so always planned"
-                out.append(self._plans[key])
-            elif isinstance(result := planned[i], ValueError) or key is None:
-                out.append(result)
-            else:
-                self._remember(key, result)
-                out.append(result)
-        return out
-
-    def _remember(self, key: tuple, planned: Planned) -> None:
-        if len(self._plans) >= self.KEPT:
-            self._plans.clear()
-        self._plans[key] = planned
-
-
-# A minibatch's plan, and the claim queue of a run-time balancer (else None).
-Planned = tuple[Plan, list[Microbatch] | None]
-# Plans of fewer samples than this, in all, are planned here: forking workers and sending the
-# plans back (about a quarter of a microsecond a sample) would cost more than they save.
-PARALLEL_FROM = 100_000
-
-
-def _memo_key(balancer: BalancerSpec, options: Any, lengths: list[int], world: int, max_tokens: int,
-              cost: CostModel, ready: Sequence[float] | None) -> tuple | None:
-    """What a plan depends on (the ranks' clock only for a carry planner); None when unhashable."""
-    key = (balancer.name, options, cost, world, max_tokens, tuple(lengths),
-           None if ready is None or balancer.carry is None else tuple(ready))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _plan_each(balancer: BalancerSpec, options: Any, minibatches: list[list[int]], world: int, max_tokens: int,
-               cost: CostModel) -> list[Planned | ValueError]:
-    """One worker's share of Planner.plan_all."""
-    out: list[Planned | ValueError] = []
-    with _no_cycle_collection():
-        for lengths in minibatches:
-            try:
-                out.append(plan_minibatch(balancer, options, lengths, world, max_tokens, cost))
-            except ValueError as e:
-                out.append(e)
-    return out
 
 
 def resolve(config: RunConfig, lengths: np.ndarray | None = None, remote_cuda: bool = False) -> RunSpec:
@@ -426,14 +328,12 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"
     clock = StaleClock(world, engine.staleness)  # when each rank is free for the next minibatch
     minibatches = []
-    # Plans are many small lists, none in a cycle: the cyclic collector would only scan them
-    # again and again as they grow (a quarter of the planning time at 1,024 ranks).
-    with _no_cycle_collection():
+    with no_cycle_collection():
         every = [lengths[ids].tolist() for ids in drawn]
         # Those before the first with a sample over max_tokens, which is refused below, are planned.
         checked = next((k for k, lens in enumerate(every) if max(lens) > max_tokens), len(every))
         planned = (None if balancer.carry is not None else
-                   planner.plan_all(balancer, options, every[:checked], world, max_tokens, cost))
+                   planner.plans.plan_all(balancer, options, every[:checked], world, max_tokens, cost))
         for k, (ids, lens) in enumerate(zip(drawn, every, strict=True)):
             longest = max(lens)
             require(longest <= max_tokens,
@@ -441,7 +341,7 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
                     f"max_tokens={max_tokens}; raise max_tokens (or packing_ratio) or lower dataset.length_scale")
             try:
                 if planned is None:
-                    plan, queue = planner.plan(balancer, options, lens, world, max_tokens, cost, clock.ready())
+                    plan, queue = planner.plans.plan(balancer, options, lens, world, max_tokens, cost, clock.ready())
                 elif isinstance(result := planned[k], ValueError):
                     raise result
                 else:

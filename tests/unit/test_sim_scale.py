@@ -14,7 +14,9 @@ from odc_bench.balancers.local_sort import LocalSortOptions, local_sort
 from odc_bench.balancers.registry import BalancerSpec
 from odc_bench.config.backend import GpuHardwareConfig
 from odc_bench.forked import in_processes
+from odc_bench.plan import plans as plan_plans
 from odc_bench.plan import spec as plan_spec
+from odc_bench.plan.plans import Plans
 from odc_bench.plan.spec import Planner, plan_digest, resolve
 from odc_bench.record.row import sim_timing, timing
 from odc_bench.sim import simulate
@@ -284,9 +286,9 @@ def test_plans_made_side_by_side_are_those_made_here(monkeypatch, balancer):
         shares.append((len(calls), jobs))
         return in_processes(fn, calls, jobs, meanwhile)
 
-    monkeypatch.setattr(plan_spec, "in_processes", counting)
-    monkeypatch.setattr(plan_spec, "usable_cpus", lambda: 3)
-    monkeypatch.setattr(plan_spec, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(plan_plans, "in_processes", counting)
+    monkeypatch.setattr(plan_plans, "usable_cpus", lambda: 3)
+    monkeypatch.setattr(plan_plans, "PARALLEL_FROM", 0)
     assert plan_digest(resolve(config)) == here
     assert shares == [(2, 2)], "five minibatches in three shares: one planned here, two in two workers"
 
@@ -301,10 +303,10 @@ def test_a_minibatch_planned_side_by_side_that_cannot_be_planned_is_its_error_in
     balancer = BalancerSpec("refuses_seven", "R7", LocalSortOptions, equal_counts=True, plan=_refuses_seven)
     minibatches = [[5, 6, 8, 9], [1, 2, 3, 4], [7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18]]
     args = (balancer, LocalSortOptions(), minibatches, 2, 64, linear())
-    here = Planner().plan_all(*args)
-    monkeypatch.setattr(plan_spec, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(plan_spec, "PARALLEL_FROM", 0)
-    side = Planner().plan_all(*args)
+    here = Plans().plan_all(*args)
+    monkeypatch.setattr(plan_plans, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(plan_plans, "PARALLEL_FROM", 0)
+    side = Plans().plan_all(*args)
     assert [str(p) if isinstance(p, ValueError) else p for p in side] == \
            [str(p) if isinstance(p, ValueError) else p for p in here]
     assert [isinstance(p, ValueError) for p in side] == [False, False, True, False, False]
