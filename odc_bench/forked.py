@@ -6,7 +6,9 @@ lengths included) and costs a few milliseconds; a spawned one would import the h
 (about half a second). Workers leave Ctrl-C to this process, which stops the pool: each
 worker ends the call in hand and exits; none outlives this process (on Linux the kernel stops
 it should this one be killed). A worker's own calls to in_processes run in it, one after the
-other: the cores are busy already."""
+other: the cores are busy already. A fork copies only the calling thread; the calls here plan
+and simulate, and wait on no lock that another thread of this process (a display's, a
+library's pool) could have held at the fork."""
 
 from __future__ import annotations
 
