@@ -232,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """`python -m odc_bench.whatif` and the `odc-whatif` script."""
     # One short process, and its garbage is rarely cyclic: CPython's default (a collection every
     # 700 new objects) would scan the planner's and the simulator's many small containers again
     # and again for nothing; and at exit, the interpreter's last collections would scan every
@@ -240,5 +241,17 @@ if __name__ == "__main__":
     gc.set_threshold(100_000, 50, 100)
     try:
         main()
+    except KeyboardInterrupt:
+        # The workers (forked.py) have ended the series in hand and exited by now.
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        # Clears CPython's mark of an unhandled KeyboardInterrupt, which a Ctrl-C surfacing in
+        # exec()'d source (a dataclass's generated methods) leaves set: the process would end by
+        # SIGINT rather than with 130 (odc_bench.cli.interrupted does the same).
+        exec("")
+        sys.exit(130)
     finally:
         gc.freeze()
+
+
+if __name__ == "__main__":
+    run()

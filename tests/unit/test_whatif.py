@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -408,6 +410,48 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, whatif, args, setup,
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("odc_bench.whatif: error: ") and message in lines[0]
     assert _files_under(tmp_path) == before, "no verdict, no lengths cache"
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the name (state, parent, ...), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if (fields := _stat(int(p.name))) is not None and int(fields[1]) == pid and fields[0] != "Z"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the processes' parents from /proc")
+def test_ctrl_c_ends_the_workers_and_the_command_in_one_line_writing_nothing(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
+    # 128 devices, every balancer: seconds of work, so the Ctrl-C lands while the workers run.
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench.whatif", "longalign", "--model", "qwen2_14b", "--nodes",
+                             "16", "--all-balancers", "--jobs", "2", "--out", str(tmp_path / "out")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers := _children(proc.pid)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and [ln for ln in err.splitlines() if ln.strip()] == ["odc_bench.whatif: interrupted"]
+    assert not any(_alive(w) for w in workers), "a worker outlived the command"
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
