@@ -44,26 +44,32 @@ def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], workers: in
         if meanwhile is not None:
             meanwhile()
         return [fn(*args) for args in calls]
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(calls)), mp_context=multiprocessing.get_context("fork"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
     # Frozen, the objects the workers inherit are left out of their collections, which would
     # otherwise write to every one of them and so copy the pages they share with this process.
     gc.freeze()
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(calls)), mp_context=multiprocessing.get_context("fork"),
-                               initializer=_worker_start, initargs=(os.getpid(),))
+    # Ctrl-C is held while the workers fork. A blocked signal stays blocked in a forked process,
+    # so the workers never take it (they leave it to this process); and this process gets a
+    # Ctrl-C pressed meanwhile once they have started, not inside the fork's own handlers,
+    # which swallowed it (the command then ran on to its end).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        futures = [pool.submit(fn, *args) for args in calls]  # the workers fork at the first
-        gc.unfreeze()
+        try:
+            futures = [pool.submit(fn, *args) for args in calls]  # the workers fork at the first
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            gc.unfreeze()
         if meanwhile is not None:
             meanwhile()
         return [f.result() for f in futures]
     finally:
-        gc.unfreeze()
         pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _worker_start(parent: int) -> None:
     global _in_worker
     _in_worker = True
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     if sys.platform == "linux":
         # A worker waits for calls on a pipe this process writes; were this one killed, it would wait forever.
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
