@@ -18,13 +18,18 @@ import pandas as pd
 from odc_bench.balancers.schedule import list_schedule
 from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
 from odc_bench.errors import ConfigError
+from odc_bench.forked import in_processes, usable_cpus
 from odc_bench.models.memory import estimate, host_available_bytes
 from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import totals, trace_frame
 from odc_bench.sim.hardware import EngineCosts, calibration_path, load_profile
 from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.stale import StaleTimeline, stale_odc, stale_totals, stale_trace
-from odc_bench.sim.timeline import Timeline, collective, odc
+from odc_bench.sim.timeline import Timeline, collective, concatenated, odc
+
+# ODC timelines of fewer (minibatch, rank) pairs than this are computed in one process: below
+# it, forking a worker and sending its share back costs about what the split saves.
+SIDE_BY_SIDE_FROM = 16_384
 
 
 @dataclass
@@ -158,5 +163,31 @@ def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
     if timeline == "collective":
         tl = collective(comp, nmb, tokens, costs, columns=columns)
     else:
-        tl = odc(comp, nmb, tokens, costs, passes=backend.contention_passes, columns=columns, record=trace)
+        tl = odc_side_by_side(comp, nmb, tokens, costs, backend.contention_passes, columns, record=trace)
     return Simulation(layout, tl, comp, nmb, tokens, samples)
+
+
+def odc_side_by_side(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, costs: EngineCosts, passes: int,
+                     columns: np.ndarray, record: bool) -> Timeline:
+    """timeline.odc, a large run's minibatches split into runs of consecutive ones: one run here,
+    one in a process forked for each other CPU this process may use (forked.py). A minibatch's
+    timeline depends on its own plan alone (contention.py), so the split changes no bit; with
+    topology-aware fetch it may, so such a run is not split. A recorded timeline (per-position
+    start times, for a trace) is computed here: sending it back would cost more than the split
+    saves."""
+    M, R = nmb.shape
+    alone = not record and not costs.fetch_nearest and M * R >= SIDE_BY_SIDE_FROM
+    ways = min(usable_cpus(), M) if alone else 1
+    if ways <= 1:
+        return odc(comp, nmb, tokens, costs, passes=passes, columns=columns, record=record)
+    bounds = np.linspace(0, M, ways + 1).round().astype(int)
+    calls = [(comp[a:b], nmb[a:b], tokens[a:b], costs, passes, columns) for a, b in itertools.pairwise(bounds)]
+    here: list[Timeline] = []
+    rest = in_processes(_odc_share, calls[1:], ways - 1, meanwhile=lambda: here.append(_odc_share(*calls[0])))
+    return concatenated([*here, *rest])
+
+
+def _odc_share(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, costs: EngineCosts, passes: int,
+               columns: np.ndarray) -> Timeline:
+    """One share of odc_side_by_side."""
+    return odc(comp, nmb, tokens, costs, passes=passes, columns=columns, record=False)

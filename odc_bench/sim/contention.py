@@ -7,6 +7,12 @@ minibatch and each batch of transfers looks them up with one sorted search: O(M 
 build and O(M R (log R + g)) per lookup for M minibatches, R ranks and g ranks per node (the
 counts of a rank's own node and rail are summed over its node's ranks directly), whatever the
 node count; lookups before a minibatch's first rank finishes need no search.
+
+Every count compares a minibatch's values with its own queries, in seconds from its own
+start, and nothing else: a minibatch's counts are those of simulating it alone, to the bit, so
+the minibatches of a run can be simulated in any grouping (sim/__init__.py splits a large run's
+between processes). Holders (topology-aware fetch) still searches every minibatch's intervals
+shifted into one array, where a shift can round an interval's end onto a query.
 """
 
 from __future__ import annotations
@@ -34,14 +40,13 @@ class Contention:
         finite = finish[np.isfinite(finish)]
         # Queries are clipped to just past the last finite finish, so that ranks without a
         # finish time yet stay active, and ranks without work (finished "before time 0")
-        # never count; rows of the flat search keys then never overlap.
+        # never count. The horizon is the run's, but only orders a minibatch's finishes and
+        # queries as its own values do, so no count depends on another minibatch.
         self.horizon = float(finite.max()) if finite.size else 0.0
         f = np.where(finish == -np.inf, -1.0, np.where(finish == np.inf, self.horizon + 1.0, finish))
         self.finish = f
-        self.stride = self.horizon + 3.0
         order = np.argsort(f, axis=1)
-        # One sorted array of every row's finishes, row m shifted by m x stride (rows never overlap).
-        self.keys = _Sorted((np.take_along_axis(f, order, 1) + self.stride * np.arange(M)[:, None]).ravel())
+        self.keys = _SortedRows(np.take_along_axis(f, order, 1))
         rank = np.arange(R)
         local = rank % g
         self.node_group = (np.arange(M)[:, None] * net.nodes + rank // g).ravel()  # (M * R,): group of node_finish
@@ -117,7 +122,7 @@ class Contention:
         q = np.minimum(at.ravel().take(late), self.horizon + 0.5)
         done = self.finish.ravel().take(late) <= q
         m = late // R
-        k = self.keys.count(q + self.stride * m) - m * R
+        k = self.keys.count(m, q)
         node_done = self.node_finish.count(self.node_group.take(late), q)
         row = m * (R + 1) + k
         most, second = self.most.take(row), self.second.take(row)
@@ -172,58 +177,71 @@ class Counts:
         return self.loc, self.tot, self.min_remote, self.rail
 
 
-class _Sorted:
-    """Sorted values: how many are <= each query, all queries at once.
+class _SortedRows:
+    """Rows of values, each sorted: how many of a query's row are <= it, all queries at once
+    (np.searchsorted(row, query, side="right") per query).
 
-    A sorted search per query costs a mispredicted branch per halving; here the values fall
-    into a uniform grid of buckets, the values below a query's bucket are read off a table
-    and the few inside it compared one by one. Values and queries go through the same
-    monotone arithmetic to find their buckets, so the count is exact: np.searchsorted's
-    (side="right").
+    A sorted search per query costs a mispredicted branch per halving; here each row's span is
+    cut into a uniform grid of buckets, the values below a query's bucket are read off a table
+    and the few inside it compared one by one. A row's values and its queries go through the
+    same monotone arithmetic to find their buckets, so the count is exact, and it depends on
+    that row alone.
     """
 
-    def __init__(self, values: np.ndarray, per_value: int = 8) -> None:
-        self.values = values
-        self.buckets = max(1, per_value * values.size)
-        self.lo = float(values[0])
-        span = float(values[-1]) - self.lo
-        self.scale = self.buckets / span if span > 0 else 1.0
-        # start[b]: the first value in bucket b or after it.
-        self.start = np.searchsorted(self._bucket(values), np.arange(self.buckets + 1))
+    def __init__(self, rows: np.ndarray, per_value: int = 8) -> None:
+        M, R = rows.shape
+        self.width = R
+        self.values = rows.ravel()
+        self.buckets = max(1, per_value * R)  # per row
+        self.lo = np.ascontiguousarray(rows[:, 0]) if R else np.zeros(M)
+        span = rows[:, -1] - self.lo if R else np.zeros(M)
+        self.scale = np.where(span > 0, self.buckets / np.where(span > 0, span, 1.0), 1.0)
+        # start[m * buckets + b]: the first value of row m in bucket b or after it (rows in order,
+        # each sorted, so the buckets of the flat values never decrease).
+        row = np.repeat(np.arange(M), R)
+        self.start = np.searchsorted(self._bucket(row, self.values), np.arange(M * self.buckets + 1))
 
-    def _bucket(self, x: np.ndarray) -> np.ndarray:
-        return np.clip(((x - self.lo) * self.scale).astype(np.int64), 0, self.buckets - 1)
+    def _bucket(self, row: np.ndarray, x: np.ndarray) -> np.ndarray:
+        b = ((x - self.lo.take(row)) * self.scale.take(row)).astype(np.int64)
+        return np.clip(b, 0, self.buckets - 1) + row * self.buckets
 
-    def count(self, query: np.ndarray) -> np.ndarray:
-        bucket = self._bucket(query)
+    def count(self, row: np.ndarray, query: np.ndarray) -> np.ndarray:
+        bucket = self._bucket(row, query)
         at, end = self.start.take(bucket), self.start.take(bucket + 1)
         todo = np.flatnonzero(at < end)
         while todo.size:
             todo = todo[self.values[at[todo]] <= query[todo]]
             at[todo] += 1
             todo = todo[at[todo] < end[todo]]
-        return at
+        return at - row * self.width
 
 
 class _Groups:
     """Small groups of values (a node's ranks): how many of a group's values are <= each query,
-    by a branchless binary search over all queries at once (each group sorted, padded with
-    +inf to a power of two)."""
+    all queries at once (each group sorted)."""
 
     def __init__(self, values: np.ndarray) -> None:
-        groups, n = values.shape
-        self.width = 1 << (n - 1).bit_length()
-        padded = np.full((groups, self.width), np.inf)
-        padded[:, :n] = np.sort(values, axis=1)
-        self.values = padded.ravel()
+        self.width = values.shape[1]
+        self.values = np.sort(values, axis=1).ravel()
 
     def count(self, group: np.ndarray, query: np.ndarray) -> np.ndarray:
-        base = group * self.width
-        step = self.width // 2
-        while step:
-            base += step * (self.values.take(base + step - 1) <= query)
-            step //= 2
-        return base - group * self.width + (self.values.take(base) <= query)
+        return _count_in_groups(self.values, self.width, group, query)
+
+
+def _count_in_groups(values: np.ndarray, width: int, group: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """How many values of each query's group are <= it: `values` holds groups of `width`, each
+    sorted, one after the other. A branchless binary search: every group is as wide, so every
+    query halves the same range at once."""
+    base = group * width
+    if not width:
+        return base
+    # The count lies in [base, base + n]: halve n, moving base past values <= the query.
+    n = width
+    while n > 1:
+        half = n // 2
+        base += half * (values.take(base + half) <= query)
+        n -= half
+    return base - group * width + (values.take(base) <= query)
 
 
 def _rank_in_group(first: np.ndarray) -> np.ndarray:

@@ -56,6 +56,13 @@ class Timeline:
     duration: np.ndarray
 
 
+def concatenated(parts: list[Timeline]) -> Timeline:
+    """The timelines of consecutive runs of minibatches, as one (each field joined along M)."""
+    start = None if any(p.start is None for p in parts) else np.concatenate([p.start for p in parts])
+    return Timeline(start=start, **{f: np.concatenate([getattr(p, f) for p in parts])
+                                    for f in ("mb_t0", "mb_t1", "sync_t0", "sync_t1", "opt_t1", "duration")})
+
+
 def _columns(comp: np.ndarray, columns: np.ndarray | None) -> np.ndarray:
     return np.arange(comp.shape[3]) if columns is None else np.asarray(columns)
 

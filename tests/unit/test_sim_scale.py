@@ -222,6 +222,56 @@ def test_topology_aware_fetch_copies_the_unit_from_a_rank_of_the_node_that_holds
     assert near_apart.duration[0] == pytest.approx(owner_apart.duration[0])
 
 
+# -- minibatches on their own ------------------------------------------------------------------
+
+def test_a_minibatchs_contention_counts_are_those_of_the_minibatch_alone():
+    """Row 999's ranks 0 and 1 finish 1e-13 s after its transfers start at 1.0 s: still working
+    then, with every rank but the one without work (7 active). Counted among 1,000 minibatches
+    they must stay working (a search over the rows' finishes shifted into one sorted array, row
+    m by m x 6 s, rounded them onto the queries); every row's counts are its own alone."""
+    net = Network(world=8, gpus_per_node=2, link_Bps=1.0, nic_Bps=1.0, latency_s=0.0, rails=2)
+    rng = np.random.default_rng(5)
+    finish = rng.choice([0.5, 1.0, 2.0, 3.0], size=(1000, 8))
+    finish[:, -1] = -np.inf  # a rank without work
+    finish[-1] = [1.0 + 1e-13, 1.0 + 1e-13, 2.0, 3.0, 2.0, 3.0, 2.0, -np.inf]
+    at = rng.choice([0.5, 1.0, 1.5, 2.5], size=(1000, 8))
+    at[-1] = 1.0
+    whole = Contention(net, finish)
+    late = whole.late(at, since=np.zeros((1000, 1)))
+    counted = whole.counts(at, late)
+    for m in (0, 1, 500, 999):
+        alone = Contention(net, finish[m:m + 1])
+        mine = np.flatnonzero(late // 8 == m)
+        found = alone.counts(at[m:m + 1], late[mine] - m * 8)
+        for a, b in zip(counted.args(), found.args(), strict=True):
+            assert np.array_equal(a[mine], b), m
+    want = brute_force_counts(net, finish[-1:], at[-1:])
+    last = np.flatnonzero(late // 8 == 999)
+    assert np.array_equal(counted.tot[last], want[1, 0]) and counted.tot[last][0] == 7
+
+
+@pytest.mark.parametrize("nearest", [False])
+def test_an_odc_timeline_split_by_minibatches_is_the_whole_ones_to_the_bit(monkeypatch, nearest):
+    """Two nodes of four ranks with contention, 9 minibatches of
+    uneven microbatch counts: simulated in three runs of minibatches, here and in two forked
+    processes, every time is the whole run's."""
+    import odc_bench.sim as sim
+
+    rng = np.random.default_rng(3)
+    net = Network(world=8, gpus_per_node=4, link_Bps=50.0, nic_Bps=2.0, latency_s=1e-3)
+    comp = rng.uniform(0.1, 1.0, (9, 8, 3, 4))
+    nmb = rng.integers(0, 4, (9, 8))
+    c = costs(4, gather=1.0, network=net, nearest=nearest, sync=0.1)
+    columns = np.arange(4)
+    whole = odc(comp, nmb, no_tokens(comp), c, columns=columns, record=False)
+    monkeypatch.setattr(sim, "SIDE_BY_SIDE_FROM", 1)
+    monkeypatch.setattr(sim, "usable_cpus", lambda: 3)
+    split = sim.odc_side_by_side(comp, nmb, no_tokens(comp), c, 3, columns, record=False)
+    for field in ("mb_t0", "mb_t1", "sync_t0", "sync_t1", "opt_t1", "duration"):
+        assert np.array_equal(getattr(split, field), getattr(whole, field)), field
+    assert whole.duration.min() > 0 and len(set(whole.duration.tolist())) > 1
+
+
 # -- the whole simulator at scale -------------------------------------------------------------
 
 SMALL = ("backend=sim", "model=qwen2_1p5b", "dataset.length_scale=1", "precision=bf16", "backend.recompute=true",
