@@ -171,13 +171,11 @@ def odc_side_by_side(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, cost
                      columns: np.ndarray, record: bool) -> Timeline:
     """timeline.odc, a large run's minibatches split into runs of consecutive ones: one run here,
     one in a process forked for each other CPU this process may use (forked.py). A minibatch's
-    timeline depends on its own plan alone (contention.py), so the split changes no bit; with
-    topology-aware fetch it may, so such a run is not split. A recorded timeline (per-position
-    start times, for a trace) is computed here: sending it back would cost more than the split
-    saves."""
+    timeline depends on its own plan alone (contention.py), so the split changes no bit. A
+    recorded timeline (per-position start times, for a trace) is computed here: sending it back
+    would cost more than the split saves."""
     M, R = nmb.shape
-    alone = not record and not costs.fetch_nearest and M * R >= SIDE_BY_SIDE_FROM
-    ways = min(usable_cpus(), M) if alone else 1
+    ways = min(usable_cpus(), M) if not record and M * R >= SIDE_BY_SIDE_FROM else 1
     if ways <= 1:
         return odc(comp, nmb, tokens, costs, passes=passes, columns=columns, record=record)
     bounds = np.linspace(0, M, ways + 1).round().astype(int)

@@ -8,11 +8,10 @@ build and O(M R (log R + g)) per lookup for M minibatches, R ranks and g ranks p
 counts of a rank's own node and rail are summed over its node's ranks directly), whatever the
 node count; lookups before a minibatch's first rank finishes need no search.
 
-Every count compares a minibatch's values with its own queries, in seconds from its own
+Every search compares a minibatch's values with its own queries, in seconds from its own
 start, and nothing else: a minibatch's counts are those of simulating it alone, to the bit, so
 the minibatches of a run can be simulated in any grouping (sim/__init__.py splits a large run's
-between processes). Holders (topology-aware fetch) still searches every minibatch's intervals
-shifted into one array, where a shift can round an interval's end onto a query.
+between processes).
 """
 
 from __future__ import annotations
@@ -259,27 +258,27 @@ class Holders:
     run embed, layers, head forward and back again, so unit u is at positions u and P-1-u.
     Per unit, the intervals of every rank are sorted per (minibatch, node); the ranks of a node
     holding a unit at a time are the intervals begun by then minus those ended by then (two
-    sorted searches for a batch of queries).
+    searches within the node's group for a batch of queries).
     """
 
     def __init__(self, net: Network, hold_s: np.ndarray, hold_e: np.ndarray, nmb: np.ndarray) -> None:
         M, R, J, P = hold_s.shape
         g, U = net.gpus_per_node, P // 2
-        self.shape, self.nodes, self.g = (M, R), net.nodes, g
+        self.shape = (M, R)
         empty = np.arange(J)[None, None, :, None] >= nmb[:, :, None, None]
         self.horizon = float(hold_e[~np.broadcast_to(empty, hold_e.shape)].max(initial=0.0))
-        self.stride = self.horizon + 3.0
         never = self.horizon + 2.0
         s = np.where(empty, never, hold_s)
         e = np.where(empty, never, np.maximum(hold_e, hold_s))
         at = np.stack([np.arange(U), P - 1 - np.arange(U)], axis=1)  # (U, 2): the positions of each unit
         self.own_s = s[:, :, :, at]  # (M, R, J, U, 2)
         self.own_e = e[:, :, :, at]
-        offsets = self.stride * np.arange(M * net.nodes)[:, None]
+        self.width = g * J * 2
+        self.group = (np.arange(M)[:, None] * net.nodes + np.arange(R)[None, :] // g).ravel()
 
-        def grouped(x: np.ndarray) -> np.ndarray:  # (U, M * nodes * g * J * 2), sorted per (minibatch, node)
-            per_unit = np.moveaxis(x, 3, 0).reshape(U, M * net.nodes, g * J * 2)
-            return (np.sort(per_unit, axis=-1) + offsets).reshape(U, -1)
+        def grouped(x: np.ndarray) -> np.ndarray:  # (U, M * nodes * width), sorted per (minibatch, node)
+            per_unit = np.moveaxis(x, 3, 0).reshape(U, M * net.nodes, self.width)
+            return np.sort(per_unit, axis=-1).reshape(U, -1)
 
         self.starts, self.ends = grouped(self.own_s), grouped(self.own_e)
 
@@ -287,10 +286,9 @@ class Holders:
         """(M, R): whether another rank of the node holds `unit` at `at`."""
         M, R = self.shape
         query = np.minimum(at, self.horizon + 0.5)
-        group = np.arange(M)[:, None] * self.nodes + np.arange(R)[None, :] // self.g
-        key = (query + self.stride * group).ravel()
-        begun = np.searchsorted(self.starts[unit], key, side="right")
-        ended = np.searchsorted(self.ends[unit], key, side="right")
+        key = query.ravel()
+        begun = _count_in_groups(self.starts[unit], self.width, self.group, key)
+        ended = _count_in_groups(self.ends[unit], self.width, self.group, key)
         q = query[:, :, None, None]
         own = ((self.own_s[:, :, :, unit] <= q) & (q < self.own_e[:, :, :, unit])).sum(axis=(2, 3))
         return (begun - ended).reshape(M, R) - own > 0

@@ -20,7 +20,7 @@ from odc_bench.plan.plans import Plans
 from odc_bench.plan.spec import Planner, plan_digest, resolve
 from odc_bench.record.row import sim_timing, timing
 from odc_bench.sim import simulate
-from odc_bench.sim.contention import Contention
+from odc_bench.sim.contention import Contention, Holders
 from odc_bench.sim.hardware import EngineCosts, GpuProfile, Network
 from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import collective, odc
@@ -250,9 +250,36 @@ def test_a_minibatchs_contention_counts_are_those_of_the_minibatch_alone():
     assert np.array_equal(counted.tot[last], want[1, 0]) and counted.tot[last][0] == 7
 
 
-@pytest.mark.parametrize("nearest", [False])
+def test_who_holds_a_unit_is_counted_within_the_minibatch_alone():
+    """Two nodes of two ranks, one unit (positions 0 and 1), 300 minibatches of two microbatches.
+    In minibatch 299 rank 1 holds the unit until 1e-13 s after rank 0 asks at 1.0 s: rank 0 can
+    copy it from rank 1. Searched among every minibatch's intervals shifted into one array (row
+    m by m x 5 s), that end was rounded onto the query; every answer is the definition's:
+    another rank of the node holds the unit from a gather's end to its compute's end."""
+    net = Network(world=4, gpus_per_node=2, link_Bps=1.0, nic_Bps=1.0, latency_s=0.0)
+    rng = np.random.default_rng(11)
+    M = 300
+    hold_s = rng.choice([0.0, 0.5, 1.0], size=(M, 4, 2, 2))
+    hold_e = hold_s + rng.choice([0.5, 1.0, 1.5], size=(M, 4, 2, 2))
+    nmb = rng.integers(0, 3, (M, 4))
+    nmb[-1] = 2
+    hold_s[-1], hold_e[-1] = 0.0, 0.5
+    hold_e[-1, 1, 0, 0] = 1.0 + 1e-13
+    holders = Holders(net, hold_s, hold_e, nmb)
+    at = rng.choice([0.25, 0.5, 1.0, 1.75], size=(M, 4))
+    at[-1] = 1.0
+    got = holders.held(0, at)
+    mate = np.arange(4) ^ 1  # the other rank of the node
+    s, e = hold_s[:, mate], hold_e[:, mate]  # (M, rank, J, position): the unit is at both positions
+    working = (np.arange(2)[None, None, :] < nmb[:, mate][:, :, None])[..., None]
+    want = ((s <= at[:, :, None, None]) & (at[:, :, None, None] < e) & working).any(axis=(2, 3))
+    assert np.array_equal(got, want)
+    assert got[-1, 0] and not got[-1, 2]
+
+
+@pytest.mark.parametrize("nearest", [False, True])
 def test_an_odc_timeline_split_by_minibatches_is_the_whole_ones_to_the_bit(monkeypatch, nearest):
-    """Two nodes of four ranks with contention, 9 minibatches of
+    """Two nodes of four ranks with contention (and topology-aware fetch), 9 minibatches of
     uneven microbatch counts: simulated in three runs of minibatches, here and in two forked
     processes, every time is the whole run's."""
     import odc_bench.sim as sim
