@@ -14,6 +14,7 @@ interface, and this module is the one door from their composed result into typed
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -95,11 +96,18 @@ def convert(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    """A section's field types, resolved once per class: its annotations are strings (postponed
+    evaluation), and a command builds and records the sections of many runs."""
+    return typing.get_type_hints(cls)
+
+
 def build(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
     """An instance of the dataclass `cls` from `values`: every key a field, every value checked.
 
     Missing keys take the field's default; a key the section does not have is refused."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = [k for k in values if k not in fields]
     if unknown:
@@ -130,7 +138,7 @@ def as_dict(section: Any) -> dict[str, Any]:
     An optional nested section that is absent is left out, so that adding one (dataset.grpo)
     leaves every other run's record, and with it its key, as it was."""
     out = {}
-    hints = typing.get_type_hints(type(section))
+    hints = _hints(type(section))
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if value is None and _optional_section(hints[f.name]):
