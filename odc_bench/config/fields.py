@@ -14,7 +14,6 @@ interface, and this module is the one door from their composed result into typed
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 import typing
@@ -96,11 +95,15 @@ def convert(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-@functools.cache
-def _hints(cls: Any) -> dict[str, Any]:
-    """A section's field types, resolved once per class: its annotations are strings (postponed
-    evaluation), and a command builds and records the sections of many runs."""
-    return typing.get_type_hints(cls)
+# Each section class's field types, resolved once: its annotations are strings (postponed
+# evaluation), and a command builds and records the sections of many runs.
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def build(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
