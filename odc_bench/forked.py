@@ -1,5 +1,6 @@
-"""Calls spread over processes forked from this one: the what-if's series, and the plans of a
-large run's minibatches, computed side by side.
+"""Calls spread over processes forked from this one: the what-if's series, and the plans and ODC
+timeline of a large run's minibatches, computed side by side; and a helper forked early that
+readies a module for a later call (the what-if's figure).
 
 Forked, a worker starts with everything this process has imported and loaded (a dataset's
 lengths included) and costs a few milliseconds; a spawned one would import the harness again
@@ -20,6 +21,8 @@ import signal
 import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from importlib import import_module
+from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -75,3 +78,74 @@ def _worker_start(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # this process died before the request was made
         os._exit(1)
+
+
+class HelperGone(RuntimeError):
+    """The helper process is not there any more (killed, or stopped by its parent)."""
+
+
+class Helper:
+    """One process forked now to run calls later, ready: it imports `module` at once, on a core
+    this process leaves idle while it imports its own modules and reads its input, and then runs
+    the module's functions this process names, one call at a time. Made before this process
+    imports much, the fork is cheap and the helper imports only what the calls need.
+
+    Like the workers above, it leaves Ctrl-C to this process and does not outlive it: it is
+    stopped at this process's exit (a daemon) and, on Linux, by the kernel should this one be
+    killed."""
+
+    def __init__(self, module: str) -> None:
+        context = multiprocessing.get_context("fork")
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(target=_serve, args=(theirs, os.getpid(), module), daemon=True,
+                                        name=f"helper of {module}")
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see in_processes
+        try:
+            self._process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        theirs.close()
+
+    def call(self, function: str, *args: Any) -> Any:
+        """module.function(*args) in the helper, once the module has loaded there; the call's
+        exception (or the module's, if it could not load) is raised here. HelperGone if the
+        helper has ended."""
+        try:
+            self._conn.send((function, args))
+            ok, value = self._conn.recv()
+        except (EOFError, OSError) as e:
+            raise HelperGone(f"the helper process ({self._process.name}) has ended") from e
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        """End the helper (at once: nothing it does is kept unless a call returned)."""
+        self._conn.close()
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
+
+
+def _serve(conn: Connection, parent: int, module: str) -> None:
+    _worker_start(parent)
+    loaded, failed = None, None
+    try:
+        loaded = import_module(module)
+    except Exception as e:  # raised at the first call, where the caller can act on it
+        failed = e
+    while True:
+        try:
+            function, args = conn.recv()
+        except EOFError:  # the parent closed its end
+            return
+        try:
+            if failed is not None:
+                raise failed
+            reply: tuple[bool, Any] = (True, getattr(loaded, function)(*args))
+        except Exception as e:
+            reply = (False, e)
+        try:
+            conn.send(reply)
+        except Exception as e:  # a result or an exception that does not pickle
+            conn.send((False, RuntimeError(f"{module}.{function}: {e}")))

@@ -9,3 +9,5 @@ error (accuracy.py), printed as a verdict table and drawn as one figure (report.
 Every row is a `backend=sim` run of `python -m odc_bench` with the overrides the verdict prints,
 planned and simulated by the same code, so its numbers are that run's.
 """
+
+PROG = "odc_bench.whatif"

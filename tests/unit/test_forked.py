@@ -1,6 +1,6 @@
 """Calls in forked worker processes (odc_bench/forked.py): results in order, the first failure
 raised here, Ctrl-C left to the parent, a worker's own calls inline, and no worker outliving a
-killed parent."""
+killed parent; a helper loaded early that runs calls later."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from odc_bench.forked import in_processes
+from odc_bench.forked import Helper, HelperGone, in_processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,19 +80,29 @@ def _state(pid: int) -> str | None:
         return None
 
 
+WORKERS = """
+    def work(folder, i):
+        Path(folder, str(os.getpid())).write_text("")
+        time.sleep(120)
+
+    in_processes(work, [(sys.argv[1], 0), (sys.argv[1], 1)], 2)
+"""
+HELPER = """
+    helper = Helper("os")
+    Path(sys.argv[1], str(helper.call("getpid"))).write_text("")
+    Path(sys.argv[1], "parent").write_text("")
+    time.sleep(120)
+"""
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the kernel's parent-death signal is Linux's")
-def test_no_worker_outlives_a_killed_parent(tmp_path):
+@pytest.mark.parametrize("children", [WORKERS, HELPER], ids=["workers", "helper"])
+def test_no_worker_outlives_a_killed_parent(tmp_path, children):
     script = textwrap.dedent("""
         import os, sys, time
         from pathlib import Path
-        from odc_bench.forked import in_processes
-
-        def work(folder, i):
-            Path(folder, str(os.getpid())).write_text("")
-            time.sleep(120)
-
-        in_processes(work, [(sys.argv[1], 0), (sys.argv[1], 1)], 2)
-    """)
+        from odc_bench.forked import Helper, in_processes
+    """) + textwrap.dedent(children)
     parent = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
                               env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
@@ -100,7 +110,7 @@ def test_no_worker_outlives_a_killed_parent(tmp_path):
         while len(list(tmp_path.iterdir())) < 2:
             assert parent.poll() is None and time.monotonic() < deadline, "the workers never started"
             time.sleep(0.05)
-        workers = [int(p.name) for p in tmp_path.iterdir()]
+        workers = [int(p.name) for p in tmp_path.iterdir() if p.name != "parent"]
     finally:
         parent.kill()
         parent.wait()
@@ -108,3 +118,63 @@ def test_no_worker_outlives_a_killed_parent(tmp_path):
     while any(_state(pid) not in (None, "Z") for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_state(pid) in (None, "Z") for pid in workers), "a worker outlived its parent"
+
+
+# -- the helper --------------------------------------------------------------------------------
+
+HELPED = '''
+import os, signal, time
+LOADED_IN = os.getpid()
+
+def whoami():
+    return LOADED_IN, os.getpid()
+
+def fails():
+    raise ValueError("from the helper")
+
+def sigint_blocked():
+    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+'''
+
+
+@pytest.fixture
+def helped(tmp_path, monkeypatch):
+    """A module the helper loads: forked, the helper sees this process's import path."""
+    (tmp_path / "helped_module.py").write_text(HELPED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "helped_module"
+    sys.modules.pop("helped_module", None)
+
+
+def test_a_helper_loads_its_module_there_and_runs_its_calls_there(helped):
+    helper = Helper(helped)
+    try:
+        loaded_in, runs_in = helper.call("whoami")
+        assert loaded_in == runs_in != os.getpid() and helped not in sys.modules
+        with pytest.raises(ValueError, match="^from the helper$"):
+            helper.call("fails")
+        assert helper.call("sigint_blocked") is True, "Ctrl-C is left to this process"
+        assert helper.call("whoami") == (loaded_in, runs_in), "one helper, calls one after the other"
+    finally:
+        helper.close()
+    assert _state(runs_in) in (None, "Z")
+
+
+def test_a_module_the_helper_cannot_load_fails_at_the_call():
+    helper = Helper("odc_bench.no_such_module")
+    try:
+        with pytest.raises(ModuleNotFoundError, match="odc_bench.no_such_module"):
+            helper.call("anything")
+    finally:
+        helper.close()
+
+
+def test_a_helper_killed_from_outside_is_said_so(helped):
+    helper = Helper(helped)
+    try:
+        _, pid = helper.call("whoami")
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(HelperGone):
+            helper.call("whoami")
+    finally:
+        helper.close()

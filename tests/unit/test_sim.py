@@ -308,7 +308,7 @@ def test_a_simulated_run_and_the_what_if_import_neither_torch_nor_scipy(tmp_path
     code = (
         "import sys\n"
         "from odc_bench.cli import main\n"
-        "import odc_bench.whatif.__main__\n"
+        "import odc_bench.whatif.cli, odc_bench.whatif.figure  # the command and its figure helper\n"
         f"main(['backend=sim', 'world_size=2', 'num_minibatches=1', 'warmup_minibatches=0', "
         f"'results_dir={tmp_path / 'r'}', 'hydra.run.dir={tmp_path / 'h'}'])\n"
         "loaded = sorted({'torch', 'scipy'} & {name.split('.')[0] for name in sys.modules})\n"

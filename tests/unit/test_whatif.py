@@ -22,9 +22,9 @@ import pytest
 
 from odc_bench.provenance import host_fingerprint
 from odc_bench.results.table import read_table
-from odc_bench.whatif.__main__ import DEFAULT_GPU, main, parser, profile_advice, split_overrides
 from odc_bench.whatif.accuracy import VALIDATION, Accuracy, best_validated, calibrated_elsewhere, validated
 from odc_bench.whatif.answer import answer, plan
+from odc_bench.whatif.cli import DEFAULT_GPU, main, parser, profile_advice, split_overrides
 from odc_bench.whatif.fit import ways_to_fit
 from odc_bench.whatif.question import DERIVED, HARDWARE, Question, Series, in_user_terms, series
 from odc_bench.whatif.report import _range, describe_pool, verdict_lines
@@ -185,11 +185,18 @@ def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tm
 
 
 def test_worker_processes_give_the_verdict_to_the_bit_and_the_lengths_cache_is_written(tmp_path, whatif):
+    """The command as a user runs it (its workers, and the helper that draws the figure) against
+    everything in one process."""
     data = tmp_path / "lengths.jsonl"
     data.write_text(EXAMPLE.read_text())
     outputs = {}
     for jobs in ("3", "0"):  # the workers' run first, so that it is the one to read the file and cache it
-        done = whatif(str(data), *SMALL, "--staleness", "1", "--jobs", jobs, "--out", str(tmp_path / jobs))
+        args = [str(data), *SMALL, "--staleness", "1", "--jobs", jobs, "--out", str(tmp_path / jobs)]
+        if jobs == "0":
+            done = whatif(*args)
+        else:
+            done = subprocess.run([sys.executable, "-m", "odc_bench.whatif", *args], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=300, env=dict(os.environ, COLUMNS="200", PYTHONPATH=str(REPO)))
         assert done.returncode == 0, done.stderr
         outputs[jobs] = done.stdout.splitlines()[:-1]  # the last line names the folder and the time taken
         if jobs == "3":
@@ -432,7 +439,10 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the processes' parents from /proc")
-def test_ctrl_c_ends_the_workers_and_the_command_in_one_line_writing_nothing(tmp_path):
+@pytest.mark.parametrize("children", [1, 2], ids=["while-loading", "while-workers-run"])
+def test_ctrl_c_ends_the_workers_and_the_command_in_one_line_writing_nothing(tmp_path, children):
+    """Ctrl-C once the figure's helper is forked (the command still loading the harness), or once
+    the first worker is (beside the helper)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="200")
     # 128 devices, every balancer: seconds of work, so the Ctrl-C lands while the workers run.
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench.whatif", "longalign", "--model", "qwen2_14b", "--nodes",
@@ -442,7 +452,7 @@ def test_ctrl_c_ends_the_workers_and_the_command_in_one_line_writing_nothing(tmp
     try:
         deadline = time.monotonic() + 120
         # The moment the first worker is forked: a Ctrl-C inside the fork's own handlers was swallowed.
-        while not (workers := _children(proc.pid)):
+        while len(workers := _children(proc.pid)) < children:
             assert proc.poll() is None and time.monotonic() < deadline, "the workers never started"
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
         _, err = proc.communicate(timeout=120)

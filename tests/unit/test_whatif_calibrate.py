@@ -12,8 +12,8 @@ import pytest
 
 from odc_bench.calibrate import cluster_profile as cc
 from odc_bench.config.compose import compose_run
-from odc_bench.whatif.__main__ import main as whatif
 from odc_bench.whatif.accuracy import validated
+from odc_bench.whatif.cli import main as whatif
 from odc_bench.whatif.report import verdict_lines
 
 HEADER = "model,lengths,gpus,gpus_per_node,minibatch_size,tokens_per_s_per_gpu\n"
