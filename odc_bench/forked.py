@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# How long closing a helper waits for the call in hand to end before stopping it.
+_CALL_ENDS_S = 30.0
 _in_worker = False
 
 
@@ -97,7 +99,7 @@ class Helper:
     def __init__(self, module: str) -> None:
         context = multiprocessing.get_context("fork")
         self._conn, theirs = context.Pipe()
-        self._process = context.Process(target=_serve, args=(theirs, os.getpid(), module), daemon=True,
+        self._process = context.Process(target=_serve, args=(theirs, self._conn, os.getpid(), module), daemon=True,
                                         name=f"helper of {module}")
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # see in_processes
         try:
@@ -105,29 +107,38 @@ class Helper:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         theirs.close()
+        self._busy = False
 
     def call(self, function: str, *args: Any) -> Any:
         """module.function(*args) in the helper, once the module has loaded there; the call's
         exception (or the module's, if it could not load) is raised here. HelperGone if the
         helper has ended."""
+        self._busy = True
         try:
             self._conn.send((function, args))
             ok, value = self._conn.recv()
         except (EOFError, OSError) as e:
             raise HelperGone(f"the helper process ({self._process.name}) has ended") from e
+        self._busy = False
         if not ok:
             raise value
         return value
 
     def close(self) -> None:
-        """End the helper (at once: nothing it does is kept unless a call returned)."""
+        """End the helper: at once if no call is under way (it is loading its module or waiting,
+        and has written nothing); else once the call in hand ends, as a call in this process
+        would on Ctrl-C, leaving no half-written file behind."""
         self._conn.close()
+        if self._busy:
+            self._process.join(_CALL_ENDS_S)
         if self._process.is_alive():
             self._process.terminate()
         self._process.join()
 
 
-def _serve(conn: Connection, parent: int, module: str) -> None:
+def _serve(conn: Connection, parents_end: Connection, parent: int, module: str) -> None:
+    # The fork copied the parent's end of the pipe too: closed here, the pipe ends when the parent closes it.
+    parents_end.close()
     _worker_start(parent)
     loaded, failed = None, None
     try:
@@ -147,5 +158,7 @@ def _serve(conn: Connection, parent: int, module: str) -> None:
             reply = (False, e)
         try:
             conn.send(reply)
+        except OSError:  # the parent has closed its end: nothing to answer
+            return
         except Exception as e:  # a result or an exception that does not pickle
             conn.send((False, RuntimeError(f"{module}.{function}: {e}")))

@@ -134,6 +134,12 @@ def fails():
 
 def sigint_blocked():
     return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+def slow_write(path):
+    time.sleep(0.5)
+    with open(path + ".part", "w") as f:
+        f.write("done")
+    os.replace(path + ".part", path)
 '''
 
 
@@ -178,3 +184,25 @@ def test_a_helper_killed_from_outside_is_said_so(helped):
             helper.call("whoami")
     finally:
         helper.close()
+
+
+def test_a_helper_closed_during_a_call_ends_the_call_first(helped, tmp_path):
+    """Ctrl-C here while the helper writes a file: closing it lets the call finish (no half-written
+    file left), then the helper ends."""
+    helper = Helper(helped)
+    _, pid = helper.call("whoami")
+
+    def ctrl_c(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, ctrl_c)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            helper.call("slow_write", str(tmp_path / "out"))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        helper.close()
+    assert (tmp_path / "out").read_text() == "done" and not (tmp_path / "out.part").exists()
+    assert _state(pid) in (None, "Z")
