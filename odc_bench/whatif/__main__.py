@@ -7,6 +7,7 @@ that neither import lies on the verdict's path (forked.Helper)."""
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 
@@ -21,7 +22,7 @@ def run() -> None:
     # and again for nothing; and at exit, the interpreter's last collections would scan every
     # object only to free memory the process hands back whole (frozen, they are skipped).
     gc.set_threshold(100_000, 50, 100)
-    figure = Helper("odc_bench.whatif.figure")
+    figure = None if _asks_only(sys.argv[1:]) else Helper("odc_bench.whatif.figure")
     try:
         # Ctrl-C is held while the command loads, as odc_bench/__main__.py holds it (an extension
         # module's import can swallow it half-way); held, it is raised on release, below.
@@ -39,9 +40,23 @@ def run() -> None:
         # SIGINT rather than with 130 (odc_bench.cli.interrupted does the same).
         exec("")
         sys.exit(130)
+    except BrokenPipeError:
+        # What reads the output has gone (`| head`): nothing more to say, and no traceback. The
+        # interpreter would fail again flushing stdout at exit, so stdout is pointed at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     finally:
-        figure.close()
+        if figure is not None:
+            figure.close()
         gc.freeze()
+
+
+def _asks_only(argv: list[str]) -> bool:
+    """Whether the command line only asks for help or the profiles' list: no figure to draw, so no
+    helper to load matplotlib beside it (on a busy machine it would slow the answer). Anything
+    else starts one; cli.main closes it where it draws no figure after all."""
+    return any(a in ("-h", "--help", "--hardware=list") for a in argv) or any(
+        a == "--hardware" and b == "list" for a, b in zip(argv, argv[1:], strict=False))
 
 
 if __name__ == "__main__":

@@ -476,3 +476,13 @@ def test_the_command_line_refuses_bad_input_in_one_line_with_exit_status_2(tmp_p
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("odc_bench.whatif: error: ") and "line 2: token ids must be integers >= 0" in lines[0]
     assert {p.name for p in tmp_path.iterdir()} == {"bad.jsonl"}, "no verdict, no lengths cache"
+
+
+def test_output_cut_short_ends_quietly(tmp_path):
+    """`... | head`: what reads the output goes away before the command writes; no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench.whatif", "--hardware", "list"], cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1 and err == "", err
