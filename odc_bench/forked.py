@@ -132,7 +132,8 @@ class Helper:
         if self._busy:
             self._process.join(_CALL_ENDS_S)
         if self._process.is_alive():
-            self._process.terminate()
+            # SIGKILL: a SIGTERM that this process's own parent ignores is ignored here too.
+            self._process.kill()
         self._process.join()
 
 

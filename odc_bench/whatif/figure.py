@@ -9,6 +9,7 @@ from itertools import cycle
 from pathlib import Path
 
 import pandas as pd
+from matplotlib import style
 from matplotlib.figure import Figure
 
 from odc_bench.config.engine import ENGINES
@@ -27,7 +28,14 @@ LEGEND_COLUMNS = 4
 
 def draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path) -> None:
     """Samples/s by minibatch size per series, and each series' speedup over the baseline with the
-    range the validated error allows; every number simulated."""
+    range the validated error allows; every number simulated. Drawn in matplotlib's own style,
+    whatever style the process has set (a library caller's, seaborn's theme), so the same verdict
+    gives the same file wherever it is drawn."""
+    with style.context("default"):
+        _draw(table, question, accuracy, path)
+
+
+def _draw(table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path) -> None:
     every = list(dict.fromkeys(map(Series, table.engine, table.balancer, table.staleness)))
     legend_rows = -(-len(every) // LEGEND_COLUMNS)
     fig = Figure(figsize=(11, 3.8 + 0.3 * legend_rows))
