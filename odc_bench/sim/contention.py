@@ -201,8 +201,11 @@ class _SortedRows:
         self.start = np.searchsorted(self._bucket(row, self.values), np.arange(M * self.buckets + 1))
 
     def _bucket(self, row: np.ndarray, x: np.ndarray) -> np.ndarray:
-        b = ((x - self.lo.take(row)) * self.scale.take(row)).astype(np.int64)
-        return np.clip(b, 0, self.buckets - 1) + row * self.buckets
+        # Clipped before the cast: a row whose values lie within a few ulps has a huge scale, and a
+        # query far from them would overflow int64.
+        b = (x - self.lo.take(row)) * self.scale.take(row)
+        np.clip(b, 0, self.buckets - 1, out=b)
+        return b.astype(np.int64) + row * self.buckets
 
     def count(self, row: np.ndarray, query: np.ndarray) -> np.ndarray:
         bucket = self._bucket(row, query)

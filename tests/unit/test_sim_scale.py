@@ -20,7 +20,7 @@ from odc_bench.plan.plans import Plans
 from odc_bench.plan.spec import Planner, plan_digest, resolve
 from odc_bench.record.row import sim_timing, timing
 from odc_bench.sim import simulate
-from odc_bench.sim.contention import Contention, Holders
+from odc_bench.sim.contention import Contention, Holders, _SortedRows
 from odc_bench.sim.hardware import EngineCosts, GpuProfile, Network
 from odc_bench.sim.layout import Layout
 from odc_bench.sim.timeline import collective, odc
@@ -275,6 +275,24 @@ def test_who_holds_a_unit_is_counted_within_the_minibatch_alone():
     want = ((s <= at[:, :, None, None]) & (at[:, :, None, None] < e) & working).any(axis=(2, 3))
     assert np.array_equal(got, want)
     assert got[-1, 0] and not got[-1, 2]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(1, 9))
+def test_the_per_minibatch_search_counts_as_searchsorted_does(seed, M, R):
+    """Rows as finishes come: ties, a rank without work (-1), rows spread over a few ulps (whose
+    bucket scale is huge), queries far before and after them."""
+    rng = np.random.default_rng(seed)
+    base = rng.choice([0.5, 3.0, 50.0], size=(M, 1))
+    ulps = np.spacing(base) * rng.integers(0, 4, (M, R))
+    rows = np.where(rng.random((M, R)) < 0.5, base + ulps, base + rng.choice([0.0, 0.25, 7.0], size=(M, R)))
+    rows[rng.random((M, R)) < 0.15] = -1.0
+    rows.sort(axis=1)
+    m = rng.integers(0, M, 64)
+    query = np.concatenate([rows[m[:32], rng.integers(0, R, 32)] + rng.choice([-1e-15, 0.0, 1e-15], 32),
+                            rng.choice([-5.0, 0.0, 1.0, 51.0, 1e6], 32)])
+    want = [np.searchsorted(rows[i], q, side="right") for i, q in zip(m, query, strict=True)]
+    assert _SortedRows(rows).count(m, query).tolist() == want
 
 
 @pytest.mark.parametrize("nearest", [False, True])
