@@ -72,6 +72,21 @@ def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], workers: in
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def first_here(fn: Callable[..., T], calls: list[tuple[Any, ...]], workers: int,
+               meanwhile: Callable[[], object] | None = None) -> list[T]:
+    """in_processes, but the first call runs here (after `meanwhile`) while the workers run the
+    others: its result is not sent back, and its arguments need not pickle. `calls` is not empty."""
+    here: list[T] = []
+
+    def mine() -> None:
+        if meanwhile is not None:
+            meanwhile()
+        here.append(fn(*calls[0]))
+
+    rest = in_processes(fn, calls[1:], workers, meanwhile=mine)
+    return [*here, *rest]
+
+
 def _worker_start(parent: int) -> None:
     global _in_worker
     _in_worker = True

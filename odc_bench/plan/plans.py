@@ -16,7 +16,7 @@ from typing import Any
 from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.plan import Microbatch, Plan
 from odc_bench.balancers.registry import BalancerSpec, plan_minibatch
-from odc_bench.forked import in_processes, usable_cpus
+from odc_bench.forked import first_here, usable_cpus
 
 # A minibatch's plan, and the claim queue of a run-time balancer (else None).
 Planned = tuple[Plan, list[Microbatch] | None]
@@ -82,10 +82,7 @@ class Plans:
             ways = usable_cpus() if sum(len(minibatches[i]) for i in todo) >= PARALLEL_FROM else 1
             shares = [todo[j::ways] for j in range(min(ways, len(todo)))]
             calls = [(balancer, options, [minibatches[i] for i in share], world, max_tokens, cost) for share in shares]
-            here: list[Planned | ValueError] = []
-            # The first share is planned here while the workers plan the others: no plan of it to send back.
-            done = [here, *in_processes(_plan_each, calls[1:], ways - 1,
-                                        meanwhile=lambda: here.extend(_plan_each(*calls[0])))]
+            done = first_here(_plan_each, calls, ways - 1)
             planned = {i: result for share, results in zip(shares, done, strict=True)
                        for i, result in zip(share, results, strict=True)}
         out: list[Planned | ValueError] = []

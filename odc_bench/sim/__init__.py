@@ -18,7 +18,7 @@ import pandas as pd
 from odc_bench.balancers.schedule import list_schedule
 from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
 from odc_bench.errors import ConfigError
-from odc_bench.forked import in_processes, usable_cpus
+from odc_bench.forked import first_here, usable_cpus
 from odc_bench.models.memory import estimate, host_available_bytes
 from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import totals, trace_frame
@@ -180,9 +180,7 @@ def odc_side_by_side(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, cost
         return odc(comp, nmb, tokens, costs, passes=passes, columns=columns, record=record)
     bounds = np.linspace(0, M, ways + 1).round().astype(int)
     calls = [(comp[a:b], nmb[a:b], tokens[a:b], costs, passes, columns) for a, b in itertools.pairwise(bounds)]
-    here: list[Timeline] = []
-    rest = in_processes(_odc_share, calls[1:], ways - 1, meanwhile=lambda: here.append(_odc_share(*calls[0])))
-    return concatenated([*here, *rest])
+    return concatenated(first_here(_odc_share, calls, ways - 1))
 
 
 def _odc_share(comp: np.ndarray, nmb: np.ndarray, tokens: np.ndarray, costs: EngineCosts, passes: int,

@@ -23,7 +23,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError
-from odc_bench.forked import in_processes
+from odc_bench.forked import first_here
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
 from odc_bench.results.split import per_sample, saving
@@ -101,14 +101,8 @@ def verdict(question: Question, workers: int = 0, meanwhile: Callable[[], object
         return runs, answer(runs)
     first = compose_configs([question.run(every[0], question.minibatch_sizes[0])])[0]
     dataset_lengths(first.dataset, first.seed)
-    here: list[tuple[Run, dict]] = []
-
-    def then_mine() -> None:
-        if meanwhile is not None:
-            meanwhile()
-        here.extend(_group_rows(question, groups[0], {every[0]: first}))
-
-    done = [here, *in_processes(_group_rows, [(question, group, {}) for group in groups[1:]], workers, then_mine)]
+    calls = [(question, groups[0], {every[0]: first}), *[(question, group, {}) for group in groups[1:]]]
+    done = first_here(_group_rows, calls, workers, meanwhile)
     order = _order(every)
     pairs = sorted((pair for group in done for pair in group), key=lambda pair: order(pair[0]))
     write_pending_caches()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from odc_bench.forked import Helper, HelperGone, in_processes
+from odc_bench.forked import Helper, HelperGone, first_here, in_processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,6 +39,15 @@ def test_calls_run_in_other_processes_and_come_back_in_their_order():
     assert [i for i, _ in done] == list(range(5))
     assert os.getpid() not in {pid for _, pid in done} and 1 <= len({pid for _, pid in done}) <= 2
     assert met == [os.getpid()], "meanwhile runs once, here"
+
+
+def test_the_first_call_runs_here_and_the_others_in_workers():
+    unpicklable = lambda: None  # noqa: E731  (a call run here is never sent)
+    done = first_here(lambda i, _: _whoami(i), [(0, unpicklable)], 2)
+    assert done == [(0, os.getpid())]
+    done = first_here(_whoami, [(i,) for i in range(4)], 2)
+    assert [i for i, _ in done] == list(range(4)) and done[0][1] == os.getpid()
+    assert os.getpid() not in {pid for _, pid in done[1:]}
 
 
 def _inner_pids() -> tuple[int, list[tuple[int, int]]]:

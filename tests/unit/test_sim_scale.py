@@ -13,7 +13,7 @@ from odc_bench.balancers.cost import linear
 from odc_bench.balancers.local_sort import LocalSortOptions, local_sort
 from odc_bench.balancers.registry import BalancerSpec
 from odc_bench.config.backend import GpuHardwareConfig
-from odc_bench.forked import in_processes
+from odc_bench.forked import first_here
 from odc_bench.plan import plans as plan_plans
 from odc_bench.plan import spec as plan_spec
 from odc_bench.plan.plans import Plans
@@ -379,13 +379,13 @@ def test_plans_made_side_by_side_are_those_made_here(monkeypatch, balancer):
 
     def counting(fn, calls, jobs, meanwhile=None):
         shares.append((len(calls), jobs))
-        return in_processes(fn, calls, jobs, meanwhile)
+        return first_here(fn, calls, jobs, meanwhile)
 
-    monkeypatch.setattr(plan_plans, "in_processes", counting)
+    monkeypatch.setattr(plan_plans, "first_here", counting)
     monkeypatch.setattr(plan_plans, "usable_cpus", lambda: 3)
     monkeypatch.setattr(plan_plans, "PARALLEL_FROM", 0)
     assert plan_digest(resolve(config)) == here
-    assert shares == [(2, 2)], "five minibatches in three shares: one planned here, two in two workers"
+    assert shares == [(3, 2)], "five minibatches in three shares: one planned here, two in two workers"
 
 
 def _refuses_seven(lengths, world_size, max_tokens, cost, options):
