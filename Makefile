@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-fast figures figures-docs lint setup clean gpu-check gpu-wheels
+.PHONY: demo test test-fast figures figures-docs lint setup clean gpu-check gpu-wheels gpu-command
 
 setup: $(STAMP)
 
@@ -54,6 +54,10 @@ gpu-check:
 GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 submitit==1.5.4 hydra-submitit-launcher==1.2.0
 gpu-wheels: $(STAMP)
 	rm -rf .whl && $(PY) -m pip wheel -q --no-deps -w .whl $(GPU_WHEELS)
+
+# The one command to give the lent machine (docs/gpu.md), with this checkout's commit and wheels.
+gpu-command: gpu-wheels
+	@$(PY) -m odc_bench.tools.gpu_check --command
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

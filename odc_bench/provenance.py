@@ -11,14 +11,20 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# A copy of the tree without .git (what a lent GPU machine gets) names its commit here; the
+# command that sends it fills it in (odc_bench/tools/gpu_check.py: device_command).
+COMMIT_ENV = "ODC_BENCH_COMMIT"
+
+
 def git_commit() -> str:
-    """The short commit of the checkout, or "unknown" outside a git checkout."""
+    """The short commit of the checkout; outside a git checkout, $ODC_BENCH_COMMIT, else "unknown"."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
+        commit = out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        commit = ""
+    return commit or os.environ.get(COMMIT_ENV, "").strip() or "unknown"
 
 
 def host_fingerprint() -> dict[str, object]:

@@ -6,7 +6,8 @@ every unit for the ranks of one node, `shard_over`, each node holding a replica)
 
 - owned shards: fp32 master parameters, the fp32 gradient accumulator and AdamW's two fp32
   moments (16 bytes per owned parameter), plus with bf16 compute a bf16 copy of the shard
-  (ODC's gather source; FSDP2 keeps its own);
+  where the engine keeps one (ODC's gather source; FSDP2 casts at each all-gather instead,
+  its FSDPParam.all_gather_inputs, so the cast is one unit's and counted with the working units);
 - working units: the unit being computed and the one prefetched, unsharded in the compute
   dtype, and the unit's flat gradient (three units' worth at the largest unit);
 - activations of one microbatch of max_tokens tokens, what autograd saves for backward:
@@ -24,8 +25,9 @@ across nodes in place (NCCL's all-reduce of the reduce-scatter's output, or of O
 accumulator), so only the owned part changes: every term else is per unit or per token.
 
 What it leaves out: the framework's own buffers and fragmentation (a few percent on GPUs).
-The harness's own model (models/decoder.py) keeps the full fp32 logits; runs of it are estimated
-with them (`fused_loss=False`).
+On CPU ranks (`cpu_longest`) the harness's own model (models/decoder.py) is counted as it runs
+there: each document's score matrices, the full fp32 logits and their gradient. On GPUs every
+model is counted as trainers run it; the harness's head holds more than a chunk there (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -81,17 +83,18 @@ class MemoryEstimate:
 
 def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
              recompute: float = 0.0, cpu_longest: int | None = None, shard_over: int | None = None,
-             version_slots: int = 1) -> MemoryEstimate:
+             version_slots: int = 1, compute_shard_copy: bool = True) -> MemoryEstimate:
     """Per-rank bytes of a run that shards every unit over `world_size` ranks (or, with hybrid
     sharding, over the `shard_over` ranks of a node). For the harness's model on CPU
     (models/decoder.py), give `cpu_longest`, the longest document: attention then keeps its
     score matrices and the head the full fp32 logits and their gradient.
     `version_slots`: copies of the master shard, its bf16 copy and the accumulator
-    (stale-synchronous ODC keeps staleness + 1; AdamW's moments stay one)."""
+    (stale-synchronous ODC keeps staleness + 1; AdamW's moments stay one).
+    `compute_shard_copy`: whether the engine keeps that bf16 copy (registry.EngineSpec)."""
     itemsize = 2 if precision == "bf16" else 4
     units = unit_params(cfg)
     group = world_size if shard_over is None else shard_over
-    slotted = OWNED_BYTES - MOMENT_BYTES + (itemsize if itemsize < 4 else 0)
+    slotted = OWNED_BYTES - MOMENT_BYTES + (itemsize if itemsize < 4 and compute_shard_copy else 0)
     owned_per_param = MOMENT_BYTES + version_slots * slotted
     owned = sum(-(-p // group) for p in units) * owned_per_param
     working = 3 * max(units) * itemsize

@@ -237,7 +237,8 @@ def rank_memory(config: RunConfig, device_type: str, tokens: int, longest: int) 
     on_cpu = not config.simulated and device_type == "cpu"
     return estimate(config.model, config.world_size, config.precision, tokens, recompute,
                     cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),
-                    version_slots=config.engine.staleness + 1)
+                    version_slots=config.engine.staleness + 1,
+                    compute_shard_copy=config.engine.spec.runtime.compute_shard_copy)
 
 
 def _plan_key(config: RunConfig, device_type: str, remote: bool) -> str:

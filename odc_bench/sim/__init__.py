@@ -125,7 +125,7 @@ def check_hardware(spec: RunSpec) -> None:
     hw = backend.hardware
     if isinstance(hw, CalibratedHardwareConfig) and not calibration_path(hw, config.model.name).exists():
         local = estimate(config.model, spec.world_size, config.precision, spec.max_tokens,
-                         cpu_longest=spec.max_tokens)
+                         cpu_longest=spec.max_tokens, compute_shard_copy=config.engine.spec.runtime.compute_shard_copy)
         per_rank = host_available_bytes() // spec.world_size
         if local.total > per_rank:
             raise ConfigError(

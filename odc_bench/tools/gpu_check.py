@@ -16,7 +16,8 @@ profile this machine just measured (compute.json, with the gap per unit the coll
 left in the runs' device-timed traces), and summary.md: every number and ratio (the memory
 estimate beside the peak too), and what did not pass.
 
-On a machine without CUDA it says so and exits 0: there is nothing to check.
+On a machine without CUDA it says so and exits 0: there is nothing to check. With `--command` it
+prints the one command that runs it on a lent GPU machine (docs/gpu.md), for this checkout.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import pandas as pd
 import torch
 
 from odc_bench.files import atomic_write_text
-from odc_bench.provenance import REPO_ROOT, git_commit
+from odc_bench.provenance import COMMIT_ENV, REPO_ROOT, git_commit
 
 # The two runs the H100 measurement made (shared/gpu/h100-2026-11-26/README.md), shortened to a
 # few minibatches: the first two are warm-up (compilation, then the profiled one) and excluded
@@ -93,6 +94,27 @@ def provenance() -> dict:
                 date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 command="make gpu-check" if os.environ.get("MAKELEVEL") else
                 " ".join([f"{Path(sys.executable).name} -m odc_bench.tools.gpu_check", *sys.argv[1:]]))
+
+
+def device_command(commit: str, wheels: list[str]) -> str:
+    """The one command for a lent GPU machine: install the wheels that machine lacks (carried in
+    .whl), name the commit (the copy it gets has no .git), run the check with the machine's own
+    python3 (what `make gpu-check` runs there; make itself may be missing), pack what it wrote."""
+    return ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
+            f"{' '.join('.whl/' + w for w in wheels)} && export PYTHONPATH=/tmp/site:$PWD {COMMIT_ENV}={commit} "
+            "&& python3 -m odc_bench.tools.gpu_check; tar czf $OUT/gpu.tgz results/gpu")
+
+
+def command_here() -> str:
+    """device_command for this checkout: its commit (marked -dirty where the tree has changes the
+    commit lacks) and the wheels `make gpu-wheels` left in .whl."""
+    wheels = sorted(p.name for p in (REPO_ROOT / ".whl").glob("*.whl"))
+    if not wheels:
+        print("gpu-check: no wheels in .whl: run make gpu-wheels first (docs/gpu.md)", file=sys.stderr)
+        sys.exit(2)
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                             capture_output=True, text=True).stdout.strip()
+    return device_command(git_commit() + ("-dirty" if changed else ""), wheels)
 
 
 def steps(out: Path) -> list[Step]:
@@ -254,6 +276,9 @@ def summary(device: str, done: list[Step], seconds: float, out: Path) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--command"]:
+        print(command_here())
+        return
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine: nothing to check here (run make gpu-check on a GPU "
               "machine; docs/gpu.md)")

@@ -159,11 +159,17 @@ class EngineSpec:
     options: type[EngineOptions]
     # Every rank must run the same number of microbatches: the engine synchronises per unit.
     equal_microbatch_counts: bool
+    # Whether the owned shards are also kept in the compute dtype when it is narrower than fp32
+    # (the memory estimate counts it): ODC's peers gather from such a copy, while FSDP2 casts
+    # its fp32 shard at each all-gather. An engine that does not say is counted with one.
+    compute_shard_copy: bool = True
 
 
 ENGINES: dict[str, EngineSpec] = {
-    "collective": EngineSpec("collective", "odc_core.engine.fsdp2", CollectiveOptions, equal_microbatch_counts=True),
-    "odc": EngineSpec("odc", "odc_core.engine.odc", OdcOptions, equal_microbatch_counts=False),
+    "collective": EngineSpec("collective", "odc_core.engine.fsdp2", CollectiveOptions, equal_microbatch_counts=True,
+                             compute_shard_copy=False),
+    "odc": EngineSpec("odc", "odc_core.engine.odc", OdcOptions, equal_microbatch_counts=False,
+                      compute_shard_copy=True),
 }
 
 

@@ -66,3 +66,36 @@ def test_the_simulator_half_compares_the_runs_with_both_profiles_and_the_memory_
         # The estimate at the largest microbatch the plan holds is no more than at max_tokens.
         assert int(cells[9]) > 0 and float(cells[10]) <= float(cells[7]), line
     assert json.loads((tmp_path / "compute.json").read_text())["units"]
+
+
+def test_a_copy_without_git_names_the_commit_the_sending_command_gave_it(tmp_path, monkeypatch):
+    """The lent machine gets the tree without .git: rows and provenance name the commit from
+    $ODC_BENCH_COMMIT there, and "unknown" where nothing names one."""
+    from odc_bench import provenance
+
+    monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)  # no git checkout here
+    monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
+    assert provenance.git_commit() == "unknown"
+    monkeypatch.setenv(provenance.COMMIT_ENV, "abc1234")
+    assert provenance.git_commit() == "abc1234"
+    monkeypatch.setattr(provenance, "REPO_ROOT", REPO)  # a checkout's own commit comes first
+    assert provenance.git_commit() not in ("abc1234", "unknown")
+
+
+def test_the_device_command_installs_every_wheel_names_the_commit_and_packs_the_results():
+    wheels = ["a-1-py3-none-any.whl", "b-2-py3-none-any.whl"]
+    command = gpu_check.device_command("abc1234-dirty", wheels)
+    assert all(f".whl/{w}" in command for w in wheels)
+    assert "ODC_BENCH_COMMIT=abc1234-dirty" in command
+    run, pack = command.rsplit("; ", 1)
+    assert run.endswith("python3 -m odc_bench.tools.gpu_check") and pack == "tar czf $OUT/gpu.tgz results/gpu"
+    assert len(command) <= 2000  # what the device tool takes
+
+
+def test_without_wheels_the_command_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", "--command"])
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "run make gpu-wheels first" in err and "\n" not in err
