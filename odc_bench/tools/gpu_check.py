@@ -157,11 +157,13 @@ def run_step(step: Step, left_s: float) -> None:
     print(f"gpu-check: {step.name}: {step.status} in {step.seconds:.0f} s", flush=True)
 
 
-def engine_gap(trace: pd.DataFrame) -> float:
+def engine_gap(trace: pd.DataFrame, warmup: int = 0) -> float:
     """Device seconds per unit span that lie in a microbatch but in no unit's span: what the
-    engine's own work leaves the device idle for, in line with compute (median over microbatches)."""
+    engine's own work leaves the device idle for, in line with compute (median over the
+    microbatches of the measured minibatches: the `warmup` first ones compile and profile)."""
     gaps = []
-    for _, mb in trace[trace["microbatch"] >= 0].groupby(["rank", "minibatch", "microbatch"]):
+    measured = trace[(trace["microbatch"] >= 0) & (trace["minibatch"] >= warmup)]
+    for _, mb in measured.groupby(["rank", "minibatch", "microbatch"]):
         spans, whole = mb[mb["kind"].isin(["fwd", "bwd"])], mb[mb["kind"] == "microbatch"]
         if len(whole) and len(spans):
             idle = float((whole["t1"] - whole["t0"]).iloc[0] - (spans["t1"] - spans["t0"]).sum())
@@ -176,7 +178,8 @@ def add_engine_gap(out: Path) -> None:
         return
     table = pd.read_csv(runs)
     ok = table[(table["status"] == "ok") & (table["engine"] == "collective")]
-    gaps = [engine_gap(pd.read_csv(out / trace)) for trace in ok["trace"]]
+    gaps = [engine_gap(pd.read_csv(out / trace), int(warmup))
+            for trace, warmup in zip(ok["trace"], ok["warmup_minibatches"], strict=True)]
     if gaps:
         record = json.loads(compute.read_text())
         record["engine_gaps"] = {"collective": float(pd.Series(gaps).median())}

@@ -45,6 +45,11 @@ def test_the_engines_gap_is_the_microbatchs_time_outside_its_units_per_unit():
     rows.append(dict(rank=0, minibatch=1, microbatch=-1, kind="optimizer", t0=20.0, t1=30.0))
     # Microbatch 0: 4 s, units 2 s -> 1 s per unit; microbatch 1: units 3 s -> 0.5 s.
     assert gpu_check.engine_gap(pd.DataFrame(rows)) == pytest.approx(0.75)
+    # A warm-up minibatch (compiling, profiled) with a large gap is left out once it is named one.
+    rows += [dict(rank=0, minibatch=0, microbatch=0, kind="microbatch", t0=-50.0, t1=-10.0),
+             dict(rank=0, minibatch=0, microbatch=0, kind="fwd", t0=-50.0, t1=-49.0)]
+    assert gpu_check.engine_gap(pd.DataFrame(rows)) == pytest.approx(1.0)  # the median of 39, 1, 0.5
+    assert gpu_check.engine_gap(pd.DataFrame(rows), warmup=1) == pytest.approx(0.75)
 
 
 def test_the_simulator_half_compares_the_runs_with_both_profiles_and_the_memory_estimate(tmp_path, monkeypatch):
