@@ -21,7 +21,9 @@ launches. The fused weights start as the separate ones' rows stacked (the same v
 seed), and parameters are then named `qkv_proj` and `gate_up_proj`; elsewhere the model keeps
 the separate projections (and Hugging Face's names), so CPU runs and their numbers are unchanged.
 Fusing by stacking the weights at every forward instead would keep the names, but hold a copy
-of the stacked weights per layer until its backward.
+of the stacked weights per layer until its backward. On CUDA the head's loss also runs a chunk
+of tokens at a time (models/loss.py), as long-context trainers run it; on CPU it takes the
+whole microbatch's logits, as it always has.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from torch import nn
 
 from odc_bench.config.model import ModelConfig
 from odc_bench.models.attention import Documents, attend, kernel_for
+from odc_bench.models.loss import IGNORE, LossAndGrad, chunked_cross_entropy, loss_and_grad
+from odc_bench.models.memory import LOSS_CHUNK_TOKENS
 
 
 class RMSNorm(nn.Module):
@@ -163,30 +167,32 @@ class Embedding(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm, LM head and the summed token loss, so the loss's compute is timed too."""
+    """Final norm, LM head and the summed token loss, so the loss's compute is timed too. With
+    `loss_chunk` (on CUDA) the loss runs that many tokens at a time (loss.py); without it, as
+    on CPU, over the whole microbatch's logits in fp32."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, loss_chunk: int | None = None) -> None:
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.loss_chunk = loss_chunk
+        self.chunk_math: LossAndGrad = loss_and_grad  # compile_dense compiles it on CUDA
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.loss(x, labels)
-
-    def loss(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # Log-softmax in fp32 (bf16 logits would round the loss to three digits); compiled on
-        # CUDA, the cast fuses into the loss's kernels instead of writing an fp32 copy of the logits.
+        if self.loss_chunk is not None:
+            return chunked_cross_entropy(self.norm(x), self.lm_head.weight, labels, self.loss_chunk, self.chunk_math)
+        # Log-softmax in fp32: bf16 logits would round the loss to three digits.
         logits = self.lm_head(self.norm(x)).float()
-        return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE, reduction="sum")
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, fused: bool = False, loss_chunk: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
         self.layers = nn.ModuleList(DecoderLayer(cfg, fused) for _ in range(cfg.num_layers))
-        self.head = Head(cfg)
+        self.head = Head(cfg, loss_chunk)
         if cfg.tie_embeddings:
             self.head.lm_head.weight = self.embed.embed_tokens.weight
         # The attention kernels its forwards ran (attention.py), for the run's row.
@@ -213,15 +219,16 @@ class DecoderModel(nn.Module):
 
 
 def compile_dense(model: DecoderModel) -> None:
-    """torch.compile each layer's work before and after attention, and the head's loss: on CUDA
-    the decoder is launch-bound without it (docs/simulator.md, "The GPU path"). The units stay
-    eager modules, so every engine's and the trace's hooks run as before; shapes are dynamic
-    (every microbatch has its own token count), and a part that fails to compile runs eagerly."""
+    """torch.compile each layer's work before and after attention, and the loss's math on a
+    chunk of logits: on CUDA the decoder is launch-bound without it (docs/gpu.md), and the loss
+    would write fp32 copies of the logits. The units stay eager modules, so
+    every engine's and the trace's hooks run as before; shapes are dynamic (every microbatch has
+    its own token count), and a part that fails to compile runs eagerly."""
     torch._dynamo.config.suppress_errors = True
     for layer in cast(list[DecoderLayer], list(model.layers)):
         layer.before_attention = torch.compile(layer.before_attention, dynamic=True)  # type: ignore[method-assign]
         layer.after_attention = torch.compile(layer.after_attention, dynamic=True)  # type: ignore[method-assign]
-    model.head.loss = torch.compile(model.head.loss, dynamic=True)  # type: ignore[method-assign]
+    model.head.chunk_math = torch.compile(loss_and_grad, dynamic=True)
 
 
 def init_weights(model: DecoderModel, seed: int) -> None:
@@ -242,8 +249,11 @@ def init_weights(model: DecoderModel, seed: int) -> None:
 
 def build_model(cfg: ModelConfig, seed: int, device: torch.device, fused: bool | None = None) -> DecoderModel:
     """The model every rank starts from: the same weights for one seed on every rank; its
-    projections fused (see above) where `fused` says, by default on CUDA."""
-    model = DecoderModel(cfg, fused=device.type == "cuda" if fused is None else fused)
+    projections fused (see above) where `fused` says, by default on CUDA, and there its loss
+    taken LOSS_CHUNK_TOKENS tokens at a time (loss.py: what the memory estimate counts)."""
+    on_cuda = device.type == "cuda"
+    model = DecoderModel(cfg, fused=on_cuda if fused is None else fused,
+                         loss_chunk=LOSS_CHUNK_TOKENS if on_cuda else None)
     init_weights(model, seed)
     return model.to(device)
 

@@ -13,11 +13,12 @@ every unit for the ranks of one node, `shard_over`, each node holding a replica)
 - activations of one microbatch of max_tokens tokens, what autograd saves for backward:
   every decoder layer's tensors, or with recomputation only each layer's input plus one
   layer's tensors (block-level selective recomputation: that for its share of the layers);
-  the loss head is counted as fused cross-entropy kernels run it (logits a chunk at a time),
-  since a full fp32 logits tensor at 64K tokens and a 152K vocabulary
-  (40 GB) is what no long-context trainer keeps. Attention is flash attention's (linear in
-  the tokens) on GPUs; on CPU, torch's attention keeps each document's score matrix: at most
-  max_tokens x the longest document's length of scores per head.
+  the loss head is counted as fused cross-entropy kernels run it (logits a chunk at a time:
+  the chunk's logits and their gradient in bf16, as many bytes as the chunk's fp32 logits;
+  the harness's own model on CUDA runs models/loss.py so), since a full fp32 logits tensor at
+  64K tokens and a 152K vocabulary (40 GB) is what no long-context trainer keeps. Attention
+  is flash attention's (linear in the tokens) on GPUs; on CPU, torch's attention keeps each
+  document's score matrix: at most max_tokens x the longest document's length of scores per head.
 
 Hybrid sharding keeps the optimizer states with the shards (FSDP2's HSDP; the paper's section
 6.1 also spreads them over the nodes, which this layout does not) and reduces the gradients
@@ -26,8 +27,7 @@ accumulator), so only the owned part changes: every term else is per unit or per
 
 What it leaves out: the framework's own buffers and fragmentation (a few percent on GPUs).
 On CPU ranks (`cpu_longest`) the harness's own model (models/decoder.py) is counted as it runs
-there: each document's score matrices, the full fp32 logits and their gradient. On GPUs every
-model is counted as trainers run it; the harness's head holds more than a chunk there (docs/gpu.md).
+there: each document's score matrices, the full fp32 logits and their gradient.
 """
 
 from __future__ import annotations

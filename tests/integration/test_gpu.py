@@ -46,3 +46,45 @@ def test_varlen_matches_per_document_sdpa_forward_and_gradients():
     for g, w in zip(torch.autograd.grad(got, (q, k, v), upstream), torch.autograd.grad(want, (q, k, v), upstream),
                     strict=True):
         torch.testing.assert_close(g, w, atol=5e-2, rtol=5e-2)
+
+
+def test_the_compiled_chunked_loss_matches_the_whole_logits_and_holds_a_chunk():
+    """qwen2_1p5b's head at 16K tokens in bf16: the loss a chunk at a time (compiled, as
+    compile_dense runs it) against the whole microbatch's fp32 logits: the same loss and
+    gradients to bf16's precision, in at most half the memory, and within what the memory
+    estimate counts for it (a chunk's logits and their gradient, the head's input gradient, and
+    the weight's gradient) with a quarter to spare."""
+    from odc_bench.models.decoder import Head
+    from odc_bench.models.loss import loss_and_grad
+    from odc_bench.models.memory import LOSS_CHUNK_TOKENS
+
+    cfg = run_config("model=qwen2_1p5b").model
+    tokens = 16384
+    torch.manual_seed(0)
+    whole = Head(cfg).to("cuda", torch.bfloat16)
+    chunked = Head(cfg, loss_chunk=LOSS_CHUNK_TOKENS).to("cuda", torch.bfloat16)
+    chunked.load_state_dict(whole.state_dict())
+    chunked.chunk_math = torch.compile(loss_and_grad, dynamic=True)
+    x0 = torch.randn(tokens, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    labels = torch.randint(0, cfg.vocab_size, (tokens,), device="cuda")
+    labels[::97] = -100
+    results = []
+    for head in (whole, chunked, chunked):  # the chunked one twice: the first compiles
+        x = x0.clone().requires_grad_()
+        head.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = head(x, labels)
+        loss.backward()
+        torch.cuda.synchronize()
+        results.append((loss.detach().float(), x.grad, head.lm_head.weight.grad.clone(),
+                        torch.cuda.max_memory_allocated() - base))
+    (want, want_x, want_w, whole_peak), _, (got, got_x, got_w, chunk_peak) = results
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=0)
+    torch.testing.assert_close(got_x.float(), want_x.float(), rtol=5e-2, atol=5e-3)
+    torch.testing.assert_close(got_w.float(), want_w.float(), rtol=5e-2, atol=5e-2)
+    counted = (LOSS_CHUNK_TOKENS * cfg.vocab_size * 4 + tokens * cfg.hidden_size * 2 * 2
+               + cfg.vocab_size * cfg.hidden_size * 2 * 2)
+    assert chunk_peak <= whole_peak / 2, (chunk_peak, whole_peak)
+    assert chunk_peak <= 1.25 * counted, (chunk_peak, counted)
