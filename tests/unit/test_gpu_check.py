@@ -76,15 +76,23 @@ def test_the_simulator_half_compares_the_runs_with_both_profiles_and_the_memory_
 def test_a_copy_without_git_names_the_commit_the_sending_command_gave_it(tmp_path, monkeypatch):
     """The lent machine gets the tree without .git: rows and provenance name the commit from
     $ODC_BENCH_COMMIT there, and "unknown" where nothing names one."""
+    import subprocess
+
     from odc_bench import provenance
 
-    monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)  # no git checkout here
+    plain, checkout = tmp_path / "plain", tmp_path / "checkout"
+    plain.mkdir(), checkout.mkdir()
+    monkeypatch.setattr(provenance, "REPO_ROOT", plain)  # no git checkout here
     monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
     assert provenance.git_commit() == "unknown"
     monkeypatch.setenv(provenance.COMMIT_ENV, "abc1234")
     assert provenance.git_commit() == "abc1234"
-    monkeypatch.setattr(provenance, "REPO_ROOT", REPO)  # a checkout's own commit comes first
-    assert provenance.git_commit() not in ("abc1234", "unknown")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(checkout)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    own = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(provenance, "REPO_ROOT", checkout)  # a checkout's own commit comes first
+    assert provenance.git_commit() == own != "abc1234"
 
 
 def test_the_device_command_installs_every_wheel_names_the_commit_and_packs_the_results():
