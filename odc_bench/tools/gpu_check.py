@@ -206,7 +206,7 @@ def simulate_runs(out: Path) -> None:
 
 def largest_microbatch_estimates() -> dict[tuple[float, int], tuple[int, float]]:
     """Per run (length scale, minibatch size): its largest planned microbatch in tokens and the
-    memory estimate (GB) at that size. The row's estimate is at max_tokens, the largest
+    memory estimate (GiB) at that size. The row's estimate is at max_tokens, the largest
     microbatch the limit allows; a run whose samples are all shorter never gets near it."""
     from odc_bench.config.compose import compose_run
     from odc_bench.plan.spec import resolve
@@ -232,8 +232,8 @@ def comparisons(out: Path) -> list[str]:
                 if (out / f"sim-{p}" / "runs.csv").exists()}
         at_largest = largest_microbatch_estimates()
         lines += ["| run | measured samples/s | simulated, h100 | measured / simulated | simulated, measured profile "
-                  "| measured / simulated | peak memory GB | estimate GB (at max_tokens) | estimate / peak | largest "
-                  "microbatch, tokens | estimate there GB | estimate there / peak |",
+                  "| measured / simulated | peak memory GiB | estimate GiB (at max_tokens) | estimate / peak | largest "
+                  "microbatch, tokens | estimate there GiB | estimate there / peak |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in real.iterrows():
             tokens, there = at_largest.get((r["length_scale"], r["minibatch_size"]), (0, float("nan")))
