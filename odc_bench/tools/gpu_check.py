@@ -282,6 +282,10 @@ def main() -> None:
     if sys.argv[1:] == ["--command"]:
         print(command_here())
         return
+    if sys.argv[1:]:
+        print(f"gpu-check: unknown arguments {' '.join(sys.argv[1:])}: it takes none, or --command (docs/gpu.md)",
+              file=sys.stderr)
+        sys.exit(2)
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine: nothing to check here (run make gpu-check on a GPU "
               "machine; docs/gpu.md)")

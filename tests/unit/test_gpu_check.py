@@ -17,6 +17,7 @@ from tests.helpers import REPO
 
 def test_without_cuda_it_says_so_and_exits_0(capsys, monkeypatch):
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check"])
     gpu_check.main()  # returns: exit status 0
     assert "no CUDA device on this machine: nothing to check here" in capsys.readouterr().out
 
@@ -103,6 +104,15 @@ def test_the_device_command_installs_every_wheel_names_the_commit_and_packs_the_
     run, pack = command.rsplit("; ", 1)
     assert run.endswith("python3 -m odc_bench.tools.gpu_check") and pack == "tar czf $OUT/gpu.tgz results/gpu"
     assert len(command) <= 2000  # what the device tool takes
+
+
+def test_an_unknown_argument_is_refused_in_one_line_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", "--comand"])
+    monkeypatch.setattr(gpu_check, "steps", lambda out: pytest.fail("nothing may run"))
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "unknown arguments --comand" in err and "\n" not in err
 
 
 def test_without_wheels_the_command_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
