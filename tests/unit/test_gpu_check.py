@@ -122,3 +122,23 @@ def test_without_wheels_the_command_is_refused_in_one_line(tmp_path, monkeypatch
         gpu_check.main()
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "run make gpu-wheels first" in err and "\n" not in err
+
+
+def test_every_gpu_test_runs_in_exactly_one_step_and_nvshmems_last(tmp_path):
+    """NVSHMEM has never run on the lent machines and may hang where it does not refuse: its tests
+    are a step of their own, the last, so that a hang costs no other step's results."""
+    import subprocess
+
+    def collected(argv: list[str]) -> set[str]:
+        args = [a for a in argv[argv.index("pytest") + 1:] if not a.startswith("--junitxml") and a != "-q"]
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        return {line for line in done.stdout.splitlines() if "::" in line}
+
+    listed = gpu_check.steps(tmp_path)
+    tests = [s for s in listed if "pytest" in s.argv]
+    assert [s.name for s in tests] == ["gpu tests", "nvshmem tests"] and listed[-1] is tests[1]
+    first, nvshmem = (collected(s.argv) for s in tests)
+    assert first and nvshmem and not first & nvshmem
+    assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in first)
+    assert any("cuda_ipc" in t for t in first), "the conformance suite on cuda_ipc runs in the first step"
