@@ -138,7 +138,7 @@ def steps(out: Path) -> list[Step]:
                                     *([PROFILED] if i == 0 else []), f"results_dir={out}"], 50)
                for i, (name, overrides) in enumerate(RUNS.items())]
     listed.append(Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem",
-                                         *gpu_tests[1:]], 40))
+                                         *gpu_tests[1:]], 45))
     return listed
 
 

@@ -96,9 +96,9 @@ def _nvshmem_rank(rank: int, world: int, store: dist.Store) -> dict:
 @pytest.mark.skipif(not torch.cuda.is_available() or not symm_mem.is_nvshmem_available(),
                     reason="this torch or machine has no NVSHMEM")
 def test_nvshmem_runs_one_rank_per_gpu_and_refuses_two_on_one():
-    (one,) = run_ranks(_nvshmem_rank, 1, timeout_s=20)  # within gpu-check's step for NVSHMEM
+    (one,) = run_ranks(_nvshmem_rank, 1, timeout_s=30)  # within gpu-check's step for NVSHMEM
     assert torch.equal(one["got"], torch.arange(5.0, 15.0))
     assert torch.equal(one["after"], torch.arange(1000.0) + 1)
     assert (one["flag"], one["old"], one["now"]) == (7, 0, 3)
     with pytest.raises(RanksFailed, match="share one GPU"):
-        run_ranks(_nvshmem_rank, 2, timeout_s=20)
+        run_ranks(_nvshmem_rank, 2, timeout_s=30)
