@@ -221,9 +221,9 @@ class DecoderModel(nn.Module):
 def compile_dense(model: DecoderModel) -> None:
     """torch.compile each layer's work before and after attention, and the loss's math on a
     chunk of logits: on CUDA the decoder is launch-bound without it (docs/gpu.md), and the loss
-    would write fp32 copies of the logits. The units stay eager modules, so
-    every engine's and the trace's hooks run as before; shapes are dynamic (every microbatch has
-    its own token count), and a part that fails to compile runs eagerly."""
+    would write fp32 copies of the logits. The units stay eager modules, so every engine's and
+    the trace's hooks run as before; shapes are dynamic (every microbatch has its own token
+    count), and a part that fails to compile runs eagerly."""
     torch._dynamo.config.suppress_errors = True
     for layer in cast(list[DecoderLayer], list(model.layers)):
         layer.before_attention = torch.compile(layer.before_attention, dynamic=True)  # type: ignore[method-assign]
