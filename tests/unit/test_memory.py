@@ -13,6 +13,7 @@ from odc_bench.models.decoder import DecoderModel
 from odc_bench.models.memory import OWNED_BYTES, estimate, unit_params
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import MB
+from odc_core.engine.registry import ENGINES
 from tests.helpers import REPO, run_config
 
 
@@ -87,7 +88,7 @@ def test_the_full_sharding_estimate_of_the_committed_cpu_runs_is_unchanged():
         model = build(ModelConfig, config["model"], "model.")
         # Stale-synchronous runs keep staleness + 1 version slots of the owned shards (staleness.md).
         slots = (config.get("engine") or {}).get("staleness", 0) + 1
-        copy = row["engine"] == "odc"
+        copy = ENGINES[row["engine"]].compute_shard_copy
         got = estimate(model, int(row["world_size"]), row["precision"], int(row["max_tokens"]),
                        cpu_longest=int(row["len_max"]), version_slots=slots, compute_shard_copy=copy).total / MB
         counted_then = 0.0
