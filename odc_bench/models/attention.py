@@ -2,9 +2,9 @@
 
 - `varlen`: one call of torch's variable-length flash kernel (torch.nn.attention.varlen) over
   the whole microbatch, as torchtitan and verl run packed documents. CUDA only, 16-bit only
-  (flash kernels take no fp32). Its signature changed between torch 2.11 (`is_causal`, no GQA
-  argument: kv heads are repeated) and 2.13 (`window_size=(-1, 0)` for causal, `enable_gqa`);
-  the call reads which one this torch has.
+  (flash kernels take no fp32). Its signature has changed at each release: torch 2.10 asks
+  for causal by `is_causal`, 2.11 by `window_size=(-1, 0)`, and neither takes GQA (kv heads
+  are repeated); 2.12 added `enable_gqa`. The call reads which one this torch has.
 - `sdpa_per_doc`: one scaled_dot_product_attention call per document. On CUDA its inputs are
   4-D (1, heads, tokens, dim), the shape SDPA's efficient and flash kernels take; 3-D inputs
   there fall to its math kernel, whose s x s scores run out of memory at 16K tokens. On CPU the
@@ -105,6 +105,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, k
     if kernel == "varlen":
         fn = varlen_function()
         if fn is None:
-            raise RuntimeError("attention kernel varlen needs torch.nn.attention.varlen (torch >= 2.11)")
+            raise RuntimeError("attention kernel varlen needs torch.nn.attention.varlen (torch >= 2.10)")
         return varlen(fn, q, k, v, docs)
     return per_document(q, k, v, docs)

@@ -1,8 +1,10 @@
-"""Which attention kernel runs, and the varlen call through both of torch's signatures, checked on
-CPU against per-document SDPA with stand-ins that have each signature (the real kernel is CUDA
-only: tests/integration/test_gpu.py compares it on a GPU)."""
+"""Which attention kernel runs, and the varlen call through each of torch's signatures, checked on
+CPU against per-document SDPA with stand-ins that have each signature, and one that has this
+torch's own (the real kernel is CUDA only: tests/integration/test_gpu.py compares it on a GPU)."""
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
@@ -25,15 +27,22 @@ def _reference(q, k, v, cu_q, max_q) -> torch.Tensor:
     return torch.cat(outs)
 
 
-def varlen_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False):
-    """torch 2.11's signature: causal by a flag, no GQA (kv heads must be repeated)."""
+def varlen_210(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    """torch 2.10's signature: causal by a flag, no GQA (kv heads must be repeated)."""
     assert is_causal and key.shape[1] == query.shape[1]
+    return _reference(query, key, value, cu_seq_q, max_q)
+
+
+def varlen_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+               window_size=(-1, -1)):
+    """torch 2.11's (the lent GPU machine's): causal as window (-1, 0), still no GQA."""
+    assert window_size == (-1, 0) and key.shape[1] == query.shape[1]
     return _reference(query, key, value, cu_seq_q, max_q)
 
 
 def varlen_213(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
                window_size=(-1, -1), enable_gqa=False):
-    """torch 2.13's: causal as window (-1, 0), GQA by its own argument."""
+    """torch 2.12's and 2.13's: causal as window (-1, 0), GQA by its own argument."""
     assert window_size == (-1, 0)
     if key.shape[1] != query.shape[1]:
         assert enable_gqa
@@ -53,8 +62,8 @@ def test_the_kernel_follows_device_dtype_and_torch(device, dtype, available, ker
     assert choose_kernel(device, dtype, available) == kernel
 
 
-@pytest.mark.parametrize("fn", [varlen_211, varlen_213])
-def test_varlen_through_either_signature_equals_per_document_sdpa(fn):
+@pytest.mark.parametrize("fn", [varlen_210, varlen_211, varlen_213])
+def test_varlen_through_each_signature_equals_per_document_sdpa(fn):
     torch.manual_seed(0)
     lengths = [5, 1, 12, 7]
     q = torch.randn(sum(lengths), 4, 8, requires_grad=True)
@@ -68,6 +77,35 @@ def test_varlen_through_either_signature_equals_per_document_sdpa(fn):
     torch.testing.assert_close(got, want)
     for g, w in zip(grads, torch.autograd.grad(want.square().sum(), (q, k, v)), strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_the_call_binds_to_this_torchs_own_varlen_signature():
+    """The adapter's arguments bind to the signature of the varlen_attn this torch ships (so a
+    signature torch changes again fails here, on CPU, not first on a GPU), asking for causal
+    attention and for GQA where that signature can take it."""
+    real = attention.varlen_function()
+    if real is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    signature = inspect.signature(real)
+
+    def stand_in(*args, **kwargs):
+        given = signature.bind(*args, **kwargs)
+        given.apply_defaults()
+        a = given.arguments
+        assert a.get("is_causal") is True or tuple(a.get("window_size", ())) == (-1, 0)
+        q, k, v = a["query"], a["key"], a["value"]
+        if k.shape[1] != q.shape[1]:
+            assert a["enable_gqa"] is True
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return _reference(q, k, v, a["cu_seq_q"], a["max_q"])
+
+    stand_in.__signature__ = signature  # type: ignore[attr-defined]
+    torch.manual_seed(1)
+    lengths = [3, 10, 4]
+    q, k, v = torch.randn(17, 6, 8), torch.randn(17, 2, 8), torch.randn(17, 2, 8)
+    got = varlen(stand_in, q, k, v, Documents.of(lengths, torch.device("cpu"), "varlen"))
+    torch.testing.assert_close(got, per_document(q, k, v, Documents.of(lengths, torch.device("cpu"), "sdpa_per_doc")))
 
 
 def test_the_decoder_on_the_varlen_path_matches_its_per_document_path(monkeypatch):
