@@ -1,9 +1,11 @@
 """What the GPU transports do that is not CUDA, checked on CPU: the handle exchange through the
-store, the accumulate kernel's argument checks, and the one-line refusals where CUDA is absent.
+store, the accumulate kernel's argument checks and its sums (Triton's CPU interpreter), and the
+one-line refusals where CUDA is absent.
 Their CUDA parts run in tests/integration/test_transport_conformance.py and test_gpu_odc.py."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -64,3 +66,26 @@ def test_a_gpu_heap_without_cuda_is_refused_in_one_line(module, cls):
 def test_atomic_accumulation_checks_its_arguments_before_any_kernel(dst, src, error):
     with pytest.raises((TypeError, ValueError), match=error):
         atomic_add_(dst, src)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 4095, 4096, 3 * 4096 + 5])
+def test_the_accumulate_kernel_sums_every_push_under_tritons_interpreter(monkeypatch, dtype, n):
+    """The Triton kernel itself (not a stand-in), run by Triton's CPU interpreter: three pushes
+    into a shard that sits at an offset inside a larger buffer, as a peer's mapped shard does,
+    sum exactly (small integers are exact in every float type), at sizes that end inside a
+    block, on one, and past it; nothing outside the shard moves."""
+    pytest.importorskip("triton", reason="Triton is not installed (the dev extra installs it on Linux x86_64)")
+    from odc_core.transport import atomic_add
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # A kernel built under the interpreter, for this test only (the module's own stays as it was).
+    monkeypatch.setattr(atomic_add, "_kernel", functools.cache(atomic_add._kernel.__wrapped__))
+    buffer = torch.full((n + 9,), -1.0)
+    shard = buffer[4:4 + n]
+    pushes = [torch.arange(n).remainder(7).to(dtype) * (peer + 1) for peer in range(3)]
+    for push in pushes:
+        atomic_add_(shard, push)
+    want = sum(p.float() for p in pushes) - 1.0
+    assert torch.equal(shard, want)
+    assert torch.equal(buffer[:4], torch.full((4,), -1.0)) and torch.equal(buffer[4 + n:], torch.full((5,), -1.0))
