@@ -26,7 +26,8 @@ barrier's latency stays well below the transfers it guards; every wait has a tim
 raises PeerTimeout naming a rank that did not arrive.
 
 Python callers (torch.distributed's all_gather_single, reduce_scatter_single, which FSDP2
-calls) reach the overrides below directly; C++ callers reach them through torch's Python
+calls; before torch 2.13 all_gather_into_tensor and reduce_scatter_tensor, which call the
+_base forms) reach the overrides below directly; C++ callers reach them through torch's Python
 process-group trampoline, which in torch 2.13 forwards the coalesced forms (DTensor's
 full_tensor() gathers through all_gather_single_coalesced) but not the single ones. What
 reaches no override here (barrier, broadcast, all_reduce, object collectives, a C++ call of

@@ -22,6 +22,11 @@ pytestmark = pytest.mark.slow
 SIZES = (1, 7, 1000, 40_003, 5)
 DTYPES = (torch.float32, torch.bfloat16)
 OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
+# The calls FSDP2 makes: the _single forms from torch 2.13 on; all_gather_into_tensor and
+# reduce_scatter_tensor before (the lent GPU machine's 2.11), which reach the group's
+# _allgather_base and _reduce_scatter_base.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _init(rank: int, world: int, store: dist.Store, job: str, timeout_s: float) -> ShmProcessGroup:
@@ -41,14 +46,14 @@ def _compare(rank: int, world: int, store: dist.Store, job: str) -> list[tuple]:
                 g = torch.Generator().manual_seed(1000 * rank + n)
                 x = torch.randn(n, generator=g).to(dtype)
                 ours, theirs = torch.empty(n * world, dtype=dtype), torch.empty(n * world, dtype=dtype)
-                dist.all_gather_single(ours, x, group=shm)
-                dist.all_gather_single(theirs, x)
+                ALL_GATHER(ours, x, group=shm)
+                ALL_GATHER(theirs, x)
                 cases.append(("all_gather", dtype, n, ours, theirs))
                 y = torch.randn(n * world, generator=g).to(dtype)
                 for op in OPS:
                     ours, theirs = torch.empty(n, dtype=dtype), torch.empty(n, dtype=dtype)
-                    dist.reduce_scatter_single(ours, y, op=op, group=shm)
-                    dist.reduce_scatter_single(theirs, y.clone(), op=op)
+                    REDUCE_SCATTER(ours, y, op=op, group=shm)
+                    REDUCE_SCATTER(theirs, y.clone(), op=op)
                     cases.append((f"reduce_scatter {op}", dtype, n, ours, theirs))
         # The coalesced forms, which C++ callers (DTensor.full_tensor's functional all-gather) reach.
         xs = [torch.randn(n, generator=g) for n in (3, 11)]
@@ -56,7 +61,7 @@ def _compare(rank: int, world: int, store: dist.Store, job: str) -> list[tuple]:
         shm.all_gather_single_coalesced(outs, xs).wait()
         for x, out in zip(xs, outs, strict=True):
             theirs = torch.empty_like(out)
-            dist.all_gather_single(theirs, x)
+            ALL_GATHER(theirs, x)
             cases.append(("all_gather coalesced", x.dtype, x.numel(), out, theirs))
         ys = [torch.randn(n * world, generator=g) for n in (2, 9)]
         outs = [torch.empty(y.numel() // world) for y in ys]
@@ -65,7 +70,7 @@ def _compare(rank: int, world: int, store: dist.Store, job: str) -> list[tuple]:
         shm.reduce_scatter_single_coalesced(outs, ys, opts).wait()
         for y, out in zip(ys, outs, strict=True):
             theirs = torch.empty_like(out)
-            dist.reduce_scatter_single(theirs, y)
+            REDUCE_SCATTER(theirs, y)
             cases.append(("reduce_scatter coalesced", y.dtype, out.numel(), out, theirs))
         cases.append(("heap_bytes", None, shm.heap_bytes, None, None))
     finally:
@@ -99,13 +104,13 @@ def _late_and_missing(rank: int, world: int, store: dist.Store, job: str) -> dic
             time.sleep(0.5)
         started = time.monotonic()
         out = torch.empty(world)
-        dist.all_gather_single(out, torch.tensor([float(rank)]), group=shm)
+        ALL_GATHER(out, torch.tensor([float(rank)]), group=shm)
         result["first_s"], result["first"] = time.monotonic() - started, out
         if rank == 2:
             store.wait(["peers-gave-up/0", "peers-gave-up/1"], timedelta(seconds=30))
         else:
             try:
-                dist.reduce_scatter_single(torch.empty(1), torch.ones(world), group=shm)
+                REDUCE_SCATTER(torch.empty(1), torch.ones(world), group=shm)
             except PeerTimeout as e:
                 result["error"], result["peer"] = str(e), e.peer
             store.set(f"peers-gave-up/{rank}", "1")
@@ -128,7 +133,7 @@ def test_a_late_rank_holds_everyone_and_a_missing_one_is_named():
 def _unsupported_op(rank: int, world: int, store: dist.Store, job: str) -> str:
     shm = _init(rank, world, store, job, 60)
     try:
-        dist.reduce_scatter_single(torch.empty(1), torch.ones(world), op=dist.ReduceOp.MAX, group=shm)
+        REDUCE_SCATTER(torch.empty(1), torch.ones(world), op=dist.ReduceOp.MAX, group=shm)
     except ValueError as e:
         return str(e)
     finally:
