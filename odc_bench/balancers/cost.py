@@ -34,6 +34,7 @@ from odc_bench.config.balancer import BalancerConfig
 from odc_bench.config.model import ModelConfig
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import train_flops
+from odc_bench.sums import left_sum
 
 # The reference implementation's fits of measured time, with x = length / 32000.
 QUADRATIC_FITS: dict[str, tuple[float, float]] = {
@@ -60,7 +61,7 @@ class CostModel:
         return self.a * x * x + self.b * x
 
     def microbatch(self, lengths: Iterable[int]) -> float:
-        return self.c + sum(self(n) for n in lengths)
+        return self.c + left_sum(self(n) for n in lengths)
 
     def each(self, lengths: Sequence[int] | np.ndarray) -> np.ndarray:
         """The cost of every document at once: elementwise the same arithmetic as calling the

@@ -45,6 +45,7 @@ from odc_bench.balancers.packing import heaviest_first
 from odc_bench.balancers.plan import Microbatch, Plan
 from odc_bench.balancers.schedule import list_schedule
 from odc_bench.config.fields import require
+from odc_bench.sums import left_sum
 
 # Candidate entry-cost caps: the lower bound, then shrinking by this factor down to the
 # cheapest sample (a geometric ladder: a handful of candidates even for very skewed costs).
@@ -83,7 +84,7 @@ def capped_packing(lengths: Sequence[int], max_tokens: int, cost: CostModel, cap
 
 
 def schedule_time(plan: Plan, lengths: Sequence[int], cost: CostModel) -> float:
-    return max((sum(cost.microbatch(lengths[i] for i in mb) for mb in rank) for rank in plan), default=0.0)
+    return max((left_sum(cost.microbatch(lengths[i] for i in mb) for mb in rank) for rank in plan), default=0.0)
 
 
 def scheduled(queue: Sequence[Microbatch], lengths: Sequence[int], cost: CostModel, world_size: int) -> Plan:
@@ -98,7 +99,7 @@ def dynamic_queue(lengths: Sequence[int], world_size: int, max_tokens: int, cost
     if not lengths:
         return []
     costs = [cost(n) for n in lengths]
-    bound = max(sum(costs) / world_size, max(costs))
+    bound = max(left_sum(costs) / world_size, max(costs))
     smallest = min((c for c in costs if c > 0), default=0.0)
     candidates, seen = [], set()
     for step in itertools.count():

@@ -25,6 +25,7 @@ from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.packing import pack_fewest_each
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Plan
+from odc_bench.sums import left_sum
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +39,7 @@ def partition_after(costs: Sequence[float], ready: Sequence[float]) -> list[list
     carried = [r - min(ready) for r in ready]
     if max(carried) == 0:
         return balanced_partition(costs, k)
-    pin = sum(costs) + max(carried) + 1.0
+    pin = left_sum(costs) + max(carried) + 1.0
     parts = balanced_partition([*costs, *(pin + c for c in carried)], k)
     shares: list[list[int] | None] = [None] * k
     for part in parts:

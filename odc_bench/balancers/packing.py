@@ -20,11 +20,12 @@ from odc_bench.balancers import partition_many
 from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.partition import balanced_partition
 from odc_bench.balancers.plan import Microbatch, Plan
+from odc_bench.sums import left_sum
 
 
 def microbatch_cost(mb: Sequence[int], lengths: Sequence[int], cost: CostModel) -> float:
     """The documents' costs, without the per-microbatch constant (the same for every microbatch)."""
-    return sum(cost(lengths[i]) for i in mb)
+    return left_sum(cost(lengths[i]) for i in mb)
 
 
 def heaviest_first(mbs: list[Microbatch], lengths: Sequence[int], cost: CostModel) -> list[Microbatch]:

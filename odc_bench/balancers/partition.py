@@ -41,6 +41,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from odc_bench.sums import left_sum
+
 # A set of a classic state: (sum of costs, item indices).
 _Set = tuple[float, list[int]]
 
@@ -75,7 +77,7 @@ def balanced_partition(costs: Sequence[float], k: int, equal_size: bool = False)
     if work >= _VECTOR_FROM:
         candidates.append(_vectorised(np.asarray(costs, dtype=float), k, equal_size).parts())
     parts = min(candidates, key=lambda p: _quality(costs, p))
-    loads = [sum(costs[i] for i in p) for p in parts]
+    loads = [left_sum(costs[i] for i in p) for p in parts]
     order = sorted(range(k), key=lambda p: (-loads[p], min(parts[p], default=len(costs))))
     return [sorted(parts[p], key=lambda i: (-costs[i], i)) for p in order]
 
@@ -83,7 +85,7 @@ def balanced_partition(costs: Sequence[float], k: int, equal_size: bool = False)
 def _heaviest_first(costs: np.ndarray, items: np.ndarray) -> list[list[int]]:
     """The sets of a (k, width) matrix of item ids (-1: an empty slot) as balanced_partition
     returns them, in the same order: each set's load summed over its row left to right from
-    zero, as sum() does (an empty slot adds 0.0, which changes nothing), heaviest first, then by
+    zero, as left_sum() does (an empty slot adds 0.0, which changes nothing), heaviest first, then by
     the lowest item; items costliest first, then by index."""
     k, width = items.shape
     real = items >= 0
@@ -106,7 +108,7 @@ def _heaviest_first(costs: np.ndarray, items: np.ndarray) -> list[list[int]]:
 
 
 def _quality(costs: Sequence[float], parts: list[list[int]]) -> tuple[float, float]:
-    loads = [sum(costs[i] for i in p) for p in parts]
+    loads = [left_sum(costs[i] for i in p) for p in parts]
     return max(loads), max(loads) - min(loads)
 
 
@@ -183,8 +185,8 @@ def _swap_refine(costs: Sequence[float], parts: list[list[int]], moves: bool = F
                  max_rounds: int = 10_000) -> list[list[int]]:
     """Swap items between the heaviest (or lightest) set and the others while it helps."""
     parts = [list(p) for p in parts]
-    loads = [sum(costs[i] for i in p) for p in parts]
-    eps = 1e-12 * max(1.0, sum(abs(c) for c in costs))
+    loads = [left_sum(costs[i] for i in p) for p in parts]
+    eps = 1e-12 * max(1.0, left_sum(abs(c) for c in costs))
     for _ in range(max_rounds):
         order = sorted(range(len(parts)), key=lambda p: (-loads[p], p))
         heavy, light = order[0], order[-1]

@@ -5,7 +5,7 @@ at 1,024 ranks it splits some 600 shares of a few samples each per minibatch, ev
 balanced_partition's classic pipeline (largest differencing, then swaps). Those instances
 share their size, so this module runs the same pipeline on all of them together, one step of
 every instance at a time: the same states, the same comparisons and the same floating-point
-additions in the same order (sums left to right in each set's list order, as sum() adds), so
+additions in the same order (sums left to right in each set's list order, as left_sum() adds), so
 the same answer to the last bit as balanced_partition's, which a test holds it to.
 
 Instances are rows of a (m, n) cost matrix; a partition is a (m, k, n) matrix of item indices
@@ -43,7 +43,7 @@ def balanced_partitions(costs: np.ndarray, k: int, equal_size: bool = False) -> 
 
 
 def _set_loads(costs: np.ndarray, parts: np.ndarray) -> np.ndarray:
-    """Each set's load summed left to right in list order from zero, as sum() does (an empty
+    """Each set's load summed left to right in list order from zero, as left_sum() does (an empty
     slot adds 0.0, which changes nothing)."""
     slot = np.where(parts >= 0, np.take_along_axis(costs[:, None, :], np.maximum(parts, 0), axis=2), 0.0)
     loads = np.zeros(parts.shape[:2])

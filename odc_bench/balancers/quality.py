@@ -29,13 +29,14 @@ import numpy as np
 
 from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.plan import Plan
+from odc_bench.sums import left_sum
 
 SEMANTICS = ("collective", "odc")
 
 
 def microbatch_costs(plan: Plan, lengths: Sequence[int], cost: CostModel) -> list[list[float]]:
     """[[cost.microbatch(lengths[i] for i in mb) for mb in rank] for rank in plan], for every
-    microbatch at once: each one's documents summed left to right from zero, as sum() does, one
+    microbatch at once: each one's documents summed left to right from zero, as left_sum() does, one
     column of a zero-padded matrix at a time (adding a padding zero changes nothing)."""
     mbs = [mb for rank in plan for mb in rank]
     sizes = np.fromiter(map(len, mbs), np.int64, count=len(mbs))
@@ -60,7 +61,7 @@ def collective_time(plan: Plan, lengths: Sequence[int], cost: CostModel) -> floa
 
 def _collective_time(per_rank: list[list[float]]) -> float:
     steps = max((len(r) for r in per_rank), default=0)
-    return sum(max(r[j] if j < len(r) else 0.0 for r in per_rank) for j in range(steps))
+    return left_sum(max(r[j] if j < len(r) else 0.0 for r in per_rank) for j in range(steps))
 
 
 def odc_time(plan: Plan, lengths: Sequence[int], cost: CostModel) -> float:
@@ -68,7 +69,7 @@ def odc_time(plan: Plan, lengths: Sequence[int], cost: CostModel) -> float:
 
 
 def _odc_time(per_rank: list[list[float]]) -> float:
-    return max((sum(r) for r in per_rank), default=0.0)
+    return max((left_sum(r) for r in per_rank), default=0.0)
 
 
 def plan_time(plan: Plan, lengths: Sequence[int], cost: CostModel, semantics: str) -> float:
@@ -85,13 +86,13 @@ def _plan_time(per_rank: list[list[float]], semantics: str) -> float:
 
 def plan_work(plan: Plan, lengths: Sequence[int], cost: CostModel) -> float:
     """Busy rank-time the plan needs: every microbatch's cost once."""
-    return sum(sum(r) for r in microbatch_costs(plan, lengths, cost))
+    return left_sum(left_sum(r) for r in microbatch_costs(plan, lengths, cost))
 
 
 def least_work(lengths: Sequence[int], max_tokens: int, cost: CostModel) -> float:
     """The least busy rank-time any plan needs: every sample once, the fewest microbatches."""
     fewest = math.ceil(sum(lengths) / max_tokens) if len(lengths) else 0
-    return sum(cost.each(lengths).tolist()) + cost.c * fewest
+    return left_sum(cost.each(lengths).tolist()) + cost.c * fewest
 
 
 def lower_bound(lengths: Sequence[int], world_size: int, max_tokens: int, cost: CostModel) -> float:
@@ -120,7 +121,7 @@ def predict(plan: Plan, lengths: Sequence[int], world_size: int, max_tokens: int
     """`per_rank`: the plan's microbatch_costs, where the caller has them already."""
     if per_rank is None:
         per_rank = microbatch_costs(plan, lengths, cost)
-    return Prediction(time=_plan_time(per_rank, semantics), work=sum(sum(r) for r in per_rank),
+    return Prediction(time=_plan_time(per_rank, semantics), work=left_sum(left_sum(r) for r in per_rank),
                       bound=lower_bound(lengths, world_size, max_tokens, cost),
                       bound_work=least_work(lengths, max_tokens, cost))
 
@@ -129,8 +130,8 @@ def run_bubble_rate(predictions: Iterable[Prediction], world_size: int, of_bound
     """The predicted bubble of minibatches run one after another (or of their lower bounds)."""
     preds = list(predictions)
     if of_bound:
-        return bubble_rate(sum(p.bound_work for p in preds), world_size, sum(p.bound for p in preds))
-    return bubble_rate(sum(p.work for p in preds), world_size, sum(p.time for p in preds))
+        return bubble_rate(left_sum(p.bound_work for p in preds), world_size, left_sum(p.bound for p in preds))
+    return bubble_rate(left_sum(p.work for p in preds), world_size, left_sum(p.time for p in preds))
 
 
 # ---- stale-synchronous ODC ----------------------------------------------------------------
@@ -188,7 +189,7 @@ def stale_clock(works: Sequence[Sequence[float]], staleness: int) -> StaleClock:
 
 def rank_work(plan: Plan, lengths: Sequence[int], cost: CostModel) -> list[float]:
     """Busy time of each rank in one minibatch."""
-    return [sum(r) for r in microbatch_costs(plan, lengths, cost)]
+    return [left_sum(r) for r in microbatch_costs(plan, lengths, cost)]
 
 
 def stale_window(works: Sequence[Sequence[float]], staleness: int, warmup: int = 0) -> float:
@@ -203,7 +204,7 @@ def stale_window(works: Sequence[Sequence[float]], staleness: int, warmup: int =
 
 def stale_bubble_rate(works: Sequence[Sequence[float]], staleness: int, warmup: int = 0) -> float:
     """The predicted bubble of the minibatches from `warmup` on (see stale_window)."""
-    busy = sum(sum(w) for w in works[warmup:])
+    busy = left_sum(left_sum(w) for w in works[warmup:])
     return bubble_rate(busy, len(works[0]), stale_window(works, staleness, warmup)) if works else 0.0
 
 

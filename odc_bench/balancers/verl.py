@@ -51,6 +51,7 @@ from typing import Literal
 from odc_bench.balancers.cost import CostModel
 from odc_bench.balancers.partition import balanced_partition, largest_differencing
 from odc_bench.balancers.plan import Microbatch, Plan
+from odc_bench.sums import left_sum
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,4 +101,4 @@ def verl(lengths: Sequence[int], world_size: int, max_tokens: int, cost: CostMod
         k += 1
     # Up to v0.6.0 verl partitioned on tokens but ordered by squared lengths (attention).
     order_key = (lambda n: float(n) ** 2) if workload == "tokens" else weigh
-    return [sorted(rank, key=lambda mb: (-sum(order_key(lengths[i]) for i in mb), min(mb))) for rank in plan]
+    return [sorted(rank, key=lambda mb: (-left_sum(order_key(lengths[i]) for i in mb), min(mb))) for rank in plan]

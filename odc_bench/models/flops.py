@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from odc_bench.config.model import ModelConfig
+from odc_bench.sums import left_sum
 
 
 def layer_linear_params(cfg: ModelConfig) -> int:
@@ -24,7 +25,7 @@ def layer_linear_params(cfg: ModelConfig) -> int:
 def layer_forward_flops(cfg: ModelConfig, doc_lens: Sequence[int]) -> float:
     tokens = sum(doc_lens)
     linear = 2.0 * layer_linear_params(cfg) * tokens
-    attention = sum(2.0 * s * s * cfg.hidden_size for s in doc_lens)  # (QK + AV) x causal half
+    attention = left_sum(2.0 * s * s * cfg.hidden_size for s in doc_lens)  # (QK + AV) x causal half
     return linear + attention
 
 

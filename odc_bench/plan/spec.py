@@ -43,6 +43,7 @@ from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import hardware_tag, memory_limit, run_device
 from odc_bench.plan.identity import config_key
 from odc_bench.plan.plans import Plans, no_cycle_collection
+from odc_bench.sums import left_sum
 from odc_core.engine.registry import shard_group_size
 
 GB = 2**30
@@ -107,7 +108,7 @@ class RunSpec:
         if staleness == 0:
             return run_bubble_rate([mb.prediction for mb in self.measured], self.world_size, of_bound=True)
         lengths = [mb.lengths for mb in self.measured]
-        work = sum(least_work(lens, self.max_tokens, self.cost_model) for lens in lengths)
+        work = left_sum(least_work(lens, self.max_tokens, self.cost_model) for lens in lengths)
         bound = stale_lower_bound(lengths, self.world_size, self.max_tokens, self.cost_model, staleness)
         return max(0.0, bubble_rate(work, self.world_size, bound))  # a bound with no bubble: 0, not -1e-16
 
@@ -116,7 +117,7 @@ class RunSpec:
         speedup between two runs of the same samples is the ratio of."""
         staleness = self.config.engine.staleness
         if staleness == 0:
-            return sum(mb.prediction.time for mb in self.measured)
+            return left_sum(mb.prediction.time for mb in self.measured)
         return stale_window(self._rank_works(), staleness, self.config.warmup_minibatches)
 
     def _rank_works(self) -> list[list[float]]:
@@ -355,7 +356,7 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
                         f"balancer {balancer.name} gave ranks different microbatch counts {sorted(counts)} in "
                         f"minibatch {k}; engine={engine.name} needs equal counts, use engine=odc")
             costs = microbatch_costs(plan, lens, cost)  # once, for the clock and the prediction
-            clock.advance([sum(r) for r in costs])  # rank_work
+            clock.advance([left_sum(r) for r in costs])  # rank_work
             prediction = predict(plan, lens, world, max_tokens, cost, semantics, costs)
             minibatches.append(Minibatch(ids, lens, plan, prediction, queue))
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
