@@ -54,8 +54,9 @@ class NvshmemHeap:
             raise RuntimeError("transport nvshmem holds CUDA tensors and this process sees no CUDA device; "
                                "use engine.transport=auto (shm on CPU)")
         if not symm_mem.is_nvshmem_available():
-            raise RuntimeError("transport nvshmem needs torch built with NVSHMEM and its library installed "
-                               "(pip install 'odc-bench[gpu]'); on one node, engine.transport=cuda_ipc needs neither")
+            raise RuntimeError("transport nvshmem needs torch built with NVSHMEM and the NVSHMEM library of torch's "
+                               "CUDA (nvidia-nvshmem-cu13 or, with pip install 'odc-bench[gpu]', -cu12); on one node, "
+                               "engine.transport=cuda_ipc needs neither")
         self.rank, self.world_size = rank, world_size
         self.timeout_s = float(timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device())
