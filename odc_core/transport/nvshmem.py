@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,17 @@ def _device_key(device: torch.device) -> str:
     """This process's GPU as one string per physical device of the job: host and UUID."""
     uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", device.index))
     return f"{socket.gethostname()}/{uuid}"
+
+
+def peer_views(handle: Any, rank: int, own: torch.Tensor) -> list[torch.Tensor | None]:
+    """Every rank's copy of a symmetric buffer as a tensor here, by rank; None for a peer NVSHMEM
+    does not map into this process (over the network). handle: the buffer's rendezvous.
+
+    Unmapped is read from the peer's address being null (nvshmem_ptr's answer): torch's NVSHMEM
+    get_buffer does not refuse such a peer but returns a tensor at address 0, which a copy would
+    fault on."""
+    return [own if peer == rank else handle.get_buffer(peer, tuple(own.shape), own.dtype) if address else None
+            for peer, address in enumerate(handle.buffer_ptrs)]
 
 
 class NvshmemHeap:
@@ -95,14 +107,8 @@ class NvshmemHeap:
         own = self._symm.empty(numel, dtype=dtype, device=self.device)
         own.zero_()
         handle = self._symm.rendezvous(own, self._group)
-        views: list[torch.Tensor | None] = []
-        for peer in range(self.world_size):
-            try:
-                views.append(own if peer == self.rank else handle.get_buffer(peer, (numel,), dtype))
-            except RuntimeError:  # not mapped: a peer over the network
-                views.append(None)
         self._handles.append(handle)
-        self._buffers[name] = views
+        self._buffers[name] = peer_views(handle, self.rank, own)
         self.heap_bytes += numel * dtype.itemsize
         self.barrier(self.timeout_s)  # zero-filled everywhere before any peer reads
         return own

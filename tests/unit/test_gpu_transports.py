@@ -1,6 +1,6 @@
 """What the GPU transports do that is not CUDA, checked on CPU: the handle exchange through the
 store, the accumulate kernel's argument checks and its sums (Triton's CPU interpreter), and the
-one-line refusals where CUDA is absent.
+one-line refusals where CUDA is absent, which peers NVSHMEM maps.
 Their CUDA parts run in tests/integration/test_transport_conformance.py and test_gpu_odc.py."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch.distributed as dist
 from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.exchange import exchange, rotated
+from odc_core.transport.nvshmem import peer_views
 from odc_core.transport.registry import AUTO_ORDER, TRANSPORTS, transport_for
 
 
@@ -89,3 +90,16 @@ def test_the_accumulate_kernel_sums_every_push_under_tritons_interpreter(monkeyp
     want = sum(p.float() for p in pushes) - 1.0
     assert torch.equal(shard, want)
     assert torch.equal(buffer[:4], torch.full((4,), -1.0)) and torch.equal(buffer[4 + n:], torch.full((5,), -1.0))
+
+
+def test_nvshmem_gives_no_view_of_a_peer_whose_address_is_null():
+    class Rendezvous:  # torch's NVSHMEM handle: rank 2 over the network, so nvshmem_ptr gave 0
+        buffer_ptrs = [0x7F00, 0x8F00, 0]
+
+        def get_buffer(self, peer, sizes, dtype):
+            return torch.full(sizes, float(peer), dtype=dtype)
+
+    own = torch.zeros(3, dtype=torch.bfloat16)
+    views = peer_views(Rendezvous(), 0, own)
+    assert views[0] is own and views[2] is None
+    assert views[1].dtype == torch.bfloat16 and views[1].tolist() == [1.0] * 3
