@@ -15,7 +15,9 @@ them, still fail with the dead rank's number within their timeout.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -25,6 +27,14 @@ import torch.distributed as dist
 from odc_core.transport.base import PeerTimeout
 
 PREFIX = "liveness"
+
+
+def rank_processes(store: dist.Store, world_size: int) -> list[tuple[str, int]]:
+    """(host, pid) of every rank that reached `store` (Liveness.rendezvous), by rank; ranks that
+    never did are left out."""
+    keys = [f"{PREFIX}/up/{rank}" for rank in range(world_size)]
+    host_pids = (store.get(key).decode().split() for key in keys if store.check([key]))
+    return [(host, int(pid)) for host, pid in host_pids]
 
 
 class PeerLost(RuntimeError):
@@ -80,7 +90,8 @@ class Liveness:
 
     def rendezvous(self) -> None:
         """Wait for every peer to reach the store; PeerTimeout names the first that does not."""
-        self.store.set(self._key("up", self.rank), "1")
+        # Which process this rank is, for a launcher that sweeps after it (rank_processes).
+        self.store.set(self._key("up", self.rank), f"{socket.gethostname()} {os.getpid()}")
         deadline = time.monotonic() + self.timeout_s
         for peer in range(self.world_size):
             remaining = max(deadline - time.monotonic(), 1e-3)

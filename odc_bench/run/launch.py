@@ -6,7 +6,8 @@ collide), gives every rank the same job, and watches them: the first rank to fai
 others down and the run fails with that rank's error instead of hanging (a rank that died
 without a word is the root cause of its peers' errors, and the earliest such death is named).
 Ranks it had to kill, and ranks that died, cannot remove their shared memory, so the parent
-removes the run's leftover segments as soon as every rank is gone. Ctrl-C waits while ranks
+removes the run's leftover segments as soon as every rank is gone, and the files in which
+torch's CUDA IPC counted their references to each other's buffers. Ctrl-C waits while ranks
 start or are being stopped, then interrupts: a half-started set of ranks, or a half-done
 clean-up, would leave processes or shared memory behind.
 """
@@ -32,6 +33,8 @@ import torch.distributed as dist
 from odc_bench.errors import RunFailed
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, threads_per_rank
+from odc_core.liveness import rank_processes
+from odc_core.transport.cuda_ipc import sweep_ipc_counters
 from odc_core.transport.shm import sweep_stale_segments
 
 # (minibatches done, minibatches in the run) -> None: how a launcher reports a run's progress.
@@ -168,6 +171,7 @@ def launch(spec: RunSpec, start: Starter, entry: Entry, collect_params: bool = F
                 if ranks is not None:
                     ranks.stop()
                 sweep_stale_segments(job_id=job.job_id)
+                sweep_ipc_counters(rank_processes(store, world))
         results = [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world)]
         if collect_params:
             results[0]["params"] = torch.load(Path(out_dir) / "params.pt")

@@ -24,14 +24,17 @@ from __future__ import annotations
 import base64
 import json
 import pickle
+import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.exchange import exchange
-from odc_core.transport.shm import ShmHeap, job_tag
+from odc_core.transport.shm import SHM_DIR, ShmHeap, job_tag, process_start_time
 
 
 def export_handle(tensor: torch.Tensor) -> str:
@@ -47,6 +50,30 @@ def open_handle(text: str) -> torch.Tensor:
     rebuild, args = pickle.loads(base64.b64decode(text))
     tensor: torch.Tensor = rebuild(*args)
     return tensor
+
+
+def sweep_ipc_counters(processes: Iterable[tuple[str, int]], directory: Path = SHM_DIR) -> list[str]:
+    """Remove the reference-count files torch's CUDA IPC left in `directory` for the given
+    (host, pid) processes that are gone from this host; return their names.
+
+    A process that shares a CUDA tensor creates /dev/shm/torch_<pid>_<n>_<k> (torch's
+    CudaIPCTypes.cpp), a file in which every process that opened the tensor holds a count, and
+    the last to let go unlinks it. A rank killed while it holds a peer's buffer, or while a peer
+    holds its own, never gives its count back, so the file outlives the run. Only files of
+    processes that no longer run are removed: a pid that names a running process (reused since)
+    is left alone, as the files may be that process's."""
+    host = socket.gethostname()
+    removed = []
+    for where, pid in processes:
+        if where != host or process_start_time(pid) is not None:
+            continue
+        for path in directory.glob(f"torch_{pid}_*"):
+            try:
+                path.unlink()
+            except (FileNotFoundError, PermissionError):
+                continue  # swept by another, or not ours to remove
+            removed.append(path.name)
+    return removed
 
 
 @dataclass

@@ -23,7 +23,7 @@ from odc_core.transport.registry import make_heap
 from odc_core.transport.shm import process_start_time
 from tests.helpers import run_config
 from tests.helpers.reference import relative_error, train_single_process
-from tests.integration.test_reliability import _segments_of, killing_entry
+from tests.integration.test_reliability import _segments_of, ipc_counters_of, killing_entry
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: ODC on "
                                  "GPUs is checked on the lent GPU machine (make gpu-check)"),
@@ -63,7 +63,7 @@ def test_a_dead_rank_on_the_gpu_fails_the_run_by_name_and_leaves_nothing(results
     row = execute(spec, results_dir, launch=partial(run_local, entry=partial(killing_entry, str(tmp_path))))
     assert row["status"] == "failed" and row["error"].startswith("rank 1 died (killed by SIGKILL)"), row["error"]
     ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
-    assert _segments_of(ranks[0][2]) == []
+    assert _segments_of(ranks[0][2]) == [] and ipc_counters_of(ranks) == []
     # No rank process is left, so no IPC mapping either: a mapping lives as long as its process.
     assert all(process_start_time(int(pid)) != int(start) for pid, start, _ in ranks)
 

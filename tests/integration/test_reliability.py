@@ -30,7 +30,7 @@ from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
 from odc_core.engine.odc import OdcEngine
-from odc_core.transport.shm import list_segments, of_job, process_start_time, sweep_stale_segments
+from odc_core.transport.shm import SHM_DIR, list_segments, of_job, process_start_time, sweep_stale_segments
 from tests.helpers import REPO, odc_bench, run_config
 
 pytestmark = pytest.mark.slow
@@ -82,6 +82,9 @@ def killing_entry(folder: str, rank: int, job: RankJob) -> None:
     """rank_entry that records its process and job in `folder` and, in runs with seed 0, kills
     rank 1 in minibatch 1. Bind `folder` with functools.partial: the ranks unpickle it by name."""
     (Path(folder) / f"rank{rank}").write_text(f"{os.getpid()} {process_start_time(os.getpid())} {job.job_id}")
+    # On CPU, a stand-in for what torch's CUDA IPC makes when a rank shares a CUDA tensor: a
+    # reference-count file under the rank's pid, which a killed rank never gives its count back to.
+    (SHM_DIR / f"torch_{os.getpid()}_0_0").touch()
     if job.spec.config.seed == 0:
         die_in_minibatch_1(rank, victim=1)
     rank_entry(rank, job)
@@ -114,6 +117,12 @@ def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(en
     ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
     assert _segments_of(ranks[0][2]) == [], "the launcher removed the dead and the killed ranks' segments"
     assert all(process_start_time(int(pid)) != int(start) for pid, start, _ in ranks), "no rank process is left"
+    assert ipc_counters_of(ranks) == [], "the launcher removed the ranks' CUDA IPC reference-count files"
+
+
+def ipc_counters_of(ranks: list[list[str]]) -> list[str]:
+    """torch's CUDA IPC reference-count files in /dev/shm of the ranks killing_entry recorded."""
+    return sorted(p.name for pid, _, _ in ranks for p in SHM_DIR.glob(f"torch_{pid}_*"))
 
 
 def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):

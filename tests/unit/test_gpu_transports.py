@@ -1,11 +1,15 @@
 """What the GPU transports do that is not CUDA, checked on CPU: the handle exchange through the
 store, the accumulate kernel's argument checks and its sums (Triton's CPU interpreter), and the
-one-line refusals where CUDA is absent, which peers NVSHMEM maps.
+one-line refusals where CUDA is absent, which peers NVSHMEM maps, and the sweep of
+torch's CUDA IPC reference-count files.
 Their CUDA parts run in tests/integration/test_transport_conformance.py and test_gpu_odc.py."""
 
 from __future__ import annotations
 
 import functools
+import os
+import socket
+import subprocess
 import threading
 
 import pytest
@@ -14,6 +18,7 @@ import torch.distributed as dist
 
 from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.base import PeerTimeout
+from odc_core.transport.cuda_ipc import sweep_ipc_counters
 from odc_core.transport.exchange import exchange, rotated
 from odc_core.transport.nvshmem import peer_views
 from odc_core.transport.registry import AUTO_ORDER, TRANSPORTS, transport_for
@@ -103,3 +108,17 @@ def test_nvshmem_gives_no_view_of_a_peer_whose_address_is_null():
     views = peer_views(Rendezvous(), 0, own)
     assert views[0] is own and views[2] is None
     assert views[1].dtype == torch.bfloat16 and views[1].tolist() == [1.0] * 3
+
+
+def test_ipc_counters_are_swept_only_for_processes_of_this_host_that_are_gone(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    for pid in (gone.pid, os.getpid()):
+        (tmp_path / f"torch_{pid}_7_0").touch()
+        (tmp_path / f"torch_{pid}1_7_0").touch()  # another pid that starts with the same digits
+    assert sweep_ipc_counters([(host, gone.pid), (host, os.getpid())], tmp_path) == [f"torch_{gone.pid}_7_0"]
+    (tmp_path / f"torch_{gone.pid}_8_0").touch()
+    assert sweep_ipc_counters([("another-host", gone.pid)], tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"torch_{gone.pid}1_7_0", f"torch_{os.getpid()}_7_0", f"torch_{os.getpid()}1_7_0", f"torch_{gone.pid}_8_0"])
