@@ -6,6 +6,7 @@ training job's RunSpec (run/local.py runs those).
 
 from __future__ import annotations
 
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+
+from odc_core.transport.cuda_ipc import sweep_ipc_counters
 
 # fn(rank, world_size, store, *args) -> a picklable result
 RankFn = Callable[..., Any]
@@ -57,4 +60,6 @@ def run_ranks(fn: RankFn, world_size: int, *args: Any, timeout_s: float = 60.0,
                 if p.is_alive():
                     p.kill()
                 p.join()
+            # Every rank is gone: what a killed one left of torch's CUDA IPC counts can go.
+            sweep_ipc_counters((socket.gethostname(), p.pid) for p in ctx.processes)
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

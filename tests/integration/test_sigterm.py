@@ -1,7 +1,7 @@
 """A rank SIGTERMed mid-minibatch, as torchrun and torch.multiprocessing stop a failed rank's
 peers, removes its shared-memory segments before it dies (odc_core/transport/sigterm.py): here
 one rank is terminated inside a minibatch and the launcher then SIGTERMs the other, which waits
-for it; neither leaves a segment of the job."""
+for it; neither leaves a segment of the job, nor a file of torch's CUDA IPC under its pid."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch import nn
 
 from odc_bench.run.ranks import RanksFailed, run_ranks
 from odc_core import engine_context, make_engine
-from odc_core.transport.shm import list_segments, of_job
+from odc_core.transport.shm import SHM_DIR, list_segments, of_job
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,8 @@ def _terminated(rank: int, world: int, store: dist.Store, engine_name: str, fold
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=30))
     ctx = engine_context(timeout_s=30.0)
-    (Path(folder) / f"rank{rank}").write_text(ctx.job_id)
+    (Path(folder) / f"rank{rank}").write_text(f"{ctx.job_id} {os.getpid()}")
+    (SHM_DIR / f"torch_{os.getpid()}_0_0").touch()  # a stand-in for torch's CUDA IPC count file
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
     engine = make_engine(engine_name, ctx)
     engine.wrap(model, [model[0], model[2]])
@@ -50,7 +51,9 @@ def _terminated(rank: int, world: int, store: dist.Store, engine_name: str, fold
 def test_sigtermed_ranks_leave_no_segment(engine_name, tmp_path):
     with pytest.raises(RanksFailed, match="signal SIGTERM"):
         run_ranks(_terminated, 2, engine_name, str(tmp_path), timeout_s=60)
-    jobs = {(tmp_path / f"rank{r}").read_text() for r in range(2)}
+    ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
+    jobs = {job for job, _ in ranks}
     assert len(jobs) == 1
     job = jobs.pop()
     assert [s for s in list_segments() if of_job(s, job)] == []
+    assert [p.name for _, pid in ranks for p in SHM_DIR.glob(f"torch_{pid}_*")] == [], "run_ranks swept them"
