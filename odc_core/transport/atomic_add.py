@@ -33,7 +33,8 @@ def _kernel() -> Any:
 
     @triton.jit
     def add(dst, src, n, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        # int64: program_id is int32, and a shard past 2**31 elements would wrap its offsets.
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < n
         values = tl.load(src + offsets, mask=mask).to(tl.float32)
         tl.atomic_add(dst + offsets, values, mask=mask, sem="relaxed")
