@@ -69,12 +69,18 @@ def kernel_for(x: torch.Tensor) -> str:
     return choose_kernel(x.device.type, x.dtype, varlen_function() is not None)
 
 
+@functools.cache
+def _parameters(fn: Callable[..., Any]) -> frozenset[str]:
+    """fn's parameter names, read once: every layer of every microbatch asks."""
+    return frozenset(inspect.signature(fn).parameters)
+
+
 def varlen(fn: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            docs: Documents) -> torch.Tensor:
     """One varlen call over the microbatch, through whichever signature `fn` has. q: (tokens,
     heads, dim); k, v: (tokens, kv heads, dim)."""
     assert docs.offsets is not None, "Documents.of(..., kernel='varlen') gives the offsets"
-    params = inspect.signature(fn).parameters
+    params = _parameters(fn)
     kwargs: dict[str, Any] = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
     if k.shape[1] != q.shape[1]:
         if "enable_gqa" in params:
