@@ -1,6 +1,6 @@
 """This machine's compute of the run's model: the `calibrated` cost model, and on CUDA each unit.
 
-`python -m odc_bench.calibrate.cost_model [hydra overrides]` uses the run config (model, device,
+`python -m odc_bench.calibrate.cost_model [config overrides]` uses the run config (model, device,
 threads per rank, dataset and max_tokens), so a calibration describes what a rank of that
 run computes. It times forward plus backward of single documents across the length range
 up to max_tokens and of packed microbatches of several documents (interleaved, median of
@@ -18,7 +18,8 @@ parts compiled, the varlen kernel): the embeddings, one decoder layer (forward, 
 backward with its forward recomputed by activation checkpointing) and the head, each with CUDA
 events over the same shapes, and adds their fit (sim/unit_fit.py) to the file as `units`: a GPU
 profile whose backend.hardware.compute_calibration names the file computes from it.
-`--reduced` times fewer unit shapes, three times each (make gpu-check).
+`--reduced` times fewer unit shapes, three times each, and `--unit-models=A,B` the units of those
+models too (one layer each), so that the fit spans model sizes (make gpu-check: both).
 
 `python -m odc_bench.calibrate.cost_model --timings FILE.csv --out FILE.json --device NAME` fits
 unit timings measured elsewhere instead (columns model, unit, shape, fwd_ms, bwd_ms and
@@ -38,22 +39,22 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
-import hydra
 import numpy as np
 import pandas as pd
 import torch
-from omegaconf import DictConfig
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 from torch.utils.checkpoint import checkpoint
 
 from odc_bench.balancers.cost import CALIBRATION_UNIT, calibration_path, load_calibration
-from odc_bench.config.compose import compose_run
+from odc_bench.config.compose import compose_run, hydra_error_line
 from odc_bench.config.model import ModelConfig
-from odc_bench.config.run import RunConfig, load
+from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.data.tokens import sample_tokens
@@ -127,6 +128,11 @@ UNIT_SHAPES = {
              [4096] * 4, [8192] * 2, MIX16K],
     "reduced": [[1024], [4096], [16384], [512] * 16, [4096] * 4, MIX16K],
 }
+# The shapes of the larger models timed beside the run's (--unit-models): with --reduced, packed
+# 16K-token microbatches only, enough to place their linear and attention terms in the fit and
+# to read their layers' share of the device's peak where real trainers run them.
+OTHER_MODEL_SHAPES = {"full": UNIT_SHAPES["full"], "reduced": [[4096] * 4, [16384], MIX16K]}
+UNIT_MODELS_FLAG = "--unit-models="
 
 
 def _device_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
@@ -166,7 +172,8 @@ def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int) -> list[
     head = _forward_backward(lambda: model.head(x, labels), repeats)
     model.zero_grad(set_to_none=True)
     return [dict(model=cfg.name, unit="embed", doc_lens=doc_lens, fwd=embed[0], bwd=embed[1]),
-            dict(model=cfg.name, unit="layer", doc_lens=doc_lens, fwd=fwd, bwd=bwd, bwd_recompute=recomputed),
+            dict(model=cfg.name, unit="layer", doc_lens=doc_lens, fwd=fwd, bwd=bwd, bwd_recompute=recomputed,
+                 attention=kernel_for(x)),
             dict(model=cfg.name, unit="head", doc_lens=doc_lens, fwd=head[0], bwd=head[1])]
 
 
@@ -184,10 +191,14 @@ def units_record(rows: list[dict], models: dict[str, ModelConfig], device_name: 
     return dict(units=unit_fit.fit(rows, models), unit_device=device_name, unit_timings=rows)
 
 
-def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full") -> Path:
+def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
+              unit_models: Sequence[ModelConfig] = ()) -> Path:
     lengths = dataset_lengths(config.dataset, config.seed)
     max_tokens = config.max_tokens or int(dataset_max_len(config.dataset, lengths) * config.packing_ratio)
     device = torch.device(device_type_of(config))
+    if unit_models and device.type != "cuda":
+        raise ConfigError(f"{UNIT_MODELS_FLAG.rstrip('=')} times units with CUDA events, and this calibration runs on "
+                          f"{device.type}; leave it out, or run on a GPU (device=cuda)")
     threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // config.world_size)
     if device.type == "cpu":
         torch.set_num_threads(threads)
@@ -221,7 +232,10 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full") ->
     )
     if device.type == "cuda":
         rows = time_units(config.model, device, UNIT_SHAPES[unit_shapes], repeats)
-        record.update(units_record(rows, {config.model.name: config.model}, torch.cuda.get_device_name(device)))
+        for other in unit_models:
+            rows += time_units(other, device, OTHER_MODEL_SHAPES[unit_shapes], repeats)
+        models = {m.name: m for m in (config.model, *unit_models)}
+        record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     load_calibration(path)  # what later runs will read must load
     return path
@@ -257,11 +271,25 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
         command=" ".join([Path(sys.executable).name, "-m", "odc_bench.calibrate.cost_model", *sys.argv[1:]])))
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def _calibrate(cfg: DictConfig) -> None:
+def _compose(overrides: list[str]) -> RunConfig:
+    """The run config the overrides ask for, as `python -m odc_bench` composes it (without Hydra's
+    app: nothing is written but the calibration); ConfigError in one line for a bad one."""
+    flags = [a for a in overrides if a.startswith("-")]
+    if flags:
+        raise ConfigError(f"unknown option {flags[0]}: this command takes config overrides (key=value), --reduced, "
+                          f"{UNIT_MODELS_FLAG}A,B, or --timings FILE --out FILE --device NAME")
     try:
-        reduced = _UNIT_SHAPES[0] == "reduced"
-        path = calibrate(load(cfg), repeats=3 if reduced else 5, unit_shapes=_UNIT_SHAPES[0])
+        return compose_run(overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(hydra_error_line(e)) from None
+
+
+def _calibrate(overrides: list[str], unit_shapes: str, models: str | None) -> None:
+    try:
+        config = _compose(overrides)
+        others = unit_models(models) if models is not None else []
+        path = calibrate(config, repeats=3 if unit_shapes == "reduced" else 5, unit_shapes=unit_shapes,
+                         unit_models=others)
     except ConfigError as e:
         fail(e, "odc_bench.calibrate.cost_model")
     data = json.loads(path.read_text())
@@ -273,11 +301,24 @@ def _calibrate(cfg: DictConfig) -> None:
                   f"over {fitted['points']} shapes")
 
 
-_UNIT_SHAPES = ["full"]
+def unit_models(names: str) -> list[ModelConfig]:
+    """The models --unit-models=A,B names, composed as `model=A` would be; ConfigError naming a
+    model that is not one."""
+    models = []
+    for name in filter(None, names.split(",")):
+        try:
+            models.append(compose_run([f"model={name}"]).model)
+        except Exception as e:  # Hydra's and OmegaConf's errors: said in one line
+            raise ConfigError(f"{UNIT_MODELS_FLAG}{names}: {hydra_error_line(e)}") from None
+    if not models:
+        raise ConfigError(f"{UNIT_MODELS_FLAG.rstrip('=')} names no model; give model names, comma-separated "
+                          "(e.g. --unit-models=qwen2_7b,qwen2_14b)")
+    return models
 
 
 def main() -> None:
-    """`--timings` fits a timings file; otherwise Hydra's command line (`--reduced`: fewer unit shapes)."""
+    """`--timings` fits a timings file; otherwise the run's config overrides (`--reduced`: fewer unit
+    shapes; `--unit-models=A,B`: those models' units too)."""
     if "--timings" in sys.argv:
         parser = argparse.ArgumentParser(prog="python -m odc_bench.calibrate.cost_model")
         parser.add_argument("--timings", type=Path, required=True)
@@ -291,10 +332,11 @@ def main() -> None:
         atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.out}: units fitted to {len(record['unit_timings'])} timings of {args.timings}")
         return
-    if "--reduced" in sys.argv:
-        sys.argv.remove("--reduced")
-        _UNIT_SHAPES[0] = "reduced"
-    _calibrate()
+    argv = sys.argv[1:]
+    unit_shapes = "reduced" if "--reduced" in argv else "full"
+    models = [a.removeprefix(UNIT_MODELS_FLAG) for a in argv if a.startswith(UNIT_MODELS_FLAG)]
+    overrides = [a for a in argv if a != "--reduced" and not a.startswith(UNIT_MODELS_FLAG)]
+    _calibrate(overrides, unit_shapes, ",".join(models) if models else None)
 
 
 if __name__ == "__main__":

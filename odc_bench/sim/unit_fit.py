@@ -27,7 +27,7 @@ import numpy as np
 
 from odc_bench.config.backend import Recompute
 from odc_bench.config.model import ModelConfig
-from odc_bench.models.flops import layer_linear_params
+from odc_bench.models.flops import layer_forward_flops, layer_linear_params
 
 # (kind, phase) fitted, and the coefficient names of each kind, in feature order.
 PHASES = ("fwd", "bwd", "bwd_recompute")
@@ -76,6 +76,20 @@ def fit(rows: Iterable[Mapping[str, Any]], models: Mapping[str, ModelConfig]) ->
                                            "median_error": float(np.median(np.abs(errors))),
                                            "worst_error": float(errors[np.argmax(np.abs(errors))]),
                                            "points": len(points)}
+    return out
+
+
+def layer_peak_shares(rows: Iterable[Mapping[str, Any]], models: Mapping[str, ModelConfig],
+                      peak_tflops: float) -> list[dict[str, Any]]:
+    """Each layer timing's forward + backward in TFLOP/s, as the FLOPs model counts them (the
+    backward twice the forward), and as a share of the device's peak: one dict per timing."""
+    out = []
+    for row in rows:
+        if row["unit"] != "layer":
+            continue
+        tflops = 3 * layer_forward_flops(models[row["model"]], row["doc_lens"]) / (row["fwd"] + row["bwd"]) / 1e12
+        out.append(dict(model=row["model"], doc_lens=list(row["doc_lens"]), tokens=sum(row["doc_lens"]),
+                        attention=row.get("attention", ""), tflops=tflops, share=tflops / peak_tflops))
     return out
 
 

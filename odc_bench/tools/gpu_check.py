@@ -6,7 +6,8 @@ stop the others; the command ends with status 1 if any failed):
 1. the GPU tests: the baseline's (tests/integration/test_gpu.py), ODC's on CUDA
    (test_gpu_odc.py: ranks sharing the GPU against one process, a dead rank) and the transport
    conformance suite on cuda_ipc: tests.xml;
-2. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid): compute.json;
+2. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid), with one layer
+   of qwen2_7b and of qwen2_14b timed beside qwen2_1p5b's: compute.json;
 3. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
 4. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
    ran: shared/gpu/h100-2026-11-26), the first with its second warm-up minibatch under
@@ -17,7 +18,7 @@ stop the others; the command ends with status 1 if any failed):
 then, in this process, the simulator's prediction of each run on the H100 profile and on the
 profile this machine just measured (compute.json, with the gap per unit the collective engine
 left in the runs' device-timed traces), and summary.md: every number and ratio (the memory
-estimate beside the peak too), and what did not pass.
+estimate beside the peak, each timed layer's share of the device's peak), and what did not pass.
 
 On a machine without CUDA it says so and exits 0: there is nothing to check. With `--command` it
 prints the one command that runs it on a lent GPU machine (docs/gpu.md), for this checkout.
@@ -53,6 +54,10 @@ RUNS = {
 COMMON = ["model=qwen2_1p5b", "world_size=1", "precision=bf16", "num_minibatches=5", "warmup_minibatches=2"]
 PROFILED = "profile_minibatch=1"  # the first run's: after compilation, before the measured minibatches
 GOAL_RATIO = 0.8  # gather against a device copy at >= 16 MiB (issue 44)
+# Timed beside qwen2_1p5b in the compute profile: their layers' share of the device's peak with
+# the varlen kernel (goal: LAYER_GOAL, issue 43), and the profile's fit across model sizes.
+LARGE_MODELS = ("qwen2_7b", "qwen2_14b")
+LAYER_GOAL = 0.4
 # The whole command fits a device loan's slot: no step runs past the deadline less what the
 # simulator and the summary need after the last one, whatever the steps' own limits add up to.
 DEADLINE_S = 360.0
@@ -127,9 +132,10 @@ def steps(out: Path) -> list[Step]:
     pytest = [*py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
     listed = [Step("gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}", "-k",
                                  "not nvshmem and (not test_transport_conformance or cuda_ipc)", *gpu_tests], 95),
-              Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced", "device=cuda",
+              Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced",
+                                       f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
                                        "model=qwen2_1p5b", "precision=bf16",
-                                       f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 70),
+                                       f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100),
               Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
                                   "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
                                   "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
@@ -226,9 +232,55 @@ def largest_microbatch_estimates() -> dict[tuple[float, int], tuple[int, float]]
     return out
 
 
-def comparisons(out: Path) -> list[str]:
-    """The lines of summary.md that read the results tables: each run against the simulator, its
-    memory against the estimate, and the primitives against their goal."""
+def device_peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of this GPU's simulator profile (conf/backend/hardware/<tag>.yaml), or
+    None where the project has no profile of it."""
+    from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
+    from odc_bench.config.compose import compose_run
+
+    tag = device_folder(device_name).rsplit("-", 3)[0]
+    if not (REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware" / f"{tag}.yaml").exists():
+        return None
+    backend = compose_run(["backend=sim", f"backend/hardware={tag}"]).backend
+    hardware = backend.hardware if isinstance(backend, SimBackendConfig) else None
+    return hardware.peak_tflops if isinstance(hardware, GpuHardwareConfig) else None
+
+
+def layer_lines(compute: dict, peak_tflops: float) -> list[str]:
+    """summary.md's layers against the device's peak, from the compute profile's timings, and
+    the larger models' against LAYER_GOAL."""
+    from odc_bench.config.compose import compose_runs
+    from odc_bench.sim.unit_fit import layer_peak_shares
+
+    rows = compute.get("unit_timings", [])
+    names = sorted({r["model"] for r in rows})
+    models = dict(zip(names, (c.model for c in compose_runs([[f"model={n}"] for n in names])), strict=True))
+    shares = pd.DataFrame(layer_peak_shares(rows, models, peak_tflops))
+    if shares.empty:
+        return []
+    lines = [f"\nOne layer, forward + backward, against the device's peak ({peak_tflops:g} TFLOP/s, bf16 dense; "
+             "FLOPs as models/flops.py counts them):", "",
+             "| model | documents | tokens | attention | TFLOP/s | share of peak |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r.model} | {len(r.doc_lens)} | {r.tokens} | {r.attention or 'not recorded'} | {r.tflops:.0f} | "
+              f"{r.share:.2f} |" for r in shares.itertuples()]
+    large = shares[shares["model"].isin(LARGE_MODELS)]
+    if len(large):
+        varlen = large[large["attention"] == "varlen"]
+        if varlen.empty:
+            lines.append(f"\n{' and '.join(LARGE_MODELS)} layers: none timed with the varlen kernel, so the goal of "
+                         f"{LAYER_GOAL} of peak with varlen is not checked")
+        else:
+            worst = float(varlen["share"].min())
+            verdict = "meets" if worst >= LAYER_GOAL else "misses"
+            lines.append(f"\n{' and '.join(LARGE_MODELS)} layers with varlen: at least {worst:.2f} of peak over "
+                         f"{len(varlen)} timings ({verdict} the goal of {LAYER_GOAL})")
+    return lines
+
+
+def comparisons(out: Path, peak_tflops: float | None = None) -> list[str]:
+    """The lines of summary.md that read the results: each run against the simulator, its memory
+    against the estimate, the layers against the device's peak (`peak_tflops`, where known),
+    and the primitives against their goal."""
     lines = []
     if (out / "runs.csv").exists():
         real = pd.read_csv(out / "runs.csv")
@@ -255,6 +307,8 @@ def comparisons(out: Path) -> list[str]:
                          f"{' | '.join(cells)} | {r['peak_mem_mb'] / 1024:.1f} | {r['mem_estimate_mb'] / 1024:.1f} | "
                          f"{r['mem_estimate_mb'] / r['peak_mem_mb']:.2f} | {tokens} | {there:.1f} | "
                          f"{there * 1024 / r['peak_mem_mb']:.2f} |")
+    if peak_tflops is not None and (out / "compute.json").exists():
+        lines += layer_lines(json.loads((out / "compute.json").read_text()), peak_tflops)
     profiled = sorted(out.glob("profiles/*/rank*.txt"))
     if profiled:
         lines.append("\nOne warm-up minibatch under torch.profiler, operators by device time: "
@@ -274,7 +328,7 @@ def comparisons(out: Path) -> list[str]:
 def summary(device: str, done: list[Step], seconds: float, out: Path) -> str:
     lines = [f"# make gpu-check on {device}", "", "| step | status | seconds |", "|---|---|---|",
              *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "", f"In all {seconds:.0f} s.", "",
-             *comparisons(out)]
+             *comparisons(out, device_peak_tflops(device))]
     failed = [s for s in done if not s.ok]
     if failed:
         lines += ["", "## What the failed steps printed", ""]

@@ -1,5 +1,4 @@
 import json
-import os
 import subprocess
 import sys
 
@@ -8,7 +7,7 @@ import pytest
 from odc_bench.balancers.cost import CALIBRATION_UNIT
 from odc_bench.calibrate.cost_model import fit_nonnegative, microbatch_shapes
 from odc_bench.plan.spec import resolve
-from tests.helpers import REPO, run_config
+from tests.helpers import run_config
 
 
 def _seconds(shapes, a, b, c):
@@ -38,10 +37,8 @@ def test_shapes_cover_singles_and_packs_up_to_max_tokens():
 @pytest.mark.slow
 def test_calibrate_writes_coefficients_with_provenance_that_runs_load(tmp_path):
     out = tmp_path / "cal" / "tiny-test.json"
-    env = dict(os.environ, HYDRA_FULL_ERROR="1")
     proc = subprocess.run([sys.executable, "-m", "odc_bench.calibrate.cost_model", "max_tokens=192",
-                           f"balancer.calibration={out}", f"hydra.run.dir={tmp_path / 'hydra'}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                           f"balancer.calibration={out}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {out}" in proc.stdout
     data = json.loads(out.read_text())
@@ -53,7 +50,18 @@ def test_calibrate_writes_coefficients_with_provenance_that_runs_load(tmp_path):
     assert len(data["timings"]) == len(microbatch_shapes(192))
     assert all(len(t["seconds"]) == 5 and t["median"] > 0 for t in data["timings"])
     assert not list(out.parent.glob(".*.tmp")), "written atomically, no temporary left"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal"], "nothing but the calibration"
     spec = resolve(run_config("balancer=lb_micro", "balancer.cost_model=calibrated",
                                   f"balancer.calibration={out}", "max_tokens=192", "dataset.length_scale=0.002",
                                   "num_minibatches=1", "warmup_minibatches=0"))
     assert spec.cost_model.label == "calibrated:tiny-test"
+
+
+@pytest.mark.slow
+def test_a_bad_command_line_is_one_line_with_status_2_and_writes_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "odc_bench.calibrate.cost_model", "--unit-models=qwen2_7b",
+                           "model=tiny", "device=cpu", f"balancer.calibration={tmp_path / 'cal.json'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "--unit-models times units with CUDA events" in proc.stderr
+    assert list(tmp_path.iterdir()) == [], "not even Hydra's output folder"

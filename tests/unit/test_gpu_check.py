@@ -142,3 +142,26 @@ def test_every_gpu_test_runs_in_exactly_one_step_and_nvshmems_last(tmp_path):
     assert first and nvshmem and not first & nvshmem
     assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in first)
     assert any("cuda_ipc" in t for t in first), "the conformance suite on cuda_ipc runs in the first step"
+
+
+def test_the_larger_models_layers_are_held_to_their_share_of_peak_with_varlen():
+    """On the committed H100 seed's timings (varlen attention, shared/gpu/h100-2026-11-26)."""
+    compute = json.loads((REPO / "results" / "gpu" / "h100-2026-11-26" / "compute.json").read_text())
+    assert "not checked" in gpu_check.layer_lines(compute, 989.0)[-1]  # the seed does not say which kernel ran
+    for row in compute["unit_timings"]:
+        row["attention"] = "varlen"
+    lines = gpu_check.layer_lines(compute, 989.0)
+    cells = {(c[0], c[1], c[2]): c for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines
+                                             if line.startswith("| qwen"))}
+    assert cells["qwen2_7b", "4", "16384"][5] == "0.48"  # 4 documents of 4K: 0.48 of 989 TFLOP/s
+    assert {m for m, _, _ in cells} == {"qwen2_1p5b", "qwen2_7b", "qwen2_14b"}
+    assert lines[-1].startswith("\nqwen2_7b and qwen2_14b layers with varlen: at least 0.32 of peak over 26 timings "
+                                "(misses the goal of 0.4)")  # qwen2_7b on one 1K document
+    compute["unit_timings"] = [r for r in compute["unit_timings"] if sum(r["doc_lens"]) == 16384]
+    assert "(meets the goal of 0.4)" in gpu_check.layer_lines(compute, 989.0)[-1]
+
+
+@pytest.mark.parametrize(("device", "peak"), [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0),
+                                              ("NVIDIA L40S", None)])
+def test_a_devices_peak_is_its_simulator_profiles_and_none_without_one(device, peak):
+    assert gpu_check.device_peak_tflops(device) == peak

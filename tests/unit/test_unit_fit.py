@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from odc_bench.calibrate.cost_model import shape_lengths
+from odc_bench.calibrate.cost_model import shape_lengths, unit_models
 from odc_bench.config.backend import Recompute
+from odc_bench.errors import ConfigError
+from odc_bench.models.flops import layer_forward_flops
 from odc_bench.sim import unit_fit
 from odc_bench.sim.hardware import GpuProfile
 from odc_bench.sim.layout import Layout
@@ -94,3 +96,22 @@ def test_attentions_curve_against_document_length_is_what_the_h100_profile_takes
     assert (round(efficiency, 3), round(half)) == (hw.attention_efficiency, hw.attention_half_length)
     # Short documents pay the per-token term: a 512-token one runs at a fifth of the asymptote.
     assert 512 / (512 + half) == pytest.approx(0.2, abs=0.01)
+
+
+def test_a_layers_share_of_peak_is_its_flops_over_its_forward_and_backward_seconds():
+    cfg = run_config("model=qwen2_7b").model
+    flops = 3 * layer_forward_flops(cfg, [4096] * 4)  # forward, and a backward of twice its work
+    rows = [dict(model=cfg.name, unit="layer", doc_lens=[4096] * 4, fwd=flops / 3 / 400e12, bwd=flops * 2 / 3 / 400e12,
+                 attention="varlen"),
+            dict(model=cfg.name, unit="head", doc_lens=[4096] * 4, fwd=1.0, bwd=1.0)]
+    (share,) = unit_fit.layer_peak_shares(rows, {cfg.name: cfg}, 800.0)
+    assert share["tokens"] == 16384 and share["attention"] == "varlen"
+    assert share["tflops"] == pytest.approx(400) and share["share"] == pytest.approx(0.5)
+
+
+def test_unit_models_are_composed_by_name_and_a_wrong_one_is_refused_in_one_line():
+    assert [m.hidden_size for m in unit_models("qwen2_7b,qwen2_14b")] == [3584, 5120]
+    for bad, said in [("qwen2_7b,nope", "unknown model option 'nope'"), (",", "names no model")]:
+        with pytest.raises(ConfigError, match=said) as refused:
+            unit_models(bad)
+        assert "\n" not in str(refused.value)
