@@ -261,7 +261,10 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
     missing = {"model", "unit", "shape", "fwd_ms", "bwd_ms"} - set(table.columns)
     if missing:
         raise ConfigError(f"{csv_path} lacks the column(s) {', '.join(sorted(missing))}")
-    models = {name: compose_run([f"model={name}"]).model for name in sorted(set(table["model"]))}
+    try:
+        models = {name: compose_run([f"model={name}"]).model for name in sorted(set(table["model"]))}
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"{csv_path}: {hydra_error_line(e)}") from None
     rows = []
     for r in table.to_dict("records"):
         rows.append(dict(model=r["model"], unit=r["unit"], doc_lens=shape_lengths(r["shape"]), fwd=r["fwd_ms"] / 1e3,
@@ -308,7 +311,7 @@ def unit_models(names: str) -> list[ModelConfig]:
     for name in filter(None, names.split(",")):
         try:
             models.append(compose_run([f"model={name}"]).model)
-        except Exception as e:  # Hydra's and OmegaConf's errors: said in one line
+        except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(f"{UNIT_MODELS_FLAG}{names}: {hydra_error_line(e)}") from None
     if not models:
         raise ConfigError(f"{UNIT_MODELS_FLAG.rstrip('=')} names no model; give model names, comma-separated "

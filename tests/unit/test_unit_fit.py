@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from odc_bench.calibrate.cost_model import shape_lengths, unit_models
+from odc_bench.calibrate.cost_model import fit_timings, shape_lengths, unit_models
 from odc_bench.config.backend import Recompute
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_forward_flops
@@ -115,3 +115,11 @@ def test_unit_models_are_composed_by_name_and_a_wrong_one_is_refused_in_one_line
         with pytest.raises(ConfigError, match=said) as refused:
             unit_models(bad)
         assert "\n" not in str(refused.value)
+
+
+def test_timings_of_an_unknown_model_are_refused_in_one_line(tmp_path):
+    timings = tmp_path / "t.csv"
+    timings.write_text("model,unit,shape,fwd_ms,bwd_ms\nqwen2_7b,layer,1x1k,1,2\nnope,layer,1x1k,1,2\n")
+    with pytest.raises(ConfigError, match=f"{timings}: unknown model option 'nope'") as refused:
+        fit_timings(timings, "NVIDIA H100 80GB HBM3")
+    assert "\n" not in str(refused.value)
