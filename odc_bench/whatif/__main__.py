@@ -22,12 +22,15 @@ def run() -> None:
     # and again for nothing; and at exit, the interpreter's last collections would scan every
     # object only to free memory the process hands back whole (frozen, they are skipped).
     gc.set_threshold(100_000, 50, 100)
-    figure = None if _asks_only(sys.argv[1:]) else Helper("odc_bench.whatif.figure")
+    figure = None
     try:
-        # Ctrl-C is held while the command loads, as odc_bench/__main__.py holds it (an extension
-        # module's import can swallow it half-way); held, it is raised on release, below.
+        # Ctrl-C is held while the helper forks and the command loads, as odc_bench/__main__.py
+        # holds it (an extension module's import can swallow it half-way); held, it is raised on
+        # release, below, inside this try. (Released between the fork and the import, it was
+        # raised before the try: a traceback and no 130.)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
+            figure = None if _asks_only(sys.argv[1:]) else Helper("odc_bench.whatif.figure")
             from odc_bench.whatif.cli import main
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
