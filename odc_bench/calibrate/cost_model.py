@@ -232,9 +232,9 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
     )
     if device.type == "cuda":
         rows = time_units(config.model, device, UNIT_SHAPES[unit_shapes], repeats)
-        for other in unit_models:
+        models = {m.name: m for m in (config.model, *unit_models)}  # each model timed once
+        for other in list(models.values())[1:]:
             rows += time_units(other, device, OTHER_MODEL_SHAPES[unit_shapes], repeats)
-        models = {m.name: m for m in (config.model, *unit_models)}
         record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     load_calibration(path)  # what later runs will read must load
