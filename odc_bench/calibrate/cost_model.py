@@ -64,6 +64,7 @@ from odc_bench.models.attention import Documents, kernel_for
 from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
 from odc_bench.plan.device import device_type_of, hardware_tag
 from odc_bench.provenance import git_commit
+from odc_bench.run.trace import CudaClock, DeviceClock
 from odc_bench.sim import unit_fit
 
 
@@ -135,29 +136,28 @@ OTHER_MODEL_SHAPES = {"full": UNIT_SHAPES["full"], "reduced": [[4096] * 4, [1638
 UNIT_MODELS_FLAG = "--unit-models="
 
 
-def _device_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """Median device seconds of fn over repeats (CUDA events around it on the current stream)."""
+def _device_seconds(fn: Callable[[], object], repeats: int, clock: DeviceClock, warmup: int = 2) -> float:
+    """Median device seconds of fn over repeats (marks of `clock` around it on the current stream)."""
     times = []
     for i in range(warmup + repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = clock.mark()
         fn()
-        end.record()
-        end.synchronize()
+        end = clock.mark()
+        clock.synchronize()
         if i >= warmup:
-            times.append(start.elapsed_time(end) / 1e3)
+            times.append(clock.elapsed_ms(start, end) / 1e3)
     return statistics.median(times)
 
 
-def _forward_backward(forward: Callable[[], torch.Tensor], repeats: int) -> tuple[float, float]:
+def _forward_backward(forward: Callable[[], torch.Tensor], repeats: int, clock: DeviceClock) -> tuple[float, float]:
     """Device seconds of a unit's forward, and of its backward (from one forward, kept)."""
-    fwd = _device_seconds(forward, repeats)
+    fwd = _device_seconds(forward, repeats, clock)
     out = forward()
     grad = torch.ones_like(out)
-    return fwd, _device_seconds(lambda: out.backward(grad, retain_graph=True), repeats)
+    return fwd, _device_seconds(lambda: out.backward(grad, retain_graph=True), repeats, clock)
 
 
-def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int) -> list[dict]:
+def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int, clock: DeviceClock) -> list[dict]:
     cfg, device = model.cfg, model.head.lm_head.weight.device
     layer = cast(DecoderLayer, model.layers[0])
     batch = packed_batch([sample_tokens(0, j, n, cfg.vocab_size) for j, n in enumerate(doc_lens)])
@@ -166,10 +166,11 @@ def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int) -> list[
     cos, sin = rope_tables(cast(torch.Tensor, batch["position_ids"]).to(device), cfg.head_dim, cfg.rope_theta,
                            x.dtype)
     docs = Documents.of(doc_lens, device, kernel_for(x))
-    embed = _forward_backward(lambda: model.embed(ids), repeats)
-    fwd, bwd = _forward_backward(lambda: layer(x, cos, sin, docs), repeats)
-    _, recomputed = _forward_backward(lambda: checkpoint(layer, x, cos, sin, docs, use_reentrant=False), repeats)
-    head = _forward_backward(lambda: model.head(x, labels), repeats)
+    embed = _forward_backward(lambda: model.embed(ids), repeats, clock)
+    fwd, bwd = _forward_backward(lambda: layer(x, cos, sin, docs), repeats, clock)
+    _, recomputed = _forward_backward(lambda: checkpoint(layer, x, cos, sin, docs, use_reentrant=False), repeats,
+                                      clock)
+    head = _forward_backward(lambda: model.head(x, labels), repeats, clock)
     model.zero_grad(set_to_none=True)
     return [dict(model=cfg.name, unit="embed", doc_lens=doc_lens, fwd=embed[0], bwd=embed[1]),
             dict(model=cfg.name, unit="layer", doc_lens=doc_lens, fwd=fwd, bwd=bwd, bwd_recompute=recomputed,
@@ -177,13 +178,16 @@ def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int) -> list[
             dict(model=cfg.name, unit="head", doc_lens=doc_lens, fwd=head[0], bwd=head[1])]
 
 
-def time_units(cfg: ModelConfig, device: torch.device, shapes: list[list[int]], repeats: int) -> list[dict]:
+def time_units(cfg: ModelConfig, device: torch.device, shapes: list[list[int]], repeats: int,
+               clock: DeviceClock | None = None, compiled: bool = True) -> list[dict]:
     """Per shape and unit kind, forward and backward device seconds of one unit as the harness runs
     it on CUDA (bf16, compile_dense, the varlen kernel), and a layer's backward with its forward
-    recomputed (activation checkpointing)."""
+    recomputed (activation checkpointing). `clock` (CUDA events unless given) and `compiled` let
+    the CPU tests run it."""
     model = build_model(replace(cfg, num_layers=1), 0, device).to(torch.bfloat16)
-    compile_dense(model)
-    return [row for doc_lens in shapes for row in _time_shape(model, doc_lens, repeats)]
+    if compiled:
+        compile_dense(model)
+    return [row for doc_lens in shapes for row in _time_shape(model, doc_lens, repeats, clock or CudaClock())]
 
 
 def units_record(rows: list[dict], models: dict[str, ModelConfig], device_name: str) -> dict:

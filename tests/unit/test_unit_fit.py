@@ -4,13 +4,15 @@ the committed H100 seed, and a GPU profile that computes from it."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from odc_bench.calibrate.cost_model import fit_timings, shape_lengths, unit_models
+from odc_bench.calibrate.cost_model import fit_timings, shape_lengths, time_units, unit_models, units_record
 from odc_bench.config.backend import Recompute
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_forward_flops
@@ -123,3 +125,30 @@ def test_timings_of_an_unknown_model_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=f"{timings}: unknown model option 'nope'") as refused:
         fit_timings(timings, "NVIDIA H100 80GB HBM3")
     assert "\n" not in str(refused.value)
+
+
+class HostClock:
+    """The device clock's protocol on the host (odc_bench.run.trace.DeviceClock)."""
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return (end - start) * 1e3
+
+
+def test_unit_timing_times_every_unit_kind_per_shape_and_its_fit_reads_it():
+    """What the CUDA profile runs, on the CPU: eager (compiling takes tens of seconds here), the
+    host's clock for CUDA events, per-document SDPA for varlen."""
+    cfg = run_config("model=tiny").model
+    shapes = [[32], [16, 16], [8, 24]]
+    rows = time_units(cfg, torch.device("cpu"), shapes, repeats=1, clock=HostClock(), compiled=False)
+    assert [(r["unit"], r["doc_lens"]) for r in rows] == [(k, s) for s in shapes for k in ("embed", "layer", "head")]
+    assert all(r[phase] > 0 for r in rows for phase in ("fwd", "bwd"))
+    layers = [r for r in rows if r["unit"] == "layer"]
+    assert all(r["bwd_recompute"] > 0 and r["attention"] == "sdpa_per_doc" for r in layers)
+    units = units_record(rows, {cfg.name: cfg}, "cpu")["units"]
+    assert set(units) == {"embed", "layer", "head"} and units["layer"]["bwd_recompute"]["points"] == len(shapes)
