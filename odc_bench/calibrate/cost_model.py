@@ -129,8 +129,8 @@ UNIT_SHAPES = {
              [4096] * 4, [8192] * 2, MIX16K],
     "reduced": [[1024], [4096], [16384], [512] * 16, [4096] * 4, MIX16K],
 }
-# The shapes of the larger models timed beside the run's (--unit-models): with --reduced, packed
-# 16K-token microbatches only, enough to place their linear and attention terms in the fit and
+# The shapes of the larger models timed beside the run's (--unit-models): with --reduced, 16K-token
+# microbatches only, enough to place their linear and attention terms in the fit and
 # to read their layers' share of the device's peak where real trainers run them.
 OTHER_MODEL_SHAPES = {"full": UNIT_SHAPES["full"], "reduced": [[4096] * 4, [16384], MIX16K]}
 UNIT_MODELS_FLAG = "--unit-models="
