@@ -35,7 +35,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -64,6 +64,12 @@ DEADLINE_S = 360.0
 RESERVE_S = 25.0
 
 
+# What torch.compile prints where a compiled part of the model runs eagerly after all:
+# compile_dense suppresses the error (the run goes on) and Dynamo logs it, or it hit the limit
+# of recompilations. A run that passes can be slow for this reason alone: the summary says so.
+EAGER_MARKERS = ("WON'T CONVERT", "torch._dynamo hit config.")
+
+
 @dataclass
 class Step:
     name: str
@@ -72,6 +78,7 @@ class Step:
     status: str = "not run"
     seconds: float = 0.0
     tail: str = ""
+    eager: list[str] = field(default_factory=list)  # the step's EAGER_MARKERS lines, the first few
 
     @property
     def ok(self) -> bool:
@@ -160,7 +167,9 @@ def run_step(step: Step, left_s: float) -> None:
         done = subprocess.run(step.argv, capture_output=True, text=True, timeout=step.timeout_s, cwd=REPO_ROOT,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
         step.status = "passed" if done.returncode == 0 else f"failed (exit {done.returncode})"
-        step.tail = (done.stdout + done.stderr)[-4000:]
+        output = done.stdout + done.stderr
+        step.tail = output[-4000:]
+        step.eager = [line for line in output.splitlines() if any(m in line for m in EAGER_MARKERS)][:5]
     except subprocess.TimeoutExpired as e:
         step.status = f"out of time ({step.timeout_s:.0f} s)"
         step.tail = ((e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"))[-4000:]
@@ -329,6 +338,10 @@ def summary(device: str, done: list[Step], seconds: float, out: Path) -> str:
     lines = [f"# make gpu-check on {device}", "", "| step | status | seconds |", "|---|---|---|",
              *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "", f"In all {seconds:.0f} s.", "",
              *comparisons(out, device_peak_tflops(device))]
+    eager = [s for s in done if s.eager]
+    lines += ["", "## Compiled parts that ran eagerly", ""]
+    lines += [f"- {s.name}: {line.strip()}" for s in eager for line in s.eager] or [
+        "None: no step printed Dynamo's WON'T CONVERT or a recompile limit."]
     failed = [s for s in done if not s.ok]
     if failed:
         lines += ["", "## What the failed steps printed", ""]

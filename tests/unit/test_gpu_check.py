@@ -165,3 +165,15 @@ def test_the_larger_models_layers_are_held_to_their_share_of_peak_with_varlen():
                                               ("NVIDIA L40S", None)])
 def test_a_devices_peak_is_its_simulator_profiles_and_none_without_one(device, peak):
     assert gpu_check.device_peak_tflops(device) == peak
+
+
+def test_a_part_that_ran_eagerly_is_in_the_summary_even_when_its_step_passed(tmp_path):
+    said = "WON'T CONVERT before_attention /x/decoder.py line 151"
+    step = gpu_check.Step("run", [sys.executable, "-c", f"import sys; print({said!r}, file=sys.stderr)"], 30)
+    quiet = gpu_check.Step("quiet", [sys.executable, "-c", "pass"], 30)
+    for s in (step, quiet):
+        gpu_check.run_step(s, left_s=30)
+    assert step.ok and step.eager == [said] and quiet.eager == []
+    text = gpu_check.summary("a GPU", [step, quiet], 1.0, tmp_path)
+    assert f"- run: {said}" in text and "None: no step" not in text
+    assert "None: no step printed" in gpu_check.summary("a GPU", [quiet], 1.0, tmp_path)
