@@ -17,8 +17,9 @@ stop the others; the command ends with status 1 if any failed):
    this step, not the others' results;
 then, in this process, the simulator's prediction of each run on the H100 profile and on the
 profile this machine just measured (compute.json, with the gap per unit the collective engine
-left in the runs' device-timed traces), and summary.md: every number and ratio (the memory
-estimate beside the peak, each timed layer's share of the device's peak), and what did not pass.
+left in the runs' device-timed traces), and summary.md: the GPU acceptance points of issues 43
+and 44, each met, missed or not measured, then every number and ratio (the memory estimate
+beside the peak, each timed layer's share of the device's peak), and what did not pass.
 
 On a machine without CUDA it says so and exits 0: there is nothing to check. With `--command` it
 prints the one command that runs it on a lent GPU machine (docs/gpu.md), for this checkout.
@@ -58,6 +59,8 @@ GOAL_RATIO = 0.8  # gather against a device copy at >= 16 MiB (issue 44)
 # the varlen kernel (goal: LAYER_GOAL, issue 43), and the profile's fit across model sizes.
 LARGE_MODELS = ("qwen2_7b", "qwen2_14b")
 LAYER_GOAL = 0.4
+RUN_GOAL = 0.25  # the 1.5B runs' samples/s against the simulator's on the measured profile (issue 43)
+MEMORY_GOAL = 0.10  # the memory estimate against the measured peak (issue 43)
 # The whole command fits a device loan's slot: no step runs past the deadline less what the
 # simulator and the summary need after the last one, whatever the steps' own limits add up to.
 DEADLINE_S = 360.0
@@ -255,16 +258,28 @@ def device_peak_tflops(device_name: str) -> float | None:
     return hardware.peak_tflops if isinstance(hardware, GpuHardwareConfig) else None
 
 
-def layer_lines(compute: dict, peak_tflops: float) -> list[str]:
-    """summary.md's layers against the device's peak, from the compute profile's timings, and
-    the larger models' against LAYER_GOAL."""
+def layer_shares(compute: dict, peak_tflops: float) -> pd.DataFrame:
+    """The compute profile's layer timings against the device's peak (sim/unit_fit.py)."""
     from odc_bench.config.compose import compose_runs
     from odc_bench.sim.unit_fit import layer_peak_shares
 
     rows = compute.get("unit_timings", [])
     names = sorted({r["model"] for r in rows})
     models = dict(zip(names, (c.model for c in compose_runs([[f"model={n}"] for n in names])), strict=True))
-    shares = pd.DataFrame(layer_peak_shares(rows, models, peak_tflops))
+    return pd.DataFrame(layer_peak_shares(rows, models, peak_tflops),
+                        columns=["model", "doc_lens", "tokens", "attention", "tflops", "share"])
+
+
+def large_layers_worst(shares: pd.DataFrame) -> float | None:
+    """The lowest share of peak of a LARGE_MODELS layer timed with varlen; None where none was."""
+    varlen = shares[shares["model"].isin(LARGE_MODELS) & (shares["attention"] == "varlen")]
+    return float(varlen["share"].min()) if len(varlen) else None
+
+
+def layer_lines(compute: dict, peak_tflops: float) -> list[str]:
+    """summary.md's layers against the device's peak, from the compute profile's timings, and
+    the larger models' against LAYER_GOAL."""
+    shares = layer_shares(compute, peak_tflops)
     if shares.empty:
         return []
     lines = [f"\nOne layer, forward + backward, against the device's peak ({peak_tflops:g} TFLOP/s, bf16 dense; "
@@ -272,18 +287,61 @@ def layer_lines(compute: dict, peak_tflops: float) -> list[str]:
              "| model | documents | tokens | attention | TFLOP/s | share of peak |", "|---|---|---|---|---|---|"]
     lines += [f"| {r.model} | {len(r.doc_lens)} | {r.tokens} | {r.attention or 'not recorded'} | {r.tflops:.0f} | "
               f"{r.share:.2f} |" for r in shares.itertuples()]
-    large = shares[shares["model"].isin(LARGE_MODELS)]
-    if len(large):
-        varlen = large[large["attention"] == "varlen"]
-        if varlen.empty:
+    if shares["model"].isin(LARGE_MODELS).any():
+        worst = large_layers_worst(shares)
+        if worst is None:
             lines.append(f"\n{' and '.join(LARGE_MODELS)} layers: none timed with the varlen kernel, so the goal of "
                          f"{LAYER_GOAL} of peak with varlen is not checked")
         else:
-            worst = float(varlen["share"].min())
+            timed = int((shares["model"].isin(LARGE_MODELS) & (shares["attention"] == "varlen")).sum())
             verdict = "meets" if worst >= LAYER_GOAL else "misses"
             lines.append(f"\n{' and '.join(LARGE_MODELS)} layers with varlen: at least {worst:.2f} of peak over "
-                         f"{len(varlen)} timings ({verdict} the goal of {LAYER_GOAL})")
+                         f"{timed} timings ({verdict} the goal of {LAYER_GOAL})")
     return lines
+
+
+@dataclass
+class RunCheck:
+    """One real run beside the simulator's prediction of it and its memory estimates."""
+
+    name: str
+    samples_per_s: float
+    simulated: dict[str, float]  # samples/s by profile (h100, measured); NaN where not simulated
+    peak_gib: float
+    estimate_gib: float  # the row's: at max_tokens
+    largest_tokens: int  # the largest microbatch the plan holds, and the estimate there
+    estimate_there_gib: float
+
+
+def run_checks(out: Path) -> list[RunCheck]:
+    """The runs that ended ok in runs.csv, each with what sim-<profile>/ predicted for its config."""
+    if not (out / "runs.csv").exists():
+        return []
+    real = pd.read_csv(out / "runs.csv")
+    sims = {p: pd.read_csv(out / f"sim-{p}" / "runs.csv") for p in ("h100", "measured")
+            if (out / f"sim-{p}" / "runs.csv").exists()}
+    at_largest = largest_microbatch_estimates()
+    checks = []
+    for _, r in real[real["status"] == "ok"].iterrows():
+        simulated = {}
+        for profile in ("h100", "measured"):
+            table = sims.get(profile, pd.DataFrame(columns=["length_scale", "minibatch_size", "samples_per_s"]))
+            match = table[(table["length_scale"] == r["length_scale"])
+                          & (table["minibatch_size"] == r["minibatch_size"])]
+            simulated[profile] = float(match["samples_per_s"].iloc[-1]) if len(match) else float("nan")
+        tokens, there = at_largest.get((r["length_scale"], r["minibatch_size"]), (0, float("nan")))
+        checks.append(RunCheck(f"length x{r['length_scale']}, minibatch {r['minibatch_size']}", r["samples_per_s"],
+                               simulated, r["peak_mem_mb"] / 1024, r["mem_estimate_mb"] / 1024, tokens, there))
+    return checks
+
+
+def gather_worst(out: Path) -> float | None:
+    """gather's lowest ratio to the device copy at >= 16 MiB in primitives.csv; None without one."""
+    if not (out / "primitives.csv").exists():
+        return None
+    table = pd.read_csv(out / "primitives.csv")
+    gather = table[(table["op"] == "gather") & (table["size_bytes"] >= 16 << 20)]
+    return float(gather["ratio_to_memcpy"].min()) if len(gather) else None
 
 
 def comparisons(out: Path, peak_tflops: float | None = None) -> list[str]:
@@ -291,53 +349,78 @@ def comparisons(out: Path, peak_tflops: float | None = None) -> list[str]:
     against the estimate, the layers against the device's peak (`peak_tflops`, where known),
     and the primitives against their goal."""
     lines = []
-    if (out / "runs.csv").exists():
-        real = pd.read_csv(out / "runs.csv")
-        real = real[real["status"] == "ok"]
-        sims = {p: pd.read_csv(out / f"sim-{p}" / "runs.csv") for p in ("h100", "measured")
-                if (out / f"sim-{p}" / "runs.csv").exists()}
-        at_largest = largest_microbatch_estimates()
+    checks = run_checks(out)
+    if checks:
         lines += ["| run | measured samples/s | simulated, h100 | measured / simulated | simulated, measured profile "
                   "| measured / simulated | peak memory GiB | estimate GiB (at max_tokens) | estimate / peak | largest "
                   "microbatch, tokens | estimate there GiB | estimate there / peak |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for _, r in real.iterrows():
-            tokens, there = at_largest.get((r["length_scale"], r["minibatch_size"]), (0, float("nan")))
-            cells = []
-            for profile in ("h100", "measured"):
-                table = sims.get(profile)
-                sim = float("nan")
-                if table is not None:
-                    match = table[(table["length_scale"] == r["length_scale"])
-                                  & (table["minibatch_size"] == r["minibatch_size"])]
-                    sim = float(match["samples_per_s"].iloc[-1]) if len(match) else sim
-                cells += [f"{sim:.3g}", f"{r['samples_per_s'] / sim:.2f}"]
-            lines.append(f"| length x{r['length_scale']}, minibatch {r['minibatch_size']} | {r['samples_per_s']:.3g} | "
-                         f"{' | '.join(cells)} | {r['peak_mem_mb'] / 1024:.1f} | {r['mem_estimate_mb'] / 1024:.1f} | "
-                         f"{r['mem_estimate_mb'] / r['peak_mem_mb']:.2f} | {tokens} | {there:.1f} | "
-                         f"{there * 1024 / r['peak_mem_mb']:.2f} |")
+        for c in checks:
+            cells = [f"{c.simulated[p]:.3g} | {c.samples_per_s / c.simulated[p]:.2f}" for p in ("h100", "measured")]
+            lines.append(f"| {c.name} | {c.samples_per_s:.3g} | {' | '.join(cells)} | {c.peak_gib:.1f} | "
+                         f"{c.estimate_gib:.1f} | {c.estimate_gib / c.peak_gib:.2f} | {c.largest_tokens} | "
+                         f"{c.estimate_there_gib:.1f} | {c.estimate_there_gib / c.peak_gib:.2f} |")
     if peak_tflops is not None and (out / "compute.json").exists():
         lines += layer_lines(json.loads((out / "compute.json").read_text()), peak_tflops)
     profiled = sorted(out.glob("profiles/*/rank*.txt"))
     if profiled:
         lines.append("\nOne warm-up minibatch under torch.profiler, operators by device time: "
                      + ", ".join(str(p.relative_to(out)) for p in profiled))
-    prims = out / "primitives.csv"
-    if prims.exists():
-        table = pd.read_csv(prims)
-        gather = table[(table["op"] == "gather") & (table["size_bytes"] >= 16 << 20)]
-        if len(gather):
-            worst = float(gather["ratio_to_memcpy"].min())
-            verdict = "meets" if worst >= GOAL_RATIO else "misses"
-            lines.append(f"\ngather at >= 16 MiB: at least {worst:.2f} of the device copy's rate ({verdict} the goal "
-                         f"of {GOAL_RATIO})")
+    worst = gather_worst(out)
+    if worst is not None:
+        verdict = "meets" if worst >= GOAL_RATIO else "misses"
+        lines.append(f"\ngather at >= 16 MiB: at least {worst:.2f} of the device copy's rate ({verdict} the goal "
+                     f"of {GOAL_RATIO})")
     return lines
 
 
+def acceptance(out: Path, done: list[Step], seconds: float, peak_tflops: float | None) -> list[str]:
+    """The GPU acceptance points of issues 43 and 44, each met, missed or not measured, with what
+    decided it: the table a session reads first."""
+    def verdict(ok: bool | None) -> str:
+        return "not measured" if ok is None else "met" if ok else "missed"
+
+    def step(name: str) -> tuple[str, str]:
+        found = [s for s in done if s.name == name]
+        return (verdict(found[0].ok) if found and not found[0].status.startswith("not run") else "not measured",
+                found[0].status if found else "not run")
+
+    rows = [("the GPU tests pass, ODC's on CUDA and the cuda_ipc conformance suite included (43, 44)",
+             *step("gpu tests")),
+            ("NVSHMEM on one GPU: one rank runs, two are refused (44)", *step("nvshmem tests"))]
+    worst = None
+    if peak_tflops is not None and (out / "compute.json").exists():
+        worst = large_layers_worst(layer_shares(json.loads((out / "compute.json").read_text()), peak_tflops))
+    rows.append((f"{' and '.join(LARGE_MODELS)} layers at >= {LAYER_GOAL} of peak with varlen (43)",
+                 verdict(None if worst is None else worst >= LAYER_GOAL),
+                 "no varlen timing of them" if worst is None else f"lowest {worst:.2f}"))
+    checks = run_checks(out)
+    ratios = [c.samples_per_s / c.simulated["measured"] for c in checks]
+    measured = [r for r in ratios if r == r]  # NaN where the measured profile was not simulated
+    rows.append((f"the 1.5B runs within {RUN_GOAL:.0%} of the simulator on the measured profile (43)",
+                 verdict(None if len(measured) < len(RUNS) else all(abs(r - 1) <= RUN_GOAL for r in measured)),
+                 ", ".join(f"{r:.2f}" for r in ratios) or "no run"))
+    there = [c.estimate_there_gib / c.peak_gib for c in checks]
+    rows.append((f"the memory estimate within {MEMORY_GOAL:.0%} of the peak (43)",
+                 verdict(None if len(there) < len(RUNS) else all(abs(r - 1) <= MEMORY_GOAL for r in there)),
+                 "estimate / peak at the largest planned microbatch " + (", ".join(f"{r:.2f}" for r in there) or "-")
+                 + "; at max_tokens " + (", ".join(f"{c.estimate_gib / c.peak_gib:.2f}" for c in checks) or "-")))
+    gather = gather_worst(out)
+    rows.append((f"gather >= {GOAL_RATIO} of a device copy at >= 16 MiB (44)",
+                 verdict(None if gather is None else gather >= GOAL_RATIO),
+                 "no primitives" if gather is None else f"lowest {gather:.2f}"))
+    rows.append((f"make gpu-check within {DEADLINE_S / 60:.0f} minutes (43)", verdict(seconds <= DEADLINE_S),
+                 f"{seconds:.0f} s"))
+    return ["## Acceptance on this GPU", "", "| point (issue) | verdict | measured |", "|---|---|---|",
+            *(f"| {point} | {said} | {value} |" for point, said, value in rows)]
+
+
 def summary(device: str, done: list[Step], seconds: float, out: Path) -> str:
-    lines = [f"# make gpu-check on {device}", "", "| step | status | seconds |", "|---|---|---|",
+    peak = device_peak_tflops(device)
+    lines = [f"# make gpu-check on {device}", "", *acceptance(out, done, seconds, peak), "", "## Steps", "",
+             "| step | status | seconds |", "|---|---|---|",
              *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "", f"In all {seconds:.0f} s.", "",
-             *comparisons(out, device_peak_tflops(device))]
+             *comparisons(out, peak)]
     eager = [s for s in done if s.eager]
     lines += ["", "## Compiled parts that ran eagerly", ""]
     lines += [f"- {s.name}: {line.strip()}" for s in eager for line in s.eager] or [

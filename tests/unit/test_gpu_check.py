@@ -176,4 +176,41 @@ def test_a_part_that_ran_eagerly_is_in_the_summary_even_when_its_step_passed(tmp
     assert step.ok and step.eager == [said] and quiet.eager == []
     text = gpu_check.summary("a GPU", [step, quiet], 1.0, tmp_path)
     assert f"- run: {said}" in text and "None: no step" not in text
+    assert text.index("## Acceptance on this GPU") < text.index("## Steps"), "the verdicts come first"
     assert "None: no step printed" in gpu_check.summary("a GPU", [quiet], 1.0, tmp_path)
+
+
+def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point(tmp_path, monkeypatch):
+    shutil.copy(REPO / "results" / "gpu" / "h100-2026-11-26" / "compute.json", tmp_path / "compute.json")
+    monkeypatch.setattr(gpu_check, "COMMON", [*gpu_check.COMMON[:3], "num_minibatches=2", "warmup_minibatches=0"])
+    gpu_check.simulate_runs(tmp_path)
+    real = pd.read_csv(tmp_path / "sim-measured" / "runs.csv")
+    there = gpu_check.largest_microbatch_estimates()
+    # As fast as the measured profile said, and a peak the estimate at the largest microbatch meets.
+    real["peak_mem_mb"] = [there[s, m][1] * 1024 for s, m in zip(real["length_scale"], real["minibatch_size"],
+                                                                  strict=True)]
+    real.to_csv(tmp_path / "runs.csv", index=False)
+    pd.DataFrame([dict(op="gather", size_bytes=16 << 20, ratio_to_memcpy=0.7),
+                  dict(op="gather", size_bytes=1 << 20, ratio_to_memcpy=0.1)]).to_csv(tmp_path / "primitives.csv")
+    done = [gpu_check.Step("gpu tests", [], 1, status="passed"), gpu_check.Step("nvshmem tests", [], 1)]
+
+    def verdicts(seconds: float) -> dict[str, tuple[str, str]]:
+        rows = [[c.strip() for c in line.strip("|").split("|")]
+                for line in gpu_check.acceptance(tmp_path, done, seconds, 989.0)[4:]]
+        return {point.split(" (")[0]: (said, value) for point, said, value in rows}
+
+    got = verdicts(300)
+    assert got["the GPU tests pass, ODC's on CUDA and the cuda_ipc conformance suite included"][0] == "met"
+    assert got["NVSHMEM on one GPU: one rank runs, two are refused"][0] == "not measured"
+    assert got["qwen2_7b and qwen2_14b layers at >= 0.4 of peak with varlen"][0] == "not measured"  # kernel unrecorded
+    assert got["the 1.5B runs within 25% of the simulator on the measured profile"] == ("met", "1.00, 1.00")
+    assert got["the memory estimate within 10% of the peak"][0] == "met"
+    assert got["gather >= 0.8 of a device copy at >= 16 MiB"] == ("missed", "lowest 0.70")
+    assert got["make gpu-check within 6 minutes"] == ("met", "300 s")
+    real["samples_per_s"] *= 1.3
+    real["peak_mem_mb"] *= 2
+    real.to_csv(tmp_path / "runs.csv", index=False)
+    got = verdicts(400)
+    assert got["the 1.5B runs within 25% of the simulator on the measured profile"] == ("missed", "1.30, 1.30")
+    assert got["the memory estimate within 10% of the peak"][0] == "missed"
+    assert got["make gpu-check within 6 minutes"][0] == "missed"
