@@ -246,11 +246,15 @@ def largest_microbatch_estimates() -> dict[tuple[float, int], tuple[int, float]]
 
 def device_peak_tflops(device_name: str) -> float | None:
     """The dense bf16 peak of this GPU's simulator profile (conf/backend/hardware/<tag>.yaml), or
-    None where the project has no profile of it."""
+    None where the project has no profile of it. The profiles are of the SXM parts; a PCIe or NVL
+    card of the same name runs at a lower power limit (350 W for the H100 PCIe, against up to
+    700 W for the SXM part, in NVIDIA's product briefs), so its peak is not the profile's: None."""
     from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
     from odc_bench.config.compose import compose_run
 
     tag = device_folder(device_name).rsplit("-", 3)[0]
+    if re.search(r"\b(PCIe|NVL)\b", device_name, re.IGNORECASE):
+        return None
     if not (REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware" / f"{tag}.yaml").exists():
         return None
     backend = compose_run(["backend=sim", f"backend/hardware={tag}"]).backend

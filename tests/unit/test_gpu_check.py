@@ -162,7 +162,8 @@ def test_the_larger_models_layers_are_held_to_their_share_of_peak_with_varlen():
 
 
 @pytest.mark.parametrize(("device", "peak"), [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0),
-                                              ("NVIDIA L40S", None)])
+                                              ("NVIDIA L40S", None), ("NVIDIA H100 PCIe", None),
+                                              ("NVIDIA H100 NVL", None)])
 def test_a_devices_peak_is_its_simulator_profiles_and_none_without_one(device, peak):
     assert gpu_check.device_peak_tflops(device) == peak
 
