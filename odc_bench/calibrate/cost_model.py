@@ -234,15 +234,26 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
                         precision=config.precision if device.type == "cuda" else "fp32"),
         timings=[dict(doc_lens=sh, seconds=s, median=m) for sh, s, m in zip(shapes, seconds, medians, strict=True)],
     )
+    models, rows = {config.model.name: config.model}, []
     if device.type == "cuda":
         rows = time_units(config.model, device, UNIT_SHAPES[unit_shapes], repeats)
-        models = {m.name: m for m in (config.model, *unit_models)}  # each model timed once
-        for other in list(models.values())[1:]:
-            rows += time_units(other, device, OTHER_MODEL_SHAPES[unit_shapes], repeats)
         record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
+    _write(path, record)
+    # The other models after the run's own is written: a time limit reached while they are timed
+    # (make gpu-check's) leaves the run's model's profile in place.
+    for other in unit_models:
+        if other.name not in models:  # each model timed once
+            models[other.name] = other
+            rows += time_units(other, device, OTHER_MODEL_SHAPES[unit_shapes], repeats)
+    if len(models) > 1:
+        record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
+        _write(path, record)
+    return path
+
+
+def _write(path: Path, record: dict) -> None:
     atomic_write_text(path, json.dumps(record, indent=1) + "\n")
     load_calibration(path)  # what later runs will read must load
-    return path
 
 
 def shape_lengths(shape: str) -> list[int]:
