@@ -10,6 +10,7 @@ try:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         from odc_bench.cli import interrupted, main
+        from odc_bench.errors import quiet_when_output_closes
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 except KeyboardInterrupt:
@@ -20,7 +21,8 @@ except KeyboardInterrupt:
 def run() -> None:
     """`python -m odc_bench` and the `odc-bench` script."""
     try:
-        main()
+        with quiet_when_output_closes():
+            main()
     except KeyboardInterrupt as e:
         interrupted(str(e))
     finally:

@@ -1,4 +1,5 @@
-"""Every error the harness reports to its user, and how bad input ends a command.
+"""Every error the harness reports to its user, how bad input ends a command, and how a command
+ends when what reads its output has gone.
 
 Bad input (ConfigError and its kinds) is one line naming the problem and the fix; a command
 that meets it prints `odc_bench: error: <message>` and exits with status 2, having written
@@ -7,7 +8,10 @@ nothing. RunFailed is not bad input: a run that started and failed becomes a row
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from typing import NoReturn
 
 
@@ -45,3 +49,17 @@ def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
     """End the command for bad input: the one-line message on stderr, exit status 2."""
     print(f"{prog}: error: {error}", file=sys.stderr)
     sys.exit(2)
+
+
+@contextlib.contextmanager
+def quiet_when_output_closes() -> Iterator[None]:
+    """A command whose reader leaves early (`| head`, a pager quit) ends with status 1 and no
+    traceback. stdout is flushed inside, so that a small output's broken pipe is met here too
+    rather than at the interpreter's exit; once met, stdout points at /dev/null, or that exit
+    would fail on it again."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

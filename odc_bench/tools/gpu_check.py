@@ -42,6 +42,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from odc_bench.errors import quiet_when_output_closes
 from odc_bench.files import atomic_write_text
 from odc_bench.provenance import COMMIT_ENV, REPO_ROOT, git_commit
 
@@ -474,4 +475,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with quiet_when_output_closes():
+        main()

@@ -7,10 +7,10 @@ that neither import lies on the verdict's path (forked.Helper)."""
 from __future__ import annotations
 
 import gc
-import os
 import signal
 import sys
 
+from odc_bench.errors import quiet_when_output_closes
 from odc_bench.forked import Helper
 from odc_bench.whatif import PROG
 
@@ -34,7 +34,8 @@ def run() -> None:
             from odc_bench.whatif.cli import main
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        main(figure=figure)
+        with quiet_when_output_closes():
+            main(figure=figure)
     except KeyboardInterrupt:
         # The workers (forked.py) have ended the series in hand and exited by now.
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -43,11 +44,6 @@ def run() -> None:
         # SIGINT rather than with 130 (odc_bench.cli.interrupted does the same).
         exec("")
         sys.exit(130)
-    except BrokenPipeError:
-        # What reads the output has gone (`| head`): nothing more to say, and no traceback. The
-        # interpreter would fail again flushing stdout at exit, so stdout is pointed at /dev/null.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
     finally:
         if figure is not None:
             figure.close()

@@ -322,3 +322,21 @@ def test_a_key_of_any_group_option_is_traced_to_the_options_that_have_it():
         assert options_with_key(f"{folder.name}.no_such_key") == (folder.name, [])
     assert checked > 20
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [("odc_bench", "--help"), ("odc_bench", "backend=sim", "results_dir=results"),
+                                  ("odc_bench.whatif", "--hardware", "list")],
+                         ids=["help", "a-run", "the-what-if"])
+def test_a_command_whose_reader_has_gone_ends_with_status_1_and_no_traceback(argv, tmp_path):
+    """`... | head` with the reader gone before the first line: no traceback (a run's would have
+    come through Hydra's report of a failed job), and a run ends before its row is written."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, stdout=write, stderr=subprocess.PIPE,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)), text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (1, "")
+    assert not (tmp_path / "results").exists()
