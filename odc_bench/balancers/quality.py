@@ -72,10 +72,6 @@ def _odc_time(per_rank: list[list[float]]) -> float:
     return max((left_sum(r) for r in per_rank), default=0.0)
 
 
-def plan_time(plan: Plan, lengths: Sequence[int], cost: CostModel, semantics: str) -> float:
-    return _plan_time(microbatch_costs(plan, lengths, cost), semantics)
-
-
 def _plan_time(per_rank: list[list[float]], semantics: str) -> float:
     if semantics == "collective":
         return _collective_time(per_rank)

@@ -41,4 +41,5 @@ FIG10_TRENDS = {
 # Which collective series it is measured against is not in the notes.
 RL_SPEEDUP_RANGE = (-0.05, 0.11)
 RL_SPEEDUP_UP_TO = 0.10
-RL_RANGE_TEXT = "-5% to +11% across settings (up to 10%)"
+RL_RANGE_TEXT = (f"{RL_SPEEDUP_RANGE[0]:+.0%} to {RL_SPEEDUP_RANGE[1]:+.0%} across settings "
+                 f"(up to {RL_SPEEDUP_UP_TO:.0%})")
