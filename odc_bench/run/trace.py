@@ -181,13 +181,21 @@ class Recorder:
 
     def open(self, unit: str, phase: str) -> None:
         self._open[(unit, phase)] = self.now()
-        self.sample_memory()
+        self._sample_at_unit()
 
     def close(self, unit: str, phase: str) -> None:
         t0 = self._open.pop((unit, phase), None)
         if t0 is not None:
             self.add(phase, t0, self.now(), unit=unit)
-        self.sample_memory()
+        self._sample_at_unit()
+
+    def _sample_at_unit(self) -> None:
+        # On CPU the heap's peak is only seen by sampling it. CUDA's allocator keeps its own
+        # high-water mark, which the minibatch's sample (worker) reads: reading it at every unit
+        # would add nothing to the peak and cost host time on the launch path, as
+        # max_memory_allocated builds and sorts every allocator statistic in Python.
+        if not self._cuda:
+            self.sample_memory()
 
 
 class _Start(torch.autograd.Function):

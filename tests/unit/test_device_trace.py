@@ -105,3 +105,26 @@ def test_units_and_the_engine_report_spans_on_the_device_clock(one_rank_group):
             recorder.events.clear()
     finally:
         engine.close()
+
+
+def test_on_cuda_the_peak_is_read_once_per_minibatch_not_at_every_unit(monkeypatch):
+    """CUDA's allocator keeps its own high-water mark: the units' marks leave it alone (reading it
+    costs host time on the launch path) and the minibatch's sample still sees the peak."""
+    allocator = {"reads": 0, "peak": 100}
+
+    def max_memory_allocated() -> int:
+        allocator["reads"] += 1
+        return allocator["peak"]
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 100)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", max_memory_allocated)
+    recorder = Recorder(rank=0)
+    recorder.start(cuda=True, device=LaggingDevice())
+    for unit, peak in (("layer0", 700), ("layer1", 400)):
+        recorder.open(unit, "fwd")
+        allocator["peak"] = max(allocator["peak"], peak)
+        recorder.close(unit, "fwd")
+    assert allocator["reads"] == 0
+    recorder.sample_memory()  # the worker's, at the minibatch's end
+    assert (allocator["reads"], recorder.peak_bytes) == (1, 600)
