@@ -45,6 +45,8 @@ class Documents:
             return cls(lengths)
         offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         offsets[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+        if device.type == "cuda":  # from pinned memory: a pageable copy would wait for the stream
+            offsets = offsets.pin_memory()
         return cls(lengths, offsets.to(device, non_blocking=True), max(lengths))
 
 

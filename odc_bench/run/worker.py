@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from odc_bench.data.batches import packed_batch
+from odc_bench.data.batches import on_device, packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
 from odc_bench.models.decoder import build_model, compile_dense
@@ -151,7 +151,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                 recorder.microbatch = j
                 docs = [tokens_of(config.seed, mb.sample_ids[i], mb.lengths[i], config.model.vocab_size)
                         for i in micro]
-                batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in packed_batch(docs).items()}
+                batch = on_device(packed_batch(docs), device)
                 t0 = recorder.now()
                 loss = wrapped(**batch)
                 t1 = recorder.now()

@@ -88,3 +88,27 @@ def test_the_compiled_chunked_loss_matches_the_whole_logits_and_holds_a_chunk():
                + cfg.vocab_size * cfg.hidden_size * 2 * 2)
     assert chunk_peak <= whole_peak / 2, (chunk_peak, whole_peak)
     assert chunk_peak <= 1.25 * counted, (chunk_peak, counted)
+
+
+def test_a_microbatch_and_its_document_offsets_reach_the_gpu_without_waiting_for_queued_work():
+    """The host runs ahead of the device across microbatches: moving the next microbatch does not
+    wait for the kernels already queued (half a second of them or more here)."""
+    import time
+
+    from odc_bench.data.batches import on_device, packed_batch
+
+    cuda = torch.device("cuda")
+    docs = [torch.arange(1, 300), torch.arange(7)]
+    on_device(packed_batch(docs), cuda)  # pinned blocks allocated once (the allocation may synchronise)
+    Documents.of([299, 7], cuda, "varlen")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # a billion cycles: half a second or more at clocks up to 2 GHz
+    t0 = time.perf_counter()
+    batch = on_device(packed_batch(docs), cuda)
+    offsets = Documents.of([299, 7], cuda, "varlen").offsets
+    host_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    assert host_s < 0.25, f"moving a microbatch waited {host_s:.2f} s for the queued work"
+    for key, value in packed_batch(docs).items():
+        assert torch.equal(batch[key].cpu(), value) if torch.is_tensor(value) else batch[key] == value
+    assert offsets is not None and offsets.tolist() == [0, 299, 306]
