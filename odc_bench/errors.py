@@ -9,6 +9,7 @@ nothing. RunFailed is not bad input: a run that started and failed becomes a row
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -56,10 +57,22 @@ def quiet_when_output_closes() -> Iterator[None]:
     """A command whose reader leaves early (`| head`, a pager quit) ends with status 1 and no
     traceback. stdout is flushed inside, so that a small output's broken pipe is met here too
     rather than at the interpreter's exit; once met, stdout points at /dev/null, or that exit
-    would fail on it again."""
+    would fail on it again. Inside, a logging handler that meets the broken pipe (Hydra logs to
+    stdout) raises it rather than printing its own traceback on stderr and going on."""
+    handle_error = logging.Handler.handleError
+
+    def raise_broken_pipe(handler: logging.Handler, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, BrokenPipeError):
+            raise error
+        handle_error(handler, record)
+
+    logging.Handler.handleError = raise_broken_pipe  # type: ignore[method-assign, assignment]
     try:
         yield
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    finally:
+        logging.Handler.handleError = handle_error  # type: ignore[method-assign]

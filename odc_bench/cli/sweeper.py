@@ -50,7 +50,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
-from odc_bench.errors import CombinationError, ConfigError, fail
+from odc_bench.errors import CombinationError, ConfigError, fail, quiet_when_output_closes
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import check_combination
 
@@ -119,6 +119,12 @@ class GridSweeper(Sweeper):
                                                                 task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
+        # Inside the sweep: Hydra would report a closed stdout that its launcher's logging meets
+        # as the sweep's failure, traceback and all.
+        with quiet_when_output_closes():
+            return self._sweep(arguments)
+
+    def _sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         assert self.config is not None and self.launcher is not None
         runnable, cannot_run = self._runnable(expand_jobs(self.params, self.grids, self.exclude, arguments))
         jobs = [job for job, _ in runnable]

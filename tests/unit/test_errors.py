@@ -326,11 +326,13 @@ def test_a_key_of_any_group_option_is_traced_to_the_options_that_have_it():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", [("odc_bench", "--help"), ("odc_bench", "backend=sim", "results_dir=results"),
+                                  ("odc_bench", "-m", "backend=sim", "engine=odc,collective", "results_dir=results"),
                                   ("odc_bench.whatif", "--hardware", "list")],
-                         ids=["help", "a-run", "the-what-if"])
+                         ids=["help", "a-run", "a-sweep", "the-what-if"])
 def test_a_command_whose_reader_has_gone_ends_with_status_1_and_no_traceback(argv, tmp_path):
     """`... | head` with the reader gone before the first line: no traceback (a run's would have
-    come through Hydra's report of a failed job), and a run ends before its row is written."""
+    come through Hydra's report of a failed job, a sweep's from its logging), and a run ends
+    before its row is written."""
     read, write = os.pipe()
     os.close(read)
     try:
