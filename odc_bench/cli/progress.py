@@ -9,7 +9,8 @@ from hydra.core.utils import JobReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from odc_bench.cli.sweeper import outcome_of, sweep_jobs
+from odc_bench.cli.outcomes import outcome_of
+from odc_bench.cli.sweeper import sweep_jobs
 from odc_bench.jobs import progress
 
 LABEL_CHARS = 48

@@ -33,15 +33,16 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQue
 from omegaconf import DictConfig, OmegaConf, open_dict
 from submitit.core.utils import FailedJobError, JobPaths
 
+from odc_bench.app import Job
 from odc_bench.cli import submissions
-from odc_bench.cli.sweeper import outcome_of
+from odc_bench.cli.outcomes import outcome_of
 from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError, fail
 from odc_bench.jobs import progress
 from odc_bench.jobs.train import uses_mpi
-from odc_bench.plan.spec import RunSpec, resolve
+from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.results.table import check_results_dir, ok_runs
 
 
@@ -205,13 +206,16 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         queued: set[str] = set()
         runs: dict[int, tuple[str, Path]] = {}  # job index -> run key, results folder
         earlier = _Earlier()
+        # The sweep planned every job with the command's planner (sweeper._runnable): planned
+        # again with it, a job is read back rather than planned twice.
+        planner = self.task_function.planner if isinstance(self.task_function, Job) else Planner()
         for i, overrides in enumerate(job_overrides):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             job_cfg = copy.deepcopy(cfg)
             with open_dict(job_cfg):
                 del job_cfg["hydra"]
             try:
-                spec = resolve(load(job_cfg), remote_cuda=gpus_requested(cfg))
+                spec = planner.resolve(load(job_cfg), remote_cuda=gpus_requested(cfg))
                 check_results_dir(Path(job_cfg.results_dir))
                 params = job_parameters(cfg, spec)
             except ConfigError as e:

@@ -22,16 +22,16 @@ back to back (what the demo's five side-by-side sets did by hand). `interleave: 
 config's repeats back to back. Each round is launched after the one before has finished (on
 SLURM too: a round's jobs run side by side).
 
-Every job is checked before the first one runs: a combination that cannot run (collective
-FSDP with lb_mini) is skipped with one line saying how to exclude it, any other bad input
-stops the sweep (exit status 2). The sweep ends with a summary of its runs and exit status 1
-when one of them failed, wherever the runs executed (locally or on SLURM).
+Every job is checked (composed, typed and planned) before the first one runs: a combination
+that cannot run (collective FSDP with lb_mini) is skipped with one line saying how to exclude
+it, any other bad input stops the sweep (exit status 2) with nothing written. The sweep ends
+with a summary of its runs (outcomes.py) and exit status 1 when one of them failed, wherever
+the runs executed (locally or on SLURM).
 """
 
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.core.plugins import Plugins
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
@@ -48,11 +48,14 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from odc_bench.app import Job
+from odc_bench.cli.outcomes import print_summary
+from odc_bench.cli.precheck import check_run
 from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, fail, quiet_when_output_closes
 from odc_bench.jobs import progress
-from odc_bench.plan.spec import check_combination
+from odc_bench.plan.spec import Planner, check_combination
 
 
 def _as_override(key: str, value: Any) -> str:
@@ -111,10 +114,13 @@ class GridSweeper(Sweeper):
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.launcher: Launcher | None = None
+        self.planner = Planner()
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context = hydra_context
         self.config = config
+        if isinstance(task_function, Job):  # the jobs plan with the planner the sweep checked them with
+            self.planner = task_function.planner
         self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
                                                                 task_function=task_function, config=config)
 
@@ -154,8 +160,11 @@ class GridSweeper(Sweeper):
         """The jobs that can run, each with its repeat, and those that cannot (with why), each
         announced in one line.
 
-        Every job is composed and typed here, before any runs: bad input in a later job stops the
-        sweep now (ConfigError) rather than after hours of earlier runs."""
+        Every job is composed, typed and planned here, as the command line's own run is before
+        Hydra starts (precheck.check_run), before anything is written: bad input in a later job,
+        or in a setting the sweep file gives every job (a calibration this machine lacks), stops
+        the sweep now (ConfigError) rather than after its output folder or hours of earlier runs.
+        The jobs plan again with the same planner, which returns what it planned here."""
         assert self.hydra_context is not None and self.config is not None
         runnable, cannot_run = [], []
         for job in jobs:
@@ -178,6 +187,10 @@ class GridSweeper(Sweeper):
                 continue
             except ConfigError as e:
                 fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))
+            try:
+                check_run(cfg, self.planner)
+            except ConfigError as e:
+                fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))
             runnable.append((job, config.repeat))
         return runnable, cannot_run
 
@@ -191,80 +204,3 @@ def interleave(jobs: Sequence[list[str]], repeats: Sequence[int]) -> list[list[l
                    for job, n in zip(jobs, repeats, strict=True) if n >= r]
         rounds.append(members if r % 2 else members[::-1])
     return rounds
-
-
-def outcome_of(job_return: JobReturn) -> str:
-    if job_return.status != JobStatus.COMPLETED:
-        return "failed"
-    rows = job_return.return_value
-    if rows is None:
-        return "skipped"
-    return "ok" if all(r.get("status", "ok") == "ok" for r in _rows(job_return)) else "failed"
-
-
-def _rows(job_return: JobReturn) -> list[dict]:
-    """The rows a completed job returned: a training run's row, its repeats' rows, or
-    task=primitives' rows."""
-    rows = job_return.return_value
-    return [rows] if isinstance(rows, dict) else list(rows or [])
-
-
-def run_counts(job_returns: Sequence[JobReturn]) -> dict[str, int]:
-    """Runs executed by outcome, each repeat one run; a job that raised counts as one failed run."""
-    counts = {"ok": 0, "failed": 0}
-    for r in job_returns:
-        if r.status != JobStatus.COMPLETED:
-            counts["failed"] += 1
-            continue
-        for row in _rows(r):
-            counts["ok" if row.get("status", "ok") == "ok" else "failed"] += 1
-    return counts
-
-
-def _error_of(job_return: JobReturn) -> str:
-    """A failed job's error in one line: its row's, or the exception it raised."""
-    if job_return.status != JobStatus.COMPLETED:
-        raw: Any = job_return._return_value  # the exception (return_value would raise it)
-        return f"{type(raw).__name__}: {str(raw).strip().splitlines()[-1] if str(raw).strip() else ''}"
-    return next((str(r.get("error", "")) for r in _rows(job_return) if r.get("status", "ok") != "ok"), "")
-
-
-def print_summary(job_returns: Sequence[JobReturn], cannot_run: Sequence[tuple[list[str], CombinationError]],
-                  configs: int | None = None) -> int:
-    """The sweep's last lines: its runs by outcome (each repeat counted), each failure with its
-    error; the number of jobs with a failed run. `configs`: how many configs the jobs ran (fewer
-    than the jobs when repeats ran in rounds, a job per round)."""
-    outcomes = [outcome_of(r) for r in job_returns]
-    counts = {k: outcomes.count(k) for k in ("ok", "failed", "skipped")}
-    runs = run_counts(job_returns)
-    jobs = len(job_returns) if configs is None else configs
-    configs = jobs + len(cannot_run)
-    # A config of repeat=N runs N times: then the outcomes count runs and the configs stand apart.
-    rounds = jobs < len(job_returns)  # a job per round: a skipped job is one run already there
-    repeated = rounds or sum(runs.values()) > jobs - counts["skipped"]
-    parts = [f"{runs['ok']} ok", f"{runs['failed']} failed"]
-    if counts["skipped"]:
-        word = "run" if rounds else "config"
-        configs_word = f" {word}{'s' * (counts['skipped'] != 1)}" if repeated else ""
-        parts.append(f"{counts['skipped']}{configs_word} already done or under way (skipped)")
-    if cannot_run:
-        parts.append(f"{len(cannot_run)} combination{'s' * (len(cannot_run) > 1)} that cannot run (skipped)")
-    rows = [row for r in job_returns if r.status == JobStatus.COMPLETED for row in _rows(r)]
-    requeues = sum(int(row.get("requeues") or 0) for row in rows)
-    resumed = sum(1 for row in rows if row.get("resumed_from"))
-    if requeues:
-        parts.append(f"{requeues} requeue{'s' * (requeues != 1)} by SLURM")
-    if resumed:
-        parts.append(f"{resumed} resumed from a checkpoint")
-    if repeated:
-        executed = sum(runs.values())
-        head = f"sweep of {configs} config{'s' * (configs != 1)}, {executed} runs with their repeats"
-    else:
-        head = f"sweep of {configs} run{'s' * (configs != 1)}"
-    print(f"odc_bench: {head}: {', '.join(parts)}")
-    for r, outcome in zip(job_returns, outcomes, strict=True):
-        if outcome == "failed":
-            if r.status != JobStatus.COMPLETED and isinstance(r._return_value, BaseException):
-                traceback.print_exception(r._return_value, file=sys.stderr)
-            print(f"odc_bench: failed: {' '.join(r.overrides or []) or 'the run'}: {_error_of(r)}", file=sys.stderr)
-    return counts["failed"]

@@ -342,3 +342,17 @@ def test_a_command_whose_reader_has_gone_ends_with_status_1_and_no_traceback(arg
         os.close(write)
     assert (proc.returncode, proc.stderr) == (1, "")
     assert not (tmp_path / "results").exists()
+
+
+def test_a_sweep_with_bad_input_in_a_later_job_stops_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """The command line's first run is fine; its second needs a calibration that is not there.
+    Every job is planned before the first runs, so the sweep writes nothing, not even its
+    output folder (a sweep file's settings are such later jobs: the command line never shows them)."""
+    monkeypatch.chdir(tmp_path)
+    before = _files_under(tmp_path)
+    assert odc_bench("-m", "backend=sim", "balancer.cost_model=linear,calibrated",
+                     f"balancer.calibration={tmp_path / 'none.json'}", f"results_dir={tmp_path / 'results'}") == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and "no calibration at" in lines[0], lines
+    assert "balancer.cost_model=calibrated" in lines[0], "the line names the job"
+    assert _files_under(tmp_path) == before

@@ -7,7 +7,8 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from rich.console import Console
 
-from odc_bench.cli.progress import ProgressCallback, outcome_of
+from odc_bench.cli.outcomes import outcome_of
+from odc_bench.cli.progress import ProgressCallback
 from odc_bench.jobs import progress
 from odc_bench.jobs.train import execute, kept_checkpoints
 from odc_bench.plan.identity import checkpoint_folder
