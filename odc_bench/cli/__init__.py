@@ -13,7 +13,7 @@ from typing import NoReturn
 from odc_bench.app import main as hydra_main
 from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
-from odc_bench.config.compose import chooses_sweep, register_sweeps
+from odc_bench.config.compose import register_chosen_sweep
 from odc_bench.errors import ConfigError, fail
 from odc_bench.plan.spec import Planner
 
@@ -43,10 +43,9 @@ def _run(args: list[str]) -> None:
     if args in (["help"], ["--help"], ["-h"]):
         print(help_text())
         return
-    if chooses_sweep(args):
-        register_sweeps()
     planner = Planner()  # the precheck's plans are the jobs'
     try:
+        register_chosen_sweep(args)
         precheck(args, planner)
     except ConfigError as e:
         fail(e)

@@ -8,12 +8,15 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.config.run import RunConfig, load
+from odc_bench.errors import ConfigError
 from odc_bench.provenance import REPO_ROOT
 
 SWEEPS_DIR = Path(os.environ.get("ODC_SWEEPS_DIR", REPO_ROOT / "sweeps"))
@@ -21,33 +24,59 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 _ABSENT = object()
 
 
-def register_sweeps(directory: Path = SWEEPS_DIR) -> None:
-    """Expose each sweeps/NAME.yaml as the config option `sweep=NAME` (package _global_).
+def register_sweeps(directory: Path | None = None) -> dict[str, str]:
+    """Expose each sweeps/NAME.yaml as the config option `sweep=NAME` (package _global_); return
+    the files that cannot be read as a config, by NAME, each with why in one line. Those are
+    not offered: one broken file must not stop the sweeps beside it.
 
     A file already in Hydra's store unchanged (its path, size and time, kept as the node's
     provider) is not read again: every composition registers them, and reading them all is
     a good part of composing one run."""
+    directory = SWEEPS_DIR if directory is None else directory
     store = ConfigStore.instance()
     stored = store.repo.get("sweep", {})
+    unreadable = {}
     for path in sorted(directory.glob("*.yaml")):
         st = path.stat()
         stamp = f"{path}:{st.st_size}:{st.st_mtime_ns}"
         node = stored.get(f"{path.stem}.yaml")
-        if node is None or node.provider != stamp:
-            store.store(group="sweep", name=path.stem, node=OmegaConf.load(path), package="_global_", provider=stamp)
+        if node is not None and node.provider == stamp:
+            continue
+        try:
+            config = OmegaConf.load(path)
+        except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
+            unreadable[path.stem] = f"{path} cannot be read as a config ({_yaml_problem(e)}); fix the file"
+            continue
+        if not isinstance(config, DictConfig):
+            unreadable[path.stem] = (f"{path} holds a list at its top, not the settings of a sweep "
+                                     f"(hydra.sweeper.params and the rest, by name); fix the file")
+            continue
+        store.store(group="sweep", name=path.stem, node=config, package="_global_", provider=stamp)
+    return unreadable
 
 
-def chooses_sweep(overrides: Sequence[str]) -> bool:
-    """Whether the command line chooses a sweep file (`sweep=NAME`): the only time they are read
-    (a config with no sweep composes without the group)."""
-    return any(o.lstrip("+~").split("=", 1)[0] == "sweep" for o in overrides)
+def _yaml_problem(error: Exception) -> str:
+    """A YAML error in one line: what is wrong and where."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).strip().splitlines()[0]
+    return f"{problem}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def register_chosen_sweep(overrides: Sequence[str]) -> None:
+    """The sweep files, where the command line chooses one (the only time they are read);
+    ConfigError when the file it chooses cannot be read."""
+    chosen = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == "sweep" and "=" in o]
+    if not chosen:
+        return
+    unreadable = register_sweeps()
+    if chosen[-1] in unreadable:
+        raise ConfigError(unreadable[chosen[-1]])
 
 
 def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictConfig:
     """The config `python -m odc_bench OVERRIDES` runs (one run: sweeps are not expanded);
     with `hydra`, Hydra's own section too."""
-    if chooses_sweep(overrides):
-        register_sweeps()
+    register_chosen_sweep(overrides)
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
         return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 
@@ -60,8 +89,8 @@ def compose_run(overrides: Sequence[str] = ()) -> RunConfig:
 def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
     """compose_run of each command line, under one Hydra initialisation (its config search path
     is set up once for all of them)."""
-    if any(chooses_sweep(overrides) for overrides in runs):
-        register_sweeps()
+    for overrides in runs:
+        register_chosen_sweep(overrides)
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
         return [load(compose("config", overrides=list(overrides))) for overrides in runs]
 

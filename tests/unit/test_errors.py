@@ -356,3 +356,28 @@ def test_a_sweep_with_bad_input_in_a_later_job_stops_before_anything_is_written(
     assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and "no calibration at" in lines[0], lines
     assert "balancer.cost_model=calibrated" in lines[0], "the line names the job"
     assert _files_under(tmp_path) == before
+
+
+def test_a_sweep_file_that_cannot_be_read_is_refused_in_one_line_and_blocks_no_other(tmp_path, monkeypatch, capsys):
+    """A sweep file that is not YAML, or not a mapping of settings: choosing it is one line and
+    exit status 2 with nothing written (it was a traceback); the readable files beside it are
+    still offered (every `sweep=NAME` reads the whole folder)."""
+    from odc_bench.config import compose as compose_module
+
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    (sweeps / "broken_errors_test.yaml").write_text("hydra:\n  sweeper:\n    params: {model: [tiny\n")
+    (sweeps / "listed_errors_test.yaml").write_text("- model=tiny\n- model=qwen2_7b\n")
+    (sweeps / "fine_errors_test.yaml").write_text("hydra:\n  mode: MULTIRUN\n  sweeper:\n"
+                                                  "    params:\n      seed: 3,4\n")
+    monkeypatch.setattr(compose_module, "SWEEPS_DIR", sweeps)
+    monkeypatch.chdir(tmp_path)
+    for name, message in (("broken_errors_test", "broken_errors_test.yaml cannot be read as a config (expected ',' "
+                                                 "or ']', but got '<stream end>', line 4, column 1); fix the file"),
+                          ("listed_errors_test", "listed_errors_test.yaml holds a list at its top")):
+        before = _files_under(tmp_path)
+        assert odc_bench(f"sweep={name}", f"results_dir={tmp_path / 'results'}") == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and message in lines[0], lines
+        assert _files_under(tmp_path) == before
+    assert compose_module.compose_config(["sweep=fine_errors_test"], hydra=True).hydra.sweeper.params.seed == "3,4"
