@@ -110,7 +110,7 @@ def load_calibration(path: Path) -> CostModel:
     Raises FileNotFoundError if the file is missing and ValueError if it is not a calibration.
     """
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark, as an editor may save one
         a, b, c, unit = (float(data[k]) for k in ("a", "b", "c", "unit"))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{path} is not a calibration file ({type(e).__name__}: {e})") from None

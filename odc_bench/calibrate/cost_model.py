@@ -270,7 +270,7 @@ def shape_lengths(shape: str) -> list[int]:
 def fit_timings(csv_path: Path, device_name: str) -> dict:
     """A compute calibration's units from unit timings measured elsewhere (module docstring)."""
     try:
-        table = pd.read_csv(csv_path)
+        table = pd.read_csv(csv_path, encoding="utf-8-sig")  # a byte-order mark, as a spreadsheet may save one
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read unit timings {csv_path} ({e})") from None
     missing = {"model", "unit", "shape", "fwd_ms", "bwd_ms"} - set(table.columns)

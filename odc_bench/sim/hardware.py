@@ -298,7 +298,7 @@ def _load_json(path: str) -> dict:
     p = Path(path)
     p = p if p.is_absolute() else REPO_ROOT / p
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_text(encoding="utf-8-sig"))  # a byte-order mark, as an editor may save one
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read compute calibration {p} ({e}); run `python -m odc_bench.calibrate.cost_model` "
                           f"on that device first") from None
@@ -403,7 +403,7 @@ def load_profile(hw: HardwareConfig, model_name: str) -> Profile:
         raise ConfigError(f"no calibration {path} for model {model_name}; run "
                           f"`python -m odc_bench.calibrate.cpu_profile model={model_name}` on this machine first")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, ValueError) as e:
         raise ConfigError(f"calibration {path} is not readable JSON ({e}); recreate it with "
                           f"python -m odc_bench.calibrate.cpu_profile") from None

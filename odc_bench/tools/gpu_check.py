@@ -219,7 +219,7 @@ def simulate_runs(out: Path) -> None:
 
     profiles: dict[str, list[str]] = {"h100": []}
     if (out / "compute.json").exists():
-        profiles["measured"] = [f"++backend.hardware.compute_calibration={out / 'compute.json'}",
+        profiles["measured"] = [f"backend.hardware.compute_calibration={out / 'compute.json'}",
                                 "backend.hardware.name=measured"]
     for profile, extra in profiles.items():
         for overrides in RUNS.values():

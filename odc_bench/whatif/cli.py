@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None, figure: Helper | None = None) -> Non
             say(f"Outside what the GPU validation covers: {'; '.join(beyond)}; read the band as a floor there.")
     if isinstance(hardware, CalibratedHardwareConfig):
         path = calibration_path(hardware, question.model_name)
-        elsewhere = calibrated_elsewhere(json.loads(path.read_text()), path, host_fingerprint())
+        elsewhere = calibrated_elsewhere(json.loads(path.read_text(encoding="utf-8-sig")), path, host_fingerprint())
         if elsewhere:
             say(elsewhere)
     best = profile_advice(question)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from odc_bench.balancers.registry import BALANCERS
-from odc_bench.config.backend import LocalBackendConfig, SimBackendConfig
+from odc_bench.config.backend import GpuHardwareConfig, LocalBackendConfig, SimBackendConfig
 from odc_bench.config.compose import CONF_DIR
 from odc_bench.config.engine import ENGINES as ENGINE_RECORDS
 from odc_bench.config.engine import PRESENTATION, engine_records
@@ -69,3 +69,12 @@ def test_the_harness_keys_its_engine_records_by_odc_cores_registry():
     assert list(records) == list(runtime)
     assert records["mine"].label == "mine" and records["mine"].simulated_as is None
     assert records["odc"] is PRESENTATION["odc"] and list(ENGINE_RECORDS) == list(registry.ENGINES)
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (CONF_DIR / "backend" / "hardware").glob("*.yaml")
+                                        if _load(f"backend/hardware/{p.name}").get("kind") == "gpu"))
+def test_every_gpu_profile_states_every_setting_so_each_can_be_set(path):
+    """A key a profile's file leaves out cannot be set on the command line for that profile
+    (`backend.hardware.compute_calibration=PATH` was an unknown key on a100, h100 and h200)."""
+    stated = set(_load(f"backend/hardware/{path}"))
+    assert stated == {f.name for f in dataclasses.fields(GpuHardwareConfig)}, path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -152,3 +153,26 @@ def test_unit_timing_times_every_unit_kind_per_shape_and_its_fit_reads_it():
     assert all(r["bwd_recompute"] > 0 and r["attention"] == "sdpa_per_doc" for r in layers)
     units = units_record(rows, {cfg.name: cfg}, "cpu")["units"]
     assert set(units) == {"embed", "layer", "head"} and units["layer"]["bwd_recompute"]["points"] == len(shapes)
+
+
+
+def test_files_a_user_hands_in_may_start_with_a_byte_order_mark(tmp_path):
+    """Unit timings, a compute profile and a cost-model calibration, each saved with a byte-order
+    mark (as Windows editors and spreadsheets save them), read as without one."""
+    from odc_bench.balancers.cost import load_calibration
+
+    def marked(path: Path) -> Path:
+        copy = tmp_path / path.name
+        copy.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+        return copy
+
+    timings = SEED / "layer_head_times_varlen.csv"
+    assert fit_timings(marked(timings), "NVIDIA H100 80GB HBM3")["units"] == \
+        fit_timings(timings, "NVIDIA H100 80GB HBM3")["units"]
+    hw = run_config("backend=sim", "backend/hardware=h100").backend.hardware
+    layout, none = Layout(run_config("model=qwen2_7b").model), Recompute(0.0, 0.0, 0.0)
+    tables = [GpuProfile(replace(hw, compute_calibration=str(p))).compute_table(layout, none)
+              for p in (SEED / "compute.json", marked(SEED / "compute.json"))]
+    np.testing.assert_array_equal(*tables)
+    calibration = REPO / "results" / "calibration" / "tiny-cpu.json"
+    assert load_calibration(marked(calibration)).b == load_calibration(calibration).b
