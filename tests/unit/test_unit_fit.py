@@ -176,3 +176,16 @@ def test_files_a_user_hands_in_may_start_with_a_byte_order_mark(tmp_path):
     np.testing.assert_array_equal(*tables)
     calibration = REPO / "results" / "calibration" / "tiny-cpu.json"
     assert load_calibration(marked(calibration)).b == load_calibration(calibration).b
+
+
+def test_a_compute_profile_named_relative_to_the_working_folder_is_read_there(tmp_path, monkeypatch):
+    """Where calibrate.cost_model wrote it (results/calibration/ under the working folder), as its
+    last line names it; not only from the repository's root."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "measured.json").write_bytes((SEED / "compute.json").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    hw = run_config("backend=sim", "backend/hardware=h100").backend.hardware
+    layout, none = Layout(run_config("model=qwen2_7b").model), Recompute(0.0, 0.0, 0.0)
+    np.testing.assert_array_equal(
+        GpuProfile(replace(hw, compute_calibration="results/measured.json")).compute_table(layout, none),
+        GpuProfile(replace(hw, compute_calibration=str(SEED / "compute.json"))).compute_table(layout, none))
