@@ -92,6 +92,9 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
     SLURM job it would need."""
     config = load(cfg)
     if config.task != "train":
+        from odc_bench.jobs.primitives import plan_from_config  # the microbenchmark imports torch
+
+        plan_from_config(config)
         if config.primitives is not None and config.primitives.transport == "mpi":
             from odc_bench.run.mpiexec import mpiexec_path  # the launcher imports torch
 

@@ -118,6 +118,11 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                       "gpus_per_node (8): give gpus_per_node a multiple of 3, or set backend.hardware.nic_rails "
                       "to a divisor of 8", None),
     "model-size-zero": (["model.hidden_size=0"], "model.hidden_size must be at least 1, got 0", None),
+    "primitives-on-cuda-ipc-without-gpu": (["task=primitives", "primitives.transport=cuda_ipc"],
+                                           "primitives.transport=cuda_ipc measures GPU memory and this machine has "
+                                           "no CUDA device; use shm or mpi", None),
+    "primitives-too-small": (["task=primitives", "primitives.min_bytes=1"],
+                             "primitives.min_bytes (1) must hold at least one", None),
     "hardware-not-a-number": (["backend=sim", "backend.hardware.peak_tflops=abc"],
                               "backend.hardware.peak_tflops must be a number, got 'abc'", None),
     "hardware-not-positive": (["backend=sim", "backend.hardware.link_gbps=0"],
@@ -256,8 +261,8 @@ def _argv(case: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, monkeypatch):
-    if case == "no-cuda" and torch.cuda.is_available():
-        pytest.skip("a CUDA device is visible here, so device=cuda is valid input")
+    if case in ("no-cuda", "primitives-on-cuda-ipc-without-gpu") and torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here, so asking for it is valid input")
     argv, env = _argv(case, tmp_path)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
