@@ -108,6 +108,8 @@ class RunConfig:
                            ("warmup_minibatches", 0), ("seed", 0), ("repeat", 1)):
             value = getattr(self, key)
             require(value >= least, f"{key} must be at least {least}, got {value}; set {key}={least} or more")
+        # int64 everywhere a seed goes: torch's generators, numpy's, the results table's column.
+        require(self.seed < 2**63, f"seed must be below 2**63, got {self.seed}; choose a smaller seed")
         require(self.warmup_minibatches < self.num_minibatches,
                 f"warmup_minibatches ({self.warmup_minibatches}) must be below num_minibatches "
                 f"({self.num_minibatches})")

@@ -88,6 +88,7 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "world-size-zero": (["world_size=0"], "world_size must be at least 1, got 0", None),
     "not-an-integer": (["minibatch_size=2.5"], "minibatch_size must be an integer, got 2.5", None),
     "negative-seed": (["seed=-1"], "seed must be at least 0", None),
+    "seed-too-large": (["seed=99999999999999999999"], "seed must be below 2**63, got 99999999999999999999", None),
     "warmup-too-long": (["num_minibatches=2", "warmup_minibatches=2"],
                         "warmup_minibatches (2) must be below num_minibatches (2)", None),
     "bad-precision": (["precision=fp16"], "precision must be one of fp32, bf16, got 'fp16'", None),
