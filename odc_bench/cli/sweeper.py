@@ -177,6 +177,7 @@ class GridSweeper(Sweeper):
             try:
                 config = load(cfg)
                 check_combination(config)
+                check_run(cfg, self.planner)
             except CombinationError as e:
                 exclude = {k: OmegaConf.select(cfg, f"{k}.name") for k in e.keys}
                 print(f"odc_bench: skipped {' '.join(f'{k}={v}' for k, v in exclude.items())}: {e}; "
@@ -185,10 +186,6 @@ class GridSweeper(Sweeper):
                       file=sys.stderr)
                 cannot_run.append((job, e))
                 continue
-            except ConfigError as e:
-                fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))
-            try:
-                check_run(cfg, self.planner)
             except ConfigError as e:
                 fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))
             runnable.append((job, config.repeat))
