@@ -281,10 +281,9 @@ def large_layers_worst(shares: pd.DataFrame) -> float | None:
     return float(varlen["share"].min()) if len(varlen) else None
 
 
-def layer_lines(compute: dict, peak_tflops: float) -> list[str]:
-    """summary.md's layers against the device's peak, from the compute profile's timings, and
+def layer_lines(shares: pd.DataFrame, peak_tflops: float) -> list[str]:
+    """summary.md's layers against the device's peak (layer_shares of the compute profile), and
     the larger models' against LAYER_GOAL."""
-    shares = layer_shares(compute, peak_tflops)
     if shares.empty:
         return []
     lines = [f"\nOne layer, forward + backward, against the device's peak ({peak_tflops:g} TFLOP/s, bf16 dense; "
@@ -349,12 +348,31 @@ def gather_worst(out: Path) -> float | None:
     return float(gather["ratio_to_memcpy"].min()) if len(gather) else None
 
 
-def comparisons(out: Path, peak_tflops: float | None = None) -> list[str]:
-    """The lines of summary.md that read the results: each run against the simulator, its memory
-    against the estimate, the layers against the device's peak (`peak_tflops`, where known),
-    and the primitives against their goal."""
+@dataclass(frozen=True)
+class Findings:
+    """What summary.md reads of the results, read once for its acceptance table and its
+    comparisons: the runs beside the simulator, the layers against the device's peak (None
+    without a peak or a compute profile), and gather's lowest ratio to a device copy."""
+
+    checks: list[RunCheck]
+    shares: pd.DataFrame | None
+    peak_tflops: float | None
+    gather: float | None
+
+    @classmethod
+    def read(cls, out: Path, peak_tflops: float | None) -> Findings:
+        compute = out / "compute.json"
+        shares = (layer_shares(json.loads(compute.read_text()), peak_tflops)
+                  if peak_tflops is not None and compute.exists() else None)
+        return cls(run_checks(out), shares, peak_tflops, gather_worst(out))
+
+
+def comparisons(found: Findings, out: Path) -> list[str]:
+    """The lines of summary.md that set the results side by side: each run against the simulator,
+    its memory against the estimate, the layers against the device's peak (where known), the
+    profiles written under `out`, and the primitives against their goal."""
     lines = []
-    checks = run_checks(out)
+    checks = found.checks
     if checks:
         lines += ["| run | measured samples/s | simulated, h100 | measured / simulated | simulated, measured profile "
                   "| measured / simulated | peak memory GiB | estimate GiB (at max_tokens) | estimate / peak | largest "
@@ -365,21 +383,20 @@ def comparisons(out: Path, peak_tflops: float | None = None) -> list[str]:
             lines.append(f"| {c.name} | {c.samples_per_s:.3g} | {' | '.join(cells)} | {c.peak_gib:.1f} | "
                          f"{c.estimate_gib:.1f} | {c.estimate_gib / c.peak_gib:.2f} | {c.largest_tokens} | "
                          f"{c.estimate_there_gib:.1f} | {c.estimate_there_gib / c.peak_gib:.2f} |")
-    if peak_tflops is not None and (out / "compute.json").exists():
-        lines += layer_lines(json.loads((out / "compute.json").read_text()), peak_tflops)
+    if found.shares is not None and found.peak_tflops is not None:
+        lines += layer_lines(found.shares, found.peak_tflops)
     profiled = sorted(out.glob("profiles/*/rank*.txt"))
     if profiled:
         lines.append("\nOne warm-up minibatch under torch.profiler, operators by device time: "
                      + ", ".join(str(p.relative_to(out)) for p in profiled))
-    worst = gather_worst(out)
-    if worst is not None:
-        verdict = "meets" if worst >= GOAL_RATIO else "misses"
-        lines.append(f"\ngather at >= 16 MiB: at least {worst:.2f} of the device copy's rate ({verdict} the goal "
-                     f"of {GOAL_RATIO})")
+    if found.gather is not None:
+        verdict = "meets" if found.gather >= GOAL_RATIO else "misses"
+        lines.append(f"\ngather at >= 16 MiB: at least {found.gather:.2f} of the device copy's rate ({verdict} the "
+                     f"goal of {GOAL_RATIO})")
     return lines
 
 
-def acceptance(out: Path, done: list[Step], seconds: float, peak_tflops: float | None) -> list[str]:
+def acceptance(found: Findings, done: list[Step], seconds: float) -> list[str]:
     """The GPU acceptance points of issues 43 and 44, each met, missed or not measured, with what
     decided it: the table a session reads first."""
     def verdict(ok: bool | None) -> str:
@@ -393,13 +410,11 @@ def acceptance(out: Path, done: list[Step], seconds: float, peak_tflops: float |
     rows = [("the GPU tests pass, ODC's on CUDA and the cuda_ipc conformance suite included (43, 44)",
              *step("gpu tests")),
             ("NVSHMEM on one GPU: one rank runs, two are refused (44)", *step("nvshmem tests"))]
-    worst = None
-    if peak_tflops is not None and (out / "compute.json").exists():
-        worst = large_layers_worst(layer_shares(json.loads((out / "compute.json").read_text()), peak_tflops))
+    worst = None if found.shares is None else large_layers_worst(found.shares)
     rows.append((f"{' and '.join(LARGE_MODELS)} layers at >= {LAYER_GOAL} of peak with varlen (43)",
                  verdict(None if worst is None else worst >= LAYER_GOAL),
                  "no varlen timing of them" if worst is None else f"lowest {worst:.2f}"))
-    checks = run_checks(out)
+    checks = found.checks
     ratios = [c.samples_per_s / c.simulated["measured"] for c in checks]
     measured = [r for r in ratios if r == r]  # NaN where the measured profile was not simulated
     rows.append((f"the 1.5B runs within {RUN_GOAL:.0%} of the simulator on the measured profile (43)",
@@ -410,7 +425,7 @@ def acceptance(out: Path, done: list[Step], seconds: float, peak_tflops: float |
                  verdict(None if len(there) < len(RUNS) else all(abs(r - 1) <= MEMORY_GOAL for r in there)),
                  "estimate / peak at the largest planned microbatch " + (", ".join(f"{r:.2f}" for r in there) or "-")
                  + "; at max_tokens " + (", ".join(f"{c.estimate_gib / c.peak_gib:.2f}" for c in checks) or "-")))
-    gather = gather_worst(out)
+    gather = found.gather
     rows.append((f"gather >= {GOAL_RATIO} of a device copy at >= 16 MiB (44)",
                  verdict(None if gather is None else gather >= GOAL_RATIO),
                  "no primitives" if gather is None else f"lowest {gather:.2f}"))
@@ -421,11 +436,11 @@ def acceptance(out: Path, done: list[Step], seconds: float, peak_tflops: float |
 
 
 def summary(device: str, done: list[Step], seconds: float, out: Path) -> str:
-    peak = device_peak_tflops(device)
-    lines = [f"# make gpu-check on {device}", "", *acceptance(out, done, seconds, peak), "", "## Steps", "",
+    found = Findings.read(out, device_peak_tflops(device))
+    lines = [f"# make gpu-check on {device}", "", *acceptance(found, done, seconds), "", "## Steps", "",
              "| step | status | seconds |", "|---|---|---|",
              *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "", f"In all {seconds:.0f} s.", "",
-             *comparisons(out, peak)]
+             *comparisons(found, out)]
     eager = [s for s in done if s.eager]
     lines += ["", "## Compiled parts that ran eagerly", ""]
     lines += [f"- {s.name}: {line.strip()}" for s in eager for line in s.eager] or [

@@ -64,7 +64,7 @@ def test_the_simulator_half_compares_the_runs_with_both_profiles_and_the_memory_
     real["samples_per_s"] /= 2
     real["peak_mem_mb"] = real["mem_estimate_mb"] / 0.9
     real.to_csv(tmp_path / "runs.csv", index=False)
-    lines = gpu_check.comparisons(tmp_path)
+    lines = gpu_check.comparisons(gpu_check.Findings.read(tmp_path, None), tmp_path)
     assert len(lines) == 2 + len(gpu_check.RUNS)
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -147,10 +147,11 @@ def test_every_gpu_test_runs_in_exactly_one_step_and_nvshmems_last(tmp_path):
 def test_the_larger_models_layers_are_held_to_their_share_of_peak_with_varlen():
     """On the committed H100 seed's timings (varlen attention, shared/gpu/h100-2026-11-26)."""
     compute = json.loads((REPO / "results" / "gpu" / "h100-2026-11-26" / "compute.json").read_text())
-    assert "not checked" in gpu_check.layer_lines(compute, 989.0)[-1]  # the seed does not say which kernel ran
+    # The seed does not say which kernel ran.
+    assert "not checked" in gpu_check.layer_lines(gpu_check.layer_shares(compute, 989.0), 989.0)[-1]
     for row in compute["unit_timings"]:
         row["attention"] = "varlen"
-    lines = gpu_check.layer_lines(compute, 989.0)
+    lines = gpu_check.layer_lines(gpu_check.layer_shares(compute, 989.0), 989.0)
     cells = {(c[0], c[1], c[2]): c for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines
                                              if line.startswith("| qwen"))}
     assert cells["qwen2_7b", "4", "16384"][5] == "0.48"  # 4 documents of 4K: 0.48 of 989 TFLOP/s
@@ -158,7 +159,7 @@ def test_the_larger_models_layers_are_held_to_their_share_of_peak_with_varlen():
     assert lines[-1].startswith("\nqwen2_7b and qwen2_14b layers with varlen: at least 0.32 of peak over 26 timings "
                                 "(misses the goal of 0.4)")  # qwen2_7b on one 1K document
     compute["unit_timings"] = [r for r in compute["unit_timings"] if sum(r["doc_lens"]) == 16384]
-    assert "(meets the goal of 0.4)" in gpu_check.layer_lines(compute, 989.0)[-1]
+    assert "(meets the goal of 0.4)" in gpu_check.layer_lines(gpu_check.layer_shares(compute, 989.0), 989.0)[-1]
 
 
 @pytest.mark.parametrize(("device", "peak"), [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0),
@@ -197,7 +198,7 @@ def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point
 
     def verdicts(seconds: float) -> dict[str, tuple[str, str]]:
         rows = [[c.strip() for c in line.strip("|").split("|")]
-                for line in gpu_check.acceptance(tmp_path, done, seconds, 989.0)[4:]]
+                for line in gpu_check.acceptance(gpu_check.Findings.read(tmp_path, 989.0), done, seconds)[4:]]
         return {point.split(" (")[0]: (said, value) for point, said, value in rows}
 
     got = verdicts(300)
