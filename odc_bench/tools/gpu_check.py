@@ -253,9 +253,9 @@ def device_peak_tflops(device_name: str) -> float | None:
     from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
     from odc_bench.config.compose import compose_run
 
-    tag = device_folder(device_name).rsplit("-", 3)[0]
     if re.search(r"\b(PCIe|NVL)\b", device_name, re.IGNORECASE):
         return None
+    tag = device_folder(device_name).rsplit("-", 3)[0]
     if not (REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware" / f"{tag}.yaml").exists():
         return None
     backend = compose_run(["backend=sim", f"backend/hardware={tag}"]).backend
