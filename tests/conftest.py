@@ -31,20 +31,16 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """After the suite, no odc-* segment may remain in /dev/shm: the suite fails if one does.
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """After the suite, no odc-* segment may remain in /dev/shm.
 
     The host is shared: segments whose creator is still running outside this session belong
     to someone else's run and are ignored. A segment whose creator is dead, or still running
     under this session, is a leak, unless it goes within a few seconds (tests/helpers/shm.py).
-    Under pytest-xdist only the controller checks, once every worker is done: a worker would
-    see the other's runs, and a rank that one kills on purpose would read as a leak.
     """
-    if hasattr(session.config, "workerinput"):
-        return
     from tests.helpers.shm import leaked_segments
 
-    if leaked := leaked_segments():
-        session.config.get_terminal_writer().line(
-            f"the suite fails: its runs left shared-memory segments in /dev/shm: {sorted(leaked)}", red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    yield
+    leaked = leaked_segments()
+    assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"

@@ -3,10 +3,7 @@
 1. The wall-clock comparisons (marker `timing`) first, alone, once the load average has
    settled: they measure the machine, and anything beside them would be measured too.
 2. Then the SLURM tests (marker `slurm`), which spend most of their time waiting for the
-   cluster's scheduler, beside all the others; their output follows when both are done. The
-   others run in two pytest-xdist workers: many of them wait (for a rank's time-out, a
-   process's start) more than they compute, so two keep this machine's two cores busier. The
-   modules that kill ranks or watch /dev/shm share one worker (tests/helpers/shm.py).
+   cluster's scheduler, beside all the others; their output follows when both are done.
 
 Arguments go to every pytest (`python -m tests.suite -x -k resume`); `-m` is this script's.
 Ctrl-C reaches each pytest once, so the SLURM tests still cancel what they submitted. The exit
@@ -27,9 +24,6 @@ from tests.helpers import overloaded
 from tests.helpers.shm import PART
 
 NOTHING_SELECTED = 5  # pytest's exit status when the marks and -k leave no test
-# CI's two cores; more workers would fit a larger machine, but the rank tests' time limits have
-# only been tried at two.
-WORKERS = ("-n", "2", "--dist", "loadgroup")
 # What came before (installing, lint) can leave the one-minute load average high for a while:
 # the timing tests wait this long for it to settle before they skip.
 SETTLE_S = 120.0
@@ -72,7 +66,7 @@ def main(args: Sequence[str]) -> int:
         slurm = subprocess.Popen(_pytest([*args, "-p", "no:cacheprovider"], "slurm", 10), stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  env=dict(os.environ, **{PART: "slurm"}))
-        rest = subprocess.Popen(_pytest([*WORKERS, *args], "not slurm and not timing", 15), start_new_session=True,
+        rest = subprocess.Popen(_pytest(args, "not slurm and not timing", 15), start_new_session=True,
                                 env=dict(os.environ, **{PART: "main"}))
         try:
             statuses += _wait([rest, slurm])

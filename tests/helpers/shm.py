@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-import pytest
-
 from odc_core.transport.shm import SHM_DIR, creator_alive, list_segments, segment_creator
 
 # A run whose rank just died has its launcher or its peers remove the rank's segments a moment later.
@@ -24,13 +22,6 @@ GRACE_S = 5.0
 # SLURM tests start SLURM tasks (test_reliability's stand-ins take a job id that is not a number).
 PART = "ODC_TESTS_PART"
 _SLURM_TASK = re.compile(r"^odc-[0-9a-f]{8}_\d+_")
-
-
-# tests/suite.py runs the main part in two pytest-xdist workers. The modules that kill ranks
-# (whose segments outlive them for a moment), sweep /dev/shm's stale segments, or check that
-# nothing new appeared in it, carry this mark: one worker runs them all, one after another, so
-# none of them sees, or sweeps, what another of them has going.
-ONE_WORKER = pytest.mark.xdist_group("shm")
 
 
 def _other_parts(name: str) -> bool:

@@ -16,13 +16,13 @@ from odc_core.transport.shm import process_start_time
 from tests.helpers import run_config
 from tests.helpers.mpi import requires_mpi
 from tests.helpers.reference import relative_error, train_single_process
-from tests.helpers.shm import ONE_WORKER, left_behind
+from tests.helpers.shm import left_behind
 from tests.integration.test_hybrid import HYBRID
 from tests.integration.test_reliability import MARGIN_S, SMALL, TIMEOUT_S, killing_entry
 from tests.integration.test_staleness import SMALL as STALE_SMALL
 from tests.integration.test_staleness import SPLITS as STALE_SPLITS
 
-pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi, ONE_WORKER]
+pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
 MPI = ("engine=odc", "engine.transport=mpi", "engine.mpi_network_only=true")
 
 

@@ -26,9 +26,9 @@ from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout
 from tests.helpers.mpi import requires_mpi
 from tests.helpers.pushes import push_integers
-from tests.helpers.shm import ONE_WORKER, left_behind
+from tests.helpers.shm import left_behind
 
-pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi, ONE_WORKER]
+pytestmark = [pytest.mark.slow, pytest.mark.mpi, requires_mpi]
 
 
 def run(fn, world: int, *args, timeout_s: float = 90) -> list:

@@ -32,9 +32,8 @@ from odc_core.engine.fsdp2 import CollectiveEngine
 from odc_core.engine.odc import OdcEngine
 from odc_core.transport.shm import SHM_DIR, list_segments, of_job, process_start_time, sweep_stale_segments
 from tests.helpers import REPO, odc_bench, run_config
-from tests.helpers.shm import ONE_WORKER
 
-pytestmark = [pytest.mark.slow, ONE_WORKER]
+pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 5.0
 # Rank start-up (fork, model, heap), judging the peers' heartbeats, and writing the row.

@@ -17,10 +17,9 @@ from odc_bench.record.metrics import minibatch_losses
 from odc_bench.results.table import read_table
 from odc_bench.run.local import run_local
 from tests.helpers import run_config
-from tests.helpers.shm import ONE_WORKER
 from tests.integration.test_reliability import SMALL, killing_entry
 
-pytestmark = [pytest.mark.slow, ONE_WORKER]
+pytestmark = pytest.mark.slow
 
 
 def _losses(results_dir: Path, row: dict, spec) -> list[float]:

@@ -20,9 +20,8 @@ from torch import nn
 from odc_bench.run.ranks import RanksFailed, run_ranks
 from odc_core import engine_context, make_engine
 from odc_core.transport.shm import SHM_DIR, list_segments, of_job
-from tests.helpers.shm import ONE_WORKER
 
-pytestmark = [pytest.mark.slow, ONE_WORKER]
+pytestmark = pytest.mark.slow
 
 
 def _terminated(rank: int, world: int, store: dist.Store, engine_name: str, folder: str) -> None:

@@ -11,9 +11,6 @@ import pytest
 
 from odc_bench.results.table import read_table
 from tests.helpers import REPO, odc_bench
-from tests.helpers.shm import ONE_WORKER
-
-pytestmark = ONE_WORKER
 
 
 def _rows(results_dir) -> pd.DataFrame:

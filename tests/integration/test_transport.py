@@ -33,9 +33,6 @@ from odc_core.transport.shm import (
     sweep_stale_segments,
 )
 from tests.helpers.pushes import push_integers
-from tests.helpers.shm import ONE_WORKER
-
-pytestmark = ONE_WORKER
 
 
 def job() -> str:
