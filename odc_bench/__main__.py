@@ -10,7 +10,7 @@ try:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         from odc_bench.cli import interrupted, main
-        from odc_bench.errors import quiet_when_output_closes
+        from odc_bench.errors import ends_cleanly
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 except KeyboardInterrupt:
@@ -21,7 +21,7 @@ except KeyboardInterrupt:
 def run() -> None:
     """`python -m odc_bench` and the `odc-bench` script."""
     try:
-        with quiet_when_output_closes():
+        with ends_cleanly():
             main()
     except KeyboardInterrupt as e:
         interrupted(str(e))

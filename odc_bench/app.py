@@ -13,7 +13,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from odc_bench.config.run import load
-from odc_bench.errors import ConfigError, fail, quiet_when_output_closes
+from odc_bench.errors import ConfigError, ends_cleanly, fail
 from odc_bench.jobs.train import run_training
 from odc_bench.plan.spec import Planner
 
@@ -27,7 +27,7 @@ class Job:
     def __call__(self, cfg: DictConfig) -> dict | list[dict] | None:
         """The job's row (None when skipped): Hydra hands it to callbacks and launchers."""
         # Inside the job: Hydra would report a closed stdout as the job's failure, traceback and all.
-        with quiet_when_output_closes():
+        with ends_cleanly():
             return self._run(cfg)
 
     def _run(self, cfg: DictConfig) -> dict | list[dict] | None:

@@ -1,5 +1,5 @@
 """Every error the harness reports to its user, how bad input ends a command, and how a command
-ends when what reads its output has gone.
+ends when what reads its output has gone or when Ctrl-C lands inside an import.
 
 Bad input (ConfigError and its kinds) is one line naming the problem and the fix; a command
 that meets it prints `odc_bench: error: <message>` and exits with status 2, having written
@@ -52,13 +52,27 @@ def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
     sys.exit(2)
 
 
+def interrupt_within(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C that `error` was raised from, if any. Python 3.11 wraps what a class attribute's
+    __set_name__ raises in a RuntimeError, and dataclasses run one per field: a Ctrl-C landing
+    while a lazy import defines such a class (torch's checkpoint module, as a run starts) comes
+    out as "Error calling __set_name__", which Hydra would report as the job's failure."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        cause = cause.__cause__
+    return None
+
+
 @contextlib.contextmanager
-def quiet_when_output_closes() -> Iterator[None]:
+def ends_cleanly() -> Iterator[None]:
     """A command whose reader leaves early (`| head`, a pager quit) ends with status 1 and no
     traceback. stdout is flushed inside, so that a small output's broken pipe is met here too
     rather than at the interpreter's exit; once met, stdout points at /dev/null, or that exit
     would fail on it again. Inside, a logging handler that meets the broken pipe (Hydra logs to
-    stdout) raises it rather than printing its own traceback on stderr and going on."""
+    stdout) raises it rather than printing its own traceback on stderr and going on. A Ctrl-C
+    that an import wrapped in another error leaves as the Ctrl-C it was (interrupt_within)."""
     handle_error = logging.Handler.handleError
 
     def raise_broken_pipe(handler: logging.Handler, record: logging.LogRecord) -> None:
@@ -74,5 +88,9 @@ def quiet_when_output_closes() -> Iterator[None]:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except Exception as e:
+        if (ctrl_c := interrupt_within(e)) is not None:
+            raise ctrl_c from None
+        raise
     finally:
         logging.Handler.handleError = handle_error  # type: ignore[method-assign]

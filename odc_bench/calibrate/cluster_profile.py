@@ -36,7 +36,7 @@ from scipy.optimize import least_squares
 
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
-from odc_bench.errors import ConfigError, fail, quiet_when_output_closes
+from odc_bench.errors import ConfigError, ends_cleanly, fail
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
@@ -408,5 +408,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

@@ -58,7 +58,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.data.tokens import sample_tokens
-from odc_bench.errors import ConfigError, fail, quiet_when_output_closes
+from odc_bench.errors import ConfigError, ends_cleanly, fail
 from odc_bench.files import atomic_write_text
 from odc_bench.models.attention import Documents, kernel_for
 from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
@@ -358,5 +358,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

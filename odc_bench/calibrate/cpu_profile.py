@@ -36,7 +36,7 @@ import pandas as pd
 
 from odc_bench.config.compose import compose_run
 from odc_bench.config.engine import ENGINES
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import RunSpec, resolve
@@ -227,5 +227,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

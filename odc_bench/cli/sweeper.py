@@ -53,7 +53,7 @@ from odc_bench.cli.outcomes import print_summary
 from odc_bench.cli.precheck import check_run
 from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.run import load
-from odc_bench.errors import CombinationError, ConfigError, fail, quiet_when_output_closes
+from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import Planner, check_combination
 
@@ -127,7 +127,7 @@ class GridSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         # Inside the sweep: Hydra would report a closed stdout that its launcher's logging meets
         # as the sweep's failure, traceback and all.
-        with quiet_when_output_closes():
+        with ends_cleanly():
             return self._sweep(arguments)
 
     def _sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:

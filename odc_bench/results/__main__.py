@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from odc_bench.errors import PairingError, TableError, quiet_when_output_closes
+from odc_bench.errors import PairingError, TableError, ends_cleanly
 from odc_bench.results.collect import collect, merged, tables_under
 from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.migrate import migrate
@@ -77,6 +77,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         status = main()
     sys.exit(status)

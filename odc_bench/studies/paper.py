@@ -23,7 +23,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.paper import FIG10_TRENDS, RL_RANGE_TEXT, SFT_BUBBLE, SFT_SPEEDUP
@@ -241,5 +241,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

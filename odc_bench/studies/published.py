@@ -32,7 +32,7 @@ import yaml
 
 from odc_bench.calibrate.cluster_profile import FREE, Measured, base_profile, fit, predict, with_hardware
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
-from odc_bench.errors import ConfigError, quiet_when_output_closes
+from odc_bench.errors import ConfigError, ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import resolve
@@ -527,5 +527,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

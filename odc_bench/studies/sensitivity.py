@@ -44,7 +44,7 @@ from odc_bench.config.balancer import CostModelName, QuadraticFit
 from odc_bench.config.compose import compose_run
 from odc_bench.config.run import RunConfig
 from odc_bench.data.profiles import PROFILES, LengthProfile
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import Planner
 from odc_bench.provenance import REPO_ROOT
@@ -332,5 +332,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

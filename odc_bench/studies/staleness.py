@@ -26,7 +26,7 @@ import pandas as pd
 import yaml
 
 from odc_bench.config.run import run_config
-from odc_bench.errors import ConfigError, fail, quiet_when_output_closes
+from odc_bench.errors import ConfigError, ends_cleanly, fail
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.results.collect import merged, tables_under
@@ -142,6 +142,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         status = main()
     sys.exit(status)

@@ -37,7 +37,7 @@ import pandas as pd
 
 from odc_bench.calibrate.cpu_profile import SIM_ENGINES, fit, run_real
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
@@ -206,5 +206,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

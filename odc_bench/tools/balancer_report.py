@@ -44,7 +44,7 @@ from odc_bench.balancers.registry import BALANCERS, plan_minibatch
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.data.lengths import minibatch_samples
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 
 
 @dataclass(frozen=True)
@@ -162,5 +162,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from odc_bench.config.compose import compose_run
 from odc_bench.data.batches import packed_batch
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.models.decoder import build_model
 from odc_bench.run.ranks import run_ranks
 from odc_core import checkpoint
@@ -92,5 +92,5 @@ def main(argv: list[str] | None = None) -> None:
                   f"{3 * r['param_bytes'] / mb / args.ranks:.2f} MB per rank)")
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

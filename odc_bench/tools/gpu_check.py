@@ -42,7 +42,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.provenance import COMMIT_ENV, REPO_ROOT, git_commit
 
@@ -490,5 +490,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

@@ -19,7 +19,7 @@ from odc_bench.config.model import ModelConfig
 from odc_bench.data.batches import labelled_tokens, packed_batch
 from odc_bench.data.chain import entropy_rate
 from odc_bench.data.learnable import learnable_tokens
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.models.decoder import DecoderModel, init_weights
 
 TINY = compose_run(["model=tiny"]).model
@@ -68,5 +68,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import ConfigError, fail, quiet_when_output_closes
+from odc_bench.errors import ConfigError, ends_cleanly, fail
 from odc_bench.plan.spec import plan_digest, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
@@ -175,5 +175,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with quiet_when_output_closes():
+    with ends_cleanly():
         main()

@@ -10,7 +10,7 @@ import gc
 import signal
 import sys
 
-from odc_bench.errors import quiet_when_output_closes
+from odc_bench.errors import ends_cleanly
 from odc_bench.forked import Helper
 from odc_bench.whatif import PROG
 
@@ -34,7 +34,7 @@ def run() -> None:
             from odc_bench.whatif.cli import main
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        with quiet_when_output_closes():
+        with ends_cleanly():
             main(figure=figure)
     except KeyboardInterrupt:
         # The workers (forked.py) have ended the series in hand and exited by now.

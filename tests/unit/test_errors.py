@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import CONF_DIR, options_with_key
-from odc_bench.errors import ConfigError
+from odc_bench.errors import ConfigError, interrupt_within
 from odc_bench.plan.spec import Planner
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from tests.helpers import REPO, odc_bench
@@ -348,6 +348,46 @@ def test_a_command_whose_reader_has_gone_ends_with_status_1_and_no_traceback(arg
         os.close(write)
     assert (proc.returncode, proc.stderr) == (1, "")
     assert not (tmp_path / "results").exists()
+
+
+def _define_a_class_as_ctrl_c_lands() -> None:
+    """What a lazy import does when Ctrl-C lands while it defines a dataclass: the KeyboardInterrupt
+    comes out of a field's __set_name__ (Python 3.11 wraps it in a RuntimeError; 3.12 does not)."""
+    class Field:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    class Defined:  # noqa: F841 - defining it is what raises
+        field = Field()
+
+
+def test_ctrl_c_wrapped_by_an_import_ends_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """Hydra reports any Exception out of a job as its failure (a traceback, status 1); a Ctrl-C
+    that an import turned into one is still Ctrl-C: one line, status 130, nothing written."""
+    from odc_bench import app
+
+    def interrupted_as_it_starts(*args, **kwargs):
+        _define_a_class_as_ctrl_c_lands()
+
+    monkeypatch.setattr(app, "run_training", interrupted_as_it_starts)
+    monkeypatch.chdir(tmp_path)
+    assert odc_bench("backend=sim", f"results_dir={tmp_path / 'results'}") == 130
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("odc_bench: interrupted; "), lines
+    assert not (tmp_path / "results").exists()
+
+
+def test_interrupt_within_finds_ctrl_c_only_among_the_causes():
+    ctrl_c = KeyboardInterrupt()
+    wrapped = RuntimeError("Error calling __set_name__")
+    wrapped.__cause__ = ctrl_c
+    outer = ValueError("outer")
+    outer.__cause__ = wrapped
+    assert interrupt_within(outer) is ctrl_c
+    beside = RuntimeError("raised while a Ctrl-C was handled")
+    beside.__context__ = ctrl_c  # context, not cause: an error of its own
+    assert interrupt_within(beside) is None
+    assert interrupt_within(RuntimeError("plain")) is None
 
 
 def test_a_sweep_with_bad_input_in_a_later_job_stops_before_anything_is_written(tmp_path, monkeypatch, capsys):
