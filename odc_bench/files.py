@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +40,56 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_paths(*paths: Path) -> Iterator[tuple[Path, ...]]:
+    """Temporaries beside several files that belong together (a table and its figure), which
+    replace them together when the block succeeds: an error or a Ctrl-C in the block leaves
+    every file as it was, and a Ctrl-C during the renames is raised once they are all done, so
+    the files never come from two different calls. Folders it made for them go again when the
+    block fails."""
+    made = sorted({folder for p in paths for folder in _missing_folders(p)}, key=lambda f: len(f.parts), reverse=True)
+    try:
+        with contextlib.ExitStack() as stack:
+            temporaries = tuple(stack.enter_context(atomic_path(p)) for p in paths)
+            yield temporaries
+            with _ctrl_c_deferred():
+                stack.close()
+    except BaseException:
+        for folder in made:  # deepest first; one that holds something else now stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    missing, folder = [], path.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """SIGINT noted rather than raised inside the block, and raised after it. A Python-level
+    handler, not a blocked signal: the process's other threads would still take the signal, and
+    CPython raises it in the main thread whichever thread took it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers, and only there is Ctrl-C raised
+        return
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if noted:  # delivered now, as the handler in place would have taken it
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -127,13 +127,17 @@ class Helper:
     def call(self, function: str, *args: Any) -> Any:
         """module.function(*args) in the helper, once the module has loaded there; the call's
         exception (or the module's, if it could not load) is raised here. HelperGone if the
-        helper has ended."""
+        helper has ended. A Ctrl-C during the call reaches the caller once the helper has ended
+        (close): the caller's clean-up then sees all that the call wrote."""
         self._busy = True
         try:
             self._conn.send((function, args))
             ok, value = self._conn.recv()
         except (EOFError, OSError) as e:
             raise HelperGone(f"the helper process ({self._process.name}) has ended") from e
+        except KeyboardInterrupt:
+            self.close()
+            raise
         self._busy = False
         if not ok:
             raise value

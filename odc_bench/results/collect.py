@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from odc_bench.errors import TableError
-from odc_bench.files import atomic_path, atomic_write_text
+from odc_bench.files import atomic_paths, atomic_write_text
 from odc_bench.results.table import check_table, read_table
 
 
@@ -52,9 +52,14 @@ def merged(tables: Sequence[Path], relative_to: Path | None = None) -> pd.DataFr
 def collect(paths: Sequence[Path], out: Path) -> pd.DataFrame:
     """Merge every runs.csv under `paths` into one table at `out` (and out.parquet with pyarrow),
     every row kept (repeats and failures too). TableError for a table that is not this schema's."""
+    if out.suffix == ".parquet":
+        raise TableError(f"--out {out} names the .parquet; give the CSV's path (the .parquet goes beside it)")
     rows = merged(tables_under(paths), relative_to=out.parent)
-    atomic_write_text(out, rows.to_csv(index=False))
-    if importlib.util.find_spec("pyarrow") is not None:
-        with atomic_path(out.with_suffix(".parquet")) as tmp:
-            rows.to_parquet(tmp, index=False)
+    # Together or not at all: a Ctrl-C between the two would leave an earlier collect's rows in one.
+    if importlib.util.find_spec("pyarrow") is None:
+        atomic_write_text(out, rows.to_csv(index=False))
+        return rows
+    with atomic_paths(out, out.with_suffix(".parquet")) as (csv, parquet):
+        csv.write_text(rows.to_csv(index=False))
+        rows.to_parquet(parquet, index=False)
     return rows

@@ -21,6 +21,7 @@ from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import ConfigError, fail
+from odc_bench.files import atomic_paths
 from odc_bench.forked import Helper, HelperGone, usable_cpus
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import RunSpec
@@ -233,13 +234,20 @@ def main(argv: Sequence[str] | None = None, figure: Helper | None = None) -> Non
     stale = " (with engine.staleness=S in the stale rows)" if question.staleness else ""
     say(f"Each row is `python -m odc_bench {shlex.join(question.shared())} engine=E balancer=B minibatch_size=N"
         f"{''.join(' ' + shlex.quote(o) for o in question.overrides)}`{stale}.")
-    write_csv(table, args.out / "verdict.csv")
+    # The table and its figure replace an earlier question's together, or not at all (a Ctrl-C
+    # while the figure is drawn would have left this table beside the earlier figure).
+    csv_path, png_path = args.out / "verdict.csv", args.out / "verdict.png"
     if not table["fits"].any():
-        say(f"Wrote {args.out / 'verdict.csv'} and no figure: no series fits in memory at any minibatch size "
+        with atomic_paths(csv_path) as (csv,):
+            write_csv(table, csv)
+            png_path.unlink(missing_ok=True)  # an earlier question's figure
+        say(f"Wrote {csv_path} and no figure: no series fits in memory at any minibatch size "
             f"({time.perf_counter() - t0:.1f} s).")
         sys.exit(NOTHING_FITS)
-    draw_figure(figure, table, question, accuracy, args.out / "verdict.png")
-    say(f"Wrote {args.out / 'verdict.csv'} and {args.out / 'verdict.png'} ({time.perf_counter() - t0:.1f} s).")
+    with atomic_paths(csv_path, png_path) as (csv, png):
+        write_csv(table, csv)
+        draw_figure(figure, table, question, accuracy, png)
+    say(f"Wrote {csv_path} and {png_path} ({time.perf_counter() - t0:.1f} s).")
 
 
 def draw_figure(figure: Helper | None, table: pd.DataFrame, question: Question, accuracy: Accuracy, path: Path) -> None:

@@ -77,3 +77,30 @@ def test_missing_empty_or_malformed_inputs_are_refused_in_one_line(tmp_path, cap
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("odc_bench.results: error: "), lines
     assert not (tmp_path / "all.csv").exists()
+
+
+def test_an_out_path_naming_the_parquet_is_refused_in_one_line(tmp_path, capsys):
+    """The CSV and the .parquet beside it would be one file: CSV text under the .parquet name."""
+    _tables(tmp_path)
+    assert main(["collect", str(tmp_path), "--out", str(tmp_path / "all.parquet")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "give the CSV's path" in lines[0], lines
+    assert not (tmp_path / "all.parquet").exists()
+
+
+def test_a_ctrl_c_while_collect_writes_keeps_the_earlier_pair(tmp_path, monkeypatch):
+    """The CSV and the .parquet come from one collect: interrupted while the .parquet is written,
+    both stay as the earlier collect left them."""
+    local, cluster = _tables(tmp_path)
+    out = tmp_path / "all.csv"
+    collect([local], out)
+    before = out.read_bytes(), out.with_suffix(".parquet").read_bytes()
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        collect([local, cluster], out)
+    assert (out.read_bytes(), out.with_suffix(".parquet").read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.csv", "all.parquet", "local", "slurm"]

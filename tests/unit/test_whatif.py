@@ -158,6 +158,28 @@ def test_the_verdict_rows_equal_the_backend_sim_runs_they_name(tmp_path, whatif,
         zip(verdict[verdict.series == "ODC + LB-Mini"].iterrows(), base.iterrows(), strict=True)]
 
 
+def test_ctrl_c_while_the_figure_is_drawn_keeps_the_earlier_question_s_table_and_figure(tmp_path, whatif,
+                                                                                        monkeypatch):
+    """verdict.csv and verdict.png answer one question: stopped between the two, the folder keeps
+    the earlier answer's pair (the new table beside the old figure, before)."""
+    from odc_bench.whatif import cli
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "verdict.csv").write_text("the earlier question's table")
+    (out / "verdict.png").write_text("the earlier question's figure")
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "draw_figure", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        whatif("longalign", *SMALL, "--jobs", "0", "--out", str(out))
+    assert (out / "verdict.csv").read_text() == "the earlier question's table"
+    assert (out / "verdict.png").read_text() == "the earlier question's figure"
+    assert sorted(p.name for p in out.iterdir()) == ["verdict.csv", "verdict.png"], "no temporary left"
+
+
 @pytest.mark.slow
 def test_the_verdict_prints_its_table_error_and_commands_and_draws_one_figure(tmp_path, whatif):
     done = whatif("longalign", *SMALL, "--out", str(tmp_path / "out"))
