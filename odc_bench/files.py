@@ -54,7 +54,7 @@ def atomic_paths(*paths: Path) -> Iterator[tuple[Path, ...]]:
         with contextlib.ExitStack() as stack:
             temporaries = tuple(stack.enter_context(atomic_path(p)) for p in paths)
             yield temporaries
-            with _ctrl_c_deferred():
+            with ctrl_c_deferred():
                 stack.close()
     except BaseException:
         for folder in made:  # deepest first; one that holds something else now stays
@@ -72,7 +72,7 @@ def _missing_folders(path: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[None]:
+def ctrl_c_deferred() -> Iterator[None]:
     """SIGINT noted rather than raised inside the block, and raised after it. A Python-level
     handler, not a blocked signal: the process's other threads would still take the signal, and
     CPython raises it in the main thread whichever thread took it."""

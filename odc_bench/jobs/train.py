@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -22,6 +23,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
+from odc_bench.files import ctrl_c_deferred
 from odc_bench.jobs import progress
 from odc_bench.plan.device import cuda_available
 from odc_bench.plan.identity import checkpoint_folder
@@ -82,11 +84,25 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
         return None
     events = events_frame(results)
     trace = _trace_path(results_dir, spec)
-    write_trace(results_dir / trace, events)
-    row = _record(results_dir, run_row(spec, results, events, str(trace)))
-    # Recorded: its checkpoints have served (a failed run keeps them for its re-run to resume).
-    shutil.rmtree(checkpoint_folder(spec.config, spec.run_id), ignore_errors=True)
+    with ctrl_c_deferred():
+        row = _publish(results_dir, trace, events, run_row(spec, results, events, str(trace)))
+        # Recorded: its checkpoints have served (a failed run keeps them for its re-run to
+        # resume). Under the same hold: half removed, they would resume the config's next run.
+        shutil.rmtree(checkpoint_folder(spec.config, spec.run_id), ignore_errors=True)
     return row
+
+
+def _publish(results_dir: Path, trace: Path | None, events: pd.DataFrame, row: dict) -> dict:
+    """The run's trace and the row that names it: both, or (the row not written) neither, so no
+    trace is left that no row names. Ctrl-C waits for them (the caller holds it)."""
+    if trace is None:
+        return _record(results_dir, row)
+    write_trace(results_dir / trace, events)
+    try:
+        return _record(results_dir, row)
+    except BaseException:
+        (results_dir / trace).unlink(missing_ok=True)
+        raise
 
 
 def _step(checkpoint_path: Path) -> int:
@@ -123,11 +139,9 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
     backend = spec.config.backend
     with_trace = isinstance(backend, SimBackendConfig) and backend.write_trace
     sim = simulate(spec, trace=with_trace)
-    trace = ""
-    if with_trace:
-        trace = str(_trace_path(results_dir, spec))
-        write_trace(results_dir / trace, sim.events)
-    return _record(results_dir, sim_row(spec, sim, trace))
+    trace = _trace_path(results_dir, spec) if with_trace else None
+    with ctrl_c_deferred():
+        return _publish(results_dir, trace, sim.events, sim_row(spec, sim, str(trace or "")))
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
