@@ -92,10 +92,11 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
     return row
 
 
-def _publish(results_dir: Path, trace: Path | None, events: pd.DataFrame, row: dict) -> dict:
-    """The run's trace and the row that names it: both, or (the row not written) neither, so no
-    trace is left that no row names. Ctrl-C waits for them (the caller holds it)."""
-    if trace is None:
+def _publish(results_dir: Path, trace: Path | None, events: pd.DataFrame | None, row: dict) -> dict:
+    """The run's trace (when it has one: `trace` and its `events`) and the row that names it: both,
+    or (the row not written) neither, so no trace is left that no row names. Ctrl-C waits for
+    them (the caller holds it)."""
+    if trace is None or events is None:
         return _record(results_dir, row)
     write_trace(results_dir / trace, events)
     try:
@@ -141,7 +142,8 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
     sim = simulate(spec, trace=with_trace)
     trace = _trace_path(results_dir, spec) if with_trace else None
     with ctrl_c_deferred():
-        return _publish(results_dir, trace, sim.events, sim_row(spec, sim, str(trace or "")))
+        # Only a simulation that kept its events has them: with_trace asked for them.
+        return _publish(results_dir, trace, sim.events if with_trace else None, sim_row(spec, sim, str(trace or "")))
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
