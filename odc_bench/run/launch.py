@@ -14,14 +14,12 @@ clean-up, would leave processes or shared memory behind.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import signal
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from odc_bench.errors import RunFailed
+from odc_bench.files import ctrl_c_deferred
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, threads_per_rank
 from odc_core.liveness import rank_processes
@@ -121,22 +120,6 @@ def watch(ranks: RankProcesses, deadline_s: float | None, progress: Callable[[],
             raise RunFailed(f"run exceeded its deadline of {deadline_s:.0f}s {progress()}")
 
 
-@contextlib.contextmanager
-def sigint_held() -> Iterator[None]:
-    """Ctrl-C waits until the block is done, then interrupts (KeyboardInterrupt)."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
-        yield
-        return
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
-
-
 def launch(spec: RunSpec, start: Starter, entry: Entry, collect_params: bool = False,
            on_progress: Progress | None = None) -> list[dict]:
     """Start world_size ranks with `start`, wait for all of them, and return each rank's result.
@@ -162,12 +145,12 @@ def launch(spec: RunSpec, start: Starter, entry: Entry, collect_params: bool = F
                       collect_params=collect_params)
         ranks: RankProcesses | None = None
         try:
-            with sigint_held():
+            with ctrl_c_deferred():
                 ranks = start(entry, job, world)
             watch(ranks, spec.config.deadline_s, lambda: f"after {minibatches_done()} of {total} minibatches", tick)
             tick()  # the last minibatches may have ended after the last poll
         finally:
-            with sigint_held():
+            with ctrl_c_deferred():
                 if ranks is not None:
                     ranks.stop()
                 sweep_stale_segments(job_id=job.job_id)

@@ -19,13 +19,13 @@ import torch
 
 from odc_bench import cli
 from odc_bench.errors import ConfigError
+from odc_bench.files import ctrl_c_deferred
 from odc_bench.jobs.train import execute
 from odc_bench.models.decoder import build_model
 from odc_bench.plan.spec import resolve
 from odc_bench.record.metrics import events_frame, minibatch_losses
 from odc_bench.results.table import read_table
 from odc_bench.run import local, slurm_task, worker
-from odc_bench.run.launch import sigint_held
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
@@ -362,7 +362,7 @@ def test_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
         spawn()
 
     monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", spawn_during_ctrl_c)
-    with pytest.raises(KeyboardInterrupt), sigint_held():
+    with pytest.raises(KeyboardInterrupt), ctrl_c_deferred():
         local._start_forkserver()
 
 
