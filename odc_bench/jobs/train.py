@@ -85,24 +85,25 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
     events = events_frame(results)
     trace = _trace_path(results_dir, spec)
     with ctrl_c_deferred():
-        row = _publish(results_dir, trace, events, run_row(spec, results, events, str(trace)))
+        row = _publish(results_dir, (trace, events), run_row(spec, results, events, str(trace)))
         # Recorded: its checkpoints have served (a failed run keeps them for its re-run to
         # resume). Under the same hold: half removed, they would resume the config's next run.
         shutil.rmtree(checkpoint_folder(spec.config, spec.run_id), ignore_errors=True)
     return row
 
 
-def _publish(results_dir: Path, trace: Path | None, events: pd.DataFrame | None, row: dict) -> dict:
-    """The run's trace (when it has one: `trace` and its `events`) and the row that names it: both,
-    or (the row not written) neither, so no trace is left that no row names. Ctrl-C waits for
-    them (the caller holds it)."""
-    if trace is None or events is None:
+def _publish(results_dir: Path, trace: tuple[Path, pd.DataFrame] | None, row: dict) -> dict:
+    """The run's trace (its path and events, when it has one) and the row that names it: both, or
+    (the row not written) neither, so no trace is left that no row names. Ctrl-C waits for them
+    (the caller holds it)."""
+    if trace is None:
         return _record(results_dir, row)
-    write_trace(results_dir / trace, events)
+    path, events = trace
+    write_trace(results_dir / path, events)
     try:
         return _record(results_dir, row)
     except BaseException:
-        (results_dir / trace).unlink(missing_ok=True)
+        (results_dir / path).unlink(missing_ok=True)
         raise
 
 
@@ -140,10 +141,10 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
     backend = spec.config.backend
     with_trace = isinstance(backend, SimBackendConfig) and backend.write_trace
     sim = simulate(spec, trace=with_trace)
-    trace = _trace_path(results_dir, spec) if with_trace else None
+    # Only a simulation that kept its events has them: with_trace asked for them.
+    trace = (_trace_path(results_dir, spec), sim.events) if with_trace else None
     with ctrl_c_deferred():
-        # Only a simulation that kept its events has them: with_trace asked for them.
-        return _publish(results_dir, trace, sim.events if with_trace else None, sim_row(spec, sim, str(trace or "")))
+        return _publish(results_dir, trace, sim_row(spec, sim, str(trace[0]) if trace else ""))
 
 
 SHOWN = ("engine", "balancer", "model", "dataset", "world_size", "minibatch_size", "samples_per_s",
