@@ -43,7 +43,7 @@ from odc_core.engine.base import (
 from odc_core.engine.odc import state_dict
 from odc_core.engine.odc.fetch import make_fetcher
 from odc_core.engine.odc.hooks import UnitHooks
-from odc_core.engine.odc.unit import FlatUnit, flat_groups, shard_unit
+from odc_core.engine.odc.unit import Backward, FlatUnit, Storage, flat_groups, shard_unit
 from odc_core.engine.odc.versions import Versions
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.transport.base import SymmetricHeap
@@ -173,6 +173,13 @@ class OdcEngine:
 
     def begin_minibatch(self) -> None:
         """Nothing here waits for a peer: the first gather from an owner waits for its version."""
+        for unit in self.units:
+            for name, p, trainable in zip(unit.names, unit.params, unit.trainable, strict=True):
+                if p.requires_grad != trainable:
+                    # wrap() chose what each parameter's backward does: a parameter unfrozen since
+                    # would lose its gradients, one frozen since would still be stepped.
+                    raise RuntimeError(f"parameter {name} was {'' if trainable else 'un'}frozen after wrap(): set "
+                                       f"requires_grad before wrap(), which decides what is pushed and stepped")
         self.versions.begin()
 
     def finish_minibatch(self) -> float | None:
@@ -182,6 +189,13 @@ class OdcEngine:
         for unit in self.units:
             if unit.grad is not None:
                 raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")
+            # A unit whose forward ran but no gradient reached (an output the loss did not use)
+            # may still hold its gathered parameters or a prefetch of them: the next minibatch
+            # reads a newer version.
+            unit.backward = Backward.IDLE
+            if unit.storage is not Storage.SHARDED:
+                self.fetcher.ensure(unit)
+                unit.free()
         return self.versions.finish()
 
     def drain(self) -> None:

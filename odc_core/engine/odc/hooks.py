@@ -6,6 +6,12 @@ prefetch) and prefetch the next unit; forward hook, free it (except a last unit,
 backward follows at once) and hook its outputs; the first output gradient, gather again, give
 its parameters one flat gradient buffer and prefetch the previous unit; once every parameter
 gradient has accumulated and the gradient of its input has left it, push and free.
+
+Not every unit gets there: a trainable parameter the microbatch did not use gets no gradient,
+and an input's gradient may never leave a unit. As FSDP2 does with its root's final callback,
+the end of every backward pass pushes and frees each unit whose backward began and is not over:
+its unused parameters' gradients are zero. Frozen parameters (requires_grad False at wrap())
+are gathered like the others and never pushed.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class UnitHooks:
         self.fetcher, self.versions = fetcher, versions
         self.compute_dtype, self.device = compute_dtype, device
         self.handles: list[RemovableHandle] = []
+        self._finishing = False  # the end of this backward pass is queued (finish_backward)
 
     def register(self, unit: FlatUnit) -> None:
         for pos in unit.modules:
@@ -65,7 +72,7 @@ class UnitHooks:
                 lambda _m, args, kwargs, u=unit, pos=pos: self.pre_forward(u, pos, args, kwargs), with_kwargs=True))
             self.handles.append(module.register_forward_hook(
                 lambda _m, _args, out, u=unit, pos=pos: self.post_forward(u, pos, out)))
-        for p in unit.params:
+        for p in (p for p, trainable in zip(unit.params, unit.trainable, strict=True) if trainable):
             self.handles.append(p.register_post_accumulate_grad_hook(lambda _p, u=unit: self.param_grad_done(u)))
 
     def remove(self) -> None:
@@ -117,13 +124,21 @@ class UnitHooks:
         if unit.backward is Backward.ARMED:
             unit.backward = Backward.RUNNING
             self.fetcher.ensure(unit)
-            unit.attach_grad(torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device))
+            if unit.trainable_count:
+                unit.attach_grad(torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device))
             unit.grads_ready = 0
+            if not self._finishing:
+                self._finishing = True
+                torch.autograd.Variable._execution_engine.queue_callback(self.finish_backward)
         preceding = self._group_at(pos - 1)
         if preceding is not None and preceding is not unit:
             self.fetcher.prefetch(preceding)
 
     def param_grad_done(self, unit: FlatUnit) -> None:
+        if unit.backward is not Backward.RUNNING:
+            # Its gradient went to a fresh .grad, not the flat buffer the push sends: it would be lost.
+            raise RuntimeError(f"unit {unit.name}: a parameter got a gradient outside its unit's backward; use each "
+                               f"parameter only inside the forward of the unit that holds it")
         unit.grads_ready += 1
         self._maybe_push(unit)
 
@@ -132,12 +147,24 @@ class UnitHooks:
         self._maybe_push(unit)
 
     def _maybe_push(self, unit: FlatUnit) -> None:
-        """Push once the unit's backward is over: all its parameter gradients have
+        """Push once the unit's backward is over: all its trainable parameters' gradients have
         accumulated and (when it has one) the gradient of its input has left it."""
-        if unit.grads_ready < len(unit.params) or unit.inputs_pending > 0:
-            return
-        self.fetcher.push(unit)
-        unit.detach_grad()
+        if unit.backward is Backward.RUNNING and unit.grads_ready >= unit.trainable_count and not unit.inputs_pending:
+            self._push(unit)
+
+    def _push(self, unit: FlatUnit) -> None:
+        if unit.grad is not None:  # None: every parameter is frozen, nothing to push
+            self.fetcher.push(unit)
+            unit.detach_grad()
         unit.backward = Backward.IDLE
+        unit.inputs_pending = 0
         unit.free()
         self.versions.serve()
+
+    def finish_backward(self) -> None:
+        """The end of a backward pass: push each unit whose backward began but did not finish
+        (a parameter without a gradient, an input whose gradient never left it)."""
+        self._finishing = False
+        for unit in self.group_of:  # a shared group is listed once per unit: pushed once, then IDLE
+            if unit is not None and unit.backward is Backward.RUNNING:
+                self._push(unit)

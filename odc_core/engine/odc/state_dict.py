@@ -48,7 +48,8 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
     opt = engine.optimizer
     if for_load:
         engine.drain()  # every owner's step is applied before its shard is overwritten
-    _init_state(opt)
+    _init_state(engine)
+    template = _template(engine)
     slot = engine.versions.newest_slot
     aliases = _aliases(model)
     model_sd: dict[str, Any] = {}
@@ -61,8 +62,6 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
             ranges = [(r, max(0, r * size - off), min(n, (r + 1) * size - off)) for r in range(engine.world_size)]
             ranges = [(r, a, b) for r, a, b in ranges if a < b]
             a, b = unit.local_range(j)
-            # The piece holding this rank's elements of the parameter (any piece's scalars where it holds none).
-            held = unit.piece_at(a) if a < b else unit.pieces[0]
             start = max(0, lo + a - off)  # the parameter's first flat element this rank holds
 
             def sharded(buf: torch.Tensor, part: slice, name: str = name, shape: torch.Size = p.shape,
@@ -71,9 +70,15 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
 
             for alias in aliases[id(p)]:
                 model_sd[alias] = sharded(unit.master[slot], slice(a, b) if a < b else slice(0, 0))
-            part = slice(a - held.lo, b - held.lo) if a < b else slice(0, 0)
-            optim_sd[name] = {k: sharded(v, part) if _flat(v, held) else v.detach().clone()
-                              for k, v in opt.state[held.param].items()}
+            if not unit.trainable[j]:
+                continue  # no optimizer state, as FSDP2's optimizer keeps none for a frozen parameter
+            if a < b:  # the piece holding this rank's elements of the parameter
+                held = unit.piece_at(a)
+                optim_sd[name] = {k: sharded(v, slice(a - held.lo, b - held.lo)) if _flat(v, held)
+                                  else v.detach().clone() for k, v in opt.state[held.param].items()}
+            else:
+                optim_sd[name] = {k: sharded(torch.empty(0, dtype=v[1], device=engine.device), slice(0, 0))
+                                  if isinstance(v, tuple) else v.clone() for k, v in template.items()}
     for name, buf in model.state_dict().items():  # persistent buffers, replicated
         if name not in model_sd:
             model_sd[name] = buf
@@ -99,26 +104,29 @@ def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
         if name not in model_sd:
             model_sd[name] = buf.detach().cpu().clone()
     opt = engine.optimizer
-    _init_state(opt)
+    _init_state(engine)
+    template = _template(engine)
     on = reduction_device(engine.device)
     optim_sd: dict[str, Any] = {}
     for unit in engine.units:
-        keys = [k for k, v in opt.state[unit.pieces[0].param].items() if _flat(v, unit.pieces[0])]
-        for held in unit.pieces:
-            if [k for k, v in opt.state[held.param].items() if _flat(v, held)] != keys:
+        for held in (piece for piece in unit.pieces if not piece.frozen):
+            if sorted(opt.state[held.param]) != sorted(template):
                 raise ValueError("the optimizer keeps different state in different parameter groups (amsgrad in "
                                  "some?): full state dicts need the same in every group")
         whole = {}
-        for key in keys:
-            mine = torch.cat([opt.state[held.param][key] for held in unit.pieces]).to(on)
+        for key, kind in template.items():
+            if not isinstance(kind, tuple):
+                continue  # a scalar: the same in every piece
+            # A frozen piece has no state: zeros hold its place, and no parameter reads them.
+            mine = torch.cat([torch.zeros(held.hi - held.lo, dtype=kind[1], device=engine.device) if held.frozen
+                              else opt.state[held.param][key] for held in unit.pieces]).to(on)
             every = [torch.empty_like(mine) for _ in range(engine.world_size)]
             dist.all_gather(every, mine)
             whole[key] = torch.cat(every).cpu()
-        for j, (p, off, name) in enumerate(zip(unit.params, unit.offsets, unit.names, strict=True)):
-            a, b = unit.local_range(j)
-            held = unit.piece_at(a) if a < b else unit.pieces[0]
-            optim_sd[name] = {k: whole[k][off:off + p.numel()].view(p.shape).clone() if k in whole
-                              else v.detach().cpu().clone() for k, v in opt.state[held.param].items()}
+        for p, off, name, trainable in zip(unit.params, unit.offsets, unit.names, unit.trainable, strict=True):
+            if trainable:
+                optim_sd[name] = {k: whole[k][off:off + p.numel()].view(p.shape).clone() if k in whole
+                                  else v.clone() for k, v in template.items()}
     return model_sd, {"state": optim_sd, "param_groups": _groups(engine)}
 
 
@@ -203,7 +211,7 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
                 group[key] = value
     slot = engine.versions.newest_slot
     for unit in engine.units:
-        for held in unit.pieces:
+        for held in (piece for piece in unit.pieces if not piece.frozen):
             # Scalars (a step count) are a piece's own, not views: take them from a parameter it holds.
             j = next((j for j in range(len(unit.params)) if held.lo <= unit.local_range(j)[0] < held.hi), 0)
             first = loaded["state"][unit.names[j]]
@@ -222,16 +230,34 @@ def _flat(value: object, piece: Piece) -> bool:
     return torch.is_tensor(value) and value.shape == piece.param.shape
 
 
-def _init_state(opt: torch.optim.Optimizer) -> None:
-    """Give a fresh optimizer its state (a step at learning rate 0 on zero gradients), so that
-    a checkpoint can be loaded into it."""
+def _template(engine: OdcEngine) -> dict[str, Any]:
+    """The optimizer state of a trainable piece, by key: ("per element", dtype) for a moment, the
+    value for a scalar (a step count: every trainable piece steps at every minibatch, so it is
+    the same in all). Where the model has frozen parameters a rank's shards may hold none that
+    trains, and so no state to read it from: then the ranks agree on it (collective)."""
+    opt = engine.optimizer
+    mine = next(({k: ("per element", v.dtype) if _flat(v, piece) else v.detach().cpu().clone()
+                  for k, v in opt.state[piece.param].items()}
+                 for unit in engine.units for piece in unit.pieces if not piece.frozen), None)
+    if all(all(unit.trainable) for unit in engine.units):
+        assert mine is not None, "a rank holds at least one piece"
+        return mine
+    every: list[dict[str, Any] | None] = [None] * engine.world_size
+    dist.all_gather_object(every, mine)
+    return next((t for t in every if t is not None), {})
+
+
+def _init_state(engine: OdcEngine) -> None:
+    """Give a fresh optimizer its state (a step at learning rate 0 on zero gradients of the
+    trainable pieces), so that a checkpoint can be loaded into it."""
+    opt = engine.optimizer
     if opt.state:
         return
     lrs = [g["lr"] for g in opt.param_groups]
     for g in opt.param_groups:
         g["lr"] = 0.0
-        for p in g["params"]:
-            p.grad = torch.zeros_like(p)
+    for piece in (piece for unit in engine.units for piece in unit.pieces if not piece.frozen):
+        piece.param.grad = torch.zeros_like(piece.param)
     opt.step()
     opt.zero_grad(set_to_none=True)
     for g, lr in zip(opt.param_groups, lrs, strict=True):

@@ -51,14 +51,17 @@ def alias(storage_owner: torch.Tensor, numel: int) -> torch.Tensor:
 
 @dataclass
 class Piece:
-    """A run [lo, hi) of this rank's shard whose parameters are all in one optimizer group: what
-    the optimizer steps, its data a view of the newest version's slot and its gradient the
-    accumulator's (versions.py re-points both at every step)."""
+    """A run [lo, hi) of this rank's shard whose parameters are all in one optimizer group and
+    all trainable or all frozen: what the optimizer steps, its data a view of the newest
+    version's slot and its gradient the accumulator's (versions.py re-points both at every
+    step). A frozen piece is in its group with no gradient, so the optimizer never steps it and
+    keeps no state for it, as for a frozen parameter under FSDP2."""
 
     lo: int
     hi: int
     group: int
     param: nn.Parameter
+    frozen: bool = False
 
 
 @dataclass
@@ -78,6 +81,9 @@ class FlatUnit:
     acc: list[torch.Tensor]             # heap: gradient accumulators (reduce dtype), one per minibatch in flight
     shard_index: int                    # which shard of the layout this rank owns
     pieces: list[Piece]                 # the shard cut by optimizer group, covering it whole (split())
+    # Whether each parameter required a gradient at wrap(): a frozen one is gathered, never
+    # pushed or stepped.
+    trainable: list[bool]
     storage: Storage = Storage.SHARDED
     backward: Backward = Backward.IDLE
     pending: Any = None                 # the prefetch filling `full` while FETCHING (fetch.py's handle)
@@ -101,11 +107,13 @@ class FlatUnit:
         return buffer_name("shadow" if self.shadow is not None else "master", self.name, slot)
 
     def attach_grad(self, grad: torch.Tensor) -> None:
-        """Point every parameter's .grad at its view of `grad`: autograd accumulates into an
-        existing .grad in place, so the flat buffer fills up without a copy."""
+        """Point every trainable parameter's .grad at its view of `grad`: autograd accumulates
+        into an existing .grad in place, so the flat buffer fills up without a copy. A frozen
+        parameter's part stays zero."""
         self.grad = grad
-        for p, off in zip(self.params, self.offsets, strict=True):
-            p.grad = grad[off:off + p.numel()].view(p.shape)
+        for p, off, trainable in zip(self.params, self.offsets, self.trainable, strict=True):
+            if trainable:
+                p.grad = grad[off:off + p.numel()].view(p.shape)
 
     def detach_grad(self) -> None:
         for p in self.params:
@@ -118,24 +126,29 @@ class FlatUnit:
         lo = self.shard_index * size
         return max(self.offsets[j], lo) - lo, min(self.offsets[j] + self.params[j].numel(), lo + size) - lo
 
+    @property
+    def trainable_count(self) -> int:
+        return sum(self.trainable)
+
     def split(self, group_of: list[int], slot: int) -> None:
         """Cut this rank's shard into runs of consecutive parameters in the same optimizer group
-        (group_of[j]: parameter j's); the padding goes with the last run, and a shard of padding
-        only with the unit's last group, so every rank steps every element it owns. Each run is
-        one optimizer parameter over `slot`'s master shard: per-parameter options cost one
-        tensor per change of group, not one per parameter, and the elementwise optimizers step
-        the same values either way."""
-        starts: list[tuple[int, int]] = []  # (first element in the shard, group)
+        (group_of[j]: parameter j's) and all trainable or all frozen; the padding goes with the
+        last run, and a shard of padding only with the unit's last parameter's run, so every
+        rank steps every trainable element it owns. Each run is one optimizer parameter over
+        `slot`'s master shard: per-parameter options cost one tensor per change of group, not
+        one per parameter, and the elementwise optimizers step the same values either way."""
+        starts: list[tuple[int, tuple[int, bool]]] = []  # (first element in the shard, (group, frozen))
         for j, group in enumerate(group_of):
             a, b = self.local_range(j)
-            if a < b and (not starts or starts[-1][1] != group):
-                starts.append((a, group))
+            key = (group, not self.trainable[j])
+            if a < b and (not starts or starts[-1][1] != key):
+                starts.append((a, key))
         if not starts:
-            starts = [(0, group_of[-1])]
+            starts = [(0, (group_of[-1], not self.trainable[-1]))]
         # The first run starts at 0: the shard's first element is in its first parameter.
         ends = [a for a, _ in starts[1:]] + [self.layout.shard_numel]
-        self.pieces = [Piece(a, end, group, nn.Parameter(self.master[slot][a:end]))
-                       for (a, group), end in zip(starts, ends, strict=True)]
+        self.pieces = [Piece(a, end, group, nn.Parameter(self.master[slot][a:end]), frozen)
+                       for (a, (group, frozen)), end in zip(starts, ends, strict=True)]
 
     def point(self, version_slot: int, acc_slot: int) -> None:
         """Each piece steps version_slot's master shard with acc_slot's accumulated gradients (in
@@ -143,7 +156,7 @@ class FlatUnit:
         for piece in self.pieces:
             piece.param.data = self.master[version_slot][piece.lo:piece.hi]  # optimizers key state by parameter
             grad = self.acc[acc_slot][piece.lo:piece.hi]
-            piece.param.grad = grad if grad.dtype == torch.float32 else grad.float()
+            piece.param.grad = None if piece.frozen else grad if grad.dtype == torch.float32 else grad.float()
 
     def piece_at(self, a: int) -> Piece:
         """The piece holding shard element a."""
@@ -203,6 +216,7 @@ def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list
     for p, off in zip(params, offsets, strict=True):
         p.data = full[off:off + p.numel()].view(p.shape)
     full.untyped_storage().resize_(0)
-    whole = Piece(0, layout.shard_numel, 0, nn.Parameter(master[0]))
-    return FlatUnit(index, name, modules, params, names, offsets, layout, full, master, shadow, acc, shard_index,
-                    [whole])
+    unit = FlatUnit(index, name, modules, params, names, offsets, layout, full, master, shadow, acc, shard_index,
+                    [], [p.requires_grad for p in params])
+    unit.split([0] * len(params), 0)
+    return unit

@@ -224,8 +224,11 @@ class Versions:
         parts: one all-reduce of a scalar (every rank steps at the same barrier when s = 0).
         With hybrid sharding every node holds the whole gradient once, so the sum counts it once
         per node. Returns the norm before clipping."""
-        shards = [piece.param for u in self.units for piece in u.pieces]
-        square = torch.stack([g.grad.double().square().sum() for g in shards]).sum().reshape(1)  # type: ignore[union-attr]
+        shards = [piece.param for u in self.units for piece in u.pieces if not piece.frozen]
+        parts = [g.grad.double().square().sum() for g in shards]  # type: ignore[union-attr]
+        # A rank whose shards hold frozen parameters only adds nothing.
+        on = self.units[0].acc[0].device
+        square = (torch.stack(parts).sum() if parts else torch.zeros((), dtype=torch.float64, device=on)).reshape(1)
         square = square.to(reduction_device(square.device))
         dist.all_reduce(square)
         total = (square[0] / self.replica_count).sqrt().float()
