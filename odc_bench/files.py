@@ -54,7 +54,7 @@ def atomic_paths(*paths: Path) -> Iterator[tuple[Path, ...]]:
         with contextlib.ExitStack() as stack:
             temporaries = tuple(stack.enter_context(atomic_path(p)) for p in paths)
             yield temporaries
-            with ctrl_c_deferred():
+            with interrupts_deferred():
                 stack.close()
     except BaseException:
         for folder in made:  # deepest first; one that holds something else now stays
@@ -72,24 +72,29 @@ def _missing_folders(path: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def ctrl_c_deferred() -> Iterator[None]:
-    """SIGINT noted rather than raised inside the block, and raised after it. A Python-level
-    handler, not a blocked signal: the process's other threads would still take the signal, and
-    CPython raises it in the main thread whichever thread took it."""
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT), and SIGTERM where a Python handler makes it unwind like Ctrl-C (the
+    command line's, cli/__init__.py), noted rather than raised inside the block and delivered
+    after it. Under SIGTERM's default action the process ends at once: there is nothing to hold.
+    A Python-level handler, not a blocked signal: the process's other threads would still take
+    the signal, and CPython raises it in the main thread whichever thread took it."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread sets handlers, and only there is Ctrl-C raised
         return
     noted: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    held = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM)) else [])
+    previous = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum)) for signum in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if noted:  # delivered now, as the handler in place would have taken it
-        if callable(previous):
-            previous(signal.SIGINT, None)
-        elif previous == signal.SIG_DFL:
-            signal.raise_signal(signal.SIGINT)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for taken in dict.fromkeys(noted):  # each once, as the handler in place would have taken it
+        handler = previous[signal.Signals(taken)]
+        if callable(handler):
+            handler(taken, None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(taken)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

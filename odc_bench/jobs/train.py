@@ -23,7 +23,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
-from odc_bench.files import ctrl_c_deferred
+from odc_bench.files import interrupts_deferred
 from odc_bench.jobs import progress
 from odc_bench.plan.device import cuda_available
 from odc_bench.plan.identity import checkpoint_folder
@@ -84,7 +84,7 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
         return None
     events = events_frame(results)
     trace = _trace_path(results_dir, spec)
-    with ctrl_c_deferred():
+    with interrupts_deferred():
         row = _publish(results_dir, (trace, events), run_row(spec, results, events, str(trace)))
         # Recorded: its checkpoints have served (a failed run keeps them for its re-run to
         # resume). Under the same hold: half removed, they would resume the config's next run.
@@ -143,7 +143,7 @@ def execute_sim(spec: RunSpec, results_dir: Path) -> dict:
     sim = simulate(spec, trace=with_trace)
     # Only a simulation that kept its events has them: with_trace asked for them.
     trace = (_trace_path(results_dir, spec), sim.events) if with_trace else None
-    with ctrl_c_deferred():
+    with interrupts_deferred():
         return _publish(results_dir, trace, sim_row(spec, sim, str(trace[0]) if trace else ""))
 
 

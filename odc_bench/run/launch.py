@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from odc_bench.errors import RunFailed
-from odc_bench.files import ctrl_c_deferred
+from odc_bench.files import interrupts_deferred
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import MINIBATCHES_DONE, RankJob, threads_per_rank
 from odc_core.liveness import rank_processes
@@ -145,12 +145,12 @@ def launch(spec: RunSpec, start: Starter, entry: Entry, collect_params: bool = F
                       collect_params=collect_params)
         ranks: RankProcesses | None = None
         try:
-            with ctrl_c_deferred():
+            with interrupts_deferred():
                 ranks = start(entry, job, world)
             watch(ranks, spec.config.deadline_s, lambda: f"after {minibatches_done()} of {total} minibatches", tick)
             tick()  # the last minibatches may have ended after the last poll
         finally:
-            with ctrl_c_deferred():
+            with interrupts_deferred():
                 if ranks is not None:
                     ranks.stop()
                 sweep_stale_segments(job_id=job.job_id)

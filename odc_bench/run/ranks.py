@@ -18,7 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from odc_bench.files import interrupts_deferred
 from odc_core.transport.cuda_ipc import sweep_ipc_counters
+from odc_core.transport.shm import sweep_stale_segments
 
 # fn(rank, world_size, store, *args) -> a picklable result
 RankFn = Callable[..., Any]
@@ -44,10 +46,12 @@ def run_ranks(fn: RankFn, world_size: int, *args: Any, timeout_s: float = 60.0,
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
     with tempfile.TemporaryDirectory(prefix="odc-ranks-") as out_dir:
-        ctx = tmp.start_processes(_entry, args=(fn, world_size, store.port, timeout_s, out_dir, args),
-                                  nprocs=world_size, join=False, start_method=start_method)
-        started = time.monotonic()
+        ctx: tmp.ProcessContext | None = None
         try:
+            with interrupts_deferred():  # a Ctrl-C mid-start would orphan the ranks already started
+                ctx = tmp.start_processes(_entry, args=(fn, world_size, store.port, timeout_s, out_dir, args),
+                                          nprocs=world_size, join=False, start_method=start_method)
+            started = time.monotonic()
             while not ctx.join(timeout=0.1):
                 if time.monotonic() - started > timeout_s:
                     raise RanksFailed(f"ranks still running after {timeout_s:.0f}s")
@@ -56,10 +60,15 @@ def run_ranks(fn: RankFn, world_size: int, *args: Any, timeout_s: float = 60.0,
         except tmp.ProcessExitedException as e:
             raise RanksFailed(f"rank {e.error_index} died: {e}") from None
         finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                p.join()
-            # Every rank is gone: what a killed one left of torch's CUDA IPC counts can go.
-            sweep_ipc_counters((socket.gethostname(), p.pid) for p in ctx.processes)
+            with interrupts_deferred():
+                processes = ctx.processes if ctx is not None else []
+                for p in processes:
+                    if p.is_alive():
+                        p.kill()
+                    p.join()
+                # Every rank is gone: what a killed one left of its shared memory (fn's heaps and
+                # process groups, under job ids this function does not know: every dead
+                # creator's) and of torch's CUDA IPC counts can go.
+                sweep_stale_segments()
+                sweep_ipc_counters((socket.gethostname(), p.pid) for p in processes)
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -19,7 +20,7 @@ import torch
 
 from odc_bench import cli
 from odc_bench.errors import ConfigError
-from odc_bench.files import ctrl_c_deferred
+from odc_bench.files import interrupts_deferred
 from odc_bench.jobs.train import execute
 from odc_bench.models.decoder import build_model
 from odc_bench.plan.spec import resolve
@@ -27,10 +28,19 @@ from odc_bench.record.metrics import events_frame, minibatch_losses
 from odc_bench.results.table import read_table
 from odc_bench.run import local, slurm_task, worker
 from odc_bench.run.local import run_local
+from odc_bench.run.ranks import run_ranks
 from odc_bench.run.worker import RankJob, rank_entry
 from odc_core.engine.fsdp2 import CollectiveEngine
 from odc_core.engine.odc import OdcEngine
-from odc_core.transport.shm import SHM_DIR, list_segments, of_job, process_start_time, sweep_stale_segments
+from odc_core.transport.shm import (
+    SHM_DIR,
+    ShmHeap,
+    list_segments,
+    of_job,
+    process_start_time,
+    segment_creator,
+    sweep_stale_segments,
+)
 from tests.helpers import REPO, odc_bench, run_config
 
 pytestmark = pytest.mark.slow
@@ -362,7 +372,7 @@ def test_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
         spawn()
 
     monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", spawn_during_ctrl_c)
-    with pytest.raises(KeyboardInterrupt), ctrl_c_deferred():
+    with pytest.raises(KeyboardInterrupt), interrupts_deferred():
         local._start_forkserver()
 
 
@@ -385,3 +395,30 @@ def test_the_command_turns_sigterm_into_an_exit_while_it_runs_and_restores_the_h
     with pytest.raises(SystemExit) as ended:
         handler(signal.SIGTERM, None)
     assert ended.value.code == 128 + signal.SIGTERM
+
+
+def hold_a_heap(rank: int, world_size: int, store, job_id: str) -> None:
+    """A rank of run_ranks that opens a shared-memory heap and waits to be stopped."""
+    heap = ShmHeap(rank, world_size, job_id, store, timeout_s=60.0)
+    heap.alloc("buffer", 1024, torch.float32)
+    time.sleep(120)
+
+
+def test_an_interrupt_while_run_ranks_waits_stops_its_ranks_and_removes_their_segments():
+    """The primitives benchmark's ranks (run/ranks.py) are killed when its command is interrupted
+    (Ctrl-C, or SIGTERM sent to the command alone): what their heaps left goes with them."""
+    job = f"interrupted-ranks-{os.getpid()}"
+
+    def ours() -> list[str]:
+        return [name for name in list_segments() if of_job(name, job)]
+
+    def interrupt_once_every_heap_is_open() -> None:
+        deadline = time.monotonic() + 60
+        while len({segment_creator(name) for name in ours()}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_every_heap_is_open, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_ranks(hold_a_heap, 2, job, timeout_s=90)
+    assert ours() == [], "no segment left behind"

@@ -64,3 +64,18 @@ def test_ctrl_c_during_the_renames_is_raised_once_both_are_replaced(tmp_path, mo
     assert len(calls) == 2
     assert (table.read_text(), figure.read_text()) == ("new table", "new figure")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler is put back"
+
+
+def test_sigterm_with_a_python_handler_waits_for_the_block_and_arrives_once():
+    """The command line turns SIGTERM into an exit that unwinds like Ctrl-C (cli/__init__.py): a
+    block that must not be cut short holds it as it holds Ctrl-C, then delivers it once."""
+    taken: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: taken.append(signum))
+    try:
+        with files.interrupts_deferred():
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+            assert taken == [], "held inside the block"
+        assert taken == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
