@@ -96,6 +96,8 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no .metadata); use latest(root)")
     state = {**engine.sharded_state(for_load=True), "extra": io.BytesIO()}
+    if "optim" in state:
+        _start_absent_fresh(state["optim"]["state"], folder)
     # No ShardedTensor here nests another, and the pass that unnests them would turn the
     # optimizer's param_groups (plain values only) into one key the checkpoint does not have.
     with _sharded_tensors_quietly():
@@ -103,6 +105,29 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str
     engine.load_sharded_state(state)
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
     return extra
+
+
+def start_fresh(views: dict[str, Any]) -> None:
+    """A trainable parameter the given state holds nothing for (FSDP2's optimizer keeps none for
+    one that never had a gradient, nor for one frozen when it was saved): its moments start at
+    zero, as a fresh optimizer's would, and its scalars come with its piece's other parameters."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    for view in views.values():
+        if isinstance(view, ShardedTensor):
+            for shard in view.local_shards():
+                shard.tensor.zero_()
+
+
+def _start_absent_fresh(optim: dict[str, Any], folder: Path) -> None:
+    """Leave out of the load, starting them fresh, the parameters the checkpoint has no optimizer
+    state for: FSDP2 saves none for a parameter that never had a gradient, ODC one for every
+    parameter that trains (docs/use_odc.md, "Frozen and unused parameters")."""
+    prefix = "optim.state."
+    stored = {key[len(prefix):].rsplit(".", 1)[0]
+              for key in dcp.FileSystemReader(folder).read_metadata().state_dict_metadata if key.startswith(prefix)}
+    for name in [name for name in optim if name not in stored]:
+        start_fresh(optim.pop(name))
 
 
 @contextlib.contextmanager

@@ -220,10 +220,14 @@ class CollectiveEngine:
         return {"model": model_sd, "optim": optim_sd}
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        """After DCP has loaded every key of sharded_state(for_load=True) but the optimizer state
+        of parameters the checkpoint has none for (odc_core/checkpoint.py): those start fresh,
+        as they would in a new optimizer; torch's strict check would refuse them."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         assert self.model is not None
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(strict=False))
 
     def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """torch's get_state_dict of the model and optimizer: DTensors, or with `full` whole tensors."""

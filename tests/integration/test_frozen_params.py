@@ -6,6 +6,7 @@ flat-buffer trainer (docs/use_odc.md, "Frozen and unused parameters")."""
 import socket
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import pytest
 import torch
@@ -13,10 +14,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from odc_core import get_state_dict, set_state_dict
+from odc_core import checkpoint, get_state_dict, set_state_dict
 from odc_core.engine.base import EngineContext
 from odc_core.engine.build import make_engine
-from odc_core.engine.registry import OdcOptions
+from odc_core.engine.registry import CollectiveOptions, OdcOptions
 from tests.helpers.reference import relative_error
 
 
@@ -134,3 +135,64 @@ def test_frozen_and_unused_parameters_train_as_in_one_process_with_odc(tmp_path)
     for name, values in state.items():
         for key, value in values.items():
             assert torch.allclose(got["state"][name][key], value, rtol=1e-4, atol=1e-7), f"{name} {key}"
+
+
+# The collective engine needs the same count on every rank: each rank runs every sequence of a step.
+EVEN = [(ranks[0] + ranks[1], ranks[1] + ranks[0]) for ranks in STEPS]
+
+
+def _engine(name: str, store: dist.Store, tag: str) -> tuple[Any, _Lm]:
+    options = OdcOptions() if name == "odc" else CollectiveOptions()
+    engine = make_engine(name, EngineContext(torch.device("cpu"), store, tag, 60.0, "fp32"), options)
+    model = _Lm()
+    engine.wrap(model, [model.embed, *model.layers, model.head])
+    engine.configure_optimizer(AdamW, max_grad_norm=CLIP)
+    return engine, model
+
+
+def _step(engine: Any, model: _Lm, rank: int, step: int) -> None:
+    engine.begin_minibatch()
+    for seq in EVEN[step % len(EVEN)][rank]:
+        (model(torch.tensor(seq)) * (engine.loss_scale / (2 * _tokens(step % len(EVEN))))).backward()
+    engine.finish_minibatch()
+
+
+def _resume_rank(rank: int, port: int, root: str, out: str) -> None:
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    collective, trained = _engine("collective", store, f"c{port}")
+    for step in range(3):
+        _step(collective, trained, rank, step)
+    checkpoint.save(collective, f"{root}/collective", 3)
+    odc, odc_model = _engine("odc", store, f"o{port}")
+    checkpoint.load(odc, checkpoint.latest(f"{root}/collective"))  # FSDP2's: no state for the unused parameter
+    for engine, model in ((collective, trained), (odc, odc_model)):
+        _step(engine, model, rank, 3)
+    params = [collective.full_parameters(), odc.full_parameters()]
+    checkpoint.save(odc, f"{root}/odc", 4)  # ODC's: state for every trainable parameter
+    again, again_model = _engine("collective", store, f"a{port}")
+    checkpoint.load(again, checkpoint.latest(f"{root}/odc"))
+    for engine, model in ((collective, trained), (again, again_model)):
+        _step(engine, model, rank, 4)
+    params += [collective.full_parameters(), again.full_parameters()]
+    if rank == 0:
+        torch.save(params, out)
+    for engine in (collective, odc, again):
+        engine.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_checkpoints_of_frozen_and_unused_parameters_resume_on_the_other_engine(tmp_path):
+    """FSDP2 to ODC and back through odc_core.checkpoint: the unused parameter's state is absent
+    from FSDP2's checkpoint and starts fresh in ODC; every other parameter resumes exactly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_resume_rank, args=(port, str(tmp_path), str(tmp_path / "out.pt")), nprocs=2,
+                       start_method="forkserver")
+    straight4, odc4, straight5, again5 = (
+        {name: p for name, p in params.items() if "spare" not in name}  # which the engines step differently
+        for params in torch.load(tmp_path / "out.pt"))
+    assert relative_error(odc4, straight4) < 1e-6
+    assert relative_error(again5, straight5) < 1e-6

@@ -149,7 +149,10 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
     for name, views in target["optim"]["state"].items():
         given = optim_sd["state"].get(name)
         if given is None:
-            raise ValueError(f"the optimizer state dict has no state for {name!r}")
+            from odc_core.checkpoint import start_fresh
+
+            start_fresh(views)
+            continue
         state[name] = {key: _fill(view, given[key], f"{name} {key}") for key, view in views.items()}
     load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}})
 
@@ -212,12 +215,14 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
     slot = engine.versions.newest_slot
     for unit in engine.units:
         for held in (piece for piece in unit.pieces if not piece.frozen):
-            # Scalars (a step count) are a piece's own, not views: take them from a parameter it holds.
-            j = next((j for j in range(len(unit.params)) if held.lo <= unit.local_range(j)[0] < held.hi), 0)
-            first = loaded["state"][unit.names[j]]
+            # Scalars (a step count) are a piece's own, not views: take them from a parameter it
+            # holds, or where the state has none of those (start_fresh), from any it has.
+            inside = [unit.names[j] for j in range(len(unit.params)) if held.lo <= unit.local_range(j)[0] < held.hi]
+            given = [loaded["state"][n] for n in inside if n in loaded["state"]] + list(loaded["state"].values())
             for key, value in opt.state[held.param].items():
-                if torch.is_tensor(value) and not _flat(value, held):
-                    value.copy_(first[key])
+                source = next((g[key] for g in given if key in g), None)
+                if torch.is_tensor(value) and not _flat(value, held) and source is not None:
+                    value.copy_(source)
         if unit.shadow is not None:
             unit.shadow[slot].copy_(unit.master[slot])
     buffers = {n for n, _ in model.named_buffers()}
