@@ -89,3 +89,25 @@ def test_both_engines_return_the_gradient_norm_their_clipping_used_and_agree():
             assert r["norms"] == pytest.approx(norms, rel=1e-5), name
         for n, p in reference.named_parameters():
             torch.testing.assert_close(ranks[0]["params"][n], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _wrap_on_meta(rank: int, world: int, store: dist.Store) -> str:
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
+    with torch.device("meta"):
+        model = Net()
+    engine = make_engine("odc", engine_context(timeout_s=20.0))
+    try:
+        with pytest.raises(ValueError) as refused:
+            engine.wrap(model, list(model.layers))
+        return str(refused.value)
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def test_odc_refuses_a_model_on_the_meta_device_in_one_line_naming_a_parameter():
+    """FSDP2's deferred initialisation (fully_shard on meta, then to_empty) has no ODC
+    counterpart: ODC shards the values a parameter holds at wrap()."""
+    message = run_ranks(_wrap_on_meta, 1)[0]
+    assert message.startswith("parameter layers.0.weight is on the meta device (4 of the model's are)")
+    assert "before wrap()" in message and "\n" not in message

@@ -101,6 +101,13 @@ class OdcEngine:
         (tied embeddings) share one group, gathered from its first unit's forward until the last
         gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
         names = {id(p): n for n, p in model.named_parameters()}
+        meta = [n for n, p in model.named_parameters() if p.is_meta]
+        if meta:
+            # FSDP2 shards first and materialises after (to_empty, then init on the shards); ODC
+            # copies each parameter's values into its shards here, so they must exist by now.
+            raise ValueError(f"parameter {meta[0]} is on the meta device ({len(meta)} of the model's are): engine odc "
+                             f"shards the values a parameter holds at wrap(); build or load the model with its "
+                             f"values (on the CPU or this rank's device) before wrap()")
         self.model = model
         modules, groups, params_of = flat_groups(model, list(units))
         group_of: list[FlatUnit | None] = [None] * len(modules)
