@@ -5,6 +5,7 @@ gradient norm their clipping used, FSDP2's clip_grad_norm_'s."""
 from __future__ import annotations
 
 import copy
+import time
 from datetime import timedelta
 from functools import partial
 
@@ -111,3 +112,52 @@ def test_odc_refuses_a_model_on_the_meta_device_in_one_line_naming_a_parameter()
     message = run_ranks(_wrap_on_meta, 1)[0]
     assert message.startswith("parameter layers.0.weight is on the meta device (4 of the model's are)")
     assert "before wrap()" in message and "\n" not in message
+
+
+class _LateSGD(torch.optim.SGD):
+    """An owner that applies its steps late: a peer's forward must wait for them."""
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        time.sleep(0.5)
+        return super().step(closure)
+
+
+def _evaluate_between_minibatches(rank: int, world: int, store: dist.Store) -> list[float]:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = Net()
+    engine = make_engine("odc", engine_context(timeout_s=20.0))
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(_LateSGD if rank == 1 else torch.optim.SGD, lr=0.1))
+        evaluations = []
+        for k in range(2):
+            engine.begin_minibatch()
+            for x in _inputs(1, 100 * k + rank):
+                (model(x) * engine.loss_scale).backward()
+            engine.finish_minibatch()
+            with torch.no_grad():
+                evaluations.append(float(model(_inputs(1, 999)[0])))
+        return evaluations
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def test_a_forward_between_minibatches_sees_every_owners_step():
+    """Evaluation after finish_minibatch() reads the parameters after the step, on every owner:
+    before, rank 0 read rank 1's shard while rank 1 was still stepping it in place."""
+    torch.manual_seed(0)
+    reference = Net()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    expected = []
+    for k in range(2):
+        for rank in range(2):
+            for x in _inputs(1, 100 * k + rank):
+                reference(x).backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            expected.append(float(reference(_inputs(1, 999)[0])))
+    assert run_ranks(_evaluate_between_minibatches, 2)[0] == pytest.approx(expected, rel=1e-5)

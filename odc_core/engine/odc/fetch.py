@@ -65,7 +65,7 @@ class Fetcher:
     def _gather(self, unit: FlatUnit, serve: bool = False) -> None:
         out = unit.materialize()
         self.versions.await_owners(unit.name, serve)
-        slot = self.versions.read_version(self.versions.minibatch) % self.versions.slots
+        slot = self.versions.gathered_version % self.versions.slots
         gather(self.heap, unit.gather_source(slot), out, unit.layout, self.owners)
         unit.storage = Storage.GATHERED
 
@@ -108,7 +108,7 @@ class StreamFetcher(Fetcher):
         out = unit.materialize()
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            slot = self.versions.read_version(self.versions.minibatch) % self.versions.slots
+            slot = self.versions.gathered_version % self.versions.slots
             gather(self.heap, unit.gather_source(slot), out, unit.layout, self.owners)
             unit.pending = self.stream.record_event()
         unit.storage = Storage.FETCHING

@@ -70,6 +70,7 @@ class Versions:
         self.timeout_s = timeout_s
         self._emit, self._now = emit, now
         self.minibatch = -1
+        self.inside = False  # between begin() and finish(): a forward then computes minibatch `minibatch`
         self.units: list[FlatUnit] = []
         self.step_rule: OptimizerStep | None = None
         # Hybrid sharding: this rank and its replicas on the other nodes.
@@ -96,6 +97,14 @@ class Versions:
         return max(0, minibatch - self.staleness)
 
     @property
+    def gathered_version(self) -> int:
+        """The version a forward gathers now: its minibatch's inside one; between minibatches (an
+        evaluation), the one the next minibatch computes on, after the steps before it (with
+        staleness 0, the newest: the owners may still be applying the step of the minibatch
+        just finished, in place, which a read of its own version would race)."""
+        return self.read_version(self.minibatch if self.inside else self.minibatch + 1)
+
+    @property
     def accumulator_slot(self) -> int:
         """The slot the current minibatch's pushes go into."""
         return self.minibatch % self.slots
@@ -110,12 +119,14 @@ class Versions:
         """Nothing here waits for a peer: the first gather from an owner waits for its version."""
         self.serve()
         self.minibatch += 1
+        self.inside = True
 
     def finish(self) -> float | None:
         """This rank's gradients of the minibatch have landed; its step is applied here (s = 0,
         after the one barrier) or queued for this owner to serve (s >= 1). Returns the step's
         gradient norm before clipping (when it clips, s = 0)."""
         k = self.minibatch
+        self.inside = False
         t0 = self._now()
         self.heap.quiet()
         self.heap.store(FLAGS, DONE, k + 1)
@@ -149,7 +160,7 @@ class Versions:
         """Make sure every owner has published the version the current minibatch reads: at
         once when already seen, else by waiting (`serve`: this rank's due steps meanwhile).
         Returns whether it had to wait."""
-        version = self.read_version(self.minibatch)
+        version = self.gathered_version
         waited = False
         for owner in self.peers:
             if self._ready[owner] < version + 1:
@@ -163,7 +174,7 @@ class Versions:
     def owners_ready(self) -> bool:
         """Whether every owner's version for the current minibatch is known to be published,
         without waiting (one flag read per owner not seen yet)."""
-        version = self.read_version(self.minibatch)
+        version = self.gathered_version
         for owner in self.peers:
             if self._ready[owner] < version + 1:
                 if self.heap.load(FLAGS, owner, VERSION) < version + 1:
