@@ -7,6 +7,7 @@ from functools import partial
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from odc_core.engine.base import EngineContext
 from odc_core.engine.odc import build
@@ -67,6 +68,71 @@ def test_units_returning_tuples_get_their_backward_hooks(one_rank_group):
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
     # The step moved the weights: the comparison is not of two untouched copies.
     assert not torch.allclose(got["layers.0.lin.weight"], initial)
+
+
+class Checkpointed(Net):
+    """Each layer called through torch.utils.checkpoint, as transformers' gradient checkpointing
+    calls decoder layers: the unit's hooks fire again as its forward is recomputed in backward."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        aux = x.new_zeros(())
+        for layer in self.layers:
+            x, a = checkpoint(layer, x, use_reentrant=self.reentrant)
+            aux = aux + a
+        return x.sum() + aux
+
+
+def _odc(group_store, model: nn.Module):  # type: ignore[no-untyped-def]
+    engine = build(EngineContext(torch.device("cpu"), group_store, uuid.uuid4().hex[:8], 30.0, "fp32"),
+                   OdcOptions(transport="shm"))
+    engine.wrap(model, list(model.layers))
+    engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+    return engine
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_units_under_activation_checkpointing_train_as_in_one_process(one_rank_group, reentrant):
+    torch.manual_seed(0)
+    model = Checkpointed(reentrant)
+    reference = copy.deepcopy(model)
+    engine = _odc(one_rank_group, model)
+    xs = [torch.randn(4, 8, requires_grad=True) for _ in range(2)]
+    try:
+        for x in xs:
+            engine.begin_minibatch()
+            model(x).backward()
+            engine.finish_minibatch()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x in xs:
+        reference(x).backward()
+        opt.step()
+        opt.zero_grad()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_second_backward_through_one_forward_is_refused_in_one_line(one_rank_group):
+    """The first backward pushed the units' gradients and freed their parameters: a second one
+    through the same forward would read freed storage (before: torch's setStorage error)."""
+    torch.manual_seed(0)
+    model = Net()
+    engine = _odc(one_rank_group, model)
+    try:
+        engine.begin_minibatch()
+        loss = model(torch.randn(4, 8, requires_grad=True))
+        loss.backward(retain_graph=True)
+        with pytest.raises(RuntimeError, match=r"^unit u1: a gradient reached it after its backward was over .*"
+                                                r"call backward once per forward, on the sum of its losses$"):
+            loss.backward()
+    finally:
+        engine.close()
 
 
 @pytest.mark.slow

@@ -40,6 +40,12 @@ def _tensors(output: object) -> Iterator[torch.Tensor]:
             yield from _tensors(item)
 
 
+def _second_backward(unit: FlatUnit) -> None:
+    raise RuntimeError(f"unit {unit.name}: a gradient reached it after its backward was over (a second backward "
+                       f"through one forward, or a parameter used outside the forward of the unit that holds it); "
+                       f"call backward once per forward, on the sum of its losses")
+
+
 class _AfterBackward(torch.autograd.Function):
     """Identity on a unit's input whose backward runs once the unit's backward is done."""
 
@@ -121,6 +127,8 @@ class UnitHooks:
             t.register_hook(lambda _g, u=unit, pos=pos: self.pre_backward(u, pos))
 
     def pre_backward(self, unit: FlatUnit, pos: int) -> None:
+        if unit.backward is Backward.IDLE:  # its gradients are pushed and its parameters freed
+            _second_backward(unit)
         if unit.backward is Backward.ARMED:
             unit.backward = Backward.RUNNING
             self.fetcher.ensure(unit)
@@ -137,8 +145,7 @@ class UnitHooks:
     def param_grad_done(self, unit: FlatUnit) -> None:
         if unit.backward is not Backward.RUNNING:
             # Its gradient went to a fresh .grad, not the flat buffer the push sends: it would be lost.
-            raise RuntimeError(f"unit {unit.name}: a parameter got a gradient outside its unit's backward; use each "
-                               f"parameter only inside the forward of the unit that holds it")
+            _second_backward(unit)
         unit.grads_ready += 1
         self._maybe_push(unit)
 
