@@ -187,8 +187,6 @@ class OdcEngine:
                     # would lose its gradients, one frozen since would still be stepped.
                     raise RuntimeError(f"parameter {name} was {'' if trainable else 'un'}frozen after wrap(): set "
                                        f"requires_grad before wrap(), which decides what is pushed and stepped")
-        if self._hooks is not None:
-            self._hooks.begin_minibatch()
         self.versions.begin()
 
     def finish_minibatch(self) -> float | None:

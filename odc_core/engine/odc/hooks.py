@@ -81,10 +81,6 @@ class UnitHooks:
         for p in (p for p, trainable in zip(unit.params, unit.trainable, strict=True) if trainable):
             self.handles.append(p.register_post_accumulate_grad_hook(lambda _p, u=unit: self.param_grad_done(u)))
 
-    def begin_minibatch(self) -> None:
-        """No backward pass is under way: one that raised never ran its queued end."""
-        self._finishing = False
-
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
