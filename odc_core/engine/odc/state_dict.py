@@ -126,7 +126,7 @@ def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
         for p, off, name, trainable in zip(unit.params, unit.offsets, unit.names, unit.trainable, strict=True):
             if trainable:
                 optim_sd[name] = {k: whole[k][off:off + p.numel()].view(p.shape).clone() if k in whole
-                                  else v.clone() for k, v in template.items()}
+                                  else v.cpu().clone() for k, v in template.items()}
     return model_sd, {"state": optim_sd, "param_groups": _groups(engine)}
 
 
@@ -241,15 +241,16 @@ def _template(engine: OdcEngine) -> dict[str, Any]:
     the same in all). Where the model has frozen parameters a rank's shards may hold none that
     trains, and so no state to read it from: then the ranks agree on it (collective)."""
     opt = engine.optimizer
-    mine = next(({k: ("per element", v.dtype) if _flat(v, piece) else v.detach().cpu().clone()
+    mine = next(({k: ("per element", v.dtype) if _flat(v, piece) else v.detach().clone()
                   for k, v in opt.state[piece.param].items()}
                  for unit in engine.units for piece in unit.pieces if not piece.frozen), None)
     if all(all(unit.trainable) for unit in engine.units):
         assert mine is not None, "a rank holds at least one piece"
         return mine
     every: list[dict[str, Any] | None] = [None] * engine.world_size
-    dist.all_gather_object(every, mine)
-    return next((t for t in every if t is not None), {})
+    dist.all_gather_object(every, None if mine is None else
+                           {k: v if isinstance(v, tuple) else v.cpu() for k, v in mine.items()})
+    return mine if mine is not None else next((t for t in every if t is not None), {})
 
 
 def _init_state(engine: OdcEngine) -> None:
