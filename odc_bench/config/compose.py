@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverrideParseException
 from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -95,6 +97,15 @@ def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
         return [load(compose("config", overrides=list(overrides))) for overrides in runs]
 
 
+def _quoted(override: str) -> str | None:
+    """The override with its value in Hydra's quotes, as one shell word; None where that would not
+    help (no key=value, or a value holding both kinds of quote)."""
+    key, eq, value = override.partition("=")
+    if not eq or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key) or ('"' in value and "'" in value):
+        return None
+    return shlex.quote(f'{key}="{value}"' if '"' not in value else f"{key}='{value}'")
+
+
 def hydra_error_line(error: Exception) -> str:
     """Hydra's or OmegaConf's error about a command line, in one line saying what to do."""
     unknown_key = re.match(r"Could not override '([^']+)'", str(error))
@@ -107,6 +118,11 @@ def hydra_error_line(error: Exception) -> str:
                     f"or leave {key} out")
         return (f"unknown config key {key!r}; check its spelling "
                 f"(`python -m odc_bench --cfg job` prints every key)")
+    if isinstance(error, OverrideParseException) and (quoted := _quoted(error.override)):
+        reason = error.message.strip().splitlines()[0].split(" See https://")[0]
+        if reason.startswith("LexerNoViableAltException"):
+            reason = "a character it reads only inside quotes, such as a quote or a non-ASCII letter"
+        return f"{error.override!r}: Hydra cannot read it ({reason}); if the value is one string, quote it: {quoted}"
     if isinstance(error, MissingConfigException) and error.options:
         group, _, value = (error.missing_cfg_file or "").partition("/")
         if group == "model" and ("/" in value or value.endswith(".json")):

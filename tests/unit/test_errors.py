@@ -82,7 +82,12 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                      "unknown config key 'balancer.options.nosuch'", None),
     "unknown-option": (["engine=nosuch"], "unknown engine option 'nosuch'; choose one of collective, odc", None),
     "unknown-task": (["task=nosuch"], "unknown task option 'nosuch'", None),
-    "malformed-override": (["world_size=[1,"], "no viable alternative at input '[1,'", None),
+    "malformed-override": (["world_size=[1,"], "'world_size=[1,': Hydra cannot read it (no viable alternative at input "
+                           "'[1,'); if the value is one string, quote it: 'world_size=\"[1,\"'", None),
+    # A path Hydra reads only quoted: the line gives the override quoted as one shell word.
+    "unquoted-value": (["results_dir=out/ünï"], "if the value is one string, quote it: 'results_dir=\"out/ünï\"'",
+                       None),
+    "unquoted-quote": (["results_dir=out/q'1"], """quote it: 'results_dir="out/q'"'"'1"'""", None),
     "sweep-without-multirun": (["world_size=1,2"], "'world_size=1,2' lists several values; add --multirun", None),
     # values
     "world-size-zero": (["world_size=0"], "world_size must be at least 1, got 0", None),
