@@ -31,16 +31,23 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_shared_memory_left_behind():
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """After the suite, no odc-* segment may remain in /dev/shm.
 
     The host is shared: segments whose creator is still running outside this session belong
     to someone else's run and are ignored. A segment whose creator is dead, or still running
     under this session, is a leak, unless it goes within a few seconds (tests/helpers/shm.py).
+    Under pytest-xdist (tests/suite.py) the controller checks, once every worker is done: a
+    worker done early would count a rank another worker's test just killed, whose segments
+    that test's run removes a moment later.
     """
+    if hasattr(session.config, "workerinput"):
+        return
     from tests.helpers.shm import leaked_segments
 
-    yield
     leaked = leaked_segments()
-    assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"
+    if leaked:
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(f"shared-memory segments left in /dev/shm: {sorted(leaked)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -4,6 +4,8 @@
    settled: they measure the machine, and anything beside them would be measured too.
 2. Then the SLURM tests (marker `slurm`), which spend most of their time waiting for the
    cluster's scheduler, beside all the others; their output follows when both are done.
+   The others run on two pytest-xdist workers, a file to a worker: alone on one worker they
+   kept a 2-core machine's cores busy less than half the time (docs/architecture.md, "Tests").
 
 Arguments go to every pytest (`python -m tests.suite -x -k resume`); `-m` is this script's.
 Ctrl-C reaches each pytest once, so the SLURM tests still cancel what they submitted. The exit
@@ -27,6 +29,9 @@ NOTHING_SELECTED = 5  # pytest's exit status when the marks and -k leave no test
 # What came before (installing, lint) can leave the one-minute load average high for a while:
 # the timing tests wait this long for it to settle before they skip.
 SETTLE_S = 120.0
+# Each file on one worker: a file's tests share module fixtures (a trained model, a composed
+# sweep) that would otherwise be built once per worker.
+WORKERS = ("-n", "2", "--dist", "loadfile")
 
 
 def _pytest(args: Sequence[str], marks: str, durations: int) -> list[str]:
@@ -66,7 +71,7 @@ def main(args: Sequence[str]) -> int:
         slurm = subprocess.Popen(_pytest([*args, "-p", "no:cacheprovider"], "slurm", 10), stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  env=dict(os.environ, **{PART: "slurm"}))
-        rest = subprocess.Popen(_pytest(args, "not slurm and not timing", 15), start_new_session=True,
+        rest = subprocess.Popen(_pytest([*WORKERS, *args], "not slurm and not timing", 15), start_new_session=True,
                                 env=dict(os.environ, **{PART: "main"}))
         try:
             statuses += _wait([rest, slurm])

@@ -321,6 +321,7 @@ def test_ctrl_c_at_any_moment_is_one_line_status_130_and_leaves_no_segment(after
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *SMALL, "engine=odc", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path,  # Hydra's outputs/ of a single run goes to the working directory
                             start_new_session=True,  # its own group, as a terminal's job
                             # SIGINT at its default, as a terminal starts it, even where this test runs in the
                             # background (a non-interactive shell's `&` ignores SIGINT, and children inherit that)
