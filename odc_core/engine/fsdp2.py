@@ -43,7 +43,7 @@ from odc_core.engine.base import (
     reduction_device,
 )
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
-from odc_core.engine.sharing import sharing_groups, unit_parameters
+from odc_core.engine.sharing import check_units, sharing_groups, unit_parameters
 
 
 class CollectiveEngine:
@@ -114,13 +114,13 @@ class CollectiveEngine:
         return DeviceMesh.from_group(self.groups, self.device.type, layout, mesh_dim_names=names)
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
+        # The model itself among the units is the root, sharded last below.
+        units = [u for u in check_units(model, units) if u is not model]
         mesh = self._mesh()
         mp = _fsdp2_policy(self.policy)
         # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
         # a parameter in one group only, so the shared one falls to the root's group with the rest
         # of those units' parameters, gathered for the whole forward and backward.
-        # The model itself among the units is the root, sharded last below.
-        units = [u for u in units if u is not model]
         for group in sharing_groups(unit_parameters(units)):
             if len(group) == 1:
                 fully_shard(units[group[0]], mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)

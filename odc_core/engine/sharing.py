@@ -10,9 +10,34 @@ forward to the last one's backward; fsdp2.py: the shared parameter falls to the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from torch import nn
+
+
+def check_units(model: nn.Module, units: Iterable[object]) -> list[nn.Module]:
+    """The units as a list, or a one-line error for a list no engine can shard by: each unit is a
+    module of the model that its forward calls, listed once."""
+    inside = {id(m) for m in model.modules()}
+    first: dict[int, int] = {}
+    checked: list[nn.Module] = []
+    for i, unit in enumerate(units):
+        if not isinstance(unit, nn.Module):
+            raise TypeError(f"units[{i}] is a {type(unit).__name__}, not a module: list the modules to shard "
+                            f"by (a decoder layer each, the embeddings, the head)")
+        what = f"units[{i}] ({type(unit).__name__})"
+        if id(unit) not in inside:
+            raise ValueError(f"{what} is not a module of the model given to wrap(): list modules of that model")
+        if id(unit) in first:
+            raise ValueError(f"{what} is units[{first[id(unit)]}] again: list each module once")
+        first[id(unit)] = i
+        if type(unit).forward is nn.Module.forward:
+            # Hooks on a module nobody calls never run: its parameters would never be gathered
+            # (FSDP2 refuses ModuleList and ModuleDict for the same reason).
+            raise ValueError(f"{what} has no forward, so the model never calls it: list the modules it holds "
+                             f"instead (*model.layers for a ModuleList)")
+        checked.append(unit)
+    return checked
 
 
 def unit_parameters(units: Sequence[nn.Module]) -> list[list[nn.Parameter]]:

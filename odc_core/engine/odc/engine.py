@@ -46,6 +46,7 @@ from odc_core.engine.odc.hooks import UnitHooks
 from odc_core.engine.odc.unit import Backward, FlatUnit, Storage, flat_groups, shard_unit
 from odc_core.engine.odc.versions import Versions
 from odc_core.engine.registry import OdcOptions, shard_group_size
+from odc_core.engine.sharing import check_units
 from odc_core.transport.base import SymmetricHeap
 from odc_core.transport.registry import TRANSPORTS, make_heap
 
@@ -109,7 +110,7 @@ class OdcEngine:
                              f"shards the values a parameter holds at wrap(); build or load the model with its "
                              f"values (on the CPU or this rank's device) before wrap()")
         self.model = model
-        modules, groups, params_of = flat_groups(model, list(units))
+        modules, groups, params_of = flat_groups(model, check_units(model, units))
         group_of: list[FlatUnit | None] = [None] * len(modules)
         for group, params in zip(groups, params_of, strict=True):
             unit = shard_unit(self.heap, len(self.units), group, params, [names[id(p)] for p in params],

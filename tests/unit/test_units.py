@@ -1,0 +1,71 @@
+"""A unit list no engine can shard by is refused in one line at wrap(), by both engines alike,
+before anything is sharded (odc_core/engine/sharing.py's check_units)."""
+
+import uuid
+
+import pytest
+import torch
+from torch import nn
+
+from odc_core.engine.base import EngineContext
+from odc_core.engine.build import make_engine
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+# (units of a Net, the message's start, its end)
+REFUSED = {
+    "not a module": (lambda m: [m.layers[0], m.head.weight], TypeError,
+                     "units[1] is a Parameter, not a module: list the modules to shard by"),
+    "outside the model": (lambda m: [*m.layers, nn.Linear(4, 1)], ValueError,
+                          "units[2] (Linear) is not a module of the model given to wrap(): list modules of that model"),
+    "listed twice": (lambda m: [m.layers[0], m.layers[1], m.layers[0]], ValueError,
+                     "units[2] (Sequential) is units[0] again: list each module once"),
+    "never called": (lambda m: [m.layers, m.head], ValueError,
+                     "units[0] (ModuleList) has no forward, so the model never calls it: list the modules it holds"),
+}
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_unit_list_no_engine_can_shard_by_is_one_line_naming_the_unit(case, engine_name, one_rank_group):
+    units_of, error, message = REFUSED[case]
+    model = Net()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    try:
+        with pytest.raises(error) as refused:
+            engine.wrap(model, units_of(model))
+    finally:
+        engine.close()
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    # nothing was sharded: every parameter still holds its values
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_units_given_as_a_generator_and_the_model_itself_are_accepted(engine_name, one_rank_group):
+    model = Net()
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    try:
+        engine.wrap(model, (unit for unit in (*model.layers, model.head, model)))
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        engine.begin_minibatch()
+        model(torch.ones(2, 4)).sum().backward()
+        engine.finish_minibatch()
+        engine.drain()
+        assert set(engine.full_parameters()) == {n for n, _ in Net().named_parameters()}
+    finally:
+        engine.close()
