@@ -78,11 +78,17 @@ SGD = partial(torch.optim.SGD, lr=LR)
 
 
 def _train(rank: int, engine_name: str, grouped: bool, precision: str | MixedPrecision,
-           factory: OptimizerFactory = ADAMW) -> dict:
+           factory: OptimizerFactory = ADAMW, loop_casts: bool = True, load: str = "fp32") -> dict:
+    """`loop_casts`: the loop casts its inputs to the compute dtype (else the engine must, as
+    FSDP2 does); `load`: the model in fp32, in bf16 ("bf16"), or in fp32 holding bf16's values."""
     torch.manual_seed(0)
     model = Net()
+    if load != "fp32":
+        model.to(torch.bfloat16)
+        if load == "bf16-values":
+            model.float()
     engine = make_engine(engine_name, engine_context(precision=precision, timeout_s=20.0))
-    dtype = MixedPrecision.of(precision).param_dtype
+    dtype = MixedPrecision.of(precision).param_dtype if loop_casts else torch.float32
     try:
         engine.wrap(model, [*model.blocks, model.head])
         engine.configure_optimizer(factory, param_groups=groups if grouped else None)
@@ -162,6 +168,41 @@ def test_bf16_is_the_policy_bf16_params_fp32_reduction_and_bf16_reduction_differ
     # ODC keeps its gradient accumulators in the reduce dtype: half the bytes of fp32 ones.
     shards = sum(p.numel() for p in reference.values()) / 2
     assert results[0]["heap_bytes"] - results[2]["heap_bytes"] == pytest.approx(2 * shards, abs=16)
+
+
+def test_bf16_casts_fp32_inputs_as_fsdp2_does_and_odc_takes_a_bf16_model_onto_fp32_masters():
+    """FSDP2's MixedPrecisionPolicy casts each sharded module's floating inputs to its param_dtype,
+    so an FSDP2 loop feeds fp32 tensors; ODC casts them the same way (before, a bf16 weight met an
+    fp32 input: 'mat1 and mat2 must have the same dtype'). A model loaded in bf16 keeps fp32
+    masters on ODC: it trains as an fp32 model holding the same values."""
+    runs = [(name, False, "bf16", SGD, loop_casts) for name in ("odc", "collective") for loop_casts in (True, False)]
+    runs += [("odc", False, "bf16", SGD, True, load) for load in ("bf16", "bf16-values")]
+    results = run_ranks(_loop, 2, runs, timeout_s=120)[0]
+    for i, name in enumerate(("odc", "collective")):
+        cast_by_loop, cast_by_engine = results[2 * i:2 * i + 2]
+        for n, p in cast_by_loop["params"].items():
+            assert torch.equal(cast_by_engine["params"][n], p), f"{name}: {n}"
+    bf16_model, bf16_values = results[4:]
+    for n, p in bf16_values["params"].items():
+        assert torch.equal(bf16_model["params"][n], p), n
+    assert any(not torch.equal(bf16_values["params"][n], p) for n, p in results[0]["params"].items())
+
+
+@pytest.mark.parametrize(("dtype", "precision"), [(torch.bfloat16, "fp32"), (torch.float64, "fp32"),
+                                                  (torch.float16, "bf16")])
+def test_odc_refuses_parameters_of_a_dtype_it_neither_keeps_nor_computes_in(dtype, precision, one_rank_group):
+    model = Net()
+    model.head.to(dtype)
+    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, "dtypes", 20.0, precision))
+    try:
+        with pytest.raises(ValueError) as refused:
+            engine.wrap(model, [*model.blocks, model.head])
+    finally:
+        engine.close()
+    compute = MixedPrecision.of(precision).param_dtype
+    assert str(refused.value) == (f"parameter head.weight is {dtype} (2 of the model's are not float32), and engine "
+                                  f"odc computes in {compute} on float32 master weights: load the model in float32, "
+                                  f"with precision='bf16' for bf16 compute (a bf16 model works there too)")
 
 
 @pytest.mark.parametrize("transport, device", [("mpi", "cpu"), ("cuda_ipc", "cuda"), ("nvshmem", "cuda")])

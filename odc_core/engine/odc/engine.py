@@ -109,6 +109,15 @@ class OdcEngine:
             raise ValueError(f"parameter {meta[0]} is on the meta device ({len(meta)} of the model's are): engine odc "
                              f"shards the values a parameter holds at wrap(); build or load the model with its "
                              f"values (on the CPU or this rank's device) before wrap()")
+        odd = [(n, p.dtype) for n, p in model.named_parameters() if p.dtype not in (torch.float32, self.compute_dtype)]
+        if odd:
+            # The shards are fp32 masters and forward reads them in the compute dtype: a parameter
+            # of a third dtype would meet inputs of its own dtype with weights of another. FSDP2
+            # keeps each parameter's own dtype as its master instead (a bf16 model, bf16 moments).
+            name, dtype = odd[0]
+            raise ValueError(f"parameter {name} is {dtype} ({len(odd)} of the model's are not float32), and engine odc "
+                             f"computes in {self.compute_dtype} on float32 master weights: load the model in float32, "
+                             f"with precision='bf16' for bf16 compute (a bf16 model works there too)")
         self.model = model
         modules, groups, params_of = flat_groups(model, check_units(model, units))
         group_of: list[FlatUnit | None] = [None] * len(modules)

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
 from odc_core.engine.odc.fetch import Fetcher
@@ -95,8 +96,12 @@ class UnitHooks:
         following = self._group_at(pos + 1)
         if following is not None and following is not unit:
             self.fetcher.prefetch(following)
+        if self.compute_dtype != torch.float32:
+            # As FSDP2's MixedPrecisionPolicy (cast_forward_inputs): a loop written for it feeds a
+            # unit fp32 tensors, which would meet weights gathered in the compute dtype.
+            args, kwargs = tree_map_only(torch.Tensor, self._in_compute_dtype, (args, kwargs))
         if not torch.is_grad_enabled():
-            return None
+            return args, kwargs
         # The first input that carries a gradient, positional or keyword (transformers' layers
         # take hidden_states either way): its gradient leaving the unit ends the unit's backward.
         for i, x in enumerate(args):
@@ -107,7 +112,10 @@ class UnitHooks:
             if torch.is_tensor(x) and x.requires_grad:
                 unit.inputs_pending += 1
                 return args, {**kwargs, key: _AfterBackward.apply(x, self, unit)}
-        return None
+        return args, kwargs
+
+    def _in_compute_dtype(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.compute_dtype) if x.is_floating_point() else x
 
     def post_forward(self, unit: FlatUnit, pos: int, output: object) -> None:
         # A group stays gathered until its last unit's forward; the last unit's backward starts
