@@ -83,6 +83,7 @@ class OdcEngine:
         self.model: nn.Module | None = None
         self.group_names: list[list[str]] = []  # the parameters of each optimizer group, by name
         self._hooks: UnitHooks | None = None
+        self.module_state = state_dict.ModuleStateGuard()
 
     @property
     def heap_bytes(self) -> int:
@@ -139,6 +140,7 @@ class OdcEngine:
         self._hooks = UnitHooks(modules, group_of, self.fetcher, self.versions, self.compute_dtype, self.device)
         for unit in self.units:
             self._hooks.register(unit)
+        self.module_state.watch(model)
         return model
 
     def _replica_group(self, group: int) -> dist.ProcessGroup:
@@ -252,6 +254,7 @@ class OdcEngine:
         self.versions.closing.set()  # a prefetch waiting on a dead peer stops now
         if self._hooks is not None:
             self._hooks.remove()
+        self.module_state.remove()
         self.fetcher.close()
         self.heap.close()
         if self.versions.replicas is not None:

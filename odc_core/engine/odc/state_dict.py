@@ -4,10 +4,14 @@ out as torch.distributed.checkpoint.state_dict gives FSDP2's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from odc_core.engine.base import reduction_device
 from odc_core.engine.odc.unit import Piece, buffer_name
@@ -15,6 +19,45 @@ from odc_core.primitives import gather
 
 if TYPE_CHECKING:
     from odc_core.engine.odc.engine import OdcEngine
+
+
+class ModuleStateGuard:
+    """The wrapped model's own state_dict() and load_state_dict(), refused in one line: outside
+    its unit's forward and backward a parameter views a freed buffer (its values live in the
+    shards), so state_dict() gave tensors without data, which torch.save wrote without a word,
+    and load_state_dict() crashed the process writing into none. ODC's own state functions read
+    and load the buffers through them inside `internal()`."""
+
+    def __init__(self) -> None:
+        self._internal = False
+        self.handles: list[RemovableHandle] = []
+
+    def watch(self, model: nn.Module) -> None:
+        holders = [m for m in model.modules() if next(m.parameters(recurse=False), None) is not None]
+        # Functions, not bound methods: torch marks a state-dict hook with an attribute.
+        self.handles += [h for m in holders for h in (
+            m.register_state_dict_post_hook(lambda *_: self._refuse("state_dict()")),
+            m.register_load_state_dict_pre_hook(lambda *_: self._refuse("load_state_dict()")))]
+
+    @contextmanager
+    def internal(self) -> Iterator[None]:
+        self._internal = True
+        try:
+            yield
+        finally:
+            self._internal = False
+
+    def _refuse(self, call: str) -> None:
+        if not self._internal:
+            raise RuntimeError(f"{call} on a model wrapped by engine odc: its parameters hold values only inside "
+                               f"their unit's forward and backward; use odc_core.get_state_dict(engine) (sharded, as "
+                               f"FSDP2's model.state_dict() is) or get_state_dict(engine, full=True), and "
+                               f"odc_core.set_state_dict(engine, ...) to load")
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
 
 
 def full_parameters(engine: OdcEngine) -> dict[str, torch.Tensor]:
@@ -79,9 +122,10 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
             else:
                 optim_sd[name] = {k: sharded(torch.empty(0, dtype=v[1], device=engine.device), slice(0, 0))
                                   if isinstance(v, tuple) else v.clone() for k, v in template.items()}
-    for name, buf in model.state_dict().items():  # persistent buffers, replicated
-        if name not in model_sd:
-            model_sd[name] = buf
+    with engine.module_state.internal():
+        for name, buf in model.state_dict().items():  # persistent buffers, replicated
+            if name not in model_sd:
+                model_sd[name] = buf
     return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": _groups(engine)}}
 
 
@@ -100,9 +144,10 @@ def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
         for p, name in zip(unit.params, unit.names, strict=True):
             for alias in _aliases(model)[id(p)]:
                 model_sd[alias] = params[name]
-    for name, buf in model.state_dict().items():
-        if name not in model_sd:
-            model_sd[name] = buf.detach().cpu().clone()
+    with engine.module_state.internal():
+        for name, buf in model.state_dict().items():
+            if name not in model_sd:
+                model_sd[name] = buf.detach().cpu().clone()
     opt = engine.optimizer
     _init_state(engine)
     template = _template(engine)
@@ -226,7 +271,8 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
         if unit.shadow is not None:
             unit.shadow[slot].copy_(unit.master[slot])
     buffers = {n for n, _ in model.named_buffers()}
-    model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
+    with engine.module_state.internal():
+        model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
     engine.heap.barrier(engine.timeout_s)  # nobody gathers a shard before its owner has loaded it
 
 

@@ -1,0 +1,60 @@
+"""The state of a model ODC wrapped is read and loaded through odc_core's state dicts: its own
+state_dict() and load_state_dict(), on the model or any module of it, are refused in one line,
+since between its unit's uses a parameter views a freed buffer (before, state_dict() gave
+tensors without data, which torch.save wrote as if they were the model, and load_state_dict()
+crashed the process). odc_core's state dicts, which read the buffers through them, still work,
+and the guard goes with the engine."""
+
+import io
+import uuid
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from odc_core import get_state_dict, set_state_dict
+from odc_core.engine.base import EngineContext
+from odc_core.engine.build import make_engine
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)) for _ in range(2))
+        self.register_buffer("scale", torch.tensor([2.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.scale * x.sum()
+
+
+def test_the_wrapped_models_own_state_calls_are_refused_and_odc_cores_work(one_rank_group):
+    torch.manual_seed(0)
+    model = Net()
+    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                              "fp32"))
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        engine.begin_minibatch()
+        model(torch.ones(2, 4)).backward()
+        engine.finish_minibatch()
+        engine.drain()
+        for call in (model.state_dict, model.layers[1].state_dict, model.layers[0][0].state_dict):
+            with pytest.raises(RuntimeError) as refused:
+                call()
+            assert str(refused.value).startswith("state_dict() on a model wrapped by engine odc: ")
+            assert "odc_core.get_state_dict(engine)" in str(refused.value) and "\n" not in str(refused.value)
+        with pytest.raises(RuntimeError, match=r"^load_state_dict\(\) on a model wrapped by engine odc: "):
+            model.load_state_dict(Net().state_dict())
+        full, optim = get_state_dict(engine, full=True)
+        assert full["scale"].item() == 2.0 and set(full) == set(Net().state_dict())
+        parameters = engine.full_parameters()
+        assert all(torch.equal(full[n], p) for n, p in parameters.items())
+        set_state_dict(engine, full, optim)  # loads the buffers through the model's own load_state_dict
+        torch.save(get_state_dict(engine, full=True)[0], io.BytesIO())
+    finally:
+        engine.close()
+    assert model.state_dict().keys() == Net().state_dict().keys()  # closed: the guard is gone
