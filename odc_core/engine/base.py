@@ -224,6 +224,33 @@ def group_options(named: Sequence[tuple[str, nn.Parameter]],
     return groups
 
 
+def check_order(call: str, open_minibatch: int | None, closed: bool) -> None:
+    """A one-line error for a protocol call out of order: the engine closed, `begin_minibatch`
+    while a minibatch is open, `finish_minibatch` while none is (an ODC rank would wait for a
+    version no owner will publish; FSDP2 would step on whatever gradients there are)."""
+    if closed:
+        raise RuntimeError(f"{call}() after close(): the engine freed its shards; make another engine")
+    if call == "begin_minibatch" and open_minibatch is not None:
+        raise RuntimeError(f"begin_minibatch() while minibatch {open_minibatch} is open: call finish_minibatch() "
+                           f"first")
+    if call == "finish_minibatch" and open_minibatch is None:
+        raise RuntimeError("finish_minibatch() with no minibatch open: call begin_minibatch() before its "
+                           "microbatches")
+
+
+def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
+    """One model per engine, wrapped once; and not a model whose parameters an ODC engine has
+    already made views of its freed buffers (reading them would crash the process)."""
+    if wrapped is not None:
+        raise RuntimeError("wrap() was called already: an engine shards one model, once; make another engine for "
+                           "another model")
+    freed = [n for n, p in model.named_parameters()
+             if type(p.data) is torch.Tensor and p.numel() and not p.untyped_storage().nbytes()]
+    if freed:
+        raise ValueError(f"parameter {freed[0]} holds no values (its storage is freed): is the model wrapped by "
+                         f"another engine already? wrap a model once")
+
+
 def configured(step: OptimizerStep | None) -> OptimizerStep:
     if step is None:
         raise RuntimeError("configure_optimizer() first")

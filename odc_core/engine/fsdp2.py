@@ -38,6 +38,8 @@ from odc_core.engine.base import (
     ParamGroups,
     SchedulerFactory,
     TraceHook,
+    check_order,
+    check_wrap,
     configured,
     group_options,
     reduction_device,
@@ -80,6 +82,7 @@ class CollectiveEngine:
         self._step: OptimizerStep | None = None
         # Where this rank stands: the minibatch, its microbatches so far, and whether it is in one.
         self._minibatch, self._microbatches, self._inside = -1, 0, False
+        self._closed = False
 
     def _mesh(self) -> DeviceMesh:
         """1D over every rank, or (hybrid) 2D: replicas across nodes by shard within a node."""
@@ -114,6 +117,7 @@ class CollectiveEngine:
         return DeviceMesh.from_group(self.groups, self.device.type, layout, mesh_dim_names=names)
 
     def wrap(self, model: nn.Module, units: Sequence[nn.Module]) -> nn.Module:
+        check_wrap(model, self.model)
         # The model itself among the units is the root, sharded last below.
         units = [u for u in check_units(model, units) if u is not model]
         mesh = self._mesh()
@@ -150,6 +154,7 @@ class CollectiveEngine:
 
     def begin_minibatch(self) -> None:
         """FSDP2 synchronises inside every unit's forward and backward; here the microbatch count starts."""
+        check_order("begin_minibatch", self._minibatch if self._inside else None, self._closed)
         self._minibatch += 1
         self._microbatches, self._inside = 0, True
 
@@ -178,6 +183,7 @@ class CollectiveEngine:
         """The optimizer step, once every rank has run as many microbatches as this one; nothing
         else to wait for: FSDP2's post-backward callback already waited for the last
         reduce-scatter. The gradient norm before clipping when it clips (base.py)."""
+        check_order("finish_minibatch", self._minibatch if self._inside else None, self._closed)
         step, model = configured(self._step), self.model
         assert model is not None
         self._inside = False
@@ -253,7 +259,7 @@ class CollectiveEngine:
                        optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
 
     def close(self) -> None:
-        self.model = None
+        self.model, self._closed = None, True
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)

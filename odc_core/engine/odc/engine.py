@@ -37,6 +37,8 @@ from odc_core.engine.base import (
     ParamGroups,
     SchedulerFactory,
     TraceHook,
+    check_order,
+    check_wrap,
     configured,
     group_options,
 )
@@ -102,6 +104,7 @@ class OdcEngine:
         """Shard every parameter: one flat group per unit, except that units sharing a parameter
         (tied embeddings) share one group, gathered from its first unit's forward until the last
         gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
+        check_wrap(model, self.model)
         names = {id(p): n for n, p in model.named_parameters()}
         meta = [n for n, p in model.named_parameters() if p.is_meta]
         if meta:
@@ -199,12 +202,16 @@ class OdcEngine:
                     # would lose its gradients, one frozen since would still be stepped.
                     raise RuntimeError(f"parameter {name} was {'' if trainable else 'un'}frozen after wrap(): set "
                                        f"requires_grad before wrap(), which decides what is pushed and stepped")
+        check_order("begin_minibatch", self.minibatch if self.versions.inside else None,
+                    self.versions.closing.is_set())
         self.versions.begin()
 
     def finish_minibatch(self) -> float | None:
         """This rank's gradients of the minibatch have landed; the minibatch's step is applied
         here (s = 0, after the one barrier) or queued for this owner to serve (s >= 1). The
         gradient norm before clipping when the engine clips (base.py)."""
+        check_order("finish_minibatch", self.minibatch if self.versions.inside else None,
+                    self.versions.closing.is_set())
         for unit in self.units:
             if unit.grad is not None:
                 raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")

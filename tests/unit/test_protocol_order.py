@@ -1,0 +1,95 @@
+"""The engine protocol called out of order is one line, the same from both engines: before, ODC
+waited its whole timeout for a version nobody would publish (begin_minibatch() twice), crashed
+with SIGSEGV (wrap() twice: it read parameters whose storage it had freed), or failed deep in a
+forward (after close()); FSDP2 stepped on whatever gradients there were (finish_minibatch()
+with no minibatch open) or raised a bare AssertionError."""
+
+import uuid
+from collections.abc import Callable
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from odc_core import DataParallelEngine
+from odc_core.engine.base import EngineContext
+from odc_core.engine.build import make_engine
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.sum()
+
+
+def _microbatch(model: Net) -> None:
+    model(torch.ones(2, 4)).backward()
+
+
+def _begin_twice(engine: DataParallelEngine, model: Net) -> None:
+    engine.begin_minibatch()
+    _microbatch(model)
+    engine.begin_minibatch()
+
+
+def _finish_unopened(engine: DataParallelEngine, model: Net) -> None:
+    engine.begin_minibatch()
+    _microbatch(model)
+    engine.finish_minibatch()
+    engine.finish_minibatch()
+
+
+def _wrap_again(engine: DataParallelEngine, model: Net) -> None:
+    engine.wrap(model, list(model.layers))
+
+
+def _after_close(engine: DataParallelEngine, model: Net) -> None:
+    engine.close()
+    engine.begin_minibatch()
+
+
+CASES: dict[str, tuple[Callable[[DataParallelEngine, Net], None], str]] = {
+    "begin twice": (_begin_twice, "begin_minibatch() while minibatch 0 is open: call finish_minibatch() first"),
+    "finish unopened": (_finish_unopened, "finish_minibatch() with no minibatch open: call begin_minibatch() "),
+    "wrap again": (_wrap_again, "wrap() was called already: an engine shards one model, once; make another engine"),
+    "after close": (_after_close, "begin_minibatch() after close(): the engine freed its shards; make another engine"),
+}
+
+
+def _engine(name: str, store: object) -> DataParallelEngine:
+    return make_engine(name, EngineContext(torch.device("cpu"), store, uuid.uuid4().hex[:8], 10.0, "fp32"))
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_protocol_call_out_of_order_is_one_line(case, engine_name, one_rank_group):
+    misuse, message = CASES[case]
+    model = Net()
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        with pytest.raises(RuntimeError) as refused:
+            misuse(engine, model)
+    finally:
+        engine.close()
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_a_model_odc_wrapped_is_refused_by_a_second_engine_without_reading_its_freed_parameters(one_rank_group):
+    model = Net()
+    first, second = _engine("odc", one_rank_group), _engine("odc", one_rank_group)
+    try:
+        first.wrap(model, list(model.layers))
+        with pytest.raises(ValueError, match=r"^parameter layers\.0\.weight holds no values \(its storage is freed\): "
+                                             r"is the model wrapped by another engine already\? wrap a model once$"):
+            second.wrap(model, list(model.layers))
+    finally:
+        second.close()
+        first.close()
