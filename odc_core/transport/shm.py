@@ -46,7 +46,9 @@ import json
 import mmap
 import os
 import re
+import resource
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -177,14 +179,44 @@ class _Buffer:
         return self.dtype.itemsize
 
 
+# Python's mmap keeps a duplicate of the file's descriptor until 3.13 lets it not: one per
+# segment mapped, every peer's included.
+_MMAP_KWARGS = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
 def _map(path: Path, nbytes: int, create: bool) -> mmap.mmap:
+    try:
+        return _map_once(path, nbytes, create)
+    except OSError as e:
+        if e.errno != errno.EMFILE:
+            raise
+    # Out of descriptors: take the hard limit, as a process may, and try once more.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        if create:
+            path.unlink(missing_ok=True)  # created before the mapping ran out
+        try:
+            return _map_once(path, nbytes, create)
+        except OSError as e:
+            if e.errno != errno.EMFILE:
+                raise
+    if create:
+        path.unlink(missing_ok=True)
+    raise OSError(errno.EMFILE, f"cannot map shared-memory segment {path.name}: this process has {hard} file "
+                                f"descriptors (ulimit -n, hard limit) and the shm transport keeps one per segment it "
+                                f"maps on Python < 3.13, about 2 per unit for each rank on the host; raise the limit, "
+                                f"run fewer ranks per host or use Python 3.13") from None
+
+
+def _map_once(path: Path, nbytes: int, create: bool) -> mmap.mmap:
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
     fd = os.open(path, flags, 0o600)
     try:
         if create:
             os.ftruncate(fd, nbytes)  # tmpfs pages read as zeros until written
         # MAP_POPULATE builds the page tables now, so the first get does not pay a fault per page.
-        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, **_MMAP_KWARGS)
     finally:
         os.close(fd)  # the mapping keeps the file; locks use the control file's descriptors
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import resource
 import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -303,3 +306,36 @@ def test_a_sigkilled_rank_leaves_no_segment_after_the_next_start():
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+_MANY_SEGMENTS = """
+import resource, sys, uuid
+import torch, torch.distributed as dist
+from odc_core.transport.shm import ShmHeap, list_segments
+soft, hard = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+name = uuid.uuid4().hex[:12]
+try:
+    with ShmHeap(0, 1, name, dist.HashStore(), timeout_s=10) as heap:
+        for i in range(3 * soft):
+            heap.alloc(f"b{i}", 8, torch.float32)
+        print("mapped", resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+except OSError as e:
+    print(e)
+print("left", sum(name in s for s in list_segments()))
+"""
+
+
+@pytest.mark.parametrize("limited", ["soft", "hard"])
+def test_more_segments_than_descriptors_take_the_hard_limit_and_past_it_fail_in_one_line(limited):
+    """Python's mmap keeps a descriptor per mapping before 3.13: a heap of many units on many
+    ranks of one host ran out at a soft limit of 1024 with a bare 'Too many open files'."""
+    limits = ("150", str(resource.getrlimit(resource.RLIMIT_NOFILE)[1]) if limited == "soft" else "150")
+    out = subprocess.run([sys.executable, "-c", _MANY_SEGMENTS, *limits], capture_output=True, text=True,
+                         timeout=120).stdout.splitlines()
+    assert out[-1] == "left 0"
+    if limited == "soft" or sys.version_info >= (3, 13):
+        assert out[0].startswith("mapped "), out
+    else:
+        assert out[0].startswith("[Errno 24] cannot map shared-memory segment odc-") and len(out) == 2, out
+        assert "this process has 150 file descriptors (ulimit -n, hard limit)" in out[0]
