@@ -69,3 +69,20 @@ def test_units_given_as_a_generator_and_the_model_itself_are_accepted(engine_nam
         assert set(engine.full_parameters()) == {n for n, _ in Net().named_parameters()}
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
+    model = Net()
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    try:
+        with pytest.raises(ValueError, match="has no forward"):
+            engine.wrap(model, [model.layers, model.head])
+        engine.wrap(model, [*model.layers, model.head])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        engine.begin_minibatch()
+        model(torch.ones(2, 4)).sum().backward()
+        engine.finish_minibatch()
+    finally:
+        engine.close()

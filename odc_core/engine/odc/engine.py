@@ -105,6 +105,7 @@ class OdcEngine:
         (tied embeddings) share one group, gathered from its first unit's forward until the last
         gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
         check_wrap(model, self.model)
+        units = check_units(model, units)
         names = {id(p): n for n, p in model.named_parameters()}
         meta = [n for n, p in model.named_parameters() if p.is_meta]
         if meta:
@@ -123,7 +124,7 @@ class OdcEngine:
                              f"computes in {self.compute_dtype} on float32 master weights: load the model in float32, "
                              f"with precision='bf16' for bf16 compute (a bf16 model works there too)")
         self.model = model
-        modules, groups, params_of = flat_groups(model, check_units(model, units))
+        modules, groups, params_of = flat_groups(model, list(units))
         group_of: list[FlatUnit | None] = [None] * len(modules)
         for group, params in zip(groups, params_of, strict=True):
             unit = shard_unit(self.heap, len(self.units), group, params, [names[id(p)] for p in params],
