@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -159,24 +160,30 @@ def steps(out: Path) -> list[Step]:
     return listed
 
 
-def run_step(step: Step, left_s: float) -> None:
-    """Run one step within its own limit and the `left_s` seconds the command has left."""
+def run_step(step: Step, left_s: float, logs: Path) -> None:
+    """Run one step within its own limit and the `left_s` seconds the command has left; its whole
+    output goes to logs/<step>.log. The step runs in a process group of its own, killed whole when
+    it runs out of time: a test's ranks left running would hold the GPU through the next steps."""
     step.timeout_s = min(step.timeout_s, left_s)
     if step.timeout_s < 5:
         step.status = "not run (the command's 6 minutes were spent)"
         print(f"gpu-check: {step.name}: {step.status}", flush=True)
         return
     t0 = time.monotonic()
+    proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
-        done = subprocess.run(step.argv, capture_output=True, text=True, timeout=step.timeout_s, cwd=REPO_ROOT,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        step.status = "passed" if done.returncode == 0 else f"failed (exit {done.returncode})"
-        output = done.stdout + done.stderr
-        step.tail = output[-4000:]
-        step.eager = [line for line in output.splitlines() if any(m in line for m in EAGER_MARKERS)][:5]
-    except subprocess.TimeoutExpired as e:
+        output, _ = proc.communicate(timeout=step.timeout_s)
+        step.status = "passed" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
         step.status = f"out of time ({step.timeout_s:.0f} s)"
-        step.tail = ((e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"))[-4000:]
+    step.tail = output[-4000:]
+    step.eager = [line for line in output.splitlines() if any(m in line for m in EAGER_MARKERS)][:5]
+    logs.mkdir(exist_ok=True)
+    atomic_write_text(logs / (re.sub(r"\W+", "-", step.name).strip("-") + ".log"), output)
     step.seconds = time.monotonic() - t0
     print(f"gpu-check: {step.name}: {step.status} in {step.seconds:.0f} s", flush=True)
 
@@ -472,7 +479,7 @@ def main() -> None:
     started = time.monotonic()
     done = steps(out)
     for step in done:
-        run_step(step, DEADLINE_S - RESERVE_S - (time.monotonic() - started))
+        run_step(step, DEADLINE_S - RESERVE_S - (time.monotonic() - started), out / "logs")
     add_engine_gap(out)
     simulated = Step("simulator", [sys.executable, "-m", "odc_bench.tools.gpu_check"], 60)
     t0 = time.monotonic()

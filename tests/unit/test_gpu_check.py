@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -28,13 +30,31 @@ def test_results_go_to_a_folder_named_for_the_device_and_the_day(name, folder):
     assert gpu_check.device_folder(name, now=0.0) == f"{folder}-1970-01-01"
 
 
-def test_a_step_runs_within_what_the_command_has_left_and_none_starts_once_it_is_spent():
+def test_a_step_runs_within_what_the_command_has_left_and_none_starts_once_it_is_spent(tmp_path):
     step = gpu_check.Step("quick", [sys.executable, "-c", "pass"], timeout_s=100)
-    gpu_check.run_step(step, left_s=30)
+    gpu_check.run_step(step, left_s=30, logs=tmp_path)
     assert step.ok and step.timeout_s == 30, "the command's time left bounds the step's own limit"
     late = gpu_check.Step("late", [sys.executable, "-c", "pass"], timeout_s=100)
-    gpu_check.run_step(late, left_s=2)
+    gpu_check.run_step(late, left_s=2, logs=tmp_path)
     assert late.status.startswith("not run") and not late.ok
+
+
+def test_a_step_out_of_time_is_killed_with_the_processes_it_started_and_its_output_kept(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    script = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); "
+              "time.sleep(60)")
+    step = gpu_check.Step("hangs: a rank", [sys.executable, "-c", script], timeout_s=6)
+    gpu_check.run_step(step, left_s=30, logs=tmp_path / "logs")
+    assert step.status == "out of time (6 s)" and "started" in step.tail
+    assert (tmp_path / "logs" / "hangs-a-rank.log").read_text().startswith("started")
+    child = int(pid_file.read_text())
+    for _ in range(50):  # killed, then reaped by init: gone within a moment
+        if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the step's own child outlived the step's time limit")
 
 
 def test_the_engines_gap_is_the_microbatchs_time_outside_its_units_per_unit():
@@ -174,7 +194,7 @@ def test_a_part_that_ran_eagerly_is_in_the_summary_even_when_its_step_passed(tmp
     step = gpu_check.Step("run", [sys.executable, "-c", f"import sys; print({said!r}, file=sys.stderr)"], 30)
     quiet = gpu_check.Step("quiet", [sys.executable, "-c", "pass"], 30)
     for s in (step, quiet):
-        gpu_check.run_step(s, left_s=30)
+        gpu_check.run_step(s, left_s=30, logs=tmp_path / "logs")
     assert step.ok and step.eager == [said] and quiet.eager == []
     text = gpu_check.summary("a GPU", [step, quiet], 1.0, tmp_path)
     assert f"- run: {said}" in text and "None: no step" not in text
