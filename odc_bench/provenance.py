@@ -17,14 +17,18 @@ COMMIT_ENV = "ODC_BENCH_COMMIT"
 
 
 def git_commit() -> str:
-    """The short commit of the checkout; outside a git checkout, $ODC_BENCH_COMMIT, else "unknown"."""
+    """$ODC_BENCH_COMMIT where set (a copy of the tree sent to a GPU machine may carry a .git of
+    another commit), else the short commit of the checkout, else "unknown"."""
+    named = os.environ.get(COMMIT_ENV, "").strip()
+    if named:
+        return named
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=5)
         commit = out.stdout.strip() if out.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    return commit or os.environ.get(COMMIT_ENV, "").strip() or "unknown"
+    return commit or "unknown"
 
 
 def host_fingerprint() -> dict[str, object]:

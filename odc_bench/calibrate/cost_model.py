@@ -136,10 +136,19 @@ OTHER_MODEL_SHAPES = {"full": UNIT_SHAPES["full"], "reduced": [[4096] * 4, [1638
 UNIT_MODELS_FLAG = "--unit-models="
 
 
-def _device_seconds(fn: Callable[[], object], repeats: int, clock: DeviceClock, warmup: int = 2) -> float:
-    """Median device seconds of fn over repeats (marks of `clock` around it on the current stream)."""
+def _progress(what: str, since: float) -> None:
+    """One line on stderr per stage: a calibration on a GPU takes minutes (building, compiling,
+    timing), and a time limit that stops it should show how far it got."""
+    print(f"cost_model: {what} ({time.monotonic() - since:.0f} s)", file=sys.stderr, flush=True)
+
+
+def _device_seconds(prepare: Callable[[], Callable[[], object]], repeats: int, clock: DeviceClock,
+                    warmup: int = 2) -> float:
+    """Median device seconds over repeats of the call prepare() returns (marks of `clock` around
+    it on the current stream; prepare's own work untimed)."""
     times = []
     for i in range(warmup + repeats):
+        fn = prepare()
         start = clock.mark()
         fn()
         end = clock.mark()
@@ -150,11 +159,15 @@ def _device_seconds(fn: Callable[[], object], repeats: int, clock: DeviceClock, 
 
 
 def _forward_backward(forward: Callable[[], torch.Tensor], repeats: int, clock: DeviceClock) -> tuple[float, float]:
-    """Device seconds of a unit's forward, and of its backward (from one forward, kept)."""
-    fwd = _device_seconds(forward, repeats, clock)
-    out = forward()
-    grad = torch.ones_like(out)
-    return fwd, _device_seconds(lambda: out.backward(grad, retain_graph=True), repeats, clock)
+    """Device seconds of a unit's forward, and of its backward, each backward from a forward of
+    its own: compiled code frees the saved tensors its backward donates, so a graph cannot be
+    run backward twice (retain_graph)."""
+    def backward() -> Callable[[], object]:
+        out = forward()
+        grad = torch.ones_like(out)
+        return lambda: out.backward(grad)
+
+    return _device_seconds(lambda: forward, repeats, clock), _device_seconds(backward, repeats, clock)
 
 
 def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int, clock: DeviceClock) -> list[dict]:
@@ -187,7 +200,11 @@ def time_units(cfg: ModelConfig, device: torch.device, shapes: list[list[int]], 
     model = build_model(replace(cfg, num_layers=1), 0, device).to(torch.bfloat16)
     if compiled:
         compile_dense(model)
-    return [row for doc_lens in shapes for row in _time_shape(model, doc_lens, repeats, clock or CudaClock())]
+    rows, started = [], time.monotonic()
+    for doc_lens in shapes:
+        rows += _time_shape(model, doc_lens, repeats, clock or CudaClock())
+        _progress(f"{cfg.name} units timed on {len(doc_lens)} document(s) of {sum(doc_lens)} tokens", started)
+    return rows
 
 
 def units_record(rows: list[dict], models: dict[str, ModelConfig], device_name: str) -> dict:
@@ -206,12 +223,16 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
     threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // config.world_size)
     if device.type == "cpu":
         torch.set_num_threads(threads)
+    started = time.monotonic()
     model = build_model(config.model, config.seed, device)
     if device.type == "cuda":  # as the harness runs it there: in the run's precision, dense parts compiled
         model = model.to(torch.bfloat16 if config.precision == "bf16" else torch.float32)
         compile_dense(model)
+    _progress(f"{config.model.name} built", started)
     shapes = microbatch_shapes(int(max_tokens))
     seconds = time_microbatches(model, device, shapes, config.model.vocab_size, repeats)
+    _progress(f"{config.model.name} timed on {len(shapes)} microbatch shapes", started)
+    del model
     medians = [statistics.median(s) for s in seconds]
     a, b, c = fit_nonnegative(shapes, medians)
     if a + b <= 0:

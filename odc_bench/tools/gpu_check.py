@@ -1,20 +1,20 @@
 """`make gpu-check`: everything a GPU machine can tell us, in one command of at most 6 minutes on
 one GPU, written with provenance under results/gpu/<device>-<date>/.
 
-The steps, each a subprocess with a time limit of its own (one that fails or runs out does not
-stop the others; the command ends with status 1 if any failed):
+The steps, in this order, each a subprocess with a time limit of its own (one that fails or runs
+out does not stop the others, and is killed with every process it started; the command ends with
+status 1 if any failed; each step's whole output is kept in logs/):
 1. the GPU tests: the baseline's (tests/integration/test_gpu.py), ODC's on CUDA
    (test_gpu_odc.py: ranks sharing the GPU against one process, a dead rank) and the transport
    conformance suite on cuda_ipc: tests.xml;
-2. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid), with one layer
-   of qwen2_7b and of qwen2_14b timed beside qwen2_1p5b's: compute.json;
-3. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
-4. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
+2. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
    ran: shared/gpu/h100-2026-11-26), the first with its second warm-up minibatch under
    torch.profiler (profiles/<run_id>/: where a minibatch's host and device time go);
-5. NVSHMEM's tests (what one GPU allows): nvshmem.xml. Last and apart, because NVSHMEM has
-   never run here and may hang at its start where it does not refuse: a hang then costs only
-   this step, not the others' results;
+3. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid), with one layer
+   of qwen2_7b and of qwen2_14b timed beside qwen2_1p5b's: compute.json;
+4. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
+5. NVSHMEM's tests (what one GPU allows): nvshmem.xml. Last and apart, because NVSHMEM may hang
+   at its start where it does not refuse: a hang then costs only this step;
 then, in this process, the simulator's prediction of each run on the H100 profile and on the
 profile this machine just measured (compute.json, with the gap per unit the collective engine
 left in the runs' device-timed traces), and summary.md: the GPU acceptance points of issues 43
@@ -22,7 +22,9 @@ and 44, each met, missed or not measured, then every number and ratio (the memor
 beside the peak, each timed layer's share of the device's peak), and what did not pass.
 
 On a machine without CUDA it says so and exits 0: there is nothing to check. With `--command` it
-prints the one command that runs it on a lent GPU machine (docs/gpu.md), for this checkout.
+prints the one command that runs it on a lent GPU machine (docs/gpu.md), for this checkout;
+with `--deadline=SECONDS` it runs under another deadline than 6 minutes (its summary says so, and
+the 6-minute point is judged as ever).
 """
 
 from __future__ import annotations
@@ -138,25 +140,31 @@ def command_here() -> str:
 
 
 def steps(out: Path) -> list[Step]:
+    """The steps in the order they run: where the command's time runs out, the later ones are cut.
+    The runs come before the compute profile: they alone decide the memory point and hold the
+    profiled minibatch, and compiling a whole model for the profile's own fit is its longest part."""
     py = [sys.executable]
     gpu_tests = ["tests/integration/test_gpu.py", "tests/integration/test_gpu_odc.py",
                  "tests/integration/test_transport_conformance.py"]
-    pytest = [*py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    # -v and the durations: which test took the step's time; pytest's own faulthandler_timeout
+    # prints where a test is after that long, so a hang shows where it hangs.
+    pytest = [*py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "--durations=0",
+              "-o", "faulthandler_timeout=40"]
     listed = [Step("gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}", "-k",
-                                 "not nvshmem and (not test_transport_conformance or cuda_ipc)", *gpu_tests], 95),
-              Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced",
-                                       f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
-                                       "model=qwen2_1p5b", "precision=bf16",
-                                       f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100),
-              Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
-                                  "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
-                                  "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
-                                  f"results_dir={out}"], 40)]
+                                 "not nvshmem and (not test_transport_conformance or cuda_ipc)", *gpu_tests], 110)]
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
-                                    *([PROFILED] if i == 0 else []), f"results_dir={out}"], 50)
-               for i, (name, overrides) in enumerate(RUNS.items())]
-    listed.append(Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem",
-                                         *gpu_tests[1:]], 45))
+                                    *([PROFILED] if i == 0 else []), f"results_dir={out}"], limit)
+               for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (80, 60), strict=True))]
+    listed += [Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced",
+                                        f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
+                                        "model=qwen2_1p5b", "precision=bf16",
+                                        f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 130),
+               Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
+                                   "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
+                                   "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
+                                   f"results_dir={out}"], 25),
+               Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem",
+                                      *gpu_tests[1:]], 30)]
     return listed
 
 
@@ -170,15 +178,24 @@ def run_step(step: Step, left_s: float, logs: Path) -> None:
         print(f"gpu-check: {step.name}: {step.status}", flush=True)
         return
     t0 = time.monotonic()
+    # Python's faulthandler in every process of the step, and SIGABRT first at the time limit:
+    # each process prints where it was before it goes (TORCH_LOGS: what Dynamo recompiled, where
+    # compiled code broke its graph, the reasons a run is slow for its compiling alone).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+           "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles,graph_breaks")}
     proc = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                            env=env, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=step.timeout_s)
         step.status = "passed" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+        output = ""
+        for sig, wait_s in ((signal.SIGABRT, 5.0), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                output, _ = proc.communicate(timeout=wait_s)
+                break
         step.status = f"out of time ({step.timeout_s:.0f} s)"
     step.tail = output[-4000:]
     step.eager = [line for line in output.splitlines() if any(m in line for m in EAGER_MARKERS)][:5]
@@ -442,11 +459,13 @@ def acceptance(found: Findings, done: list[Step], seconds: float) -> list[str]:
             *(f"| {point} | {said} | {value} |" for point, said, value in rows)]
 
 
-def summary(device: str, done: list[Step], seconds: float, out: Path) -> str:
+def summary(device: str, done: list[Step], seconds: float, out: Path, deadline_s: float = DEADLINE_S) -> str:
     found = Findings.read(out, device_peak_tflops(device))
     lines = [f"# make gpu-check on {device}", "", *acceptance(found, done, seconds), "", "## Steps", "",
              "| step | status | seconds |", "|---|---|---|",
-             *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "", f"In all {seconds:.0f} s.", "",
+             *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "",
+             f"In all {seconds:.0f} s" + (f", under a deadline of {deadline_s:.0f} s (--deadline; "
+                                          f"{DEADLINE_S:.0f} s by default)." if deadline_s != DEADLINE_S else "."), "",
              *comparisons(found, out)]
     eager = [s for s in done if s.eager]
     lines += ["", "## Compiled parts that ran eagerly", ""]
@@ -464,9 +483,13 @@ def main() -> None:
     if sys.argv[1:] == ["--command"]:
         print(command_here())
         return
-    if sys.argv[1:]:
-        print(f"gpu-check: unknown arguments {' '.join(sys.argv[1:])}: it takes none, or --command (docs/gpu.md)",
-              file=sys.stderr)
+    deadline_s = DEADLINE_S
+    args = sys.argv[1:]
+    if len(args) == 1 and re.fullmatch(r"--deadline=\d+", args[0]) and int(args[0].split("=")[1]) > RESERVE_S:
+        deadline_s = float(args[0].split("=")[1])
+    elif args:
+        print(f"gpu-check: unknown arguments {' '.join(args)}: it takes none, --deadline=SECONDS (more than "
+              f"{RESERVE_S:.0f}; {DEADLINE_S:.0f} by default) or --command (docs/gpu.md)", file=sys.stderr)
         sys.exit(2)
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine: nothing to check here (run make gpu-check on a GPU "
@@ -479,7 +502,7 @@ def main() -> None:
     started = time.monotonic()
     done = steps(out)
     for step in done:
-        run_step(step, DEADLINE_S - RESERVE_S - (time.monotonic() - started), out / "logs")
+        run_step(step, deadline_s - RESERVE_S - (time.monotonic() - started), out / "logs")
     add_engine_gap(out)
     simulated = Step("simulator", [sys.executable, "-m", "odc_bench.tools.gpu_check"], 60)
     t0 = time.monotonic()
@@ -490,7 +513,7 @@ def main() -> None:
         simulated.status, simulated.tail = "failed", repr(e)
     simulated.seconds = time.monotonic() - t0
     done.append(simulated)
-    text = summary(device, done, time.monotonic() - started, out)
+    text = summary(device, done, time.monotonic() - started, out, deadline_s)
     atomic_write_text(out / "summary.md", text)
     print(text + f"gpu-check: wrote {out}")
     sys.exit(0 if all(s.ok for s in done) else 1)

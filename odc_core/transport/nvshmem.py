@@ -106,9 +106,12 @@ class NvshmemHeap:
             return torch.zeros(numel, dtype=dtype)
         own = self._symm.empty(numel, dtype=dtype, device=self.device)
         own.zero_()
-        handle = self._symm.rendezvous(own, self._group)
-        self._handles.append(handle)
-        self._buffers[name] = peer_views(handle, self.rank, own)
+        if self.world_size == 1:  # torch refuses a rendezvous of one rank; it has no peer to map
+            self._buffers[name] = [own]
+        else:
+            handle = self._symm.rendezvous(own, self._group)
+            self._handles.append(handle)
+            self._buffers[name] = peer_views(handle, self.rank, own)
         self.heap_bytes += numel * dtype.itemsize
         self.barrier(self.timeout_s)  # zero-filled everywhere before any peer reads
         return own

@@ -94,9 +94,10 @@ def test_the_simulator_half_compares_the_runs_with_both_profiles_and_the_memory_
     assert json.loads((tmp_path / "compute.json").read_text())["units"]
 
 
-def test_a_copy_without_git_names_the_commit_the_sending_command_gave_it(tmp_path, monkeypatch):
-    """The lent machine gets the tree without .git: rows and provenance name the commit from
-    $ODC_BENCH_COMMIT there, and "unknown" where nothing names one."""
+def test_the_commit_is_the_one_the_sending_command_named_then_the_checkouts_own(tmp_path, monkeypatch):
+    """The lent machine gets a copy of the tree, without .git or with one of an older commit (as
+    seen on 2026-11-27): rows and provenance name the commit from $ODC_BENCH_COMMIT where the
+    device command set it, else the checkout's own, and "unknown" where nothing names one."""
     import subprocess
 
     from odc_bench import provenance
@@ -112,8 +113,10 @@ def test_a_copy_without_git_names_the_commit_the_sending_command_gave_it(tmp_pat
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
     own = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    monkeypatch.setattr(provenance, "REPO_ROOT", checkout)  # a checkout's own commit comes first
-    assert provenance.git_commit() == own != "abc1234"
+    monkeypatch.setattr(provenance, "REPO_ROOT", checkout)
+    assert provenance.git_commit() == "abc1234", "the commit the command named comes first"
+    monkeypatch.delenv(provenance.COMMIT_ENV)
+    assert provenance.git_commit() == own
 
 
 def test_the_device_command_installs_every_wheel_names_the_commit_and_packs_the_results():
@@ -135,6 +138,22 @@ def test_an_unknown_argument_is_refused_in_one_line_before_anything_runs(monkeyp
     assert e.value.code == 2 and "unknown arguments --comand" in err and "\n" not in err
 
 
+@pytest.mark.parametrize("arg", ["--deadline=abc", "--deadline=10", "--deadline="])
+def test_a_deadline_that_is_no_number_of_seconds_above_the_reserve_is_refused(arg, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", arg])
+    monkeypatch.setattr(gpu_check, "steps", lambda out: pytest.fail("nothing may run"))
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--deadline=SECONDS" in err and "\n" not in err
+
+
+def test_a_deadline_other_than_six_minutes_is_said_in_the_summary(tmp_path):
+    quiet = gpu_check.Step("quiet", [sys.executable, "-c", "pass"], 30)
+    assert "under a deadline" not in gpu_check.summary("a GPU", [quiet], 1.0, tmp_path)
+    assert "under a deadline of 420 s" in gpu_check.summary("a GPU", [quiet], 1.0, tmp_path, 420.0)
+
+
 def test_without_wheels_the_command_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", "--command"])
@@ -150,7 +169,7 @@ def test_every_gpu_test_runs_in_exactly_one_step_and_nvshmems_last(tmp_path):
     import subprocess
 
     def collected(argv: list[str]) -> set[str]:
-        args = [a for a in argv[argv.index("pytest") + 1:] if not a.startswith("--junitxml") and a != "-q"]
+        args = [a for a in argv[argv.index("pytest") + 1:] if not a.startswith("--junitxml") and a not in ("-q", "-v")]
         done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=REPO,
                               capture_output=True, text=True, timeout=120)
         return {line for line in done.stdout.splitlines() if "::" in line}

@@ -13,7 +13,14 @@ import pandas as pd
 import pytest
 import torch
 
-from odc_bench.calibrate.cost_model import fit_timings, shape_lengths, time_units, unit_models, units_record
+from odc_bench.calibrate.cost_model import (
+    _forward_backward,
+    fit_timings,
+    shape_lengths,
+    time_units,
+    unit_models,
+    units_record,
+)
 from odc_bench.config.backend import Recompute
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_forward_flops
@@ -154,6 +161,29 @@ def test_unit_timing_times_every_unit_kind_per_shape_and_its_fit_reads_it():
     units = units_record(rows, {cfg.name: cfg}, "cpu")["units"]
     assert set(units) == {"embed", "layer", "head"} and units["layer"]["bwd_recompute"]["points"] == len(shapes)
 
+
+
+class _BackwardOnce(torch.autograd.Function):
+    """Doubles x; its backward may run once per forward, as compiled code's, which frees the
+    saved tensors its backward donates."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        ctx.ran = False
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if ctx.ran:
+            raise RuntimeError("backward ran twice on one forward")
+        ctx.ran = True
+        return grad * 2
+
+
+def test_each_timed_backward_runs_on_a_forward_of_its_own():
+    x = torch.ones(4, requires_grad=True)
+    fwd, bwd = _forward_backward(lambda: _BackwardOnce.apply(x), repeats=3, clock=HostClock())
+    assert fwd > 0 and bwd > 0
 
 
 def test_files_a_user_hands_in_may_start_with_a_byte_order_mark(tmp_path):
