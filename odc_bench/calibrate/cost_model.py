@@ -260,15 +260,14 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
         rows = time_units(config.model, device, UNIT_SHAPES[unit_shapes], repeats)
         record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
     _write(path, record)
-    # The other models after the run's own is written: a time limit reached while they are timed
-    # (make gpu-check's) leaves the run's model's profile in place.
+    # The other models after the run's own is written, and the profile again after each: a time
+    # limit reached while one is built or timed (make gpu-check's) keeps every model timed before it.
     for other in unit_models:
         if other.name not in models:  # each model timed once
             models[other.name] = other
             rows += time_units(other, device, OTHER_MODEL_SHAPES[unit_shapes], repeats)
-    if len(models) > 1:
-        record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
-        _write(path, record)
+            record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
+            _write(path, record)
     return path
 
 

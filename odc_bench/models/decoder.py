@@ -233,8 +233,12 @@ def compile_dense(model: DecoderModel) -> None:
 
 def init_weights(model: DecoderModel, seed: int) -> None:
     """Deterministic initialisation, independent of construction order and device layout; a
-    fused projection's weight is drawn part by part, so it holds the separate projections' values."""
-    gen = torch.Generator().manual_seed(seed)
+    fused projection's weight is drawn part by part, so it holds the separate projections' values.
+    Drawn where the model lives, by that device's generator: a GPU model's weights are the same on
+    every GPU rank and other values than a CPU model's. On the host, a 1.5B model's draw took
+    most of a run's start on the GPU machine (docs/gpu.md)."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device).manual_seed(seed)
     rows = {f"{name}.weight": m.rows for name, m in model.named_modules() if isinstance(m, FusedLinear)}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -243,19 +247,22 @@ def init_weights(model: DecoderModel, seed: int) -> None:
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                parts = [torch.randn((r, *p.shape[1:]), generator=gen) for r in rows.get(name, [p.shape[0]])]
+                parts = [torch.randn((r, *p.shape[1:]), generator=gen, device=device)
+                         for r in rows.get(name, [p.shape[0]])]
                 p.copy_(torch.cat(parts) * 0.02)
 
 
 def build_model(cfg: ModelConfig, seed: int, device: torch.device, fused: bool | None = None) -> DecoderModel:
-    """The model every rank starts from: the same weights for one seed on every rank; its
-    projections fused (see above) where `fused` says, by default on CUDA, and there its loss
-    taken LOSS_CHUNK_TOKENS tokens at a time (loss.py: what the memory estimate counts)."""
+    """The model every rank starts from: the same weights for one seed on every rank, built and
+    drawn on `device`; its projections fused (see above) where `fused` says, by default on CUDA,
+    and there its loss taken LOSS_CHUNK_TOKENS tokens at a time (loss.py: what the memory
+    estimate counts)."""
     on_cuda = device.type == "cuda"
-    model = DecoderModel(cfg, fused=on_cuda if fused is None else fused,
-                         loss_chunk=LOSS_CHUNK_TOKENS if on_cuda else None)
+    with torch.device(device):
+        model = DecoderModel(cfg, fused=on_cuda if fused is None else fused,
+                             loss_chunk=LOSS_CHUNK_TOKENS if on_cuda else None)
     init_weights(model, seed)
-    return model.to(device)
+    return model
 
 
 def count_parameters(cfg: ModelConfig) -> int:

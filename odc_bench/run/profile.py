@@ -2,16 +2,21 @@
 device, written beside the run's results as a table and a Chrome trace.
 
 The profiler's own cost would land in the metrics, so only a warm-up minibatch may be profiled
-(RunConfig refuses others); on CUDA the table is sorted by device time, elsewhere by CPU time.
+(RunConfig refuses others). The table is read from the Chrome trace the profiler writes: on a
+GPU, torch's own table (key_averages) of one 1.5B minibatch took longer than a minute of Python
+over its events (make gpu-check on an H200, 2026-11-27), where pandas over the trace takes
+seconds. It lists the kernels by device time (on CUDA) and the operators by self host time.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -33,17 +38,53 @@ def start(device: torch.device) -> profile:
 
 
 def save(profiler: profile, device: torch.device, out: Path, rank: int, header: str) -> None:
-    """Stop the profiler; write rank<r>.txt (operators by self time, `header` first) and
-    rank<r>.trace.json.gz (chrome://tracing or Perfetto)."""
+    """Stop the profiler; write rank<r>.trace.json.gz (chrome://tracing or Perfetto) and
+    rank<r>.txt (`header`, then operator_table of the trace)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     profiler.stop()
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = profiler.key_averages().table(sort_by=sort, row_limit=ROWS)
-    atomic_write_text(out / f"rank{rank}.txt", f"{header}\n\n{table}\n")
     with tempfile.TemporaryDirectory() as scratch:
         raw = Path(scratch) / "trace.json"
         profiler.export_chrome_trace(str(raw))
+        table = operator_table(json.loads(raw.read_text())["traceEvents"])
         with atomic_path(out / f"rank{rank}.trace.json.gz") as tmp, raw.open("rb") as src, \
                 gzip.GzipFile(tmp, "wb", compresslevel=6, mtime=0) as dst:
             shutil.copyfileobj(src, dst)
+    atomic_write_text(out / f"rank{rank}.txt", f"{header}\n\n{table}\n")
+
+
+def self_times(ops: pd.DataFrame) -> pd.Series:
+    """Each operator's duration less that of the operators nested directly in it on its thread:
+    its self time (ts and dur in microseconds, as the trace holds them)."""
+    own = ops["dur"].astype(float).copy()
+    for _, thread in ops.sort_values(["ts", "dur"], ascending=[True, False]).groupby(["pid", "tid"], sort=False):
+        open_: list[tuple[float, object]] = []  # (end, index) of the operators enclosing the current one
+        for index, ts, dur in zip(thread.index, thread["ts"], thread["dur"], strict=True):
+            while open_ and open_[-1][0] <= ts:
+                open_.pop()
+            if open_:
+                own[open_[-1][1]] -= dur
+            open_.append((ts + dur, index))
+    return own.clip(lower=0.0)
+
+
+def operator_table(events: list[dict], rows: int = ROWS) -> str:
+    """The heaviest kernels by device time (where the trace has any) and the heaviest operators by
+    self host time, with their calls and share, as text."""
+    frame = pd.DataFrame([e for e in events if e.get("ph") == "X" and "dur" in e],
+                         columns=["name", "cat", "ts", "dur", "pid", "tid"])
+    sections = []
+    kernels = frame[frame["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])]
+    if len(kernels):
+        sections.append(("Device time by kernel", kernels.assign(time=kernels["dur"].astype(float))))
+    ops = frame[frame["cat"] == "cpu_op"]
+    sections.append(("Self CPU time by operator", ops.assign(time=self_times(ops))))
+    text = []
+    for title, part in sections:
+        total = float(part["time"].sum()) or 1.0
+        table = (part.groupby("name")["time"].agg(["count", "sum"]).sort_values("sum", ascending=False).head(rows))
+        lines = [f"{title} (total {total / 1e3:.3f} ms)", f"{'ms':>10} {'share':>6} {'calls':>7}  name"]
+        lines += [f"{t / 1e3:10.3f} {t / total:6.1%} {n:7d}  {name}" for name, n, t in
+                  zip(table.index, table["count"], table["sum"], strict=True)]
+        text.append("\n".join(lines))
+    return "\n\n".join(text)

@@ -154,11 +154,11 @@ def steps(out: Path) -> list[Step]:
                                  "not nvshmem and (not test_transport_conformance or cuda_ipc)", *gpu_tests], 110)]
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
                                     *([PROFILED] if i == 0 else []), f"results_dir={out}"], limit)
-               for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (80, 60), strict=True))]
+               for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (75, 60), strict=True))]
     listed += [Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced",
                                         f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
                                         "model=qwen2_1p5b", "precision=bf16",
-                                        f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 130),
+                                        f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100),
                Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
                                    "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
                                    "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",

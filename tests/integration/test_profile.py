@@ -45,3 +45,24 @@ def test_a_profile_outside_the_warm_up_or_of_a_simulation_is_refused_in_one_line
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as refused:
         run_config(*SMALL, *overrides)
     assert "\n" not in str(refused.value)
+
+
+def test_the_table_counts_self_time_without_nested_operators_and_kernels_by_device_time():
+    from odc_bench.run.profile import operator_table
+
+    def op(name, ts, dur, tid=1, cat="cpu_op"):
+        return dict(ph="X", name=name, cat=cat, ts=ts, dur=dur, pid=7, tid=tid)
+
+    events = [op("outer", 0, 100), op("inner", 10, 30), op("leaf", 15, 5), op("inner", 50, 20),
+              op("other thread", 20, 40, tid=2), dict(ph="i", name="marker", ts=5),
+              op("gemm", 12, 8, tid=9, cat="kernel"), op("gemm", 60, 4, tid=9, cat="kernel"),
+              op("copy", 70, 3, tid=9, cat="gpu_memcpy")]
+    text = operator_table(events)
+    device, host = text.split("\n\n")
+    assert device.startswith("Device time by kernel (total 0.015 ms)")
+    assert "     0.012  80.0%       2  gemm" in device and "     0.003  20.0%       1  copy" in device
+    rows = {line.split()[-1]: line.split()[:3] for line in host.splitlines()[2:]}
+    # of 140: outer 100 - (30 + 20) nested; inner 30 - 5 + 20; leaf 5; the other thread's 40
+    assert rows["outer"] == ["0.050", "35.7%", "1"] and rows["inner"] == ["0.045", "32.1%", "2"]
+    assert rows["leaf"][0] == "0.005" and rows["thread"][0] == "0.040"
+    assert "Device time" not in operator_table(events[:5]), "no kernels on the CPU: host time only"
