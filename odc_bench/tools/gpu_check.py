@@ -4,9 +4,9 @@ one GPU, written with provenance under results/gpu/<device>-<date>/.
 The steps, in this order, each a subprocess with a time limit of its own (one that fails or runs
 out does not stop the others, and is killed with every process it started; the command ends with
 status 1 if any failed; each step's whole output is kept in logs/):
-1. the GPU tests: the baseline's (tests/integration/test_gpu.py), ODC's on CUDA
-   (test_gpu_odc.py: ranks sharing the GPU against one process, a dead rank) and the transport
-   conformance suite on cuda_ipc: tests.xml;
+1. ODC's GPU tests (test_gpu_odc.py: ranks sharing the GPU against one process, bf16, a dead
+   rank) and the transport conformance suite on cuda_ipc: tests-odc.xml; then the baseline's
+   (tests/integration/test_gpu.py): tests.xml;
 2. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
    ran: shared/gpu/h100-2026-11-26), the first with its second warm-up minibatch under
    torch.profiler (profiles/<run_id>/: where a minibatch's host and device time go);
@@ -141,17 +141,19 @@ def command_here() -> str:
 
 def steps(out: Path) -> list[Step]:
     """The steps in the order they run: where the command's time runs out, the later ones are cut.
-    The runs come before the compute profile: they alone decide the memory point and hold the
-    profiled minibatch, and compiling a whole model for the profile's own fit is its longest part."""
+    ODC's tests first (the GPU has run the least of them), the baseline's tests apart so that
+    neither file's time starves the other; the runs before the compute profile: they alone
+    decide the memory point and hold the profiled minibatch."""
     py = [sys.executable]
-    gpu_tests = ["tests/integration/test_gpu.py", "tests/integration/test_gpu_odc.py",
-                 "tests/integration/test_transport_conformance.py"]
-    # -v and the durations: which test took the step's time; pytest's own faulthandler_timeout
-    # prints where a test is after that long, so a hang shows where it hangs.
-    pytest = [*py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "--durations=0",
-              "-o", "faulthandler_timeout=40"]
-    listed = [Step("gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}", "-k",
-                                 "not nvshmem and (not test_transport_conformance or cuda_ipc)", *gpu_tests], 110)]
+    odc_tests = ["tests/integration/test_gpu_odc.py", "tests/integration/test_transport_conformance.py"]
+    # -v with each test's time, and the durations: which test took the step's time; pytest's own
+    # faulthandler_timeout prints where a test is after that long, so a hang shows where it hangs.
+    pytest = [*py, "-m", "pytest", "-v", "-o", "console_output_style=times", "-rs", "-p", "no:cacheprovider",
+              "--durations=0", "-o", "faulthandler_timeout=40"]
+    listed = [Step("odc gpu tests", [*pytest, f"--junitxml={out / 'tests-odc.xml'}", "-k",
+                                     "not nvshmem and (not test_transport_conformance or cuda_ipc)", *odc_tests], 110),
+              Step("baseline gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}",
+                                          "tests/integration/test_gpu.py"], 60)]
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
                                     *([PROFILED] if i == 0 else []), f"results_dir={out}"], limit)
                for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (75, 60), strict=True))]
@@ -163,8 +165,8 @@ def steps(out: Path) -> list[Step]:
                                    "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
                                    "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
                                    f"results_dir={out}"], 25),
-               Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem",
-                                      *gpu_tests[1:]], 30)]
+               Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem", *odc_tests],
+                    30)]
     return listed
 
 
@@ -431,8 +433,10 @@ def acceptance(found: Findings, done: list[Step], seconds: float) -> list[str]:
         return (verdict(found[0].ok) if found and not found[0].status.startswith("not run") else "not measured",
                 found[0].status if found else "not run")
 
-    rows = [("the GPU tests pass, ODC's on CUDA and the cuda_ipc conformance suite included (43, 44)",
-             *step("gpu tests")),
+    rows = [("ODC's GPU tests pass: ranks sharing the GPU against one process, bf16, a dead rank, the cuda_ipc "
+             "conformance suite (44)", *step("odc gpu tests")),
+            ("the baseline's GPU tests pass: NCCL on one GPU timed on the device, varlen, the chunked loss, "
+             "microbatches sent without a wait (43)", *step("baseline gpu tests")),
             ("NVSHMEM on one GPU: one rank runs, two are refused (44)", *step("nvshmem tests"))]
     worst = None if found.shares is None else large_layers_worst(found.shares)
     rows.append((f"{' and '.join(LARGE_MODELS)} layers at >= {LAYER_GOAL} of peak with varlen (43)",

@@ -176,11 +176,13 @@ def test_every_gpu_test_runs_in_exactly_one_step_and_nvshmems_last(tmp_path):
 
     listed = gpu_check.steps(tmp_path)
     tests = [s for s in listed if "pytest" in s.argv]
-    assert [s.name for s in tests] == ["gpu tests", "nvshmem tests"] and listed[-1] is tests[1]
-    first, nvshmem = (collected(s.argv) for s in tests)
-    assert first and nvshmem and not first & nvshmem
-    assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in first)
-    assert any("cuda_ipc" in t for t in first), "the conformance suite on cuda_ipc runs in the first step"
+    assert [s.name for s in tests] == ["odc gpu tests", "baseline gpu tests", "nvshmem tests"]
+    assert listed[0] is tests[0] and listed[-1] is tests[2], "ODC's first, NVSHMEM's last"
+    odc, baseline, nvshmem = (collected(s.argv) for s in tests)
+    assert odc and baseline and nvshmem and not (odc & baseline or odc & nvshmem or baseline & nvshmem)
+    assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in odc | baseline)
+    assert any("cuda_ipc" in t for t in odc), "the conformance suite on cuda_ipc runs with ODC's tests"
+    assert all(t.startswith("tests/integration/test_gpu.py::") for t in baseline)
 
 
 def test_the_larger_models_layers_are_held_to_their_share_of_peak_with_varlen():
@@ -233,7 +235,9 @@ def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point
     real.to_csv(tmp_path / "runs.csv", index=False)
     pd.DataFrame([dict(op="gather", size_bytes=16 << 20, ratio_to_memcpy=0.7),
                   dict(op="gather", size_bytes=1 << 20, ratio_to_memcpy=0.1)]).to_csv(tmp_path / "primitives.csv")
-    done = [gpu_check.Step("gpu tests", [], 1, status="passed"), gpu_check.Step("nvshmem tests", [], 1)]
+    done = [gpu_check.Step("odc gpu tests", [], 1, status="passed"),
+            gpu_check.Step("baseline gpu tests", [], 1, status="failed (exit 1)"),
+            gpu_check.Step("nvshmem tests", [], 1)]
 
     def verdicts(seconds: float) -> dict[str, tuple[str, str]]:
         rows = [[c.strip() for c in line.strip("|").split("|")]
@@ -241,7 +245,10 @@ def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point
         return {point.split(" (")[0]: (said, value) for point, said, value in rows}
 
     got = verdicts(300)
-    assert got["the GPU tests pass, ODC's on CUDA and the cuda_ipc conformance suite included"][0] == "met"
+    assert got["ODC's GPU tests pass: ranks sharing the GPU against one process, bf16, a dead rank, the cuda_ipc "
+               "conformance suite"][0] == "met"
+    assert got["the baseline's GPU tests pass: NCCL on one GPU timed on the device, varlen, the chunked loss, "
+               "microbatches sent without a wait"] == ("missed", "failed (exit 1)")
     assert got["NVSHMEM on one GPU: one rank runs, two are refused"][0] == "not measured"
     assert got["qwen2_7b and qwen2_14b layers at >= 0.4 of peak with varlen"][0] == "not measured"  # kernel unrecorded
     assert got["the 1.5B runs within 25% of the simulator on the measured profile"] == ("met", "1.00, 1.00")
