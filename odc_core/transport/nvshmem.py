@@ -2,10 +2,10 @@
 rank, for ranks that reach each other's GPU memory over NVLink: the GPUs of one node, or of a
 multi-node NVLink domain, where NVSHMEM maps every peer's heap into each process.
 
-Not yet run: the machines this project has been lent hold one GPU, where NVSHMEM refuses more
-than one process (docs/transport.md, "What runs where"). What one GPU allows, one rank, is
-checked by tests/integration/test_gpu_odc.py; everything with several GPUs is written to the
-protocol and waits for a machine that has them.
+Not yet run beyond one rank: the machines this project has been lent hold one GPU, where
+NVSHMEM refuses more than one process (docs/transport.md, "What runs where"). What one GPU
+allows, one rank, is checked by tests/integration/test_gpu_odc.py; everything with several GPUs
+is written to the protocol and waits for a machine that has them.
 
 Data buffers are symmetric allocations (symm_mem.empty + rendezvous over the default process
 group); a peer's buffer is a tensor in this process (SymmetricMemory.get_buffer), so a get is
