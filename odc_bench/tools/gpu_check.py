@@ -1,20 +1,19 @@
 """`make gpu-check`: everything a GPU machine can tell us, in one command of at most 6 minutes on
 one GPU, written with provenance under results/gpu/<device>-<date>/.
 
-The steps, in this order, each a subprocess with a time limit of its own (one that fails or runs
-out does not stop the others, and is killed with every process it started; the command ends with
-status 1 if any failed; each step's whole output is kept in logs/):
+The steps, in this order (steps() says why), each a subprocess with a time limit of its own (one
+that fails or runs out does not stop the others, and is killed with every process it started;
+the command ends with status 1 if any failed; each step's whole output is kept in logs/):
 1. ODC's GPU tests (test_gpu_odc.py: ranks sharing the GPU against one process, bf16, a dead
-   rank) and the transport conformance suite on cuda_ipc: tests-odc.xml; then the baseline's
-   (tests/integration/test_gpu.py): tests.xml;
+   rank) and the transport conformance suite on cuda_ipc: tests-odc.xml;
 2. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
    ran: shared/gpu/h100-2026-11-26), the first with its second warm-up minibatch under
    torch.profiler (profiles/<run_id>/: where a minibatch's host and device time go);
 3. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid), with one layer
    of qwen2_7b and of qwen2_14b timed beside qwen2_1p5b's: compute.json;
-4. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
-5. NVSHMEM's tests (what one GPU allows): nvshmem.xml. Last and apart, because NVSHMEM may hang
-   at its start where it does not refuse: a hang then costs only this step;
+4. NVSHMEM's tests (what one GPU allows): nvshmem.xml;
+5. the baseline's GPU tests (tests/integration/test_gpu.py): tests.xml;
+6. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
 then, in this process, the simulator's prediction of each run on the H100 profile and on the
 profile this machine just measured (compute.json, with the gap per unit the collective engine
 left in the runs' device-timed traces), and summary.md: the GPU acceptance points of issues 43
@@ -140,10 +139,12 @@ def command_here() -> str:
 
 
 def steps(out: Path) -> list[Step]:
-    """The steps in the order they run: where the command's time runs out, the later ones are cut.
-    ODC's tests first (the GPU has run the least of them), the baseline's tests apart so that
-    neither file's time starves the other; the runs before the compute profile: they alone
-    decide the memory point and hold the profiled minibatch."""
+    """The steps in the order they run: where the command's time runs out, the later ones are cut,
+    so the order is by what a step has left to tell. ODC's tests first (the GPU has run the least
+    of them); the runs and then the compute profile (the runs alone decide the memory point and
+    hold the profiled minibatch); NVSHMEM's one-GPU test; the baseline's tests and the primitives
+    last, both of which ran on an H200 (results/gpu/h200-2026-11-27). Each test file is a step
+    of its own, so that no file's time starves another's."""
     py = [sys.executable]
     odc_tests = ["tests/integration/test_gpu_odc.py", "tests/integration/test_transport_conformance.py"]
     # -v with each test's time, and the durations: which test took the step's time; pytest's own
@@ -151,9 +152,7 @@ def steps(out: Path) -> list[Step]:
     pytest = [*py, "-m", "pytest", "-v", "-o", "console_output_style=times", "-rs", "-p", "no:cacheprovider",
               "--durations=0", "-o", "faulthandler_timeout=40"]
     listed = [Step("odc gpu tests", [*pytest, f"--junitxml={out / 'tests-odc.xml'}", "-k",
-                                     "not nvshmem and (not test_transport_conformance or cuda_ipc)", *odc_tests], 110),
-              Step("baseline gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}",
-                                          "tests/integration/test_gpu.py"], 60)]
+                                     "not nvshmem and (not test_transport_conformance or cuda_ipc)", *odc_tests], 140)]
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
                                     *([PROFILED] if i == 0 else []), f"results_dir={out}"], limit)
                for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (75, 60), strict=True))]
@@ -161,12 +160,15 @@ def steps(out: Path) -> list[Step]:
                                         f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
                                         "model=qwen2_1p5b", "precision=bf16",
                                         f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100),
+               # NVSHMEM may hang at its start where it does not refuse: the step's limit bounds it.
+               Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem", *odc_tests],
+                    30),
+               Step("baseline gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}",
+                                           "tests/integration/test_gpu.py"], 60),
                Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
                                    "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
                                    "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
-                                   f"results_dir={out}"], 25),
-               Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem", *odc_tests],
-                    30)]
+                                   f"results_dir={out}"], 25)]
     return listed
 
 
