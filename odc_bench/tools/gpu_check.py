@@ -75,6 +75,11 @@ RESERVE_S = 25.0
 # of recompilations. A run that passes can be slow for this reason alone: the summary says so.
 EAGER_MARKERS = ("WON'T CONVERT", "torch._dynamo hit config.")
 
+# A step out of time: SIGABRT to its process group (each Python process prints its stack), then
+# SIGKILL, each followed by a bounded wait for the output: a process that left the group may
+# still hold the pipe, and the command must go on.
+KILL_WAITS = ((signal.SIGABRT, 5.0), (signal.SIGKILL, 20.0))
+
 
 @dataclass
 class Step:
@@ -193,14 +198,15 @@ def run_step(step: Step, left_s: float, logs: Path) -> None:
         output, _ = proc.communicate(timeout=step.timeout_s)
         step.status = "passed" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
     except subprocess.TimeoutExpired:
-        output = ""
-        for sig, wait_s in ((signal.SIGABRT, 5.0), (signal.SIGKILL, None)):
+        output, step.status = "", f"out of time ({step.timeout_s:.0f} s)"
+        for sig, wait_s in KILL_WAITS:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 output, _ = proc.communicate(timeout=wait_s)
                 break
-        step.status = f"out of time ({step.timeout_s:.0f} s)"
+        else:
+            step.status += "; its output was lost: a process outside its group held the pipe"
     step.tail = output[-4000:]
     step.eager = [line for line in output.splitlines() if any(m in line for m in EAGER_MARKERS)][:5]
     logs.mkdir(exist_ok=True)

@@ -5,6 +5,7 @@ writes, the engine's gap read off a device-timed trace, and the simulator half o
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -55,6 +56,23 @@ def test_a_step_out_of_time_is_killed_with_the_processes_it_started_and_its_outp
         time.sleep(0.1)
     else:
         pytest.fail("the step's own child outlived the step's time limit")
+
+
+def test_a_step_whose_pipe_outlives_its_kill_is_given_up_and_the_command_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "KILL_WAITS", ((gpu_check.signal.SIGABRT, 0.5), (gpu_check.signal.SIGKILL, 0.5)))
+    pid_file = tmp_path / "escaped.pid"
+    script = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(30)'], start_new_session=True); open({str(pid_file)!r}, 'w').write(str(c.pid)); "
+              "time.sleep(60)")
+    step = gpu_check.Step("escapes", [sys.executable, "-c", script], timeout_s=6)
+    started = time.monotonic()
+    try:
+        gpu_check.run_step(step, left_s=30, logs=tmp_path / "logs")
+        assert time.monotonic() - started < 15
+        assert step.status == "out of time (6 s); its output was lost: a process outside its group held the pipe"
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 9)
 
 
 def test_the_engines_gap_is_the_microbatchs_time_outside_its_units_per_unit():
