@@ -22,7 +22,7 @@ class PeerTimeout(TimeoutError):
 
     def __init__(self, peer: int, what: str, timeout_s: float) -> None:
         super().__init__(f"timed out after {timeout_s:.1f}s waiting for rank {peer}: {what}")
-        self.peer = peer
+        self.peer, self.what, self.timeout_s = peer, what, timeout_s
 
 
 class SymmetricHeap(Protocol):

@@ -93,3 +93,35 @@ def test_a_model_odc_wrapped_is_refused_by_a_second_engine_without_reading_its_f
     finally:
         second.close()
         first.close()
+
+
+def _full_parameters_on_rank_0_only(rank: int, world: int, store: object) -> str:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
+    engine = make_engine("odc", EngineContext(torch.device("cpu"), store, "one-sided", 2.0, "fp32"))
+    try:
+        model = Net()
+        engine.wrap(model, list(model.layers))
+        said = ""
+        if rank == 0:
+            try:
+                engine.full_parameters()
+            except TimeoutError as e:
+                said = str(e)
+            store.set("said", "1")  # type: ignore[attr-defined]
+        else:
+            store.wait(["said"])  # type: ignore[attr-defined]
+        return said
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def test_a_collective_call_one_rank_makes_alone_times_out_naming_the_call():
+    """Before, the timeout named only the barrier it waited at ("barrier #2")."""
+    from odc_bench.run.ranks import run_ranks
+
+    said = run_ranks(_full_parameters_on_rank_0_only, 2, timeout_s=60)[0]
+    assert said.startswith("timed out after 2.0s waiting for rank 1: ") and "\n" not in said
+    assert said.endswith(", in full_parameters(), which every rank must call"), said

@@ -19,10 +19,11 @@ the same AdamW step to the same sum, so the replicas stay equal without ever bei
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from time import perf_counter
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -49,8 +50,23 @@ from odc_core.engine.odc.unit import Backward, FlatUnit, Storage, flat_groups, s
 from odc_core.engine.odc.versions import Versions
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import check_units
-from odc_core.transport.base import SymmetricHeap
+from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import TRANSPORTS, make_heap
+
+_Call = TypeVar("_Call", bound=Callable[..., Any])
+
+
+def _collective(method: _Call) -> _Call:
+    """A call every rank must make: where a peer never makes it, the timeout names the call, not
+    only the barrier it waited at."""
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except PeerTimeout as e:
+            raise PeerTimeout(e.peer, f"{e.what}, in {method.__name__}(), which every rank must call",
+                              e.timeout_s) from None
+    return call  # type: ignore[return-value]
 
 
 class OdcEngine:
@@ -240,21 +256,26 @@ class OdcEngine:
             self.trace(kind, t0, self.clock(), **info)
 
     # ---- outside minibatches (state_dict.py) -------------------------------------------
+    @_collective
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return state_dict.full_parameters(self)
 
+    @_collective
     def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
         return state_dict.sharded_state(self, for_load)
 
+    @_collective
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         state_dict.load_sharded_state(self, state)
 
+    @_collective
     def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         if full:
             return state_dict.full_state(self)
         state = state_dict.sharded_state(self)
         return state["model"], state["optim"]
 
+    @_collective
     def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
         state_dict.set_state(self, model_state_dict, optim_state_dict)
 
