@@ -238,17 +238,37 @@ def check_order(call: str, open_minibatch: int | None, closed: bool) -> None:
                            "microbatches")
 
 
+# What an ODC engine leaves in its parameters between uses: one NaN per device and dtype, seen
+# through a view of each parameter's shape (stride 0, no memory). Reading such a parameter
+# gives NaN where a view of the freed flat buffer would read freed memory and could crash.
+_ABSENT: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def absent_like(t: torch.Tensor) -> torch.Tensor:
+    """NaN in t's shape, dtype and device, taking no memory: a parameter between uses."""
+    key = (t.device, t.dtype)
+    if key not in _ABSENT:
+        _ABSENT[key] = torch.full((), float("nan"), dtype=t.dtype, device=t.device)
+    return _ABSENT[key].expand(t.shape)
+
+
+def is_absent(t: torch.Tensor) -> bool:
+    """Whether t is absent_like's placeholder (a parameter an ODC engine holds in its shards)."""
+    scalar = _ABSENT.get((t.device, t.dtype))
+    return scalar is not None and t.untyped_storage().data_ptr() == scalar.untyped_storage().data_ptr()
+
+
 def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
-    """One model per engine, wrapped once; and not a model whose parameters an ODC engine has
-    already made views of its freed buffers (reading them would crash the process)."""
+    """One model per engine, wrapped once; and not a model an ODC engine holds already (its
+    parameters placeholders or views of a freed buffer: their values are in its shards)."""
     if wrapped is not None:
         raise RuntimeError("wrap() was called already: an engine shards one model, once; make another engine for "
                            "another model")
-    freed = [n for n, p in model.named_parameters()
-             if type(p.data) is torch.Tensor and p.numel() and not p.untyped_storage().nbytes()]
-    if freed:
-        raise ValueError(f"parameter {freed[0]} holds no values (its storage is freed): is the model wrapped by "
-                         f"another engine already? wrap a model once")
+    held = [n for n, p in model.named_parameters()
+            if type(p.data) is torch.Tensor and p.numel() and (is_absent(p) or not p.untyped_storage().nbytes())]
+    if held:
+        raise ValueError(f"parameter {held[0]} holds no values (an ODC engine keeps them in its shards): is the model "
+                         f"wrapped by another engine already? wrap a model once")
 
 
 def configured(step: OptimizerStep | None) -> OptimizerStep:

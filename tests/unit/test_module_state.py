@@ -58,3 +58,45 @@ def test_the_wrapped_models_own_state_calls_are_refused_and_odc_cores_work(one_r
     finally:
         engine.close()
     assert model.state_dict().keys() == Net().state_dict().keys()  # closed: the guard is gone
+
+
+def _train(model: Net, engine, read_between: bool) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    seen = []
+
+    def read() -> None:
+        if read_between:  # what a user's loop does: log a norm, print a weight
+            seen.append(all(torch.isnan(p.norm()) for p in model.parameters()))
+
+    engine.wrap(model, list(model.layers))
+    read()
+    engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+    for _ in range(2):
+        engine.begin_minibatch()
+        model(torch.ones(3, 4)).backward()
+        engine.finish_minibatch()
+        read()
+    with torch.no_grad():
+        model(torch.ones(3, 4))
+    read()
+    assert all(seen) and (len(seen) == 4) is read_between
+    return engine.full_parameters()
+
+
+def test_a_wrapped_models_parameters_read_nan_between_uses_and_training_is_unchanged(one_rank_group):
+    """Before, reading them there read freed memory: garbage, or the process crashed."""
+    runs = {}
+    for read_between in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        shapes = [p.shape for p in model.parameters()]
+        engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                  "fp32"))
+        try:
+            runs[read_between] = _train(model, engine, read_between)
+        finally:
+            engine.close()
+        assert [p.shape for p in model.parameters()] == shapes
+        assert all(torch.isnan(p).all() for p in model.parameters()), "after close() too"
+    assert runs[True].keys() == runs[False].keys()
+    assert all(torch.equal(runs[True][n], runs[False][n]) for n in runs[False])
+    assert not any(torch.isnan(t).any() for t in runs[True].values())

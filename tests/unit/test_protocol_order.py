@@ -87,8 +87,9 @@ def test_a_model_odc_wrapped_is_refused_by_a_second_engine_without_reading_its_f
     first, second = _engine("odc", one_rank_group), _engine("odc", one_rank_group)
     try:
         first.wrap(model, list(model.layers))
-        with pytest.raises(ValueError, match=r"^parameter layers\.0\.weight holds no values \(its storage is freed\): "
-                                             r"is the model wrapped by another engine already\? wrap a model once$"):
+        with pytest.raises(ValueError, match=r"^parameter layers\.0\.weight holds no values \(an ODC engine keeps "
+                                             r"them in its shards\): is the model wrapped by another engine already\? "
+                                             r"wrap a model once$"):
             second.wrap(model, list(model.layers))
     finally:
         second.close()

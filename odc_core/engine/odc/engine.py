@@ -239,6 +239,7 @@ class OdcEngine:
             if unit.storage is not Storage.SHARDED:
                 self.fetcher.ensure(unit)
                 unit.free()
+            unit.hide()
         return self.versions.finish()
 
     def drain(self) -> None:
@@ -285,6 +286,12 @@ class OdcEngine:
             self._hooks.remove()
         self.module_state.remove()
         self.fetcher.close()
+        if self.device.type == "cuda":  # no copy of a prefetch still writes a buffer freed here
+            torch.cuda.synchronize(self.device)
+        for unit in self.units:  # the model outlives the engine: its parameters read NaN, not freed memory
+            unit.free()
+            unit.backward = Backward.IDLE
+            unit.hide()
         self.heap.close()
         if self.versions.replicas is not None:
             group, self.versions.replicas = self.versions.replicas, None

@@ -123,6 +123,7 @@ class UnitHooks:
         if not torch.is_grad_enabled():  # no backward follows (evaluation)
             if pos == unit.modules[-1]:
                 unit.free()
+                unit.hide()
             return
         if pos == unit.modules[-1] and pos + 1 < len(self.modules):
             unit.free()

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from odc_core.engine.base import absent_like
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 from odc_core.primitives import ShardLayout
 from odc_core.transport.base import SymmetricHeap
@@ -92,15 +93,33 @@ class FlatUnit:
     # Gradients of its units' inputs still to leave them in this backward: until they have, the
     # units' backward still reads the gathered parameters.
     inputs_pending: int = 0
+    # Whether the parameters hold placeholders (hide()) rather than their views of `full`.
+    hidden: bool = False
 
     def materialize(self) -> torch.Tensor:
-        """Allocate the flat buffer's storage; a view to gather into."""
+        """Allocate the flat buffer's storage, the parameters views of it again; a view to
+        gather into."""
         self.full.untyped_storage().resize_(self.layout.padded_numel * self.full.element_size())
+        if self.hidden:
+            for p, off in zip(self.params, self.offsets, strict=True):
+                p.data = self.full[off:off + p.numel()].view(p.shape)
+            self.hidden = False
         return alias(self.full, self.layout.padded_numel)
 
     def free(self) -> None:
         self.full.untyped_storage().resize_(0)
         self.storage = Storage.SHARDED
+
+    def hide(self) -> None:
+        """Between uses, where no backward will read the parameters: each holds NaN in its shape
+        (base.absent_like) instead of a view of the freed buffer, whose reading could crash the
+        process (print(p), p.norm()). Not between a forward and its backward, which saved the
+        parameters themselves; nor at every microbatch (a loop over the parameters), only where
+        the user's code may run: after wrap(), a minibatch, an evaluation forward, close()."""
+        if self.storage is Storage.SHARDED and self.backward is Backward.IDLE and not self.hidden:
+            for p in self.params:
+                p.data = absent_like(p)
+            self.hidden = True
 
     def gather_source(self, slot: int) -> str:
         """The heap buffer peers gather: the compute-dtype shadow when there is one."""
@@ -219,4 +238,5 @@ def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list
     unit = FlatUnit(index, name, modules, params, names, offsets, layout, full, master, shadow, acc, shard_index,
                     [], [p.requires_grad for p in params])
     unit.split([0] * len(params), 0)
+    unit.hide()
     return unit
