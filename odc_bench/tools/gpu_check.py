@@ -23,7 +23,8 @@ beside the peak, each timed layer's share of the device's peak), and what did no
 On a machine without CUDA it says so and exits 0: there is nothing to check. With `--command` it
 prints the one command that runs it on a lent GPU machine (docs/gpu.md), for this checkout;
 with `--deadline=SECONDS` it runs under another deadline than 6 minutes (its summary says so, and
-the 6-minute point is judged as ever).
+the 6-minute point is judged as ever); with `--steps=NAME,...` only those steps (a rerun of what
+failed, in the same results folder).
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def run_step(step: Step, left_s: float, logs: Path) -> None:
     step.tail = output[-4000:]
     step.eager = [line for line in output.splitlines() if any(m in line for m in EAGER_MARKERS)][:5]
     logs.mkdir(exist_ok=True)
-    atomic_write_text(logs / (re.sub(r"\W+", "-", step.name).strip("-") + ".log"), output)
+    atomic_write_text(logs / (slug(step.name) + ".log"), output)
     step.seconds = time.monotonic() - t0
     print(f"gpu-check: {step.name}: {step.status} in {step.seconds:.0f} s", flush=True)
 
@@ -491,18 +492,35 @@ def summary(device: str, done: list[Step], seconds: float, out: Path, deadline_s
     return "\n".join(lines) + "\n"
 
 
+def slug(name: str) -> str:
+    """A step's name as --steps and logs/ spell it: odc-gpu-tests, compute-profile, ..."""
+    return re.sub(r"\W+", "-", name).strip("-")
+
+
+def parse_args(args: list[str]) -> tuple[float, set[str] | None]:
+    """(deadline in seconds, the steps --steps selects or None for all); one line and exit 2 for
+    anything else."""
+    deadline_s, selected = DEADLINE_S, None
+    known = [slug(s.name) for s in steps(Path("."))]
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key == "--deadline" and value.isdigit() and int(value) > RESERVE_S:
+            deadline_s = float(value)
+        elif key == "--steps" and value and set(value.split(",")) <= set(known):
+            selected = set(value.split(","))
+        else:
+            print(f"gpu-check: unknown argument {arg}: it takes --deadline=SECONDS (more than {RESERVE_S:.0f}; "
+                  f"{DEADLINE_S:.0f} by default), --steps=NAME[,NAME...] of {','.join(known)}, or --command alone "
+                  "(docs/gpu.md)", file=sys.stderr)
+            sys.exit(2)
+    return deadline_s, selected
+
+
 def main() -> None:
     if sys.argv[1:] == ["--command"]:
         print(command_here())
         return
-    deadline_s = DEADLINE_S
-    args = sys.argv[1:]
-    if len(args) == 1 and re.fullmatch(r"--deadline=\d+", args[0]) and int(args[0].split("=")[1]) > RESERVE_S:
-        deadline_s = float(args[0].split("=")[1])
-    elif args:
-        print(f"gpu-check: unknown arguments {' '.join(args)}: it takes none, --deadline=SECONDS (more than "
-              f"{RESERVE_S:.0f}; {DEADLINE_S:.0f} by default) or --command (docs/gpu.md)", file=sys.stderr)
-        sys.exit(2)
+    deadline_s, selected = parse_args(sys.argv[1:])
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine: nothing to check here (run make gpu-check on a GPU "
               "machine; docs/gpu.md)")
@@ -514,6 +532,9 @@ def main() -> None:
     started = time.monotonic()
     done = steps(out)
     for step in done:
+        if selected is not None and slug(step.name) not in selected:
+            step.status = "not run (not among --steps; this folder may hold an earlier run's results of it)"
+            continue
         run_step(step, deadline_s - RESERVE_S - (time.monotonic() - started), out / "logs")
     add_engine_gap(out)
     simulated = Step("simulator", [sys.executable, "-m", "odc_bench.tools.gpu_check"], 60)

@@ -147,23 +147,35 @@ def test_the_device_command_installs_every_wheel_names_the_commit_and_packs_the_
     assert len(command) <= 2000  # what the device tool takes
 
 
-def test_an_unknown_argument_is_refused_in_one_line_before_anything_runs(monkeypatch, capsys):
-    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", "--comand"])
-    monkeypatch.setattr(gpu_check, "steps", lambda out: pytest.fail("nothing may run"))
-    with pytest.raises(SystemExit) as e:
-        gpu_check.main()
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "unknown arguments --comand" in err and "\n" not in err
-
-
-@pytest.mark.parametrize("arg", ["--deadline=abc", "--deadline=10", "--deadline="])
-def test_a_deadline_that_is_no_number_of_seconds_above_the_reserve_is_refused(arg, monkeypatch, capsys):
+@pytest.mark.parametrize("arg", ["--comand", "--deadline=abc", "--deadline=10", "--deadline=", "--steps=",
+                                 "--steps=compute-profile,gpu-tests", "--command=x"])
+def test_an_unknown_argument_is_refused_in_one_line_before_anything_runs(arg, monkeypatch, capsys):
     monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", arg])
-    monkeypatch.setattr(gpu_check, "steps", lambda out: pytest.fail("nothing may run"))
+    monkeypatch.setattr(gpu_check, "run_step", lambda *a, **k: pytest.fail("nothing may run"))
     with pytest.raises(SystemExit) as e:
         gpu_check.main()
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "--deadline=SECONDS" in err and "\n" not in err
+    assert e.value.code == 2 and f"unknown argument {arg}: " in err and "\n" not in err
+    assert "--steps=NAME[,NAME...] of odc-gpu-tests,run-longalign-x0-125-mb8," in err
+
+
+def test_steps_runs_only_the_steps_it_names_and_says_so_of_the_others(tmp_path, monkeypatch):
+    ran: list[str] = []
+    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", "--steps=compute-profile,odc-gpu-tests",
+                                                 "--deadline=400"])
+    monkeypatch.setattr(gpu_check, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(gpu_check, "provenance", dict)
+    monkeypatch.setattr(gpu_check, "simulate_runs", lambda out: None)
+    monkeypatch.setattr(gpu_check, "run_step", lambda step, left_s, logs: ran.append(step.name))
+    with pytest.raises(SystemExit):
+        gpu_check.main()
+    assert ran == ["odc gpu tests", "compute profile"]
+    summary = next((tmp_path / "results" / "gpu").glob("h200-*/summary.md")).read_text()
+    said = "| primitives | not run (not among --steps; this folder may hold an earlier run's results of it) |"
+    assert said in summary
+    assert "under a deadline of 400 s" in summary
 
 
 def test_a_deadline_other_than_six_minutes_is_said_in_the_summary(tmp_path):
