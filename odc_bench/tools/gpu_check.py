@@ -125,11 +125,14 @@ def provenance() -> dict:
 
 def device_command(commit: str, wheels: list[str]) -> str:
     """The one command for a lent GPU machine: install the wheels that machine lacks (carried in
-    .whl), name the commit (the copy it gets has no .git), run the check with the machine's own
-    python3 (what `make gpu-check` runs there; make itself may be missing), pack what it wrote."""
+    .whl), name the commit (the copy it gets may have no .git, or an older one), run the check
+    with the machine's own python3 (what `make gpu-check` runs there; make itself may be
+    missing), pack what it wrote. The profiles' Chrome traces go in an archive of their own: the
+    device tool returns no file over 16 MiB, and a large trace must not cost the results."""
     return ("python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
             f"{' '.join('.whl/' + w for w in wheels)} && export PYTHONPATH=/tmp/site:$PWD {COMMIT_ENV}={commit} "
-            "&& python3 -m odc_bench.tools.gpu_check; tar czf $OUT/gpu.tgz results/gpu")
+            "&& python3 -m odc_bench.tools.gpu_check; tar czf $OUT/gpu.tgz --exclude='*.trace.json.gz' results/gpu; "
+            "find results/gpu -name '*.trace.json.gz' | tar czf $OUT/gpu-traces.tgz -T -")
 
 
 def command_here() -> str:

@@ -142,8 +142,10 @@ def test_the_device_command_installs_every_wheel_names_the_commit_and_packs_the_
     command = gpu_check.device_command("abc1234-dirty", wheels)
     assert all(f".whl/{w}" in command for w in wheels)
     assert "ODC_BENCH_COMMIT=abc1234-dirty" in command
-    run, pack = command.rsplit("; ", 1)
-    assert run.endswith("python3 -m odc_bench.tools.gpu_check") and pack == "tar czf $OUT/gpu.tgz results/gpu"
+    run, pack, traces = command.rsplit("; ", 2)
+    assert run.endswith("python3 -m odc_bench.tools.gpu_check")
+    assert pack == "tar czf $OUT/gpu.tgz --exclude='*.trace.json.gz' results/gpu"
+    assert traces == "find results/gpu -name '*.trace.json.gz' | tar czf $OUT/gpu-traces.tgz -T -"
     assert len(command) <= 2000  # what the device tool takes
 
 
