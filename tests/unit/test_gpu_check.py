@@ -200,17 +200,19 @@ def test_every_gpu_test_runs_in_exactly_one_step_odcs_first(tmp_path):
     does not refuse, a step of their own, so that a hang costs no other step's results."""
     import subprocess
 
-    def collected(argv: list[str]) -> set[str]:
+    def collecting(argv: list[str]) -> subprocess.Popen[str]:
         args = [a for a in argv[argv.index("pytest") + 1:] if not a.startswith("--junitxml") and a not in ("-q", "-v")]
-        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
-        return {line for line in done.stdout.splitlines() if "::" in line}
+        return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def collected(proc: subprocess.Popen[str]) -> set[str]:
+        return {line for line in proc.communicate(timeout=120)[0].splitlines() if "::" in line}
 
     listed = gpu_check.steps(tmp_path)
     tests = [s for s in listed if "pytest" in s.argv]
     assert [s.name for s in tests] == ["odc gpu tests", "nvshmem tests", "baseline gpu tests"]
     assert listed[0] is tests[0], "ODC's first"
-    odc, nvshmem, baseline = (collected(s.argv) for s in tests)
+    odc, nvshmem, baseline = (collected(p) for p in [collecting(s.argv) for s in tests])  # side by side
     assert odc and baseline and nvshmem and not (odc & baseline or odc & nvshmem or baseline & nvshmem)
     assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in odc | baseline)
     assert any("cuda_ipc" in t for t in odc), "the conformance suite on cuda_ipc runs with ODC's tests"
