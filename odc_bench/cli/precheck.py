@@ -109,6 +109,7 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
         job_parameters(cfg, spec)
         check_slurm_available()
     else:  # ranks of this host: their memory is this host's
+        spec.check_devices()
         spec.check_fits()
         if uses_mpi(spec):
             from odc_bench.run.mpiexec import mpiexec_path

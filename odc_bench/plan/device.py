@@ -20,6 +20,19 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def visible_gpus() -> int:
+    """How many CUDA devices this process sees."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def ranks_per_gpu(world_size: int, gpus: int) -> int:
+    """How many of a run's ranks on this host share each GPU: run/worker.py deals rank r the GPU
+    r mod gpus."""
+    return -(-world_size // max(gpus, 1))
+
+
 def device_type_of(config: RunConfig) -> str:
     """cpu or cuda, as device=auto|cpu|cuda and this machine decide; ConfigError for cuda without one."""
     if config.device == "cpu":

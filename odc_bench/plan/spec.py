@@ -40,7 +40,7 @@ from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
-from odc_bench.plan.device import hardware_tag, memory_limit, run_device
+from odc_bench.plan.device import hardware_tag, memory_limit, ranks_per_gpu, run_device, visible_gpus
 from odc_bench.plan.identity import config_key
 from odc_bench.plan.plans import Plans, no_cycle_collection
 from odc_bench.sums import left_sum
@@ -139,17 +139,39 @@ class RunSpec:
         """The per-rank estimate with a microbatch limit of `tokens` (samples no longer than that)."""
         return rank_memory(self.config, self.device_type, tokens, tokens)
 
+    def check_devices(self) -> None:
+        """ConfigError, for ranks of this host on CUDA, where more ranks than GPUs must share one
+        (worker.py deals them round robin) and the engine takes a GPU per rank (NCCL, NVSHMEM),
+        which would fail only once every rank had started."""
+        if self.device_type != "cuda" or self.config.simulated:
+            return
+        world, gpus = self.config.world_size, visible_gpus()
+        why = self.config.engine.options.gpu_per_rank(world)
+        if world > gpus and why is not None:
+            raise ConfigError(f"{why}, which takes a GPU per rank: world_size={world} on this host's {gpus} GPU(s); "
+                              f"use a world_size of at most {gpus}, or engine=odc with engine.transport=cuda_ipc and "
+                              "engine.shard=full, whose ranks may share a GPU")
+
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit, for ranks of this host (a
         SLURM job's nodes are not this host; a simulated run is answered anyway, its row
         flagging that it would not fit: mem_estimate_mb over mem_limit_mb), with the fix that
-        can work: a lower microbatch limit, shorter samples, or a smaller model or more ranks."""
-        if self.memory_limit is None or self.fits or self.config.simulated:
+        can work: a lower microbatch limit, shorter samples, or a smaller model or more ranks.
+        On CUDA, ranks that share a GPU share its memory."""
+        if self.memory_limit is None or self.config.simulated:
             return
-        m, limit = self.memory, self.memory_limit
+        limit, shared = self.memory_limit, ""
+        if self.device_type == "cuda":
+            sharing = ranks_per_gpu(self.config.world_size, visible_gpus())
+            if sharing > 1:
+                limit //= sharing
+                shared = f" ({sharing} ranks share each GPU's {self.memory_limit / GB:.1f} GiB)"
+        m = self.memory
+        if m.total <= limit:
+            return
         need = (f"a rank would need about {m.total / GB:.1f} GiB (owned shards {m.owned / GB:.1f}, working units "
                 f"{m.working / GB:.1f}, activations of {self.max_tokens} tokens {m.activations / GB:.1f}), over the "
-                f"{limit / GB:.1f} GiB it has")
+                f"{limit / GB:.1f} GiB it has{shared}")
         longest = max(self.length_stats()["len_max"], 2)
         fitting = self.longest_fitting(limit)
         if fitting < 2:

@@ -54,6 +54,11 @@ class EngineOptions(Protocol):
         """What keeps the ranks on one host with these options, and the fix; None when nothing does."""
         ...
 
+    def gpu_per_rank(self, world_size: int) -> str | None:
+        """What takes a GPU of its own for every rank with these options (as they run on CUDA);
+        None where ranks may share one."""
+        ...
+
 
 # `auto` is shm on CPU, nccl on CUDA.
 Backend = Literal["auto", "shm", "gloo", "nccl"]
@@ -90,6 +95,9 @@ class CollectiveOptions:
             return ("engine.backend=shm (the CPU default) runs FSDP2 over shared memory",
                     "set engine.backend=gloo or hydra.launcher.nodes=1")
         return None
+
+    def gpu_per_rank(self, world_size: int) -> str | None:
+        return "engine=collective runs FSDP2 over NCCL" if self.backend == "nccl" else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +153,13 @@ class OdcOptions:
         if spec is not None and not spec.spans_hosts:
             return (f"engine=odc on transport {spec.name} keeps its symmetric heap in {spec.describe}",
                     f"set {spec.across_hosts} (docs/transport.md) or hydra.launcher.nodes=1")
+        return None
+
+    def gpu_per_rank(self, world_size: int) -> str | None:
+        if self.transport == "nvshmem":
+            return "engine.transport=nvshmem maps one process per GPU"
+        if shard_group_size(self.shard, self.ranks_per_node, world_size) < world_size:
+            return "hybrid sharding reduces its replicas over NCCL"
         return None
 
 
