@@ -69,6 +69,7 @@ MEMORY_GOAL = 0.10  # the memory estimate against the measured peak (issue 43)
 # simulator and the summary need after the last one, whatever the steps' own limits add up to.
 DEADLINE_S = 360.0
 RESERVE_S = 25.0
+MIN_STEP_S = 5.0  # a step with less time left than this is not started: it could tell nothing
 
 
 # What torch.compile prints where a compiled part of the model runs eagerly after all:
@@ -186,7 +187,7 @@ def run_step(step: Step, left_s: float, logs: Path) -> None:
     output goes to logs/<step>.log. The step runs in a process group of its own, killed whole when
     it runs out of time: a test's ranks left running would hold the GPU through the next steps."""
     step.timeout_s = min(step.timeout_s, left_s)
-    if step.timeout_s < 5:
+    if step.timeout_s < MIN_STEP_S:
         step.status = "not run (the command's 6 minutes were spent)"
         print(f"gpu-check: {step.name}: {step.status}", flush=True)
         return

@@ -40,14 +40,15 @@ def test_a_step_runs_within_what_the_command_has_left_and_none_starts_once_it_is
     assert late.status.startswith("not run") and not late.ok
 
 
-def test_a_step_out_of_time_is_killed_with_the_processes_it_started_and_its_output_kept(tmp_path):
+def test_a_step_out_of_time_is_killed_with_the_processes_it_started_and_its_output_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "MIN_STEP_S", 1.0)
     pid_file = tmp_path / "child.pid"
     script = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
               f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); "
               "time.sleep(60)")
-    step = gpu_check.Step("hangs: a rank", [sys.executable, "-c", script], timeout_s=6)
+    step = gpu_check.Step("hangs: a rank", [sys.executable, "-c", script], timeout_s=3)
     gpu_check.run_step(step, left_s=30, logs=tmp_path / "logs")
-    assert step.status == "out of time (6 s)" and "started" in step.tail
+    assert step.status == "out of time (3 s)" and "started" in step.tail
     assert (tmp_path / "logs" / "hangs-a-rank.log").read_text().startswith("started")
     child = int(pid_file.read_text())
     for _ in range(50):  # killed, then reaped by init: gone within a moment
@@ -60,16 +61,17 @@ def test_a_step_out_of_time_is_killed_with_the_processes_it_started_and_its_outp
 
 def test_a_step_whose_pipe_outlives_its_kill_is_given_up_and_the_command_goes_on(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "KILL_WAITS", ((gpu_check.signal.SIGABRT, 0.5), (gpu_check.signal.SIGKILL, 0.5)))
+    monkeypatch.setattr(gpu_check, "MIN_STEP_S", 1.0)
     pid_file = tmp_path / "escaped.pid"
     script = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
               f"time.sleep(30)'], start_new_session=True); open({str(pid_file)!r}, 'w').write(str(c.pid)); "
               "time.sleep(60)")
-    step = gpu_check.Step("escapes", [sys.executable, "-c", script], timeout_s=6)
+    step = gpu_check.Step("escapes", [sys.executable, "-c", script], timeout_s=3)
     started = time.monotonic()
     try:
         gpu_check.run_step(step, left_s=30, logs=tmp_path / "logs")
         assert time.monotonic() - started < 15
-        assert step.status == "out of time (6 s); its output was lost: a process outside its group held the pipe"
+        assert step.status == "out of time (3 s); its output was lost: a process outside its group held the pipe"
     finally:
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), 9)
