@@ -40,13 +40,19 @@ def test_a_step_runs_within_what_the_command_has_left_and_none_starts_once_it_is
     assert late.status.startswith("not run") and not late.ok
 
 
+def _hanging_step(name: str, pid_file: Path, own_session: bool) -> gpu_check.Step:
+    """A step of 3 s that starts a child (in a session of its own: outside the step's group),
+    writes the child's pid to pid_file, says 'started' and hangs."""
+    script = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(30)'], start_new_session={own_session}); open({str(pid_file)!r}, 'w').write(str(c.pid)); "
+              "print('started', flush=True); time.sleep(60)")
+    return gpu_check.Step(name, [sys.executable, "-c", script], timeout_s=3)
+
+
 def test_a_step_out_of_time_is_killed_with_the_processes_it_started_and_its_output_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, "MIN_STEP_S", 1.0)
     pid_file = tmp_path / "child.pid"
-    script = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
-              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); "
-              "time.sleep(60)")
-    step = gpu_check.Step("hangs: a rank", [sys.executable, "-c", script], timeout_s=3)
+    step = _hanging_step("hangs: a rank", pid_file, own_session=False)
     gpu_check.run_step(step, left_s=30, logs=tmp_path / "logs")
     assert step.status == "out of time (3 s)" and "started" in step.tail
     assert (tmp_path / "logs" / "hangs-a-rank.log").read_text().startswith("started")
@@ -63,10 +69,7 @@ def test_a_step_whose_pipe_outlives_its_kill_is_given_up_and_the_command_goes_on
     monkeypatch.setattr(gpu_check, "KILL_WAITS", ((gpu_check.signal.SIGABRT, 0.5), (gpu_check.signal.SIGKILL, 0.5)))
     monkeypatch.setattr(gpu_check, "MIN_STEP_S", 1.0)
     pid_file = tmp_path / "escaped.pid"
-    script = (f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
-              f"time.sleep(30)'], start_new_session=True); open({str(pid_file)!r}, 'w').write(str(c.pid)); "
-              "time.sleep(60)")
-    step = gpu_check.Step("escapes", [sys.executable, "-c", script], timeout_s=3)
+    step = _hanging_step("escapes", pid_file, own_session=True)
     started = time.monotonic()
     try:
         gpu_check.run_step(step, left_s=30, logs=tmp_path / "logs")
