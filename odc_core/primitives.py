@@ -3,7 +3,9 @@
 Both are one-sided: a rank that calls them touches its peers' heap buffers and never waits
 for a peer to take part, so ranks that run different amounts of work between minibatch
 synchronisations do not wait on each other. Peers are visited in rotated order starting at
-rank + 1, so at any moment the ranks work on different owners instead of all on rank 0.
+rank + 1, so at any moment the ranks work on different owners instead of all on rank 0; a
+heap that maps its peers' buffers gathers from all of them in one device op instead
+(transport/mapped.py).
 
 The owners of a layout's shards are every rank of the heap, or (hybrid sharding) a group of
 them, `owners`: shard i lives on heap rank owners[i], and no other rank is touched.
@@ -89,7 +91,12 @@ def gather(heap: SymmetricHeap, name: str, out: torch.Tensor, layout: ShardLayou
     if not out.is_contiguous():
         raise ValueError("gather needs a contiguous output tensor")
     flat = out.view(-1)
-    for owner, start, end in _spans(heap, layout, flat.numel(), "gather output", owners):
+    spans = _spans(heap, layout, flat.numel(), "gather output", owners)
+    whole = getattr(heap, "get_spans", None)
+    if whole is not None:  # a heap that maps its peers' buffers: the gather in one op
+        whole(flat, name, spans)
+        return
+    for owner, start, end in spans:
         heap.get(flat[start:end], name, owner)
 
 

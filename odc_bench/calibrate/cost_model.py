@@ -225,8 +225,9 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
         torch.set_num_threads(threads)
     started = time.monotonic()
     model = build_model(config.model, config.seed, device)
-    if device.type == "cuda":  # as the harness runs it there: in the run's precision, dense parts compiled
+    if device.type == "cuda":  # as the harness runs it there: in the run's precision
         model = model.to(torch.bfloat16 if config.precision == "bf16" else torch.float32)
+    if config.compiles(device.type):  # and compiled as the run would be
         compile_dense(model)
     _progress(f"{config.model.name} built", started)
     shapes = microbatch_shapes(int(max_tokens))
@@ -257,7 +258,7 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
     )
     models, rows = {config.model.name: config.model}, []
     if device.type == "cuda":
-        rows = time_units(config.model, device, UNIT_SHAPES[unit_shapes], repeats)
+        rows = time_units(config.model, device, UNIT_SHAPES[unit_shapes], repeats, compiled=config.compiles("cuda"))
         record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
     _write(path, record)
     # The other models after the run's own is written, and the profile again after each: a time
@@ -265,7 +266,8 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
     for other in unit_models:
         if other.name not in models:  # each model timed once
             models[other.name] = other
-            rows += time_units(other, device, OTHER_MODEL_SHAPES[unit_shapes], repeats)
+            rows += time_units(other, device, OTHER_MODEL_SHAPES[unit_shapes], repeats,
+                               compiled=config.compiles("cuda"))
             record.update(units_record(rows, models, torch.cuda.get_device_name(device)))
             _write(path, record)
     return path

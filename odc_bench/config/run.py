@@ -102,6 +102,9 @@ class RunConfig:
     # A warm-up minibatch to run under torch.profiler (run/profile.py); null: none. Not part of
     # the run's key: it changes no metric.
     profile_minibatch: int | None = None
+    # torch.compile of the decoder's dense parts (models/decoder.py compile_dense); null: on CUDA,
+    # where the decoder is launch-bound without it, and not on CPU, whose numbers predate it.
+    compile: bool | None = None
 
     def __post_init__(self) -> None:
         for key, least in (("world_size", 1), ("minibatch_size", 1), ("num_minibatches", 1),
@@ -133,6 +136,10 @@ class RunConfig:
     def simulated(self) -> bool:
         return self.backend.name == "sim"
 
+    def compiles(self, device_type: str) -> bool:
+        """Whether a run on `device_type` compiles the decoder's dense parts."""
+        return device_type == "cuda" if self.compile is None else self.compile
+
     def to_dict(self) -> dict[str, Any]:
         """Plain values laid out as in the YAML: the record of a run (its key and its row's config)."""
         out = {}
@@ -140,8 +147,8 @@ class RunConfig:
             value = getattr(self, name)
             if name == "engine":
                 out[name] = value.to_dict()
-            elif name == "primitives" and value is None:
-                continue
+            elif name in ("primitives", "compile") and value is None:
+                continue  # unset: a train run has no primitives; configs from before compile keep their keys
             elif hasattr(value, "__dataclass_fields__"):
                 out[name] = as_dict(value)
             else:

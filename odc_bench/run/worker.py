@@ -126,7 +126,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                              config.engine.options)
         engine.trace, engine.clock = recorder.add, recorder.now
         model = build_model(config.model, config.seed, device)
-        if device.type == "cuda":
+        if config.compiles(device.type):
             compile_dense(model)
         wrapped = engine.wrap(model, model.units())
         trace.instrument(recorder, model.named_units())

@@ -73,3 +73,10 @@ class SymmetricHeap(Protocol):
     def close(self) -> None:
         """Unmap peers and remove this rank's segments. Idempotent."""
         ...
+
+
+# A heap that maps its peers' buffers into this process (cuda_ipc, nvshmem) also offers
+#     get_spans(out, name, spans): out[start:end] = owner's name[:end - start] for every
+#     (owner, start, end) of spans,
+# a whole gather in one device op (transport/mapped.py); primitives.gather uses it where present.
+# Not a protocol method: the host transports' gathers are one get per owner, as the protocol has.

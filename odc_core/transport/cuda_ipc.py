@@ -4,8 +4,9 @@ Each rank allocates its buffers on its own device; at allocation it publishes th
 handle (torch's CUDA reduction of the tensor, as torch.multiprocessing sends one) through the
 run's store, and opens every peer's handle once. A peer's buffer is then a CUDA tensor in this
 process, so a get is one device copy (peer to peer over NVLink when the owner is another GPU,
-within the device when ranks share one) and an accumulate one kernel of atomic fp32 adds
-(atomic_add.py says why atomics). Both are enqueued on the caller's current stream: the ODC
+within the device when ranks share one), a whole gather one op where every shard is on this
+rank's GPU (mapped.py), and an accumulate one kernel of atomic fp32 adds
+(atomic_add.py says why atomics). All are enqueued on the caller's current stream: the ODC
 engine issues its gathers and pushes on a side stream (odc_core/engine/odc/fetch.py).
 
 Ranks may share one GPU (cudaIpcOpenMemHandle works between processes on the same device; the
@@ -34,6 +35,7 @@ import torch.distributed as dist
 
 from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.exchange import exchange
+from odc_core.transport.mapped import MappedGather, Span
 from odc_core.transport.shm import SHM_DIR, ShmHeap, job_tag, process_start_time
 
 
@@ -98,6 +100,7 @@ class CudaIpcHeap:
         self._job = job_tag(job_id)
         self._store = store
         self._buffers: dict[str, _Buffer] = {}
+        self._gathers: dict[tuple[str, tuple[Span, ...]], MappedGather] = {}
         self._device_bytes = 0
         self._closed = False
         self._control = ShmHeap(rank, world_size, f"{job_id}.ipc", store, timeout_s)
@@ -153,6 +156,15 @@ class CudaIpcHeap:
             raise TypeError(f"get of {name!r} ({src.dtype}) into a {out.dtype} tensor; dtypes must match")
         out.copy_(src.view(out.shape), non_blocking=True)
 
+    def get_spans(self, out: torch.Tensor, name: str, spans: tuple[Span, ...]) -> None:
+        """A whole gather: out[start:end] = owner's name[:end - start] for each (owner, start, end),
+        in one device op where it can be (mapped.py)."""
+        plan = self._gathers.get((name, spans))
+        if plan is None:
+            plan = self._gathers[(name, spans)] = MappedGather.of(
+                spans, lambda owner, numel: self._copy(name, owner, 0, numel))
+        plan.run(out)
+
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
         dst = self._copy(name, peer, offset, src.numel())
         atomic_add_(dst, src.to(self.device, non_blocking=True))
@@ -182,6 +194,6 @@ class CudaIpcHeap:
         if self._closed:
             return
         self._closed = True
-        self._buffers = {}  # peers' mappings close with the last tensor that uses them
+        self._buffers, self._gathers = {}, {}  # peers' mappings close with the last tensor that uses them
         self._control.close()
         torch.cuda.ipc_collect()

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.exchange import exchange
+from odc_core.transport.mapped import MappedGather, Span
 from odc_core.transport.shm import job_tag
 
 
@@ -86,6 +87,7 @@ class NvshmemHeap:
         symm_mem.set_backend("NVSHMEM")
         self._group = dist.group.WORLD.group_name  # type: ignore[union-attr]
         self._buffers: dict[str, list[torch.Tensor | None]] = {}
+        self._gathers: dict[tuple[str, tuple[Span, ...]], MappedGather] = {}
         self._handles: list[object] = []  # keeps each rendezvous (and so its mappings) alive
         self._flags: dict[str, int] = {}
         self._epoch = 0
@@ -137,6 +139,14 @@ class NvshmemHeap:
             raise TypeError(f"get of {name!r} ({src.dtype}) into a {out.dtype} tensor; dtypes must match")
         out.copy_(src.view(out.shape), non_blocking=True)
 
+    def get_spans(self, out: torch.Tensor, name: str, spans: tuple[Span, ...]) -> None:
+        """A whole gather in one device op where it can be (mapped.py), as cuda_ipc's."""
+        plan = self._gathers.get((name, spans))
+        if plan is None:
+            plan = self._gathers[(name, spans)] = MappedGather.of(
+                spans, lambda owner, numel: self._view(name, owner, 0, numel))
+        plan.run(out)
+
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
         atomic_add_(self._view(name, peer, offset, src.numel()), src.to(self.device, non_blocking=True))
 
@@ -179,4 +189,4 @@ class NvshmemHeap:
         if self._closed:
             return
         self._closed = True
-        self._buffers, self._handles = {}, []
+        self._buffers, self._gathers, self._handles = {}, {}, []

@@ -40,26 +40,32 @@ def _uneven(spec):
                                       for mb, (mine, theirs) in zip(spec.minibatches, splits, strict=True)])
 
 
+# What these tests check is the engine: their ranks run the decoder eagerly (compile=false),
+# where each rank of each run would otherwise compile its layers anew within gpu-check's six
+# minutes. The first keeps the compiled layers, as runs on a GPU have them.
+EAGER = "compile=false"
+
+
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_two_ranks_sharing_the_gpu_match_one_process_with_uneven_counts(staleness):
-    spec = _uneven(resolve(run_config(*SMALL, f"engine.staleness={staleness}")))
+    spec = _uneven(resolve(run_config(*SMALL, f"engine.staleness={staleness}", *([EAGER] if staleness else []))))
     assert spec.config.engine.options.transport == "cuda_ipc", "auto picks the CUDA heap on GPUs"
     results = run_local(spec, collect_params=True)
     reference, _ = train_single_process(spec, staleness=staleness, device=torch.device("cuda"))
-    # The ranks' layers are compiled (compile_dense) and the reference's eager: the same sums
-    # in other orders, which AdamW turns into small steps where gradients are near zero.
+    # At staleness 0 the ranks' layers are compiled (compile_dense) and the reference's eager:
+    # the same sums in other orders, which AdamW turns into small steps where gradients are near zero.
     assert relative_error(results[0]["params"], reference) < 1e-4
     assert all(r["heap_bytes"] > 0 for r in results)
 
 
 def test_bf16_on_the_gpu_stays_near_fp32():
-    runs = {p: run_local(resolve(run_config(*SMALL, f"precision={p}")), collect_params=True)[0]["params"]
+    runs = {p: run_local(resolve(run_config(*SMALL, EAGER, f"precision={p}")), collect_params=True)[0]["params"]
             for p in ("fp32", "bf16")}
     assert relative_error(runs["bf16"], runs["fp32"]) < 1e-2
 
 
 def test_a_dead_rank_on_the_gpu_fails_the_run_by_name_and_leaves_nothing(results_dir, tmp_path):
-    spec = resolve(run_config(*SMALL, "timeout_s=5", "seed=0"))
+    spec = resolve(run_config(*SMALL, EAGER, "timeout_s=5", "seed=0"))
     row = execute(spec, results_dir, launch=partial(run_local, entry=partial(killing_entry, str(tmp_path))))
     assert row["status"] == "failed" and row["error"].startswith("rank 1 died (killed by SIGKILL)"), row["error"]
     ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]

@@ -102,6 +102,7 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-device": (["device=tpu"], "device must be one of auto, cpu, cuda, got 'tpu'", None),
     "no-cuda": (["device=cuda"], "device=cuda but no CUDA device is visible", None),
     "bad-threads": (["threads_per_rank=0"], "threads_per_rank must be null or a positive integer", None),
+    "bad-compile": (["compile=maybe"], "compile must be true or false or null, got 'maybe'", None),
     "bad-engine-option": (["engine=odc", "engine.prefetch=sometimes"],
                           "engine.prefetch must be true or false, got 'sometimes'", None),
     "bad-engine-backend": (["engine.backend=tcp"], "engine.backend must be one of auto, shm, gloo, nccl, got 'tcp'",

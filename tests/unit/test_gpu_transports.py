@@ -1,7 +1,7 @@
 """What the GPU transports do that is not CUDA, checked on CPU: the handle exchange through the
 store, the accumulate kernel's argument checks and its sums (Triton's CPU interpreter), and the
-one-line refusals where CUDA is absent, which peers NVSHMEM maps, and the sweep of
-torch's CUDA IPC reference-count files.
+one-line refusals where CUDA is absent, which peers NVSHMEM maps, the sweep of torch's CUDA
+IPC reference-count files, and the one-op gather of a heap that maps its peers (over CPU tensors).
 Their CUDA parts run in tests/integration/test_transport_conformance.py and test_gpu_odc.py."""
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from odc_core.primitives import ShardLayout, gather
 from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.cuda_ipc import sweep_ipc_counters
 from odc_core.transport.exchange import exchange, rotated
+from odc_core.transport.mapped import MappedGather
 from odc_core.transport.nvshmem import peer_views
 from odc_core.transport.registry import AUTO_ORDER, TRANSPORTS, transport_for
 
@@ -122,3 +124,49 @@ def test_ipc_counters_are_swept_only_for_processes_of_this_host_that_are_gone(tm
     assert sweep_ipc_counters([("another-host", gone.pid)], tmp_path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"torch_{gone.pid}1_7_0", f"torch_{os.getpid()}_7_0", f"torch_{os.getpid()}1_7_0", f"torch_{gone.pid}_8_0"])
+
+
+class _MappedHost:
+    """The part of a mapped heap (cuda_ipc, nvshmem) that gathers, over CPU tensors: every rank's
+    buffer is a tensor here, as a peer's GPU memory is one in a CUDA process."""
+
+    def __init__(self, rank: int, buffers: dict[str, list[torch.Tensor]]) -> None:
+        self.rank, self.world_size, self.buffers = rank, len(next(iter(buffers.values()))), buffers
+
+    def get_spans(self, out: torch.Tensor, name: str, spans) -> None:
+        MappedGather.of(spans, lambda owner, numel: self.buffers[name][owner][:numel]).run(out)
+
+
+@pytest.mark.parametrize("world,owners", [(1, None), (2, None), (3, None), (4, (1, 3)), (4, (0, 1, 2))])
+@pytest.mark.parametrize("numel", [1, 5, 1000, 3 * 4000 + 2])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_mapped_gather_is_one_op_and_equals_the_owners_shards(monkeypatch, world, owners, numel, padded):
+    group = owners or tuple(range(world))
+    layout = ShardLayout(numel, len(group))
+    whole = torch.randn(layout.padded_numel)
+    buffers = [torch.full((layout.shard_numel,), float("nan")) for _ in range(world)]  # not an owner: never read
+    for i, owner in enumerate(group):
+        buffers[owner] = whole[i * layout.shard_numel:(i + 1) * layout.shard_numel].clone()
+    cats = []
+    real_cat = torch.cat
+    monkeypatch.setattr(torch, "cat", lambda *a, **k: cats.append(1) or real_cat(*a, **k))
+    for rank in range(world):  # every rank, owners' and others' (hybrid sharding's replicas)
+        out = torch.zeros(layout.padded_numel if padded else numel)
+        gather(_MappedHost(rank, {"p": buffers}), "p", out, layout, owners)
+        assert torch.equal(out, whole[:out.numel()]), (rank, world, owners)
+    assert len(cats) == world, "one concatenation per gather, whatever the number of owners"
+
+
+def test_a_mapped_gather_copies_shard_by_shard_where_one_op_cannot_and_checks_its_output():
+    buffers = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
+    plan = MappedGather.of(((1, 4, 6), (0, 0, 2)), lambda owner, numel: buffers[owner][:numel])
+    out = torch.zeros(6)
+    plan.run(out)  # spans that leave a gap are not one concatenation
+    assert out.tolist() == [1.0, 2.0, 0.0, 0.0, 3.0, 4.0]
+    tiled = MappedGather.of(((0, 0, 2), (1, 2, 4)), lambda owner, numel: buffers[owner][:numel])
+    assert tiled.one_op(torch.empty(4)) and not tiled.one_op(torch.empty(4, device="meta")), \
+        "a source on another device than the output (another GPU, the host) is copied on its own"
+    with pytest.raises(TypeError, match="dtypes must match"):
+        tiled.run(torch.empty(4, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="up to 4; the output has 3"):
+        tiled.run(torch.empty(3))

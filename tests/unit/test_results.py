@@ -117,3 +117,15 @@ def test_a_schema_5_table_gets_the_attention_kernel_its_real_runs_ran_and_keeps_
     table = read_table(path)
     assert list(table.columns) == COLUMNS and list(table["run_id"]) == ["a", "b"]
     assert list(table["attention"].fillna("")) == ["sdpa_per_doc", ""]
+
+
+def test_compile_left_at_null_keeps_the_key_and_a_choice_makes_its_own():
+    from odc_bench.plan.identity import config_key
+    from tests.helpers import run_config
+
+    default, unset = run_config(), run_config("compile=null")
+    assert "compile" not in default.to_dict(), "configs from before the switch keep their keys"
+    keys = {config_key(c) for c in (run_config("compile=false"), run_config("compile=true"))}
+    assert config_key(default) == config_key(unset) and config_key(default) not in keys and len(keys) == 2
+    assert (default.compiles("cuda"), default.compiles("cpu")) == (True, False)
+    assert not run_config("compile=false").compiles("cuda") and run_config("compile=true").compiles("cpu")
