@@ -110,5 +110,10 @@ def scatter_accumulate(heap: SymmetricHeap, name: str, src: torch.Tensor, layout
     (bf16 gradients into fp32). The transport chunks the adds and locks only each chunk.
     """
     flat = src.reshape(-1)
-    for owner, start, end in _spans(heap, layout, flat.numel(), "scatter_accumulate source", owners):
+    spans = _spans(heap, layout, flat.numel(), "scatter_accumulate source", owners)
+    whole = getattr(heap, "accumulate_spans", None)
+    if whole is not None:  # a heap that maps its peers' buffers: every push in one launch
+        whole(name, flat, spans)
+        return
+    for owner, start, end in spans:
         heap.accumulate(name, owner, 0, flat[start:end])

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from odc_core.transport.atomic_add import atomic_add_
+from odc_core.transport.atomic_add import SpansAdd, atomic_add_
 from odc_core.transport.exchange import exchange
 from odc_core.transport.mapped import MappedGather, Span
 from odc_core.transport.shm import SHM_DIR, ShmHeap, job_tag, process_start_time
@@ -101,6 +101,7 @@ class CudaIpcHeap:
         self._store = store
         self._buffers: dict[str, _Buffer] = {}
         self._gathers: dict[tuple[str, tuple[Span, ...]], MappedGather] = {}
+        self._pushes: dict[tuple[str, tuple[Span, ...]], SpansAdd] = {}
         self._device_bytes = 0
         self._closed = False
         self._control = ShmHeap(rank, world_size, f"{job_id}.ipc", store, timeout_s)
@@ -165,6 +166,15 @@ class CudaIpcHeap:
                 spans, lambda owner, numel: self._copy(name, owner, 0, numel))
         plan.run(out)
 
+    def accumulate_spans(self, name: str, src: torch.Tensor, spans: tuple[Span, ...]) -> None:
+        """A whole scatter_accumulate: owner's name[:end - start] += src[start:end] for each (owner,
+        start, end), in one kernel launch (atomic_add.py's SpansAdd)."""
+        plan = self._pushes.get((name, spans))
+        if plan is None:
+            plan = self._pushes[(name, spans)] = SpansAdd.of(
+                spans, lambda owner, numel: self._copy(name, owner, 0, numel), self.device)
+        plan.run(src.to(self.device, non_blocking=True))
+
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
         dst = self._copy(name, peer, offset, src.numel())
         atomic_add_(dst, src.to(self.device, non_blocking=True))
@@ -194,6 +204,7 @@ class CudaIpcHeap:
         if self._closed:
             return
         self._closed = True
-        self._buffers, self._gathers = {}, {}  # peers' mappings close with the last tensor that uses them
+        # Peers' mappings close with the last tensor that uses them.
+        self._buffers, self._gathers, self._pushes = {}, {}, {}
         self._control.close()
         torch.cuda.ipc_collect()

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from odc_core.transport.atomic_add import atomic_add_
+from odc_core.transport.atomic_add import SpansAdd, atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.exchange import exchange
 from odc_core.transport.mapped import MappedGather, Span
@@ -88,6 +88,7 @@ class NvshmemHeap:
         self._group = dist.group.WORLD.group_name  # type: ignore[union-attr]
         self._buffers: dict[str, list[torch.Tensor | None]] = {}
         self._gathers: dict[tuple[str, tuple[Span, ...]], MappedGather] = {}
+        self._pushes: dict[tuple[str, tuple[Span, ...]], SpansAdd] = {}
         self._handles: list[object] = []  # keeps each rendezvous (and so its mappings) alive
         self._flags: dict[str, int] = {}
         self._epoch = 0
@@ -147,6 +148,15 @@ class NvshmemHeap:
                 spans, lambda owner, numel: self._view(name, owner, 0, numel))
         plan.run(out)
 
+    def accumulate_spans(self, name: str, src: torch.Tensor, spans: tuple[Span, ...]) -> None:
+        """A whole scatter_accumulate: owner's name[:end - start] += src[start:end] for each (owner,
+        start, end), in one kernel launch (atomic_add.py's SpansAdd)."""
+        plan = self._pushes.get((name, spans))
+        if plan is None:
+            plan = self._pushes[(name, spans)] = SpansAdd.of(
+                spans, lambda owner, numel: self._view(name, owner, 0, numel), self.device)
+        plan.run(src.to(self.device, non_blocking=True))
+
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
         atomic_add_(self._view(name, peer, offset, src.numel()), src.to(self.device, non_blocking=True))
 
@@ -189,4 +199,4 @@ class NvshmemHeap:
         if self._closed:
             return
         self._closed = True
-        self._buffers, self._gathers, self._handles = {}, {}, []
+        self._buffers, self._gathers, self._pushes, self._handles = {}, {}, {}, []

@@ -1,7 +1,8 @@
 """What the GPU transports do that is not CUDA, checked on CPU: the handle exchange through the
 store, the accumulate kernel's argument checks and its sums (Triton's CPU interpreter), and the
 one-line refusals where CUDA is absent, which peers NVSHMEM maps, the sweep of torch's CUDA
-IPC reference-count files, and the one-op gather of a heap that maps its peers (over CPU tensors).
+IPC reference-count files, and the one-op gather and one-launch scatter of a heap that maps its
+peers (over CPU tensors).
 Their CUDA parts run in tests/integration/test_transport_conformance.py and test_gpu_odc.py."""
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from odc_core.primitives import ShardLayout, gather
-from odc_core.transport.atomic_add import atomic_add_
+from odc_core.primitives import ShardLayout, gather, scatter_accumulate
+from odc_core.transport.atomic_add import SpansAdd, atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.cuda_ipc import sweep_ipc_counters
 from odc_core.transport.exchange import exchange, rotated
@@ -136,6 +137,9 @@ class _MappedHost:
     def get_spans(self, out: torch.Tensor, name: str, spans) -> None:
         MappedGather.of(spans, lambda owner, numel: self.buffers[name][owner][:numel]).run(out)
 
+    def accumulate_spans(self, name: str, src: torch.Tensor, spans) -> None:
+        SpansAdd.of(spans, lambda owner, numel: self.buffers[name][owner][:numel], src.device).run(src)
+
 
 @pytest.mark.parametrize("world,owners", [(1, None), (2, None), (3, None), (4, (1, 3)), (4, (0, 1, 2))])
 @pytest.mark.parametrize("numel", [1, 5, 1000, 3 * 4000 + 2])
@@ -170,3 +174,61 @@ def test_a_mapped_gather_copies_shard_by_shard_where_one_op_cannot_and_checks_it
         tiled.run(torch.empty(4, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="up to 4; the output has 3"):
         tiled.run(torch.empty(3))
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """Triton's CPU interpreter for the one-launch scatter's kernel, for this test only (the
+    module's own stays as it was); the launches it makes, by grid."""
+    pytest.importorskip("triton", reason="Triton is not installed (the dev extra installs it on Linux x86_64)")
+    from odc_core.transport import atomic_add
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel, launches = functools.cache(atomic_add._spans_kernel.__wrapped__), []
+
+    class Counted:  # the kernel, its launches counted
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel()[grid]
+
+    monkeypatch.setattr(atomic_add, "_spans_kernel", Counted)
+    return launches
+
+
+@pytest.mark.parametrize("world,owners", [(1, None), (3, None), (4, (2, 0))])
+@pytest.mark.parametrize("numel", [1, 4095, 2 * 4096 + 3, 3 * 4096 * 3 + 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mapped_scatter_is_one_launch_and_every_push_lands_in_its_owners_shard(interpreted, world, owners, numel,
+                                                                                 dtype):
+    """The fused kernel itself, under Triton's interpreter: every rank pushes its whole gradient
+    (bf16 ones into fp32 accumulators too), each owner's accumulator ends as the sum of its slice
+    over ranks (small integers: exact in every float type), and nothing outside a shard moves."""
+    group = owners or tuple(range(world))
+    layout = ShardLayout(numel, len(group))
+    # Each accumulator sits inside a larger buffer, as a peer's mapped shard may, fenced by -1.
+    fenced = [torch.full((layout.shard_numel + 8,), -1.0) for _ in range(world)]
+    for f in fenced:
+        f[4:4 + layout.shard_numel] = 0.0
+    heaps = [_MappedHost(rank, {"g": [f[4:4 + layout.shard_numel] for f in fenced]}) for rank in range(world)]
+    grads = [(torch.arange(numel).remainder(5) + rank).to(dtype) for rank in range(world)]
+    for heap, grad in zip(heaps, grads, strict=True):
+        scatter_accumulate(heap, "g", grad, layout, owners)
+    total = torch.zeros(layout.padded_numel)
+    total[:numel] = sum(g.float() for g in grads)
+    for rank, f in enumerate(fenced):
+        i = group.index(rank) if rank in group else None
+        want = total[i * layout.shard_numel:(i + 1) * layout.shard_numel] if i is not None else 0.0
+        assert torch.equal(f[4:4 + layout.shard_numel], torch.zeros(layout.shard_numel) + want), rank
+        assert torch.equal(f[:4], torch.full((4,), -1.0)) and torch.equal(f[-4:], torch.full((4,), -1.0))
+    assert len(interpreted) == world, "one kernel launch per scatter, whatever the number of owners"
+
+
+@pytest.mark.usefixtures("interpreted")
+def test_a_mapped_scatter_checks_its_destinations_and_its_source():
+    with pytest.raises(TypeError, match="fp32 destination"):
+        SpansAdd.of(((0, 0, 4),), lambda owner, numel: torch.zeros(numel, dtype=torch.bfloat16), torch.device("cpu"))
+    with pytest.raises(ValueError, match="contiguous destination"):
+        SpansAdd.of(((0, 0, 4),), lambda owner, numel: torch.zeros(numel, 2)[:, 0], torch.device("cpu"))
+    plan = SpansAdd.of(((1, 3, 6), (0, 0, 3)), lambda owner, numel: torch.zeros(numel), torch.device("cpu"))
+    with pytest.raises(ValueError, match="up to 6; the source has 5"):
+        plan.run(torch.ones(5))
