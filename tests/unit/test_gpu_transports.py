@@ -1,8 +1,8 @@
 """What the GPU transports do that is not CUDA, checked on CPU: the handle exchange through the
 store, the accumulate kernel's argument checks and its sums (Triton's CPU interpreter), and the
 one-line refusals where CUDA is absent, which peers NVSHMEM maps, the sweep of torch's CUDA
-IPC reference-count files, and the one-op gather and one-launch scatter of a heap that maps its
-peers (over CPU tensors).
+IPC reference-count files, the one-op gather and one-launch scatter of a heap that maps its
+peers (over CPU tensors), and the kernels compiled for an H100 without one.
 Their CUDA parts run in tests/integration/test_transport_conformance.py and test_gpu_odc.py."""
 
 from __future__ import annotations
@@ -232,3 +232,28 @@ def test_a_mapped_scatter_checks_its_destinations_and_its_source():
     plan = SpansAdd.of(((1, 3, 6), (0, 0, 3)), lambda owner, numel: torch.zeros(numel), torch.device("cpu"))
     with pytest.raises(ValueError, match="up to 6; the source has 5"):
         plan.run(torch.ones(5))
+
+
+@pytest.mark.parametrize("src", ["*fp32", "*bf16"])
+@pytest.mark.parametrize("kernel,signature", [
+    ("_kernel", {"dst": "*fp32", "n": "i32"}),
+    ("_spans_kernel", {"addresses": "*i64", "starts": "*i64", "lengths": "*i64", "first_blocks": "*i64",
+                       "segments": "i32"}),
+])
+def test_the_accumulate_kernels_compile_for_an_h100_on_this_machine(kernel, signature, src):
+    """Triton compiles each kernel to a cubin for sm_90 (H100, H200) without a GPU: a type error
+    in a kernel shows here, not in the few minutes of a lent GPU machine."""
+    pytest.importorskip("triton", reason="Triton is not installed (the dev extra installs it on Linux x86_64)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from odc_core.transport import atomic_add
+
+    fn = getattr(atomic_add, kernel)()
+    params = {**signature, "src": src, "BLOCK": "constexpr"}
+    ordered = {name: params[name] for name in fn.arg_names}
+    compiled = triton.compile(ASTSource(fn=fn, signature=ordered, constexprs={"BLOCK": 4096}),
+                              target=GPUTarget("cuda", 90, 32))
+    ptx = compiled.asm["ptx"]
+    assert ("atom." in ptx or "red." in ptx) and compiled.asm["cubin"], "atomic adds, assembled for sm_90"
