@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from odc_core.transport.atomic_add import SpansAdd, atomic_add_
+from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.exchange import exchange
-from odc_core.transport.mapped import MappedGather, Span
+from odc_core.transport.mapped import Span, SpanOps
 from odc_core.transport.shm import SHM_DIR, ShmHeap, job_tag, process_start_time
 
 
@@ -100,8 +100,7 @@ class CudaIpcHeap:
         self._job = job_tag(job_id)
         self._store = store
         self._buffers: dict[str, _Buffer] = {}
-        self._gathers: dict[tuple[str, tuple[Span, ...]], MappedGather] = {}
-        self._pushes: dict[tuple[str, tuple[Span, ...]], SpansAdd] = {}
+        self._spans = SpanOps(self._copy, self.device)
         self._device_bytes = 0
         self._closed = False
         self._control = ShmHeap(rank, world_size, f"{job_id}.ipc", store, timeout_s)
@@ -158,22 +157,12 @@ class CudaIpcHeap:
         out.copy_(src.view(out.shape), non_blocking=True)
 
     def get_spans(self, out: torch.Tensor, name: str, spans: tuple[Span, ...]) -> None:
-        """A whole gather: out[start:end] = owner's name[:end - start] for each (owner, start, end),
-        in one device op where it can be (mapped.py)."""
-        plan = self._gathers.get((name, spans))
-        if plan is None:
-            plan = self._gathers[(name, spans)] = MappedGather.of(
-                spans, lambda owner, numel: self._copy(name, owner, 0, numel))
-        plan.run(out)
+        """A whole gather in one device op where it can be (mapped.py)."""
+        self._spans.get_spans(out, name, spans)
 
     def accumulate_spans(self, name: str, src: torch.Tensor, spans: tuple[Span, ...]) -> None:
-        """A whole scatter_accumulate: owner's name[:end - start] += src[start:end] for each (owner,
-        start, end), in one kernel launch (atomic_add.py's SpansAdd)."""
-        plan = self._pushes.get((name, spans))
-        if plan is None:
-            plan = self._pushes[(name, spans)] = SpansAdd.of(
-                spans, lambda owner, numel: self._copy(name, owner, 0, numel), self.device)
-        plan.run(src.to(self.device, non_blocking=True))
+        """A whole scatter_accumulate in one kernel launch (atomic_add.py's SpansAdd)."""
+        self._spans.accumulate_spans(name, src, spans)
 
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
         dst = self._copy(name, peer, offset, src.numel())
@@ -204,7 +193,7 @@ class CudaIpcHeap:
         if self._closed:
             return
         self._closed = True
-        # Peers' mappings close with the last tensor that uses them.
-        self._buffers, self._gathers, self._pushes = {}, {}, {}
+        self._buffers = {}  # peers' mappings close with the last tensor that uses them
+        self._spans.clear()
         self._control.close()
         torch.cuda.ipc_collect()

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from odc_core.transport.atomic_add import SpansAdd, atomic_add_
+from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.exchange import exchange
-from odc_core.transport.mapped import MappedGather, Span
+from odc_core.transport.mapped import Span, SpanOps
 from odc_core.transport.shm import job_tag
 
 
@@ -87,8 +87,7 @@ class NvshmemHeap:
         symm_mem.set_backend("NVSHMEM")
         self._group = dist.group.WORLD.group_name  # type: ignore[union-attr]
         self._buffers: dict[str, list[torch.Tensor | None]] = {}
-        self._gathers: dict[tuple[str, tuple[Span, ...]], MappedGather] = {}
-        self._pushes: dict[tuple[str, tuple[Span, ...]], SpansAdd] = {}
+        self._spans = SpanOps(self._view, self.device)
         self._handles: list[object] = []  # keeps each rendezvous (and so its mappings) alive
         self._flags: dict[str, int] = {}
         self._epoch = 0
@@ -141,21 +140,12 @@ class NvshmemHeap:
         out.copy_(src.view(out.shape), non_blocking=True)
 
     def get_spans(self, out: torch.Tensor, name: str, spans: tuple[Span, ...]) -> None:
-        """A whole gather in one device op where it can be (mapped.py), as cuda_ipc's."""
-        plan = self._gathers.get((name, spans))
-        if plan is None:
-            plan = self._gathers[(name, spans)] = MappedGather.of(
-                spans, lambda owner, numel: self._view(name, owner, 0, numel))
-        plan.run(out)
+        """A whole gather in one device op where it can be (mapped.py)."""
+        self._spans.get_spans(out, name, spans)
 
     def accumulate_spans(self, name: str, src: torch.Tensor, spans: tuple[Span, ...]) -> None:
-        """A whole scatter_accumulate: owner's name[:end - start] += src[start:end] for each (owner,
-        start, end), in one kernel launch (atomic_add.py's SpansAdd)."""
-        plan = self._pushes.get((name, spans))
-        if plan is None:
-            plan = self._pushes[(name, spans)] = SpansAdd.of(
-                spans, lambda owner, numel: self._view(name, owner, 0, numel), self.device)
-        plan.run(src.to(self.device, non_blocking=True))
+        """A whole scatter_accumulate in one kernel launch (atomic_add.py's SpansAdd)."""
+        self._spans.accumulate_spans(name, src, spans)
 
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
         atomic_add_(self._view(name, peer, offset, src.numel()), src.to(self.device, non_blocking=True))
@@ -199,4 +189,5 @@ class NvshmemHeap:
         if self._closed:
             return
         self._closed = True
-        self._buffers, self._gathers, self._pushes, self._handles = {}, {}, {}, []
+        self._buffers, self._handles = {}, []
+        self._spans.clear()

@@ -22,7 +22,7 @@ from odc_core.transport.atomic_add import SpansAdd, atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.cuda_ipc import sweep_ipc_counters
 from odc_core.transport.exchange import exchange, rotated
-from odc_core.transport.mapped import MappedGather
+from odc_core.transport.mapped import MappedGather, SpanOps
 from odc_core.transport.nvshmem import peer_views
 from odc_core.transport.registry import AUTO_ORDER, TRANSPORTS, transport_for
 
@@ -128,17 +128,15 @@ def test_ipc_counters_are_swept_only_for_processes_of_this_host_that_are_gone(tm
 
 
 class _MappedHost:
-    """The part of a mapped heap (cuda_ipc, nvshmem) that gathers, over CPU tensors: every rank's
-    buffer is a tensor here, as a peer's GPU memory is one in a CUDA process."""
+    """A mapped heap (cuda_ipc, nvshmem) as far as it gathers and scatters, over CPU tensors: every
+    rank's buffer is a tensor here, as a peer's GPU memory is one in a CUDA process; its whole
+    gathers and scatters are the heaps' own (mapped.py's SpanOps)."""
 
     def __init__(self, rank: int, buffers: dict[str, list[torch.Tensor]]) -> None:
-        self.rank, self.world_size, self.buffers = rank, len(next(iter(buffers.values()))), buffers
-
-    def get_spans(self, out: torch.Tensor, name: str, spans) -> None:
-        MappedGather.of(spans, lambda owner, numel: self.buffers[name][owner][:numel]).run(out)
-
-    def accumulate_spans(self, name: str, src: torch.Tensor, spans) -> None:
-        SpansAdd.of(spans, lambda owner, numel: self.buffers[name][owner][:numel], src.device).run(src)
+        self.rank, self.world_size = rank, len(next(iter(buffers.values())))
+        ops = SpanOps(lambda name, owner, offset, numel: buffers[name][owner][offset:offset + numel],
+                      torch.device("cpu"))
+        self.get_spans, self.accumulate_spans = ops.get_spans, ops.accumulate_spans
 
 
 @pytest.mark.parametrize("world,owners", [(1, None), (2, None), (3, None), (4, (1, 3)), (4, (0, 1, 2))])
@@ -154,11 +152,15 @@ def test_a_mapped_gather_is_one_op_and_equals_the_owners_shards(monkeypatch, wor
     cats = []
     real_cat = torch.cat
     monkeypatch.setattr(torch, "cat", lambda *a, **k: cats.append(1) or real_cat(*a, **k))
-    for rank in range(world):  # every rank, owners' and others' (hybrid sharding's replicas)
-        out = torch.zeros(layout.padded_numel if padded else numel)
-        gather(_MappedHost(rank, {"p": buffers}), "p", out, layout, owners)
-        assert torch.equal(out, whole[:out.numel()]), (rank, world, owners)
-    assert len(cats) == world, "one concatenation per gather, whatever the number of owners"
+    heaps = [_MappedHost(rank, {"p": buffers}) for rank in range(world)]
+    for step in range(2):  # the second gather reuses the first's plan: views, which see new values
+        for heap in heaps:  # every rank, owners' and others' (hybrid sharding's replicas)
+            out = torch.zeros(layout.padded_numel if padded else numel)
+            gather(heap, "p", out, layout, owners)
+            assert torch.equal(out, whole[:out.numel()] + step), (heap.rank, world, owners)
+        for owner in group:
+            buffers[owner] += 1
+    assert len(cats) == 2 * world, "one concatenation per gather, whatever the number of owners"
 
 
 def test_a_mapped_gather_copies_shard_by_shard_where_one_op_cannot_and_checks_its_output():
