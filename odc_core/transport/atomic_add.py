@@ -100,7 +100,7 @@ class SpansAdd:
     owner's accumulator[:end - start] += src[start:end], every owner in one launch."""
 
     destinations: tuple[torch.Tensor, ...]  # kept: the table holds their addresses
-    table: torch.Tensor  # int64, on the device: addresses, starts, lengths, first blocks (+ the total)
+    table: torch.Tensor  # int64, on the device, a row each: addresses, starts, lengths, first blocks
     blocks: int
     end: int  # the source elements the spans reach
 
@@ -127,7 +127,6 @@ class SpansAdd:
         """Add the spans of `src` (flat, any float dtype, on the table's device), on the current stream."""
         if src.numel() < self.end:
             raise ValueError(f"the pushes read source elements up to {self.end}; the source has {src.numel()}")
-        if self.blocks:
-            flat = src.reshape(-1).contiguous()
-            _spans_kernel()[(self.blocks,)](self.table[0], self.table[1], self.table[2], self.table[3],
-                                            self.table.shape[1], flat, BLOCK=_BLOCK)
+        flat = src.reshape(-1).contiguous()
+        _spans_kernel()[(self.blocks,)](self.table[0], self.table[1], self.table[2], self.table[3],
+                                        self.table.shape[1], flat, BLOCK=_BLOCK)

@@ -76,7 +76,8 @@ class SymmetricHeap(Protocol):
 
 
 # A heap that maps its peers' buffers into this process (cuda_ipc, nvshmem) also offers
-#     get_spans(out, name, spans): out[start:end] = owner's name[:end - start] for every
-#     (owner, start, end) of spans,
-# a whole gather in one device op (transport/mapped.py); primitives.gather uses it where present.
-# Not a protocol method: the host transports' gathers are one get per owner, as the protocol has.
+#     get_spans(out, name, spans): out[start:end] = owner's name[:end - start], and
+#     accumulate_spans(name, src, spans): owner's name[:end - start] += src[start:end],
+# for every (owner, start, end) of spans: a whole gather in one device op and a whole
+# scatter_accumulate in one kernel launch (transport/mapped.py); primitives.py uses them where
+# present. Not protocol methods: the host transports do one get or accumulate per owner.

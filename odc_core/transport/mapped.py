@@ -52,8 +52,6 @@ class MappedGather:
     def run(self, out: torch.Tensor) -> None:
         """out[start:end] = each source, on the current stream. `out`: flat, contiguous, of the
         sources' dtype."""
-        if not self.sources:
-            return
         if out.dtype != self.sources[0].dtype:
             raise TypeError(f"gather of {self.sources[0].dtype} shards into a {out.dtype} tensor; dtypes must match")
         lo, hi = self.spans[0][1], self.spans[-1][2]
