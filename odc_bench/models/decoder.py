@@ -28,7 +28,8 @@ whole microbatch's logits, as it always has.
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -223,12 +224,25 @@ def compile_dense(model: DecoderModel) -> None:
     chunk of logits: on CUDA the decoder is launch-bound without it (docs/gpu.md), and the loss
     would write fp32 copies of the logits. The units stay eager modules, so every engine's and
     the trace's hooks run as before; shapes are dynamic (every microbatch has its own token
-    count), and a part that fails to compile runs eagerly."""
+    count), and a part that fails to compile runs eagerly.
+
+    Inductor's mix-order reduction (an RMSNorm's backward: the row sums and the weight's column
+    sums in one kernel) is fused only above a token count, a check that guards the compiled code
+    on that count: each part compiled anew once per process when the microbatches cross it (the
+    H200's logs, results/gpu/h200-2026-11-27). Its non-strict mode fuses at any size, with no
+    guard: below the count the device's kernel may be slower, but there a layer is bound by the
+    host, not the device (docs/gpu.md). Where this torch lacks the switch, its default stays."""
     torch._dynamo.config.suppress_errors = True
+    triton_config = torch._inductor.config.triton
+    options: dict[str, str | int | bool | Callable[..., Any]] = (
+        {"triton.mix_order_reduction_non_strict_mode": True}
+        if hasattr(triton_config, "mix_order_reduction_non_strict_mode") else {})
     for layer in cast(list[DecoderLayer], list(model.layers)):
-        layer.before_attention = torch.compile(layer.before_attention, dynamic=True)  # type: ignore[method-assign]
-        layer.after_attention = torch.compile(layer.after_attention, dynamic=True)  # type: ignore[method-assign]
-    model.head.chunk_math = torch.compile(loss_and_grad, dynamic=True)
+        layer.before_attention = torch.compile(  # type: ignore[method-assign]
+            layer.before_attention, dynamic=True, options=options)
+        layer.after_attention = torch.compile(  # type: ignore[method-assign]
+            layer.after_attention, dynamic=True, options=options)
+    model.head.chunk_math = torch.compile(loss_and_grad, dynamic=True, options=options)
 
 
 def init_weights(model: DecoderModel, seed: int) -> None:

@@ -6,14 +6,14 @@ that fails or runs out does not stop the others, and is killed with every proces
 the command ends with status 1 if any failed; each step's whole output is kept in logs/):
 1. ODC's GPU tests (test_gpu_odc.py: ranks sharing the GPU against one process, bf16, a dead
    rank) and the transport conformance suite on cuda_ipc: tests-odc.xml;
-2. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
+2. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
+3. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
    ran: shared/gpu/h100-2026-11-26), the first with its second warm-up minibatch under
    torch.profiler (profiles/<run_id>/: where a minibatch's host and device time go);
-3. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid), with one layer
+4. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid), with one layer
    of qwen2_7b and of qwen2_14b timed beside qwen2_1p5b's: compute.json;
-4. NVSHMEM's tests (what one GPU allows): nvshmem.xml;
-5. the baseline's GPU tests (tests/integration/test_gpu.py): tests.xml;
-6. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
+5. NVSHMEM's tests (what one GPU allows): nvshmem.xml;
+6. the baseline's GPU tests (tests/integration/test_gpu.py): tests.xml;
 then, in this process, the simulator's prediction of each run on the H100 profile and on the
 profile this machine just measured (compute.json, with the gap per unit the collective engine
 left in the runs' device-timed traces), and summary.md: the GPU acceptance points of issues 43
@@ -76,6 +76,11 @@ MIN_STEP_S = 5.0  # a step with less time left than this is not started: it coul
 # compile_dense suppresses the error (the run goes on) and Dynamo logs it, or it hit the limit
 # of recompilations. A run that passes can be slow for this reason alone: the summary says so.
 EAGER_MARKERS = ("WON'T CONVERT", "torch._dynamo hit config.")
+# What TORCH_LOGS=recompiles prints (the steps' default): a function compiled again, then the
+# guards of its earlier compilations that the new inputs failed. Each costs seconds per process;
+# a different model's sizes must recompile, a size crossing a compiler's heuristic need not.
+RECOMPILED = re.compile(r"Recompiling function (\S+)")
+FAILED_GUARD = re.compile(r"\[__recompiles\]\s+- \S+: (.*)$")
 
 # A step out of time: SIGABRT to its process group (each Python process prints its stack), then
 # SIGKILL, each followed by a bounded wait for the output: a process that left the group may
@@ -92,6 +97,7 @@ class Step:
     seconds: float = 0.0
     tail: str = ""
     eager: list[str] = field(default_factory=list)  # the step's EAGER_MARKERS lines, the first few
+    recompiles: list[str] = field(default_factory=list)  # recompiled(): "function: first failed guard"
 
     @property
     def ok(self) -> bool:
@@ -151,10 +157,13 @@ def command_here() -> str:
 def steps(out: Path) -> list[Step]:
     """The steps in the order they run: where the command's time runs out, the later ones are cut,
     so the order is by what a step has left to tell. ODC's tests first (the GPU has run the least
-    of them); the runs and then the compute profile (the runs alone decide the memory point and
-    hold the profiled minibatch); NVSHMEM's one-GPU test; the baseline's tests and the primitives
-    last, both of which ran on an H200 (results/gpu/h200-2026-11-27). Each test file is a step
-    of its own, so that no file's time starves another's."""
+    of them); the primitives next, short and ODC's one measured goal (the one-op gather and
+    one-launch scatter written after the H200's run have not been timed); the runs and then the
+    compute profile (the runs alone decide the memory point and hold the profiled minibatch);
+    NVSHMEM's one-GPU test; the baseline's tests last, as they passed on an H200
+    (results/gpu/h200-2026-11-27). The steps' own limits add up to more than the deadline: each
+    is what that step may need, and where the earlier ones need less, the later ones run. Each
+    test file is a step of its own, so that no file's time starves another's."""
     py = [sys.executable]
     odc_tests = ["tests/integration/test_gpu_odc.py", "tests/integration/test_transport_conformance.py"]
     # -v with each test's time, and the durations: which test took the step's time; pytest's own
@@ -162,7 +171,11 @@ def steps(out: Path) -> list[Step]:
     pytest = [*py, "-m", "pytest", "-v", "-o", "console_output_style=times", "-rs", "-p", "no:cacheprovider",
               "--durations=0", "-o", "faulthandler_timeout=40"]
     listed = [Step("odc gpu tests", [*pytest, f"--junitxml={out / 'tests-odc.xml'}", "-k",
-                                     "not nvshmem and (not test_transport_conformance or cuda_ipc)", *odc_tests], 140)]
+                                     "not nvshmem and (not test_transport_conformance or cuda_ipc)", *odc_tests], 140),
+              Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
+                                  "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
+                                  "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
+                                  f"results_dir={out}"], 25)]
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
                                     *([PROFILED] if i == 0 else []), f"results_dir={out}"], limit)
                for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (75, 60), strict=True))]
@@ -174,11 +187,7 @@ def steps(out: Path) -> list[Step]:
                Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem", *odc_tests],
                     30),
                Step("baseline gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}",
-                                           "tests/integration/test_gpu.py"], 60),
-               Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
-                                   "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
-                                   "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
-                                   f"results_dir={out}"], 25)]
+                                           "tests/integration/test_gpu.py"], 60)]
     return listed
 
 
@@ -214,10 +223,25 @@ def run_step(step: Step, left_s: float, logs: Path) -> None:
             step.status += "; its output was lost: a process outside its group held the pipe"
     step.tail = output[-4000:]
     step.eager = [line for line in output.splitlines() if any(m in line for m in EAGER_MARKERS)][:5]
+    step.recompiles = recompiled(output)
     logs.mkdir(exist_ok=True)
     atomic_write_text(logs / (slug(step.name) + ".log"), output)
     step.seconds = time.monotonic() - t0
     print(f"gpu-check: {step.name}: {step.status} in {step.seconds:.0f} s", flush=True)
+
+
+def recompiled(output: str) -> list[str]:
+    """Each recompilation TORCH_LOGS=recompiles printed, as "function: the first guard it failed",
+    in order (a rank's lines stay in order within the merged output)."""
+    found: list[str] = []
+    function = None
+    for line in output.splitlines():
+        if started := RECOMPILED.search(line):
+            function = started.group(1)
+        elif function and (guard := FAILED_GUARD.search(line)):
+            found.append(f"{function}: {guard.group(1).strip()}")
+            function = None
+    return found
 
 
 def engine_gap(trace: pd.DataFrame, warmup: int = 0) -> float:
@@ -488,6 +512,9 @@ def summary(device: str, done: list[Step], seconds: float, out: Path, deadline_s
     lines += ["", "## Compiled parts that ran eagerly", ""]
     lines += [f"- {s.name}: {line.strip()}" for s in eager for line in s.eager] or [
         "None: no step printed Dynamo's WON'T CONVERT or a recompile limit."]
+    lines += ["", "## Recompilations (TORCH_LOGS=recompiles)", ""]
+    lines += [f"- {s.name}: {line}" for s in done for line in s.recompiles] or [
+        "None: no step's compiled code was compiled again."]
     failed = [s for s in done if not s.ok]
     if failed:
         lines += ["", "## What the failed steps printed", ""]

@@ -163,7 +163,7 @@ def test_an_unknown_argument_is_refused_in_one_line_before_anything_runs(arg, mo
         gpu_check.main()
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and f"unknown argument {arg}: " in err and "\n" not in err
-    assert "--steps=NAME[,NAME...] of odc-gpu-tests,run-longalign-x0-125-mb8," in err
+    assert "--steps=NAME[,NAME...] of odc-gpu-tests,primitives,run-longalign-x0-125-mb8," in err
 
 
 def test_steps_runs_only_the_steps_it_names_and_says_so_of_the_others(tmp_path, monkeypatch):
@@ -257,9 +257,29 @@ def test_a_part_that_ran_eagerly_is_in_the_summary_even_when_its_step_passed(tmp
         gpu_check.run_step(s, left_s=30, logs=tmp_path / "logs")
     assert step.ok and step.eager == [said] and quiet.eager == []
     text = gpu_check.summary("a GPU", [step, quiet], 1.0, tmp_path)
-    assert f"- run: {said}" in text and "None: no step" not in text
+    assert f"- run: {said}" in text and "None: no step printed" not in text
     assert text.index("## Acceptance on this GPU") < text.index("## Steps"), "the verdicts come first"
     assert "None: no step printed" in gpu_check.summary("a GPU", [quiet], 1.0, tmp_path)
+
+
+def test_each_recompilation_a_step_logged_is_in_the_summary_with_the_guard_it_failed(tmp_path):
+    # The H200's own log: the run's two compiled parts each compiled again at a size threshold.
+    log = (REPO / "results" / "gpu" / "h200-2026-11-27" / "logs" / "run-longalign-x0-125-mb8.log").read_text()
+    assert gpu_check.recompiled(log) == [
+        "before_attention: 1536*x.size()[0] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)",
+        "after_attention: 1536*attended.size()[0] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)"]
+    profile = (REPO / "results" / "gpu" / "h200-2026-11-27" / "logs" / "compute-profile.log").read_text()
+    assert [r.split(":")[0] for r in gpu_check.recompiled(profile)][:4] == [
+        "before_attention", "after_attention", "loss_and_grad", "before_attention"]
+    step = gpu_check.Step("run", [sys.executable, "-c", f"print({log!r})"], 30)
+    quiet = gpu_check.Step("quiet", [sys.executable, "-c", "print('Recompiling function f, no guard line')"], 30)
+    for s in (step, quiet):
+        gpu_check.run_step(s, left_s=30, logs=tmp_path / "logs")
+    assert len(step.recompiles) == 2 and quiet.recompiles == []
+    text = gpu_check.summary("a GPU", [step, quiet], 1.0, tmp_path)
+    assert "- run: after_attention: 1536*attended.size()[0] >= 5242880" in text
+    assert "None: no step's compiled code" not in text
+    assert "None: no step's compiled code" in gpu_check.summary("a GPU", [quiet], 1.0, tmp_path)
 
 
 def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point(tmp_path, monkeypatch):
