@@ -165,7 +165,9 @@ def steps(out: Path) -> list[Step]:
     is what that step may need, and where the earlier ones need less, the later ones run. Each
     test file is a step of its own, so that no file's time starves another's."""
     py = [sys.executable]
-    odc_tests = ["tests/integration/test_gpu_odc.py", "tests/integration/test_transport_conformance.py"]
+    # The conformance suite first: one launch of 3 ranks for all its tests, where each engine test
+    # starts ranks of its own; on the H200 the step's limit came before it was reached.
+    odc_tests = ["tests/integration/test_transport_conformance.py", "tests/integration/test_gpu_odc.py"]
     # -v with each test's time, and the durations: which test took the step's time; pytest's own
     # faulthandler_timeout prints where a test is after that long, so a hang shows where it hangs.
     pytest = [*py, "-m", "pytest", "-v", "-o", "console_output_style=times", "-rs", "-p", "no:cacheprovider",
