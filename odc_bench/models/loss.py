@@ -47,7 +47,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         grad_w: torch.Tensor | None = None
         for start in range(0, x.shape[0], chunk):
             xs = x[start:start + chunk]
-            loss, grad = math(xs @ weight.t(), labels[start:start + chunk])
+            # The chunk's labels as a tensor of their own: a view would let compiled math guard on
+            # its base's size, so a microbatch of one chunk and a longer one would each compile it.
+            loss, grad = math(xs @ weight.t(), labels[start:start + chunk].clone())
             total += loss
             torch.mm(grad, weight, out=grad_x[start:start + chunk])
             grad_w = grad.t() @ xs if grad_w is None else grad_w.addmm_(grad.t(), xs)

@@ -79,3 +79,17 @@ def test_a_decoder_with_a_chunked_loss_trains_as_the_whole_logits_one(tied):
 def test_a_chunk_holds_at_least_one_token():
     with pytest.raises(ValueError, match="at least one token"):
         chunked_cross_entropy(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long), 0)
+
+
+def test_the_compiled_chunk_math_compiles_once_for_microbatches_of_one_chunk_and_of_several():
+    # The H200's compute profile compiled it twice: the first microbatch fit in one chunk, so its
+    # labels' base had the logits' row count, a size Dynamo then held the next ones to.
+    torch._dynamo.reset()
+    math = torch.compile(loss_and_grad, dynamic=True)
+    weight = torch.randn(32, 8)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for tokens in (40, 45, 150, 70):  # one chunk, one, three, two
+            x = torch.randn(tokens, 8)
+            labels = torch.randint(0, 32, (tokens,))
+            got = chunked_cross_entropy(x, weight, labels, 64, math)
+            assert torch.allclose(got, chunked_cross_entropy(x, weight, labels, 64)), tokens
