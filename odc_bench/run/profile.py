@@ -5,7 +5,8 @@ The profiler's own cost would land in the metrics, so only a warm-up minibatch m
 (RunConfig refuses others). The table is read from the Chrome trace the profiler writes: on a
 GPU, torch's own table (key_averages) of one 1.5B minibatch took longer than a minute of Python
 over its events (make gpu-check on an H200, 2026-11-27), where pandas over the trace takes
-seconds. It lists the kernels by device time (on CUDA) and the operators by self host time.
+seconds. It says how much of the profiled span the device was busy and lists the kernels by
+device time (on CUDA), and the operators by self host time.
 """
 
 from __future__ import annotations
@@ -68,18 +69,33 @@ def self_times(ops: pd.DataFrame) -> pd.Series:
     return own.clip(lower=0.0)
 
 
+def busy_time(starts: pd.Series, durations: pd.Series) -> float:
+    """The length of the union of the intervals [start, start + duration): time in which at least
+    one of them ran, overlaps counted once."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(zip(starts.astype(float), (starts + durations).astype(float), strict=True)):
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return busy
+
+
 def operator_table(events: list[dict], rows: int = ROWS) -> str:
-    """The heaviest kernels by device time (where the trace has any) and the heaviest operators by
-    self host time, with their calls and share, as text."""
+    """Where the trace has device work, first how much of the profiled span the device was busy
+    (a minibatch bound by its host leaves it idle most of the time), then the heaviest kernels by
+    device time; the heaviest operators by self host time; with their calls and share, as text."""
     frame = pd.DataFrame([e for e in events if e.get("ph") == "X" and "dur" in e],
                          columns=["name", "cat", "ts", "dur", "pid", "tid"])
     sections = []
     kernels = frame[frame["cat"].isin(["kernel", "gpu_memcpy", "gpu_memset"])]
+    text = []
     if len(kernels):
+        span = float((frame["ts"] + frame["dur"]).max() - frame["ts"].min())
+        busy = busy_time(kernels["ts"], kernels["dur"])
+        text.append(f"Span {span / 1e3:.3f} ms, first event to last: the device busy {busy / 1e3:.3f} ms of it "
+                    f"({busy / (span or 1.0):.1%}; kernels and copies that overlap counted once)")
         sections.append(("Device time by kernel", kernels.assign(time=kernels["dur"].astype(float))))
     ops = frame[frame["cat"] == "cpu_op"]
     sections.append(("Self CPU time by operator", ops.assign(time=self_times(ops))))
-    text = []
     for title, part in sections:
         total = float(part["time"].sum()) or 1.0
         table = (part.groupby("name")["time"].agg(["count", "sum"]).sort_values("sum", ascending=False).head(rows))

@@ -454,6 +454,9 @@ def comparisons(found: Findings, out: Path) -> list[str]:
     if profiled:
         lines.append("\nOne warm-up minibatch under torch.profiler, operators by device time: "
                      + ", ".join(str(p.relative_to(out)) for p in profiled))
+        # run/profile.py's first line where the device ran: how much of the minibatch it was busy
+        lines += [f"- {p.relative_to(out)}: {line}" for p in profiled
+                  for line in p.read_text().splitlines() if line.startswith("Span ")]
     if found.gather is not None:
         verdict = "meets" if found.gather >= GOAL_RATIO else "misses"
         lines.append(f"\ngather at >= 16 MiB: at least {found.gather:.2f} of the device copy's rate ({verdict} the "

@@ -58,7 +58,10 @@ def test_the_table_counts_self_time_without_nested_operators_and_kernels_by_devi
               op("gemm", 12, 8, tid=9, cat="kernel"), op("gemm", 60, 4, tid=9, cat="kernel"),
               op("copy", 70, 3, tid=9, cat="gpu_memcpy")]
     text = operator_table(events)
-    device, host = text.split("\n\n")
+    busy, device, host = text.split("\n\n")
+    # 0 to 100 µs; kernels at 12-20, 60-64 and 70-73, and one inside another counted once
+    assert busy.startswith("Span 0.100 ms, first event to last: the device busy 0.015 ms of it (15.0%;")
+    assert "(15.0%;" in operator_table([*events, op("nested", 13, 2, tid=10, cat="kernel")])
     assert device.startswith("Device time by kernel (total 0.015 ms)")
     assert "     0.012  80.0%       2  gemm" in device and "     0.003  20.0%       1  copy" in device
     rows = {line.split()[-1]: line.split()[:3] for line in host.splitlines()[2:]}

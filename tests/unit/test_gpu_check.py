@@ -321,3 +321,16 @@ def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point
     assert got["the 1.5B runs within 25% of the simulator on the measured profile"] == ("missed", "1.30, 1.30")
     assert got["the memory estimate within 10% of the peak"][0] == "missed"
     assert got["make gpu-check within 6 minutes"][0] == "missed"
+
+
+def test_the_summary_says_how_much_of_the_profiled_minibatch_the_device_was_busy(tmp_path):
+    from odc_bench.run.profile import operator_table
+
+    kernel = dict(ph="X", name="gemm", cat="kernel", ts=10, dur=30, pid=1, tid=9)
+    host = dict(ph="X", name="aten::mm", cat="cpu_op", ts=0, dur=200, pid=1, tid=1)
+    (tmp_path / "profiles" / "run1").mkdir(parents=True)
+    table = operator_table([kernel, host])
+    (tmp_path / "profiles" / "run1" / "rank0.txt").write_text(f"run1, minibatch 1\n\n{table}\n")
+    text = gpu_check.summary("a GPU", [], 1.0, tmp_path)
+    assert "- profiles/run1/rank0.txt: Span 0.200 ms, first event to last: the device busy 0.030 ms of it (15.0%;" \
+        in text
