@@ -79,8 +79,10 @@ EAGER_MARKERS = ("WON'T CONVERT", "torch._dynamo hit config.")
 # What TORCH_LOGS=recompiles prints (the steps' default): a function compiled again, then the
 # guards of its earlier compilations that the new inputs failed. Each costs seconds per process;
 # a different model's sizes must recompile, a size crossing a compiler's heuristic need not.
-RECOMPILED = re.compile(r"Recompiling function (\S+)")
-FAILED_GUARD = re.compile(r"\[__recompiles\]\s+- \S+: (.*)$")
+# Lines are keyed by their process (the pid the log prints) and Dynamo's frame id, so the ranks of
+# one step, printing at once, do not mix their lines up.
+RECOMPILED = re.compile(r" (\d+) \S+\] \[(\d+/\d+)\] \[__recompiles\] Recompiling function (\S+)")
+FAILED_GUARD = re.compile(r" (\d+) \S+\] \[(\d+/\d+)\] \[__recompiles\]\s+- \S+: (.*)$")
 
 # A step out of time: SIGABRT to its process group (each Python process prints its stack), then
 # SIGKILL, each followed by a bounded wait for the output: a process that left the group may
@@ -236,13 +238,12 @@ def recompiled(output: str) -> list[str]:
     """Each recompilation TORCH_LOGS=recompiles printed, as "function: the first guard it failed",
     in order (a rank's lines stay in order within the merged output)."""
     found: list[str] = []
-    function = None
+    pending: dict[tuple[str, str], str] = {}  # (pid, frame) -> the function awaiting its guard line
     for line in output.splitlines():
         if started := RECOMPILED.search(line):
-            function = started.group(1)
-        elif function and (guard := FAILED_GUARD.search(line)):
-            found.append(f"{function}: {guard.group(1).strip()}")
-            function = None
+            pending[started.group(1), started.group(2)] = started.group(3)
+        elif (guard := FAILED_GUARD.search(line)) and (function := pending.pop((guard[1], guard[2]), None)):
+            found.append(f"{function}: {guard.group(3).strip()}")
     return found
 
 

@@ -271,6 +271,15 @@ def test_each_recompilation_a_step_logged_is_in_the_summary_with_the_guard_it_fa
     profile = (REPO / "results" / "gpu" / "h200-2026-11-27" / "logs" / "compute-profile.log").read_text()
     assert [r.split(":")[0] for r in gpu_check.recompiled(profile)][:4] == [
         "before_attention", "after_attention", "loss_and_grad", "before_attention"]
+    # Two ranks printing at once: each recompilation keeps its own guard (keyed by pid and frame).
+    rank1 = [line.replace(" 1374 ", " 1375 ").replace("1536*", "7*")
+             for line in log.splitlines() if "recompiles" in line]
+    mixed = [line for pair in zip(log.splitlines()[1:7], rank1, strict=True) for line in pair]
+    assert gpu_check.recompiled("\n".join(mixed)) == [
+        "before_attention: 1536*x.size()[0] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)",
+        "before_attention: 7*x.size()[0] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)",
+        "after_attention: 1536*attended.size()[0] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)",
+        "after_attention: 7*attended.size()[0] >= 5242880  # (_inductor/scheduler.py:326 in can_fuse)"]
     step = gpu_check.Step("run", [sys.executable, "-c", f"print({log!r})"], 30)
     quiet = gpu_check.Step("quiet", [sys.executable, "-c", "print('Recompiling function f, no guard line')"], 30)
     for s in (step, quiet):
