@@ -27,6 +27,14 @@ def visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
+def gpus_without_peer_access(count: int) -> list[tuple[int, int]]:
+    """The pairs (i, j) of this host's first `count` GPUs where GPU i cannot reach GPU j's memory."""
+    import torch
+
+    return [(i, j) for i in range(count) for j in range(count)
+            if i != j and not torch.cuda.can_device_access_peer(i, j)]
+
+
 def ranks_per_gpu(world_size: int, gpus: int) -> int:
     """How many of a run's ranks on this host share each GPU: run/worker.py deals rank r the GPU
     r mod gpus."""

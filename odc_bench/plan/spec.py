@@ -40,7 +40,14 @@ from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
-from odc_bench.plan.device import hardware_tag, memory_limit, ranks_per_gpu, run_device, visible_gpus
+from odc_bench.plan.device import (
+    gpus_without_peer_access,
+    hardware_tag,
+    memory_limit,
+    ranks_per_gpu,
+    run_device,
+    visible_gpus,
+)
 from odc_bench.plan.identity import config_key
 from odc_bench.plan.plans import Plans, no_cycle_collection
 from odc_bench.sums import left_sum
@@ -142,15 +149,23 @@ class RunSpec:
     def check_devices(self) -> None:
         """ConfigError, for ranks of this host on CUDA, where more ranks than GPUs must share one
         (worker.py deals them round robin) and the engine takes a GPU per rank (NCCL, NVSHMEM),
-        which would fail only once every rank had started."""
+        or where the ranks' GPUs must reach each other's memory and two of them cannot: either
+        would fail only once every rank had started."""
         if self.device_type != "cuda" or self.config.simulated:
             return
+        options = self.config.engine.options
         world, gpus = self.config.world_size, visible_gpus()
-        why = self.config.engine.options.gpu_per_rank(world)
+        why = options.gpu_per_rank(world)
         if world > gpus and why is not None:
             raise ConfigError(f"{why}, which takes a GPU per rank: world_size={world} on this host's {gpus} GPU(s); "
                               f"use a world_size of at most {gpus}, or engine=odc with engine.transport=cuda_ipc and "
                               "engine.shard=full, whose ranks may share a GPU")
+        needs = options.peer_access()
+        unreachable = gpus_without_peer_access(min(world, gpus)) if needs is not None and min(world, gpus) > 1 else []
+        if unreachable:
+            i, j = unreachable[0]
+            raise ConfigError(f"{needs}, and GPU {i} has no peer access to GPU {j} (see nvidia-smi topo -p2p rw); "
+                              "make CUDA_VISIBLE_DEVICES name GPUs that have it, or one GPU for the ranks to share")
 
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit, for ranks of this host (a

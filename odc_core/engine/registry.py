@@ -59,6 +59,11 @@ class EngineOptions(Protocol):
         None where ranks may share one."""
         ...
 
+    def peer_access(self) -> str | None:
+        """What needs each of the run's GPUs to reach the others' memory from its own kernels (as
+        the options run on CUDA); None where nothing does."""
+        ...
+
 
 # `auto` is shm on CPU, nccl on CUDA.
 Backend = Literal["auto", "shm", "gloo", "nccl"]
@@ -98,6 +103,9 @@ class CollectiveOptions:
 
     def gpu_per_rank(self, world_size: int) -> str | None:
         return "engine=collective runs FSDP2 over NCCL" if self.backend == "nccl" else None
+
+    def peer_access(self) -> str | None:
+        return None  # NCCL finds its own path between GPUs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +169,11 @@ class OdcOptions:
         if shard_group_size(self.shard, self.ranks_per_node, world_size) < world_size:
             return "hybrid sharding reduces its replicas over NCCL"
         return None
+
+    def peer_access(self) -> str | None:
+        # cuda_ipc's atomic adds run on the pushing rank's GPU, into the owner's (cuda_ipc.py).
+        return "engine.transport=cuda_ipc adds into a peer GPU's memory from its own" \
+            if self.transport == "cuda_ipc" else None
 
 
 

@@ -10,8 +10,11 @@ rank's GPU (mapped.py), and an accumulate one kernel of atomic fp32 adds
 engine issues its gathers and pushes on a side stream (odc_core/engine/odc/fetch.py).
 
 Ranks may share one GPU (cudaIpcOpenMemHandle works between processes on the same device; the
-only multi-rank case a one-GPU machine can run), or have one each (peer access is enabled as
-the handle is opened).
+only multi-rank case a one-GPU machine can run), or have one each. Then a peer's buffer is mapped
+on the peer's GPU (torch opens a handle on the device the memory is on), which this rank's
+copies reach by themselves (torch enables peer access for a copy between two GPUs) but its
+atomic-add kernels, run on its own GPU, reach only once that GPU has peer access to the peer's:
+alloc enables it for every peer GPU, or refuses GPUs that have none (enable_peer_access).
 
 Flags and counters (int64 buffers) stay on the host, in a shared-memory heap (shm.py): the
 engine polls them from Python, and a flag in device memory would cost a device copy per read.
@@ -23,6 +26,7 @@ flag and then enqueues its reads finds it); quiet() synchronises the device.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import pickle
 import socket
@@ -52,6 +56,21 @@ def open_handle(text: str) -> torch.Tensor:
     rebuild, args = pickle.loads(base64.b64decode(text))
     tensor: torch.Tensor = rebuild(*args)
     return tensor
+
+
+@functools.cache
+def enable_peer_access(device: torch.device, peer: torch.device) -> None:
+    """Let kernels on GPU `device` read and write memory on GPU `peer` (once per pair and process);
+    RuntimeError, in one line, where the two GPUs have no peer access."""
+    if device == peer:
+        return
+    if not torch.cuda.can_device_access_peer(device, peer):
+        raise RuntimeError(f"GPU {device.index} has no peer access to GPU {peer.index} (see nvidia-smi topo -p2p rw), "
+                           "and transport cuda_ipc adds into a peer GPU's memory from its own: put these ranks on "
+                           "GPUs with peer access, or let them share a GPU")
+    # torch has no call that only enables peer access; a copy between two GPUs enables it for its
+    # source's GPU to reach its destination's (at::cuda::get_p2p_access(src, dst)) and keeps it.
+    torch.empty(1, device=peer).copy_(torch.empty(1, device=device))
 
 
 def sweep_ipc_counters(processes: Iterable[tuple[str, int]], directory: Path = SHM_DIR) -> list[str]:
@@ -132,7 +151,8 @@ class CudaIpcHeap:
                 raise ValueError(f"asymmetric allocation of {name!r}: rank {self.rank} allocated {spec}, "
                                  f"rank {peer} allocated {({k: theirs[k] for k in spec})}; every rank must alloc "
                                  "the same buffers in order")
-            copies[peer] = open_handle(theirs["handle"])
+            mapped = copies[peer] = open_handle(theirs["handle"])
+            enable_peer_access(self.device, mapped.device)
         # Every rank has opened every handle before any returns: no owner may free a buffer (close)
         # that a peer has not opened yet.
         exchange(self._store, f"{key}/opened", self.rank, self.world_size, "1", what, self.timeout_s)

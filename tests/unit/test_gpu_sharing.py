@@ -19,6 +19,7 @@ def _resolve(monkeypatch: pytest.MonkeyPatch, gpus: int, *overrides: str, gpu_gi
     monkeypatch.setattr(plan_spec, "visible_gpus", lambda: gpus)
     monkeypatch.setattr(plan_spec, "hardware_tag", lambda device_type: "h100")
     monkeypatch.setattr(plan_spec, "memory_limit", lambda config, device_type: int(gpu_gib * GiB))
+    monkeypatch.setattr(plan_spec, "gpus_without_peer_access", lambda count: [])  # each reaches the others
     return plan_spec.resolve(run_config("device=cuda", *overrides))
 
 
@@ -47,3 +48,26 @@ def test_odc_on_cuda_ipc_may_share_a_gpu_and_its_ranks_share_its_memory(monkeypa
     with pytest.raises(ConfigError, match=r"over the [\d.]+ GiB it has \(2 ranks share each GPU's [\d.]+ GiB\)"):
         shared.check_fits()
     _resolve(monkeypatch, 2, "world_size=2", "engine=odc", gpu_gib=1.5 * need).check_fits()
+
+
+def test_cuda_ipc_across_gpus_without_peer_access_is_refused_before_any_rank_starts(monkeypatch):
+    asked = []
+
+    def without(pairs):
+        return lambda count: asked.append(count) or [p for p in pairs if max(p) < count]
+
+    def check(gpus: int, world: int, engine: str = "odc") -> None:
+        spec = _resolve(monkeypatch, gpus, f"world_size={world}", f"engine={engine}")
+        monkeypatch.setattr(plan_spec, "gpus_without_peer_access", without([(1, 2)]))
+        spec.check_devices()
+
+    with pytest.raises(ConfigError) as refused:
+        check(4, 3)
+    said = str(refused.value)
+    assert said.startswith("engine.transport=cuda_ipc adds into a peer GPU's memory from its own, and GPU 1 has no "
+                           "peer access to GPU 2") and "\n" not in said
+    assert asked == [3], "the GPUs the ranks get: one each, not the host's every GPU"
+    check(2, 4)  # ranks on GPUs 0 and 1, which reach each other
+    check(1, 3)  # one GPU, shared: nothing to reach
+    check(4, 3, "collective")  # NCCL finds its own path
+    assert asked == [3, 2]

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.atomic_add import SpansAdd, atomic_add_
 from odc_core.transport.base import PeerTimeout
-from odc_core.transport.cuda_ipc import sweep_ipc_counters
+from odc_core.transport.cuda_ipc import enable_peer_access, sweep_ipc_counters
 from odc_core.transport.exchange import exchange, rotated
 from odc_core.transport.mapped import MappedGather, SpanOps
 from odc_core.transport.nvshmem import peer_views
@@ -111,6 +111,32 @@ def test_nvshmem_gives_no_view_of_a_peer_whose_address_is_null():
     views = peer_views(Rendezvous(), 0, own)
     assert views[0] is own and views[2] is None
     assert views[1].dtype == torch.bfloat16 and views[1].tolist() == [1.0] * 3
+
+
+def test_a_rank_gets_peer_access_to_each_other_gpu_once_and_gpus_without_it_are_refused(monkeypatch):
+    # A peer's buffer is mapped on the peer's GPU; the atomic adds run on the rank's own, so that
+    # GPU must reach the peer's: torch enables it for a copy's source GPU to its destination's.
+    enable_peer_access.cache_clear()
+    asked, copies = [], []
+
+    class Tensor:
+        def __init__(self, *_, device):
+            self.device = device
+
+        def copy_(self, src):
+            copies.append((src.device.index, self.device.index))
+
+    monkeypatch.setattr(torch, "empty", Tensor)
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda d, p: asked.append((d.index, p.index)) or True)
+    gpu = [torch.device("cuda", i) for i in range(3)]
+    for peer in (gpu[0], gpu[1], gpu[1], gpu[2]):  # its own GPU (ranks sharing it), then two others
+        enable_peer_access(gpu[0], peer)
+    assert asked == [(0, 1), (0, 2)] and copies == [(0, 1), (0, 2)], "from the rank's GPU to each peer's, once"
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda d, p: False)
+    with pytest.raises(RuntimeError, match="GPU 1 has no peer access to GPU 2") as refused:
+        enable_peer_access(gpu[1], gpu[2])
+    assert "\n" not in str(refused.value)
+    enable_peer_access.cache_clear()
 
 
 def test_ipc_counters_are_swept_only_for_processes_of_this_host_that_are_gone(tmp_path):
