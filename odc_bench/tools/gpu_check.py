@@ -4,16 +4,19 @@ one GPU, written with provenance under results/gpu/<device>-<date>/.
 The steps, in this order (steps() says why), each a subprocess with a time limit of its own (one
 that fails or runs out does not stop the others, and is killed with every process it started;
 the command ends with status 1 if any failed; each step's whole output is kept in logs/):
-1. ODC's GPU tests (test_gpu_odc.py: ranks sharing the GPU against one process, bf16, a dead
-   rank) and the transport conformance suite on cuda_ipc: tests-odc.xml;
+1. the tests, at the same time (none of them times the device, so they share it and the
+   host's cores, and the whole takes as long as the longest): the transport conformance suite
+   on cuda_ipc, 3 ranks sharing the GPU (tests-conformance.xml); ODC's equivalence tests, ranks
+   sharing the GPU against one process (tests-odc.xml); ODC's bf16 and dead-rank tests
+   (tests-odc-more.xml); NVSHMEM's, what one GPU allows (nvshmem.xml); the baseline's
+   (tests/integration/test_gpu.py: tests.xml);
+then, one at a time, as each times the device:
 2. the primitives on cuda_ipc, 2 ranks sharing the GPU, 1 MiB to 256 MiB, against a device copy;
 3. two collective runs of qwen2_1p5b on one GPU (the configs the 2026-11-26 H100 measurement
    ran: shared/gpu/h100-2026-11-26), the first with its second warm-up minibatch under
    torch.profiler (profiles/<run_id>/: where a minibatch's host and device time go);
 4. the unit compute profile (odc_bench.calibrate.cost_model on CUDA, reduced grid), with one layer
    of qwen2_7b and of qwen2_14b timed beside qwen2_1p5b's: compute.json;
-5. NVSHMEM's tests (what one GPU allows): nvshmem.xml;
-6. the baseline's GPU tests (tests/integration/test_gpu.py): tests.xml;
 then, in this process, the simulator's prediction of each run on the H100 profile and on the
 profile this machine just measured (compute.json, with the gap per unit the collective engine
 left in the runs' device-timed traces), and summary.md: the GPU acceptance points of issues 43
@@ -39,6 +42,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +104,7 @@ class Step:
     tail: str = ""
     eager: list[str] = field(default_factory=list)  # the step's EAGER_MARKERS lines, the first few
     recompiles: list[str] = field(default_factory=list)  # recompiled(): "function: first failed guard"
+    shared: bool = False  # times nothing, so it runs beside the other shared steps next to it (steps())
 
     @property
     def ok(self) -> bool:
@@ -157,25 +162,34 @@ def command_here() -> str:
 
 
 def steps(out: Path) -> list[Step]:
-    """The steps in the order they run: where the command's time runs out, the later ones are cut,
-    so the order is by what a step has left to tell. ODC's tests first (the GPU has run the least
-    of them); the primitives next, short and ODC's one measured goal (the one-op gather and
-    one-launch scatter written after the H200's run have not been timed); the runs and then the
-    compute profile (the runs alone decide the memory point and hold the profiled minibatch);
-    NVSHMEM's one-GPU test; the baseline's tests last, as they passed on an H200
-    (results/gpu/h200-2026-11-27). The steps' own limits add up to more than the deadline: each
-    is what that step may need, and where the earlier ones need less, the later ones run. Each
-    test file is a step of its own, so that no file's time starves another's."""
+    """The steps in the order they run: where the command's time runs out, the later ones are cut.
+    The tests first, all at once (`shared`): none of them times anything, so running them side
+    by side costs no number its meaning, and the whole takes as long as the longest of them
+    rather than their sum (on the H200, one after another, they spent the step's 110 s before
+    ODC's bf16 test ended: results/gpu/h200-2026-11-27). Each test file, or part of one, is a
+    step of its own, so that no file's time starves another's, and ODC's tests, which the GPU
+    has run the least of, are split in two. Then the steps that time the device, one at a time,
+    by what each has left to tell: the primitives, short and ODC's one measured goal; the runs
+    (they alone decide the memory point and hold the profiled minibatch); the compute profile.
+    The steps' own limits add up to more than the deadline: each is what that step may need,
+    and where the earlier ones need less, the later ones run."""
     py = [sys.executable]
-    # The conformance suite first: one launch of 3 ranks for all its tests, where each engine test
-    # starts ranks of its own; on the H200 the step's limit came before it was reached.
-    odc_tests = ["tests/integration/test_transport_conformance.py", "tests/integration/test_gpu_odc.py"]
     # -v with each test's time, and the durations: which test took the step's time; pytest's own
     # faulthandler_timeout prints where a test is after that long, so a hang shows where it hangs.
     pytest = [*py, "-m", "pytest", "-v", "-o", "console_output_style=times", "-rs", "-p", "no:cacheprovider",
               "--durations=0", "-o", "faulthandler_timeout=40"]
-    listed = [Step("odc gpu tests", [*pytest, f"--junitxml={out / 'tests-odc.xml'}", "-k",
-                                     "not nvshmem and (not test_transport_conformance or cuda_ipc)", *odc_tests], 140),
+    odc, conformance = "tests/integration/test_gpu_odc.py", "tests/integration/test_transport_conformance.py"
+
+    def tests(name: str, xml: str, args: list[str], limit: float) -> Step:
+        return Step(name, [*pytest, f"--junitxml={out / xml}", *args], limit, shared=True)
+
+    listed = [tests("cuda_ipc conformance", "tests-conformance.xml",
+                    ["-k", "cuda_ipc", conformance], 60),
+              tests("odc equivalence", "tests-odc.xml", ["-k", "sharing_the_gpu_match", odc], 90),
+              tests("odc bf16 and dead rank", "tests-odc-more.xml", ["-k", "bf16 or dead_rank", odc], 75),
+              # NVSHMEM may hang at its start where it does not refuse: the step's limit bounds it.
+              tests("nvshmem tests", "nvshmem.xml", ["-k", "nvshmem", conformance, odc], 45),
+              tests("baseline gpu tests", "tests.xml", ["tests/integration/test_gpu.py"], 75),
               Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
                                   "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
                                   "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
@@ -183,16 +197,33 @@ def steps(out: Path) -> list[Step]:
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
                                     *([PROFILED] if i == 0 else []), f"results_dir={out}"], limit)
                for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (75, 60), strict=True))]
-    listed += [Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced",
-                                        f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
-                                        "model=qwen2_1p5b", "precision=bf16",
-                                        f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100),
-               # NVSHMEM may hang at its start where it does not refuse: the step's limit bounds it.
-               Step("nvshmem tests", [*pytest, f"--junitxml={out / 'nvshmem.xml'}", "-k", "nvshmem", *odc_tests],
-                    30),
-               Step("baseline gpu tests", [*pytest, f"--junitxml={out / 'tests.xml'}",
-                                           "tests/integration/test_gpu.py"], 60)]
+    listed.append(Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced",
+                                           f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
+                                           "model=qwen2_1p5b", "precision=bf16",
+                                           f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100))
     return listed
+
+
+def batches(listed: list[Step]) -> list[list[Step]]:
+    """The steps as they run: each run of consecutive shared steps together, every other step alone."""
+    out: list[list[Step]] = []
+    for step in listed:
+        if step.shared and out and out[-1][0].shared:
+            out[-1].append(step)
+        else:
+            out.append([step])
+    return out
+
+
+def run_batch(batch: list[Step], left_s: float, logs: Path) -> None:
+    """Run the steps of a batch at once (run_step each, on a thread of its own: each waits for its
+    own process and reads its output), within their own limits and the `left_s` seconds left."""
+    if len(batch) == 1:
+        run_step(batch[0], left_s, logs)
+        return
+    with ThreadPoolExecutor(len(batch)) as pool:
+        for finished in [pool.submit(run_step, step, left_s, logs) for step in batch]:
+            finished.result()
 
 
 def run_step(step: Step, left_s: float, logs: Path) -> None:
@@ -471,13 +502,17 @@ def acceptance(found: Findings, done: list[Step], seconds: float) -> list[str]:
     def verdict(ok: bool | None) -> str:
         return "not measured" if ok is None else "met" if ok else "missed"
 
-    def step(name: str) -> tuple[str, str]:
-        found = [s for s in done if s.name == name]
-        return (verdict(found[0].ok) if found and not found[0].status.startswith("not run") else "not measured",
-                found[0].status if found else "not run")
+    def step(*names: str) -> tuple[str, str]:
+        """Missed where one of the named steps ran and did not pass, met where all passed, else not
+        measured."""
+        found = [s for s in done if s.name in names]
+        ran = [s for s in found if not s.status.startswith("not run")]
+        ok = False if not all(s.ok for s in ran) else True if len(ran) == len(names) else None
+        return (verdict(ok),
+                "; ".join(f"{s.name}: {s.status}" if len(names) > 1 else s.status for s in found) or "not run")
 
     rows = [("ODC's GPU tests pass: ranks sharing the GPU against one process, bf16, a dead rank, the cuda_ipc "
-             "conformance suite (44)", *step("odc gpu tests")),
+             "conformance suite (44)", *step("cuda_ipc conformance", "odc equivalence", "odc bf16 and dead rank")),
             ("the baseline's GPU tests pass: NCCL on one GPU timed on the device, varlen, the chunked loss, "
              "microbatches sent without a wait (43)", *step("baseline gpu tests")),
             ("NVSHMEM on one GPU: one rank runs, two are refused (44)", *step("nvshmem tests"))]
@@ -511,6 +546,8 @@ def summary(device: str, done: list[Step], seconds: float, out: Path, deadline_s
     lines = [f"# make gpu-check on {device}", "", *acceptance(found, done, seconds), "", "## Steps", "",
              "| step | status | seconds |", "|---|---|---|",
              *(f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in done), "",
+             *([f"At the same time (they time nothing): {', '.join(s.name for s in together)}; the others one at a "
+                "time.", ""] if (together := [s for s in done if s.shared and s.seconds]) else []),
              f"In all {seconds:.0f} s" + (f", under a deadline of {deadline_s:.0f} s (--deadline; "
                                           f"{DEADLINE_S:.0f} s by default)." if deadline_s != DEADLINE_S else "."), "",
              *comparisons(found, out)]
@@ -571,8 +608,8 @@ def main() -> None:
     for step in done:
         if selected is not None and slug(step.name) not in selected:
             step.status = "not run (not among --steps; this folder may hold an earlier run's results of it)"
-            continue
-        run_step(step, deadline_s - RESERVE_S - (time.monotonic() - started), out / "logs")
+    for batch in batches([s for s in done if selected is None or slug(s.name) in selected]):
+        run_batch(batch, deadline_s - RESERVE_S - (time.monotonic() - started), out / "logs")
     add_engine_gap(out)
     simulated = Step("simulator", [sys.executable, "-m", "odc_bench.tools.gpu_check"], 60)
     t0 = time.monotonic()

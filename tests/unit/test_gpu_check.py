@@ -163,12 +163,12 @@ def test_an_unknown_argument_is_refused_in_one_line_before_anything_runs(arg, mo
         gpu_check.main()
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and f"unknown argument {arg}: " in err and "\n" not in err
-    assert "--steps=NAME[,NAME...] of odc-gpu-tests,primitives,run-longalign-x0-125-mb8," in err
+    assert "--steps=NAME[,NAME...] of cuda_ipc-conformance,odc-equivalence,odc-bf16-and-dead-rank," in err
 
 
 def test_steps_runs_only_the_steps_it_names_and_says_so_of_the_others(tmp_path, monkeypatch):
     ran: list[str] = []
-    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", "--steps=compute-profile,odc-gpu-tests",
+    monkeypatch.setattr(gpu_check.sys, "argv", ["gpu_check", "--steps=compute-profile,odc-equivalence",
                                                  "--deadline=400"])
     monkeypatch.setattr(gpu_check, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
@@ -178,7 +178,7 @@ def test_steps_runs_only_the_steps_it_names_and_says_so_of_the_others(tmp_path, 
     monkeypatch.setattr(gpu_check, "run_step", lambda step, left_s, logs: ran.append(step.name))
     with pytest.raises(SystemExit):
         gpu_check.main()
-    assert ran == ["odc gpu tests", "compute profile"]
+    assert ran == ["odc equivalence", "compute profile"]
     summary = next((tmp_path / "results" / "gpu").glob("h200-*/summary.md")).read_text()
     said = "| primitives | not run (not among --steps; this folder may hold an earlier run's results of it) |"
     assert said in summary
@@ -200,9 +200,10 @@ def test_without_wheels_the_command_is_refused_in_one_line(tmp_path, monkeypatch
     assert e.value.code == 2 and "run make gpu-wheels first" in err and "\n" not in err
 
 
-def test_every_gpu_test_runs_in_exactly_one_step_odcs_first(tmp_path):
-    """ODC's tests first (the GPU has run the least of them); NVSHMEM's, which may hang where it
-    does not refuse, a step of their own, so that a hang costs no other step's results."""
+def test_every_gpu_test_runs_in_exactly_one_step_all_of_them_first_and_at_once(tmp_path):
+    """The tests run first, side by side (they time nothing); NVSHMEM's, which may hang where it
+    does not refuse, a step of their own, so that a hang costs no other step's results; the steps
+    that time the device each alone."""
     import subprocess
 
     def collecting(argv: list[str]) -> subprocess.Popen[str]:
@@ -215,13 +216,39 @@ def test_every_gpu_test_runs_in_exactly_one_step_odcs_first(tmp_path):
 
     listed = gpu_check.steps(tmp_path)
     tests = [s for s in listed if "pytest" in s.argv]
-    assert [s.name for s in tests] == ["odc gpu tests", "nvshmem tests", "baseline gpu tests"]
-    assert listed[0] is tests[0], "ODC's first"
-    odc, nvshmem, baseline = (collected(p) for p in [collecting(s.argv) for s in tests])  # side by side
-    assert odc and baseline and nvshmem and not (odc & baseline or odc & nvshmem or baseline & nvshmem)
-    assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in odc | baseline)
-    assert any("cuda_ipc" in t for t in odc), "the conformance suite on cuda_ipc runs with ODC's tests"
+    assert [s.name for s in tests] == ["cuda_ipc conformance", "odc equivalence", "odc bf16 and dead rank",
+                                       "nvshmem tests", "baseline gpu tests"]
+    assert gpu_check.batches(listed)[0] == tests, "the tests first, at once"
+    assert all(len(batch) == 1 for batch in gpu_check.batches(listed)[1:]), "a step that times the device, alone"
+    conformance, equivalence, more, nvshmem, baseline = (collected(p) for p in [collecting(s.argv) for s in tests])
+    parts = [conformance, equivalence, more, nvshmem, baseline]
+    assert all(parts) and sum(map(len, parts)) == len(set().union(*parts)), "no test in two steps"
+    assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in set().union(*parts) - nvshmem)
+    assert conformance == {t for t in conformance if t.endswith("[cuda_ipc]")} and len(conformance) == 4
+    assert {t.split("::")[1].split("[")[0] for t in equivalence | more} == {
+        "test_two_ranks_sharing_the_gpu_match_one_process_with_uneven_counts", "test_bf16_on_the_gpu_stays_near_fp32",
+        "test_a_dead_rank_on_the_gpu_fails_the_run_by_name_and_leaves_nothing"}
     assert all(t.startswith("tests/integration/test_gpu.py::") for t in baseline)
+
+
+def test_shared_steps_run_at_once_and_the_others_alone(tmp_path):
+    """Two shared steps that each wait for the other's file pass only side by side; a step that
+    is not shared is a batch of its own even between shared ones."""
+    def waits_for(mine: str, theirs: str) -> gpu_check.Step:
+        script = (f"import pathlib, time; pathlib.Path({str(tmp_path / mine)!r}).touch(); "
+                  f"[time.sleep(0.05) for _ in range(200) if not pathlib.Path({str(tmp_path / theirs)!r}).exists()]; "
+                  f"assert pathlib.Path({str(tmp_path / theirs)!r}).exists()")
+        return gpu_check.Step(mine, [sys.executable, "-c", script], 30, shared=True)
+
+    a, b = waits_for("a", "b"), waits_for("b", "a")
+    alone = gpu_check.Step("alone", [sys.executable, "-c", "pass"], 30)
+    c = gpu_check.Step("c", [], 30, shared=True)
+    assert gpu_check.batches([a, b, alone, c]) == [[a, b], [alone], [c]]
+    gpu_check.run_batch([a, b], left_s=30, logs=tmp_path / "logs")
+    assert a.ok and b.ok, (a.status, b.status)
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"a.log", "b.log"}
+    text = gpu_check.summary("a GPU", [a, b, alone], 1.0, tmp_path)
+    assert "At the same time (they time nothing): a, b; the others one at a time." in text
 
 
 def test_the_larger_models_layers_are_held_to_their_share_of_peak_with_varlen():
@@ -303,8 +330,9 @@ def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point
     real.to_csv(tmp_path / "runs.csv", index=False)
     pd.DataFrame([dict(op="gather", size_bytes=16 << 20, ratio_to_memcpy=0.7),
                   dict(op="gather", size_bytes=1 << 20, ratio_to_memcpy=0.1)]).to_csv(tmp_path / "primitives.csv")
-    done = [gpu_check.Step("odc gpu tests", [], 1, status="passed"),
-            gpu_check.Step("baseline gpu tests", [], 1, status="failed (exit 1)"),
+    odc = [gpu_check.Step(name, [], 1, status="passed")
+           for name in ("cuda_ipc conformance", "odc equivalence", "odc bf16 and dead rank")]
+    done = [*odc, gpu_check.Step("baseline gpu tests", [], 1, status="failed (exit 1)"),
             gpu_check.Step("nvshmem tests", [], 1)]
 
     def verdicts(seconds: float) -> dict[str, tuple[str, str]]:
@@ -312,9 +340,11 @@ def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point
                 for line in gpu_check.acceptance(gpu_check.Findings.read(tmp_path, 989.0), done, seconds)[4:]]
         return {point.split(" (")[0]: (said, value) for point, said, value in rows}
 
+    odc_point = ("ODC's GPU tests pass: ranks sharing the GPU against one process, bf16, a dead rank, the cuda_ipc "
+                 "conformance suite")
     got = verdicts(300)
-    assert got["ODC's GPU tests pass: ranks sharing the GPU against one process, bf16, a dead rank, the cuda_ipc "
-               "conformance suite"][0] == "met"
+    assert got[odc_point] == ("met", "cuda_ipc conformance: passed; odc equivalence: passed; odc bf16 and dead "
+                                     "rank: passed")
     assert got["the baseline's GPU tests pass: NCCL on one GPU timed on the device, varlen, the chunked loss, "
                "microbatches sent without a wait"] == ("missed", "failed (exit 1)")
     assert got["NVSHMEM on one GPU: one rank runs, two are refused"][0] == "not measured"
@@ -323,6 +353,10 @@ def test_the_acceptance_table_says_met_missed_or_not_measured_for_each_gpu_point
     assert got["the memory estimate within 10% of the peak"][0] == "met"
     assert got["gather >= 0.8 of a device copy at >= 16 MiB"] == ("missed", "lowest 0.70")
     assert got["make gpu-check within 6 minutes"] == ("met", "300 s")
+    odc[2].status = "not run (the command's 6 minutes were spent)"
+    assert verdicts(300)[odc_point][0] == "not measured", "one of its steps did not run"
+    odc[1].status = "out of time (90 s)"
+    assert verdicts(300)[odc_point][0] == "missed", "one of its steps ran and did not pass"
     real["samples_per_s"] *= 1.3
     real["peak_mem_mb"] *= 2
     real.to_csv(tmp_path / "runs.csv", index=False)
