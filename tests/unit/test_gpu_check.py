@@ -206,21 +206,28 @@ def test_every_gpu_test_runs_in_exactly_one_step_all_of_them_first_and_at_once(t
     that time the device each alone."""
     import subprocess
 
-    def collecting(argv: list[str]) -> subprocess.Popen[str]:
-        args = [a for a in argv[argv.index("pytest") + 1:] if not a.startswith("--junitxml") and a not in ("-q", "-v")]
-        return subprocess.Popen([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-    def collected(proc: subprocess.Popen[str]) -> set[str]:
-        return {line for line in proc.communicate(timeout=120)[0].splitlines() if "::" in line}
-
     listed = gpu_check.steps(tmp_path)
     tests = [s for s in listed if "pytest" in s.argv]
     assert [s.name for s in tests] == ["cuda_ipc conformance", "odc equivalence", "odc bf16 and dead rank",
                                        "nvshmem tests", "baseline gpu tests"]
     assert gpu_check.batches(listed)[0] == tests, "the tests first, at once"
     assert all(len(batch) == 1 for batch in gpu_check.batches(listed)[1:]), "a step that times the device, alone"
-    conformance, equivalence, more, nvshmem, baseline = (collected(p) for p in [collecting(s.argv) for s in tests])
+    # What each step's pytest arguments select, collected by one process (its imports made once).
+    selections = [[a for a in s.argv[s.argv.index("pytest") + 1:] if not a.startswith("--junitxml")] for s in tests]
+    script = ("import json, sys, pytest\n"
+              "class Selected:\n"
+              "    def pytest_collection_finish(self, session):\n"
+              "        self.ids = [item.nodeid for item in session.items]\n"
+              "found = []\n"
+              "for args in json.loads(sys.argv[1]):\n"
+              "    grab = Selected()\n"
+              "    pytest.main(['--collect-only', '-q', *args], plugins=[grab])\n"
+              "    found.append(grab.ids)\n"
+              "print('SELECTED', json.dumps(found))\n")
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(selections)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120).stdout
+    found = json.loads(out.split("SELECTED ", 1)[1])
+    conformance, equivalence, more, nvshmem, baseline = (set(ids) for ids in found)
     parts = [conformance, equivalence, more, nvshmem, baseline]
     assert all(parts) and sum(map(len, parts)) == len(set().union(*parts)), "no test in two steps"
     assert all("nvshmem" in t for t in nvshmem) and not any("nvshmem" in t for t in set().union(*parts) - nvshmem)
