@@ -16,6 +16,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
+from odc_bench.results.sizes import size_label
 from paper_figures.inputs import Inputs, Skip, per_source
 
 NAME = "fig11_bandwidth"
@@ -25,13 +26,6 @@ OP_NAMES = {"gather": "gather", "scatter_accumulate": "scatter-accumulate", "all
             "reduce_scatter": "reduce-scatter"}
 ONE_SIDED = {"gather", "scatter_accumulate"}
 MEMCPY = "memcpy limit"
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n:g} B"
 
 
 def series(prims: pd.DataFrame) -> pd.DataFrame:
@@ -75,7 +69,7 @@ def plot(prims: pd.DataFrame) -> Figure:
         ticks = sizes[:: max(1, len(sizes) // 6)]
         ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([_size(s) for s in ticks], rotation=30)
+        ax.set_xticklabels([size_label(s) for s in ticks], rotation=30)
         ax.set_title(f"{world} ranks")
         ax.set_xlabel(X_LABEL)
         ax.set_ylabel(Y_LABEL)

@@ -53,6 +53,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.errors import RunFailed
 from odc_bench.plan.identity import run_key
 from odc_bench.provenance import git_commit
+from odc_bench.results.sizes import size_label
 from odc_bench.results.table import append_rows
 from odc_bench.run.mpiexec import mpiexec_path, run_mpi_ranks
 from odc_bench.run.ranks import RanksFailed, run_ranks
@@ -242,8 +243,7 @@ def print_rows(rows: list[dict]) -> None:
     for size in sorted({r["size_bytes"] for r in rows}):
         cells = {r["op"]: f"{r['bandwidth_gbps']:.3g} ({r['ratio_to_memcpy']:.2f})" for r in rows
                  if r["size_bytes"] == size}
-        table.add_row(f"{size / 2**10:.0f} KiB" if size < 2**20 else f"{size / 2**20:.0f} MiB",
-                      *(cells[op] for op in ops))
+        table.add_row(size_label(size), *(cells[op] for op in ops))
     Console(width=120).print(table)
 
 

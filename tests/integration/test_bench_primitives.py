@@ -39,9 +39,12 @@ def test_bad_benchmark_config_is_refused(override, message):
 @pytest.mark.slow
 def test_benchmark_appends_one_row_per_op_and_size(results_dir, monkeypatch, capsys):
     monkeypatch.chdir(results_dir.parent)
-    args = ("task=primitives", "world_size=2", "primitives.min_bytes=4096", "primitives.max_bytes=65536",
+    args = ("task=primitives", "world_size=2", "primitives.min_bytes=256", "primitives.max_bytes=4096",
             "primitives.rounds=3", "primitives.turn_s=0.001", "primitives.dtype=bf16", f"results_dir={results_dir}")
     assert odc_bench(*args) == 0, capsys.readouterr().err
+    # Each size its own label, one below a KiB included (it once read "0 KiB").
+    labels = [line.split("│")[1].strip() for line in capsys.readouterr().out.splitlines() if line.count("│") > 2]
+    assert labels == ["256 B", "1 KiB", "4 KiB"]
     table = pd.read_csv(results_dir / "primitives.csv")
     assert list(table.columns) == SCHEMA
     assert len(table) == 3 * 5

@@ -1,0 +1,13 @@
+"""A message size in bytes as the primitives' table and figure 11 label it."""
+
+from __future__ import annotations
+
+
+def size_label(n: float) -> str:
+    """The largest binary unit the size reaches, to 4 significant digits: 64 B, 1000 B, 2.93 KiB,
+    256 MiB. Never rounded to a unit it has not reached: distinct sizes below 1 KiB would
+    otherwise all read as 0 KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.4g} B"
