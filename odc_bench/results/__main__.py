@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="the denominator series; collective[shm] names FSDP2's process group (default: %(default)s)")
     mig = commands.add_parser("migrate", help="rewrite the runs.csv tables (searched recursively) of an earlier "
                               "schema in this one")
-    mig.add_argument("dirs", nargs="+", type=Path, metavar="DIR")
+    mig.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="results folders or tables")
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:

@@ -15,20 +15,15 @@ import pandas as pd
 
 from odc_bench.errors import TableError
 from odc_bench.files import atomic_paths, atomic_write_text
-from odc_bench.results.table import check_table, read_table
+from odc_bench.results.table import check_table, read_table, table_paths
 
 
 def tables_under(paths: Sequence[Path]) -> list[Path]:
-    """Every runs.csv below the folders (or the tables named), each once, in one order whatever
-    the arguments' order; TableError when there is none."""
-    found = {(p if p.is_file() else q).resolve() for p in map(Path, paths)
-             for q in ([p] if p.is_file() else p.rglob("runs.csv"))}
-    if not found:
-        raise TableError(f"no runs.csv under {', '.join(map(str, paths))}; give the folders that hold the "
-                         f"results (results_dir) or a table that `results collect` wrote")
+    """table_paths(paths), each checked to be a table of this schema."""
+    found = table_paths(paths)
     for path in found:
         check_table(path)
-    return sorted(found)
+    return found
 
 
 def merged(tables: Sequence[Path], relative_to: Path | None = None) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Bring runs.csv tables of an earlier schema to this one: `python -m odc_bench.results migrate DIR...`.
+"""Bring runs.csv tables of an earlier schema to this one: `python -m odc_bench.results migrate PATH...`.
 
 Schema 1 -> 2 adds `attempt` (the row's place among its run's rows, in file order), the
 lengths that ran (`samples`, `len_mean`, `len_p50`, `len_p99`, `len_max`) and the memory
@@ -49,7 +49,7 @@ from odc_bench.files import atomic_path, atomic_write_text, locked
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import COLUMNS, MB, SCHEMA_VERSION
-from odc_bench.results.table import TEXT_COLUMNS, TRACE_SUFFIX, compressed
+from odc_bench.results.table import TEXT_COLUMNS, TRACE_SUFFIX, compressed, table_paths
 
 HARDWARE_DIR = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
 
@@ -170,5 +170,6 @@ def _rekeyed(rows: pd.DataFrame) -> list[str]:
     return keys
 
 
-def migrate(dirs: list[Path]) -> dict[Path, int]:
-    return {path: migrate_table(path) for d in dirs for path in sorted(Path(d).rglob("runs.csv"))}
+def migrate(paths: list[Path]) -> dict[Path, int]:
+    """Every table table_paths() finds, migrated: rows changed per table."""
+    return {path: migrate_table(path) for path in table_paths(paths)}

@@ -32,6 +32,17 @@ def _some(names: Sequence[str], shown: int = 4) -> str:
     return ", ".join(names[:shown]) + more
 
 
+def table_paths(paths: Sequence[Path]) -> list[Path]:
+    """Every runs.csv below the folders, and the tables named (a merged table may have any name),
+    each once, in one order whatever the arguments' order; TableError when there is none."""
+    found = {(p if p.is_file() else q).resolve() for p in map(Path, paths)
+             for q in ([p] if p.is_file() else p.rglob("runs.csv"))}
+    if not found:
+        raise TableError(f"no runs.csv under {', '.join(map(str, paths))}; give the folders that hold the "
+                         f"results (results_dir) or a table that `results collect` wrote")
+    return sorted(found)
+
+
 def check_table(path: Path) -> None:
     """Refuse a runs.csv that is not this schema's: appending would misalign or mix rows."""
     if not path.exists():
@@ -49,7 +60,7 @@ def check_table(path: Path) -> None:
     if older:
         raise TableError(f"{path} holds rows of results schema {', '.join(sorted(older))}, this code writes "
                          f"{SCHEMA_VERSION}; bring it to this schema with `python -m odc_bench.results migrate "
-                         f"{path.parent}`, or {fix}")
+                         f"{path}`, or {fix}")
     if list(table.columns) != COLUMNS:
         missing = [c for c in COLUMNS if c not in table.columns]
         extra = [str(c) for c in table.columns if c not in COLUMNS]

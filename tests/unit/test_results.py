@@ -83,6 +83,33 @@ def test_a_schema_2_table_is_refused_with_the_migration_and_migrates_to_zero_res
     assert migrate_table(path) == 0  # already this schema
 
 
+def test_the_migration_a_refusal_names_migrates_the_table_whatever_its_name(tmp_path, capsys):
+    """A merged table (`results collect --out`) may have any name: the command the refusal gives
+    migrates it, and a migration that finds no table says so in one line."""
+    import re
+
+    from odc_bench.errors import TableError
+    from odc_bench.results.__main__ import main
+    from odc_bench.results.table import check_table
+
+    old = [c for c in COLUMNS if c not in ("resumed_from", "requeues")]
+    path = tmp_path / "merged" / "collected.csv"
+    path.parent.mkdir()
+    pd.DataFrame([{**{c: "" for c in old}, "run_id": "a", "schema_version": 2, "status": "ok"}],
+                 columns=old).to_csv(path, index=False)
+    with pytest.raises(TableError) as refused:
+        check_table(path)
+    command = re.search(r"`python -m odc_bench\.results (migrate \S+)`", str(refused.value))
+    assert command is not None, refused.value
+    assert main(command.group(1).split()) == 0
+    assert capsys.readouterr().out == f"{path}: 1 rows migrated\n"
+    check_table(path)  # this schema now
+    (tmp_path / "empty").mkdir()
+    assert main(["migrate", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"odc_bench.results: error: no runs.csv under {tmp_path / 'empty'}") and err.count("\n") == 1
+
+
 def test_a_schema_4_table_is_keyed_by_whole_configs_where_each_row_draws_its_lengths_again(tmp_path):
     from odc_bench.plan.spec import resolve
     from odc_bench.record.row import sim_row
