@@ -102,7 +102,7 @@ def test_the_migration_a_refusal_names_migrates_the_table_whatever_its_name(tmp_
     command = re.search(r"`python -m odc_bench\.results (migrate \S+)`", str(refused.value))
     assert command is not None, refused.value
     assert main(command.group(1).split()) == 0
-    assert capsys.readouterr().out == f"{path}: 1 rows migrated\n"
+    assert capsys.readouterr().out == f"{path.resolve()}: 1 rows migrated\n"
     check_table(path)  # this schema now
     (tmp_path / "empty").mkdir()
     assert main(["migrate", str(tmp_path / "empty")]) == 2
