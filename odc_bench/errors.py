@@ -8,6 +8,7 @@ nothing. RunFailed is not bad input: a run that started and failed becomes a row
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -50,6 +51,21 @@ def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
     """End the command for bad input: the one-line message on stderr, exit status 2."""
     print(f"{prog}: error: {error}", file=sys.stderr)
     sys.exit(2)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser held to the bad-input contract: a wrong or missing argument is one line
+    on stderr naming it and where the usage is, and exit status 2 (argparse's own prints the
+    whole usage first). `prog` is the command as a user types it (command_name)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def command_name(module: str) -> str:
+    """`python -m` and the module, for a command module's `__spec__.name` (a package's __main__
+    runs as the package)."""
+    return f"python -m {module.removesuffix('.__main__')}"
 
 
 def interrupt_within(error: BaseException) -> KeyboardInterrupt | None:

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from odc_bench.errors import DataError  # noqa: E402
+from odc_bench.errors import CommandParser, DataError  # noqa: E402
 from paper_figures.inputs import Inputs, LengthsFormat, Skip, load  # noqa: E402
 
 MODULES = ["fig1_timeline", "fig7_lengths", "fig8_throughput", "fig9_rl", "fig10_acceleration", "fig11_bandwidth",
@@ -35,8 +35,8 @@ def theme() -> None:
 
 
 def parser(only: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m paper_figures{'.' + only if only else ''}",
-                                description="Draw the paper's figures and tables from results tables only.")
+    p = CommandParser(f"python -m paper_figures{'.' + only if only else ''}",
+                      description="Draw the paper's figures and tables from results tables only.")
     p.add_argument("--results", type=Path, default=Path("results"),
                    help="results root: every runs.csv / primitives.csv below it is read, or one table such as "
                         "`python -m odc_bench.results collect` writes (default: results)")

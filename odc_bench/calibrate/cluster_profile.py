@@ -21,7 +21,6 @@ without which the others fit, and whether it looks like the whole job's tokens/s
 
 from __future__ import annotations
 
-import argparse
 import io
 import math
 from collections.abc import Collection, Sequence
@@ -36,7 +35,7 @@ from scipy.optimize import least_squares
 
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
-from odc_bench.errors import ConfigError, ends_cleanly, fail
+from odc_bench.errors import CommandParser, ConfigError, ends_cleanly, fail
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
@@ -370,7 +369,7 @@ def base_profile(name: str) -> GpuHardwareConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
+    ap = CommandParser(f"python -m {PROG}", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="the measured runs, a CSV file (docs/calibrate.md)")
     ap.add_argument("--base", default="a100", help="the profile to start from and keep unfitted constants of "
                                                    "(a100, h100, h200; default: %(default)s)")

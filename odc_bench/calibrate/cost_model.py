@@ -29,7 +29,6 @@ optionally bwd_recompute_ms; shapes as `NxL` documents of L tokens, L in tokens 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -58,7 +57,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.data.tokens import sample_tokens
-from odc_bench.errors import ConfigError, ends_cleanly, fail
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.files import atomic_write_text
 from odc_bench.models.attention import Documents, kernel_for
 from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
@@ -360,7 +359,7 @@ def main() -> None:
     """`--timings` fits a timings file; otherwise the run's config overrides (`--reduced`: fewer unit
     shapes; `--unit-models=A,B`: those models' units too)."""
     if "--timings" in sys.argv:
-        parser = argparse.ArgumentParser(prog="python -m odc_bench.calibrate.cost_model")
+        parser = CommandParser(command_name(__spec__.name))
         parser.add_argument("--timings", type=Path, required=True)
         parser.add_argument("--out", type=Path, required=True)
         parser.add_argument("--device", required=True, help="the GPU the timings were taken on, as torch names it")

@@ -25,7 +25,6 @@ rank's start minus its previous end, against its own tokens.
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import time
@@ -36,7 +35,7 @@ import pandas as pd
 
 from odc_bench.config.compose import compose_run
 from odc_bench.config.engine import ENGINES
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import RunSpec, resolve
@@ -208,7 +207,7 @@ def run_real(overrides: list[str], results_dir: Path) -> tuple[RunSpec, pd.DataF
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", nargs="+", default=["collective"], choices=SIM_ENGINES,
                     help="put Hydra overrides before this option: it takes every word after it")
     ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "calibration")

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from odc_bench.errors import PairingError, TableError, ends_cleanly
+from odc_bench.errors import CommandParser, PairingError, TableError, ends_cleanly
 from odc_bench.results.collect import collect, merged, tables_under
 from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.migrate import migrate
@@ -24,7 +24,7 @@ PROG = "odc_bench.results"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    parser = CommandParser(f"python -m {PROG}", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     col = commands.add_parser("collect", help="merge runs.csv tables (searched recursively) into one tidy table")
     col.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="results folders or tables")

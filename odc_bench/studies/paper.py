@@ -14,7 +14,6 @@ rows; `table` compares whatever is there.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.paper import FIG10_TRENDS, RL_RANGE_TEXT, SFT_BUBBLE, SFT_SPEEDUP
@@ -228,7 +227,7 @@ def table(results_dir: Path, docs: Path, scaling_dir: Path = SCALING) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("run", "table"))
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
     ap.add_argument("--docs", type=Path, default=DOCS)

@@ -19,7 +19,6 @@ profile, and shapes the harness cannot hold.
 
 from __future__ import annotations
 
-import argparse
 import io
 import re
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ import yaml
 
 from odc_bench.calibrate.cluster_profile import FREE, Measured, base_profile, fit, predict, with_hardware
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
-from odc_bench.errors import ConfigError, ends_cleanly
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import resolve
@@ -493,7 +492,7 @@ def moves() -> pd.DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m odc_bench.studies.published", description=__doc__.split("\n\n")[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", type=Path, default=POINTS)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--doc", type=Path, default=DOC)

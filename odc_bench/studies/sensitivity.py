@@ -28,7 +28,6 @@ different pools and minibatches; the table gives their mean and range. Studies:
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 from collections.abc import Iterable, Sequence
@@ -44,7 +43,7 @@ from odc_bench.config.balancer import CostModelName, QuadraticFit
 from odc_bench.config.compose import compose_run
 from odc_bench.config.run import RunConfig
 from odc_bench.data.profiles import PROFILES, LengthProfile
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import Planner
 from odc_bench.provenance import REPO_ROOT
@@ -319,7 +318,7 @@ def _shown(path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("run", "table"))
     ap.add_argument("--rows", type=Path, default=ROWS)
     ap.add_argument("--docs", type=Path, default=DOCS)

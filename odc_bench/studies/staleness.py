@@ -17,7 +17,6 @@ simulated speedup of each pair stands beside the measured one.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from functools import cache
 from pathlib import Path
@@ -26,7 +25,7 @@ import pandas as pd
 import yaml
 
 from odc_bench.config.run import run_config
-from odc_bench.errors import ConfigError, ends_cleanly, fail
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.results.collect import merged, tables_under
@@ -122,8 +121,7 @@ def summary(pairs: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m odc_bench.studies.staleness",
-                                     description=__doc__.splitlines()[0])
+    parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="results folders (or runs.csv tables)")
     parser.add_argument("--simulate", metavar="CALIBRATION", default=None,
                         help="also simulate every real run with this CPU profile (results/calibration/sim-*-cpu.json)")

@@ -25,7 +25,6 @@ jitter; engines are interleaved so a ratio compares runs made side by side.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -37,7 +36,7 @@ import pandas as pd
 
 from odc_bench.calibrate.cpu_profile import SIM_ENGINES, fit, run_real
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.files import atomic_write_text
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
@@ -154,7 +153,7 @@ def minibatch_size_of(overrides: tuple[str, ...]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", nargs="+", default=["collective", "odc"], choices=SIM_ENGINES)
     ap.add_argument("--samples-per-rank", type=int, default=96, help="measured samples per rank in every run")
     ap.add_argument("--repeats", type=int, default=5, help="real runs per config and engine (median)")

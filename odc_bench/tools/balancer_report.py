@@ -21,7 +21,6 @@ what run-time claiming does. Cost models are written `linear`, `quadratic:1p5b`,
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +43,7 @@ from odc_bench.balancers.registry import BALANCERS, plan_minibatch
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.data.lengths import minibatch_samples
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def format_table(rows: list[BalancerQuality]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="longalign", choices=sorted(PROFILES))
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--minibatch-size", type=int, default=4, help="samples per rank per minibatch")

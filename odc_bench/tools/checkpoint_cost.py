@@ -9,7 +9,6 @@ rank's bytes beside the model's fp32 parameter bytes. docs/checkpoints.md record
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -23,7 +22,7 @@ import torch.distributed as dist
 
 from odc_bench.config.compose import compose_run
 from odc_bench.data.batches import packed_batch
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.models.decoder import build_model
 from odc_bench.run.ranks import run_ranks
 from odc_core import checkpoint
@@ -74,7 +73,7 @@ def _rank(rank: int, world: int, store: dist.Store, model: str, engine_name: str
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)

@@ -9,7 +9,6 @@ trains the `tiny` model's shape (conf/model/tiny.yaml) with AdamW at the harness
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
@@ -19,7 +18,7 @@ from odc_bench.config.model import ModelConfig
 from odc_bench.data.batches import labelled_tokens, packed_batch
 from odc_bench.data.chain import entropy_rate
 from odc_bench.data.learnable import learnable_tokens
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.models.decoder import DecoderModel, init_weights
 
 TINY = compose_run(["model=tiny"]).model
@@ -47,7 +46,7 @@ def train_curve(steps: int, docs: int = 4, min_len: int = 100, max_len: int = 30
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--docs", type=int, default=4)
     parser.add_argument("--min-len", type=int, default=100)

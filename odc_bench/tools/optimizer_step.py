@@ -10,7 +10,6 @@ optimizer would inflate ODC's measured speedup (docs/odc_engine.md, "A fair base
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import statistics
@@ -23,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.models.decoder import build_model
 
 # name: (foreach, fused) as torch.optim.AdamW takes them
@@ -61,7 +60,7 @@ def _rank(rank: int, world: int, model: str, steps: int, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)

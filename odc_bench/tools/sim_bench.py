@@ -26,7 +26,6 @@ digest on every run).
 
 from __future__ import annotations
 
-import argparse
 import resource
 import shutil
 import statistics
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import ConfigError, ends_cleanly, fail
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.plan.spec import plan_digest, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
@@ -152,7 +151,7 @@ def stages(ranks_list: list[int], minibatches: int, overrides: list[str]) -> Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("commands", nargs="*", metavar="NAME",
                     help=f"the commands to time (default: all of {', '.join(commands(Path('.')))}); with --stages, "
                          f"extra Hydra overrides for every case")

@@ -20,7 +20,7 @@ from rich.console import Console
 from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig, SimBackendConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
-from odc_bench.errors import ConfigError, fail
+from odc_bench.errors import CommandParser, ConfigError, fail
 from odc_bench.files import atomic_paths
 from odc_bench.forked import Helper, HelperGone, usable_cpus
 from odc_bench.models.memory import unit_params
@@ -46,14 +46,14 @@ OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w.@/-]*=|~[A-Za-z_])")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog=f"python -m {PROG}",
+    ap = CommandParser(
+        f"python -m {PROG}",
         description="Will ODC pay off for my data, my model and my cluster? Simulates every series the registries "
                     "name (Collective and ODC with LocalSort, LB-Micro, LB-Mini) at each minibatch size and prints "
                     "the verdict: predicted throughput, speedup over Collective + LB-Micro with the simulator's "
-                    "validated error, bubble, the bubble no balancer can remove, and memory per device. On GPUs only "
-                    "the collective baseline can be measured today: ODC runs on CPU ranks and here, in the simulator "
-                    "(docs/transport.md).",
+                    "validated error, bubble, the bubble no balancer can remove, and memory per device. On GPUs the "
+                    "collective baseline has been measured; ODC's GPU path has run its first tests on one GPU but "
+                    "has not been measured there yet (docs/transport.md), so its GPU numbers come from here.",
         epilog="Example: python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --hardware a100 "
                "--nodes 8 --devices-per-node 8 --minibatch 2 4 8")
     ap.add_argument("lengths", nargs="?", help=f"a length profile ({', '.join(PROFILES)}), a lengths file (one token "

@@ -433,3 +433,39 @@ def test_a_sweep_file_that_cannot_be_read_is_refused_in_one_line_and_blocks_no_o
         assert len(lines) == 1 and lines[0].startswith("odc_bench: error: ") and message in lines[0], lines
         assert _files_under(tmp_path) == before
     assert compose_module.compose_config(["sweep=fine_errors_test"], hydra=True).hydra.sweeper.params.seed == "3,4"
+
+
+@pytest.mark.parametrize("argv,said", [(["x", "--bogus"], "unrecognized arguments: --bogus"),
+                                       ([], "the following arguments are required: dirs"),
+                                       (["x", "--staleness", "one"], "argument --staleness: invalid int value")])
+def test_a_commands_wrong_argument_is_one_line_naming_the_command_as_typed(argv, said, capsys):
+    """CommandParser, which every command line of the project parses with: argparse's message in
+    one line (not after the whole usage), exit status 2, the command as a user types it."""
+    from odc_bench.errors import CommandParser, command_name
+
+    parser = CommandParser(command_name("odc_bench.results.__main__"))
+    parser.add_argument("dirs", nargs="+")
+    parser.add_argument("--staleness", type=int)
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m odc_bench.results: error: {said}")
+    assert err.endswith(" (see python -m odc_bench.results --help)\n")
+
+
+def test_every_command_line_of_the_project_parses_with_command_parser():
+    """A command that builds argparse's parser itself would print its whole usage before the error."""
+    own = [path.relative_to(REPO) for package in ("odc_bench", "odc_core", "paper_figures")
+           for path in (REPO / package).rglob("*.py") if "argparse.ArgumentParser(" in path.read_text()]
+    assert own == [], own
+
+
+def test_a_tool_run_as_a_module_names_itself_in_its_errors(capsys):
+    from odc_bench.tools import balancer_report
+
+    with pytest.raises(SystemExit) as stop:
+        balancer_report.main(["--world-size", "many"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("python -m odc_bench.tools.balancer_report: error: argument --world-size: invalid int value")

@@ -197,9 +197,9 @@ def test_fig7_lengths_that_cannot_be_read_are_one_line_and_exit_2(tmp_path, caps
         cli.main(["--results", str(tmp_path), "--out", str(tmp_path / "out"), "--lengths", str(tmp_path / "bad.txt"),
                   "--only", "fig7_lengths"])
     assert stop.value.code == 2
-    err = capsys.readouterr().err.strip()
-    last = err.splitlines()[-1]  # argparse's usage, then the one-line error
-    assert last.startswith("python -m paper_figures: error: --lengths") and "bad.txt line 2 is not valid JSON" in last
+    err = capsys.readouterr().err
+    assert err.startswith("python -m paper_figures: error: --lengths") and "bad.txt line 2 is not valid JSON" in err
+    assert err.count("\n") == 1, "one line, without argparse's usage"
     assert not (tmp_path / "out").exists()
 
 
