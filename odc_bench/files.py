@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import os
@@ -148,3 +149,45 @@ def filesystem_of(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) ->
         if resolved.is_relative_to(mount) and (best is None or len(mount.parts) >= len(best[1].parts)):
             best = (fstype, mount)
     return best
+
+
+def folder_problem(folder: Path) -> tuple[str, str] | None:
+    """Why files cannot be written into `folder` (made where missing), or None where they can:
+    (what is wrong, the kind of folder to give instead), in words a message goes on with after
+    the folder's name. Checked before a command does its work, so that bad input writes nothing."""
+    if folder.exists() and not folder.is_dir():
+        return "is not a directory", "a folder"
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot be created: {existing} is not a directory", "a folder"
+    fs = filesystem_of(folder)
+    if fs is not None and fs[0] in PSEUDO_FILESYSTEMS:
+        return (f"is on {fs[0]} ({fs[1]}), a pseudo-filesystem showing the kernel's state, which cannot hold "
+                "results"), "a folder on a disk"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"is not writable ({existing})", "a folder you can write"
+    return None
+
+
+def writable_folder(text: str) -> Path:
+    """An output folder option's argparse type: the folder, or the one-line reason it cannot be
+    written, before the command does any work (results_dir: check_results_dir)."""
+    folder = Path(text)
+    problem = folder_problem(folder)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{folder} {problem[0]}; give {problem[1]}")
+    return folder
+
+
+def writable_file(text: str) -> Path:
+    """An output file option's argparse type, as writable_folder: the file's folder must take it."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a directory; give a file's path")
+    problem = folder_problem(path.parent)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{path}: its folder {path.parent} {problem[0]}; give a file in "
+                                         f"{problem[1]}")
+    return path

@@ -36,7 +36,7 @@ from scipy.optimize import least_squares
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.errors import CommandParser, ConfigError, ends_cleanly, fail
-from odc_bench.files import atomic_write_text
+from odc_bench.files import atomic_write_text, writable_folder
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
 from odc_bench.sim import simulate
@@ -374,13 +374,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--base", default="a100", help="the profile to start from and keep unfitted constants of "
                                                    "(a100, h100, h200; default: %(default)s)")
     ap.add_argument("--name", default="cluster", help="the profile's name (default: %(default)s)")
-    ap.add_argument("--out", type=Path, default=Path("results/local/cluster"),
+    ap.add_argument("--out", type=writable_folder, default=Path("results/local/cluster"),
                     help="folder for backend/hardware/NAME.yaml and NAME-fit.csv beside it (default: %(default)s)")
     args = ap.parse_args(argv)
     try:
         require(args.name.replace("_", "").replace("-", "").isalnum(),
                 f"--name {args.name!r}: use letters, digits, - and _ (it becomes a file and config name)")
-        require(not args.out.exists() or args.out.is_dir(), f"--out {args.out} is not a folder")
         base = base_profile(args.base)
         result = fit(read_runs(args.runs, args.base), base, args.name)
     except ConfigError as e:

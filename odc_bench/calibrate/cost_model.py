@@ -58,7 +58,7 @@ from odc_bench.data.batches import packed_batch
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.data.tokens import sample_tokens
 from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
-from odc_bench.files import atomic_write_text
+from odc_bench.files import atomic_write_text, writable_file
 from odc_bench.models.attention import Documents, kernel_for
 from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
 from odc_bench.plan.device import device_type_of, hardware_tag
@@ -361,7 +361,7 @@ def main() -> None:
     if "--timings" in sys.argv:
         parser = CommandParser(command_name(__spec__.name))
         parser.add_argument("--timings", type=Path, required=True)
-        parser.add_argument("--out", type=Path, required=True)
+        parser.add_argument("--out", type=writable_file, required=True)
         parser.add_argument("--device", required=True, help="the GPU the timings were taken on, as torch names it")
         args = parser.parse_args()
         try:

@@ -36,7 +36,7 @@ import pandas as pd
 from odc_bench.config.compose import compose_run
 from odc_bench.config.engine import ENGINES
 from odc_bench.errors import CommandParser, command_name, ends_cleanly
-from odc_bench.files import atomic_write_text
+from odc_bench.files import atomic_write_text, writable_file, writable_folder
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT, host_fingerprint
@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", nargs="+", default=["collective"], choices=SIM_ENGINES,
                     help="put Hydra overrides before this option: it takes every word after it")
-    ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "calibration")
-    ap.add_argument("--out", type=Path, default=None, help="default: results/calibration/sim-<model>-cpu.json")
+    ap.add_argument("--results-dir", type=writable_folder, default=REPO_ROOT / "results" / "local" / "calibration")
+    ap.add_argument("--out", type=writable_file, default=None, help="default: results/calibration/sim-<model>-cpu.json")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every calibration run, e.g. model=tiny")
     args = ap.parse_args(argv)
     base = ["num_minibatches=10", "warmup_minibatches=2", *args.overrides]

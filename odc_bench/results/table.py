@@ -8,7 +8,6 @@ row. The table is small (one row per run), so rewriting it is cheap.
 from __future__ import annotations
 
 import gzip
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,10 +16,9 @@ import pandas as pd
 from odc_bench.config.fields import require
 from odc_bench.errors import ConfigError, TableError
 from odc_bench.files import (
-    PSEUDO_FILESYSTEMS,
     atomic_path,
     atomic_write_text,
-    filesystem_of,
+    folder_problem,
     locked,
     stale_temporaries,
 )
@@ -80,19 +78,9 @@ def check_results_dir(results_dir: Path) -> None:
     A table of another schema is refused rather than appended to: pandas would align the
     columns it can and leave the rest empty, and the figures would read garbage.
     """
-    require(not results_dir.exists() or results_dir.is_dir(), f"results_dir {results_dir} is not a directory; "
-            f"set results_dir to a folder")
-    existing = results_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    require(existing.is_dir(), f"results_dir {results_dir} cannot be created: {existing} is not a directory; "
-            f"set results_dir to a folder")
-    fs = filesystem_of(results_dir)
-    if fs is not None and fs[0] in PSEUDO_FILESYSTEMS:
-        raise ConfigError(f"results_dir {results_dir} is on {fs[0]} ({fs[1]}), a pseudo-filesystem showing the "
-                          f"kernel's state, which cannot hold results; set results_dir to a folder on a disk")
-    require(os.access(existing, os.W_OK | os.X_OK), f"results_dir {results_dir} is not writable ({existing}); "
-            f"set results_dir to a folder you can write")
+    problem = folder_problem(results_dir)
+    if problem is not None:
+        raise ConfigError(f"results_dir {results_dir} {problem[0]}; set results_dir to {problem[1]}")
     traces = results_dir / "traces"
     require(not traces.exists() or traces.is_dir(), f"{traces} is not a directory; move it away or set "
             f"results_dir to another folder")

@@ -23,7 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from odc_bench.errors import CommandParser, command_name, ends_cleanly
-from odc_bench.files import atomic_write_text
+from odc_bench.files import atomic_write_text, writable_file
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.paper import FIG10_TRENDS, RL_RANGE_TEXT, SFT_BUBBLE, SFT_SPEEDUP
 from odc_bench.results.scaling import acceleration
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("run", "table"))
     ap.add_argument("--results-dir", type=Path, default=RESULTS)
-    ap.add_argument("--docs", type=Path, default=DOCS)
+    ap.add_argument("--docs", type=writable_file, default=DOCS)
     ap.add_argument("--scaling-dir", type=Path, default=SCALING, help="the sim_scaling sweep's rows")
     args = ap.parse_args(argv)
     if args.command == "run":

@@ -32,7 +32,7 @@ import yaml
 from odc_bench.calibrate.cluster_profile import FREE, Measured, base_profile, fit, predict, with_hardware
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly
-from odc_bench.files import atomic_write_text
+from odc_bench.files import atomic_write_text, writable_file, writable_folder
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
@@ -494,9 +494,9 @@ def moves() -> pd.DataFrame:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", type=Path, default=POINTS)
-    ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument("--conf", type=Path, default=CONF, help="where the fitted profiles go (NAME_fit.yaml)")
+    ap.add_argument("--out", type=writable_folder, default=OUT)
+    ap.add_argument("--doc", type=writable_file, default=DOC)
+    ap.add_argument("--conf", type=writable_folder, default=CONF, help="where the fitted profiles go (NAME_fit.yaml)")
     ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)
     points = pd.read_csv(args.points)

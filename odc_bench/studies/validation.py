@@ -37,7 +37,7 @@ import pandas as pd
 from odc_bench.calibrate.cpu_profile import SIM_ENGINES, fit, run_real
 from odc_bench.config.compose import compose_run
 from odc_bench.errors import CommandParser, command_name, ends_cleanly
-from odc_bench.files import atomic_write_text
+from odc_bench.files import atomic_write_text, writable_file, writable_folder
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import timing
@@ -157,9 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engines", nargs="+", default=["collective", "odc"], choices=SIM_ENGINES)
     ap.add_argument("--samples-per-rank", type=int, default=96, help="measured samples per rank in every run")
     ap.add_argument("--repeats", type=int, default=5, help="real runs per config and engine (median)")
-    ap.add_argument("--results-dir", type=Path, default=REPO_ROOT / "results" / "local" / "validation")
-    ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "validation")
-    ap.add_argument("--docs", type=Path, default=REPO_ROOT / "docs" / "simulator_validation.md")
+    ap.add_argument("--results-dir", type=writable_folder, default=REPO_ROOT / "results" / "local" / "validation")
+    ap.add_argument("--out", type=writable_folder, default=REPO_ROOT / "results" / "validation")
+    ap.add_argument("--docs", type=writable_file, default=REPO_ROOT / "docs" / "simulator_validation.md")
     ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
     ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)

@@ -21,7 +21,7 @@ from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CommandParser, ConfigError, fail
-from odc_bench.files import atomic_paths
+from odc_bench.files import atomic_paths, writable_folder
 from odc_bench.forked import Helper, HelperGone, usable_cpus
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import RunSpec
@@ -93,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
                     help="worker processes that plan and simulate series beside this one, which takes a share too "
                          "(and a helper that draws the figure); 0: all here (default: the CPUs this process may use, "
                          "%(default)s). The verdict is the same to the bit with any number")
-    ap.add_argument("--out", type=Path, default=Path("results/local/whatif"),
+    ap.add_argument("--out", type=writable_folder, default=Path("results/local/whatif"),
                     help="where verdict.csv and verdict.png go (default: %(default)s)")
     return ap
 
@@ -187,8 +187,6 @@ def main(argv: Sequence[str] | None = None, figure: Helper | None = None) -> Non
         # Without a helper, matplotlib, a good part of the start-up, loads here while the workers plan and simulate.
         runs, table = verdict(question, args.jobs, meanwhile=None if figure is not None else
                               lambda: import_module("odc_bench.whatif.figure"))
-        if args.out.exists() and not args.out.is_dir():
-            raise ConfigError(f"--out {args.out} is not a folder; give a folder for verdict.csv and verdict.png")
     except ConfigError as e:
         fail(ConfigError(in_user_terms(str(e))), PROG)
     def say(text: str) -> None:  # verbatim and unwrapped: paths and commands stay whole

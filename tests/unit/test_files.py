@@ -79,3 +79,39 @@ def test_sigterm_with_a_python_handler_waits_for_the_block_and_arrives_once():
         assert taken == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("given,says", [
+    ("{tmp}/a-file", "{tmp}/a-file is not a directory; give a folder"),
+    ("{tmp}/a-file/sub", "{tmp}/a-file/sub cannot be created: {tmp}/a-file is not a directory; give a folder"),
+    ("/proc/x", "/proc/x is on proc (/proc), a pseudo-filesystem showing the kernel's state, which cannot hold "
+                "results; give a folder on a disk"),
+])
+def test_an_output_folder_that_cannot_be_written_is_refused_in_one_line(given, says, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(files.argparse.ArgumentTypeError) as refused:
+        files.writable_folder(given.format(tmp=tmp_path))
+    assert str(refused.value) == says.format(tmp=tmp_path)
+    assert files.writable_folder(str(tmp_path / "new" / "deeper")) == tmp_path / "new" / "deeper"
+    assert not (tmp_path / "new").exists(), "checking makes nothing"
+
+
+def test_an_output_file_needs_a_folder_that_takes_it_and_is_not_a_folder_itself(tmp_path):
+    with pytest.raises(files.argparse.ArgumentTypeError, match=f"^{tmp_path} is a directory; give a file's path$"):
+        files.writable_file(str(tmp_path))
+    with pytest.raises(files.argparse.ArgumentTypeError, match="^/sys/t.csv: its folder /sys is on sysfs"):
+        files.writable_file("/sys/t.csv")
+    assert files.writable_file(str(tmp_path / "sub" / "t.csv")) == tmp_path / "sub" / "t.csv"
+
+
+def test_a_command_refuses_an_output_it_cannot_write_before_its_work(tmp_path, capsys):
+    """The results command's collect, one of the commands whose output options are typed so."""
+    from odc_bench.results.__main__ import main
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SystemExit) as stop:
+        main(["collect", str(tmp_path / "nowhere"), "--out", str(tmp_path / "a-file" / "all.csv")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert f"argument --out: {tmp_path}/a-file/all.csv: its folder {tmp_path}/a-file is not a directory; give a file " \
+        "in a folder" in err
