@@ -46,12 +46,10 @@ from typing import cast
 import numpy as np
 import pandas as pd
 import torch
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 from torch.utils.checkpoint import checkpoint
 
 from odc_bench.balancers.cost import CALIBRATION_UNIT, calibration_path, load_calibration
-from odc_bench.config.compose import compose_run, hydra_error_line
+from odc_bench.config.compose import COMPOSE_ERRORS, compose_run, hydra_error_line
 from odc_bench.config.model import ModelConfig
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import packed_batch
@@ -299,7 +297,7 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
         raise ConfigError(f"{csv_path} lacks the column(s) {', '.join(sorted(missing))}")
     try:
         models = {name: compose_run([f"model={name}"]).model for name in sorted(set(table["model"]))}
-    except (HydraException, OmegaConfBaseException) as e:
+    except COMPOSE_ERRORS as e:
         raise ConfigError(f"{csv_path}: {hydra_error_line(e)}") from None
     rows = []
     for r in table.to_dict("records"):
@@ -319,7 +317,7 @@ def _compose(overrides: list[str]) -> RunConfig:
                           f"{UNIT_MODELS_FLAG}A,B, or --timings FILE --out FILE --device NAME")
     try:
         return compose_run(overrides)
-    except (HydraException, OmegaConfBaseException) as e:
+    except COMPOSE_ERRORS as e:
         raise ConfigError(hydra_error_line(e)) from None
 
 
@@ -347,7 +345,7 @@ def unit_models(names: str) -> list[ModelConfig]:
     for name in filter(None, names.split(",")):
         try:
             models.append(compose_run([f"model={name}"]).model)
-        except (HydraException, OmegaConfBaseException) as e:
+        except COMPOSE_ERRORS as e:
             raise ConfigError(f"{UNIT_MODELS_FLAG}{names}: {hydra_error_line(e)}") from None
     if not models:
         raise ConfigError(f"{UNIT_MODELS_FLAG.rstrip('=')} names no model; give model names, comma-separated "

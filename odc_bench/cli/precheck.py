@@ -19,12 +19,10 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_parameters
-from odc_bench.config.compose import hydra_error_line
+from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.jobs.train import uses_mpi
@@ -147,6 +145,6 @@ def precheck(argv: Sequence[str], planner: Planner) -> None:
                 break
             else:
                 raise ConfigError(f"no combination of the sweep can run, e.g.: {cannot_run}")
-    except (HydraException, OmegaConfBaseException) as e:
+    except COMPOSE_ERRORS as e:
         raise ConfigError(hydra_error_line(e)) from None
     check_run(cfg, planner)

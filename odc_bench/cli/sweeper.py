@@ -41,17 +41,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn
-from hydra.errors import HydraException
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.app import Job
 from odc_bench.cli.outcomes import print_summary
 from odc_bench.cli.precheck import check_run
-from odc_bench.config.compose import hydra_error_line
+from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
 from odc_bench.jobs import progress
@@ -170,7 +168,7 @@ class GridSweeper(Sweeper):
         for job in jobs:
             try:
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
-            except (HydraException, OmegaConfBaseException) as e:  # a later job's option (model=PATH, ...)
+            except COMPOSE_ERRORS as e:  # a later job's option (model=PATH, ...)
                 fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {hydra_error_line(e)}"))
             except ConfigError as e:  # a config source's own check (odc_bench/config/model_source.py)
                 fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {e}"))

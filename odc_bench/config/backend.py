@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from odc_bench.config.fields import build, require
+from odc_bench.config.fields import build, require, section
 
 # GPU profile numbers and the range each must lie in: (lower bound, upper bound, lower bound excluded).
 _POSITIVE = (0.0, math.inf, True)
@@ -87,7 +87,7 @@ HardwareConfig = GpuHardwareConfig | CalibratedHardwareConfig
 
 
 def hardware_config(values: Mapping[str, Any]) -> HardwareConfig:
-    kind = values.get("kind")
+    kind = section(values, "backend.hardware").get("kind")
     require(kind in ("gpu", "calibrated"), f"backend.hardware.kind must be gpu or calibrated, got {kind!r}")
     if kind == "gpu":
         return build(GpuHardwareConfig, values, "backend.hardware.")

@@ -13,7 +13,7 @@ import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverrideParseException
-from hydra.errors import MissingConfigException
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -106,8 +106,18 @@ def _quoted(override: str) -> str | None:
     return shlex.quote(f'{key}="{value}"' if '"' not in value else f"{key}='{value}'")
 
 
+# What composing a run raises for bad input, each said in one line by hydra_error_line: Hydra's
+# and OmegaConf's errors, and YAML's where a group option's file (a profile or model config of
+# the user's own, on the search path) is not YAML that Hydra can read.
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError)
+
+
 def hydra_error_line(error: Exception) -> str:
     """Hydra's or OmegaConf's error about a command line, in one line saying what to do."""
+    if isinstance(error, yaml.YAMLError):
+        mark = getattr(error, "problem_mark", None)
+        where = mark.name if mark is not None and mark.name and not mark.name.startswith("<") else "a config file"
+        return f"{where} cannot be read as a config ({_yaml_problem(error)}); fix the file"
     unknown_key = re.match(r"Could not override '([^']+)'", str(error))
     if unknown_key:
         key = unknown_key.group(1)

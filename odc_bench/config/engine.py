@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from odc_bench.config.fields import as_dict, build
+from odc_bench.config.fields import as_dict, build, section
 from odc_bench.errors import ConfigError
 from odc_core.engine import registry as runtime
 from odc_core.engine.registry import EngineOptions, OdcOptions
@@ -100,7 +100,7 @@ class EngineConfig:
 
 def engine_config(values: Mapping[str, Any]) -> EngineConfig:
     """engine.* as composed: `name` picks the engine, every other key is one of its options."""
-    name = values.get("name")
+    name = section(values, "engine").get("name")
     if not isinstance(name, str) or name not in ENGINES:
         raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
     options = build(ENGINES[name].options, {k: v for k, v in values.items() if k != "name"}, "engine.")

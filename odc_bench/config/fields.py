@@ -18,7 +18,7 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin
 
 from odc_bench.errors import ConfigError
 
@@ -106,10 +106,19 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+def section(values: object, key: str) -> Mapping[str, Any]:
+    """`values` as the section `key` of the config, or ConfigError where it is not one: a group
+    option's file (a profile or model of the user's own) that holds a list or a single value."""
+    require(isinstance(values, Mapping), f"{key} must be a section of keys, got {values!r}; the file that sets it "
+                                         f"must hold settings by name (key: value)")
+    return cast(Mapping[str, Any], values)
+
+
 def build(cls: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
     """An instance of the dataclass `cls` from `values`: every key a field, every value checked.
 
     Missing keys take the field's default; a key the section does not have is refused."""
+    values = section(values, prefix.rstrip(".") or "the config")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = [k for k in values if k not in fields]

@@ -12,7 +12,7 @@ from odc_bench.config.backend import BackendConfig, LocalBackendConfig, SimBacke
 from odc_bench.config.balancer import BalancerConfig
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.config.engine import EngineConfig, engine_config
-from odc_bench.config.fields import as_dict, build, require
+from odc_bench.config.fields import as_dict, build, require, section
 from odc_bench.config.model import ModelConfig
 
 
@@ -157,16 +157,20 @@ class RunConfig:
 
 
 def _backend(values: Mapping[str, Any]) -> BackendConfig:
-    name = values.get("name")
+    name = section(values, "backend").get("name")
     require(name in ("local", "sim"), f"unknown backend {name!r}; choose local or sim")
     if name == "local":
         return build(LocalBackendConfig, values, "backend.")
-    return build(SimBackendConfig, {**values, "hardware": hardware_config(values.get("hardware") or {})}, "backend.")
+    hardware = values.get("hardware")
+    return build(SimBackendConfig, {**values, "hardware": hardware_config({} if hardware is None else hardware)},
+                 "backend.")
 
 
 def run_config(values: Mapping[str, Any]) -> RunConfig:
     """The typed config of a composed run (plain values, the `hydra` section left out)."""
-    sections = {"engine": engine_config(values.get("engine") or {}), "backend": _backend(values.get("backend") or {})}
+    given = {key: values.get(key) for key in ("engine", "backend")}
+    sections = {"engine": engine_config({} if given["engine"] is None else given["engine"]),
+                "backend": _backend({} if given["backend"] is None else given["backend"])}
     return build(RunConfig, {**values, **sections}, "")
 
 

@@ -14,11 +14,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pandas as pd
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 
 from odc_bench.balancers.quality import stale_lower_bound
-from odc_bench.config.compose import compose_runs, hydra_error_line
+from odc_bench.config.compose import COMPOSE_ERRORS, compose_runs, hydra_error_line
 from odc_bench.config.run import RunConfig
 from odc_bench.data.lengths import dataset_lengths
 from odc_bench.data.real import write_pending_caches
@@ -46,7 +44,7 @@ def compose_configs(runs: list[list[str]]) -> list[RunConfig]:
     """compose_config of each command line, composed together; ConfigError in one line."""
     try:
         return compose_runs(runs)
-    except (HydraException, OmegaConfBaseException) as e:
+    except COMPOSE_ERRORS as e:
         raise ConfigError(hydra_error_line(e)) from None
 
 

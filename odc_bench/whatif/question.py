@@ -16,12 +16,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from odc_bench.balancers.registry import BALANCERS
+from odc_bench.config.compose import hydra_error_line
 from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
 from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_model
 from odc_bench.data.profiles import PROFILES
 from odc_bench.data.real import loader_for
+from odc_bench.errors import ConfigError
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.series import BASELINE_BALANCERS
 
@@ -93,6 +97,23 @@ def in_user_terms(message: str) -> str:
     return message
 
 
+def _profile_kind(path: Path) -> object:
+    """The `kind` a profile file states, read before anything is composed: the what-if sets a GPU
+    profile's node size, which a file of another kind, or none, does not have (an error about
+    that setting would name --devices-per-node, not the file). ConfigError for a file that is
+    not settings by name."""
+    try:
+        with open(path, encoding="utf-8-sig") as stream:
+            data = yaml.safe_load(stream)
+    except yaml.YAMLError as e:
+        raise ConfigError(hydra_error_line(e)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--hardware {path} cannot be read ({e}); give a profile file") from None
+    require(isinstance(data, dict), f"--hardware {path} holds {type(data).__name__} at its top, not a profile's "
+                                    f"settings by name (key: value); fix the file")
+    return data.get("kind")
+
+
 @dataclass(frozen=True)
 class Question:
     """What the user asks about, as command-line values."""
@@ -135,6 +156,11 @@ class Question:
                     f"--hardware {self.hardware} is neither a profile ({', '.join(HARDWARE)}) nor a profile file "
                     f"DIR/backend/hardware/NAME.yaml (as python -m odc_bench.calibrate.cluster_profile writes one, and "
                     f"where Hydra's search path finds it)")
+            kind = _profile_kind(path)
+            require(kind == "gpu", f"--hardware {self.hardware} is not a GPU profile (kind: {kind}); the what-if "
+                                   f"asks about GPUs: give a profile that says kind: gpu, as python -m "
+                                   f"odc_bench.calibrate.cluster_profile writes one, or --hardware cpu for this "
+                                   f"machine")
 
     @property
     def hardware_file(self) -> Path | None:

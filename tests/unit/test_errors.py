@@ -56,6 +56,17 @@ def _no_slurm(tmp: Path) -> dict[str, str]:
     return {"PATH": str(tmp / "bin")}
 
 
+def _profile(text: str) -> Callable[[Path], None]:
+    """A hardware profile of the user's own, where `hydra.searchpath=[file://{tmp}/conf]` finds it."""
+    def setup(tmp: Path) -> None:
+        (tmp / "conf" / "backend" / "hardware").mkdir(parents=True)
+        (tmp / "conf" / "backend" / "hardware" / "mine.yaml").write_text(text)
+    return setup
+
+
+MY_PROFILE = ["backend=sim", "hydra.searchpath=[file://{tmp}/conf]", "backend/hardware=mine"]
+
+
 def _file(tmp: Path) -> None:
     (tmp / "file").write_text("not a folder\n")
 
@@ -75,6 +86,11 @@ TWO_NODES = ["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.laun
 CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] | None]] = {
     # the command line
     "unknown-key": (["no_such_key=1"], "unknown config key 'no_such_key'; check its spelling", None),
+    "option-file-not-yaml": (MY_PROFILE, "conf/backend/hardware/mine.yaml cannot be read as a config (expected the "
+                             "node content, but found '<stream end>', line 3, column 1); fix the file",
+                             _profile("name: mine\npeak_tflops: [1,\n")),
+    "option-file-a-list": (MY_PROFILE, "backend.hardware must be a section of keys, got ['a', 'b']; the file that "
+                           "sets it must hold settings by name (key: value)", _profile("- a\n- b\n")),
     "key-of-another-option": (["engine=collective", "engine.staleness=1"],
                               "config key 'engine.staleness' belongs to engine=odc, not to the engine chosen", None),
     "added-key": (["+no_such_key=1"], "unknown config key 'no_such_key' (added by '+no_such_key=1')", None),

@@ -240,6 +240,26 @@ def test_errors_about_derived_settings_name_the_option_given(tmp_path, whatif, a
     assert done.returncode == 2 and message in done.stderr and derived not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: mine\n", "is not a GPU profile (kind: None); the what-if asks about GPUs: give a profile that says "
+                     "kind: gpu"),
+    ("- a\n- b\n", "holds list at its top, not a profile's settings by name (key: value); fix the file"),
+    ("name: [mine,\n", "mine.yaml cannot be read as a config (expected the node content, but found '<stream end>', "
+                         "line 2, column 1); fix the file"),
+])
+def test_a_profile_file_that_is_not_a_gpus_is_refused_naming_the_file(tmp_path, text, message):
+    """Not a GPU profile (no kind: gpu), a list, not YAML: said of the file, before anything is
+    composed (the what-if's node-size setting would otherwise be the key an error names)."""
+    from odc_bench.errors import ConfigError
+
+    profile = tmp_path / "backend" / "hardware" / "mine.yaml"
+    profile.parent.mkdir(parents=True)
+    profile.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        Question(lengths="longalign", hardware=str(profile))
+    assert message in str(refused.value) and "\n" not in str(refused.value) and "devices" not in str(refused.value)
+
+
 def test_every_derived_key_reads_as_its_option():
     for key, option in DERIVED:
         assert in_user_terms(f"{key} is wrong; change {key}=7") == f"{option} is wrong; change {option} 7"
