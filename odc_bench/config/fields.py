@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -109,8 +110,8 @@ def _hints(cls: type) -> dict[str, Any]:
 def section(values: object, key: str) -> Mapping[str, Any]:
     """`values` as the section `key` of the config, or ConfigError where it is not one: a group
     option's file (a profile or model of the user's own) that holds a list or a single value."""
-    require(isinstance(values, Mapping), f"{key} must be a section of keys, got {values!r}; the file that sets it "
-                                         f"must hold settings by name (key: value)")
+    require(isinstance(values, Mapping), f"{key} must be a section of keys, got {reprlib.repr(values)}; the file "
+                                         f"that sets it must hold settings by name (key: value)")
     return cast(Mapping[str, Any], values)
 
 

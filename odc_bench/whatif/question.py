@@ -109,8 +109,9 @@ def _profile_kind(path: Path) -> object:
         raise ConfigError(hydra_error_line(e)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--hardware {path} cannot be read ({e}); give a profile file") from None
-    require(isinstance(data, dict), f"--hardware {path} holds {type(data).__name__} at its top, not a profile's "
-                                    f"settings by name (key: value); fix the file")
+    held = "nothing" if data is None else f"a {type(data).__name__}"
+    require(isinstance(data, dict), f"--hardware {path} holds {held} at its top, not a profile's settings by name "
+                                    f"(key: value); fix the file")
     return data.get("kind")
 
 

@@ -243,7 +243,8 @@ def test_errors_about_derived_settings_name_the_option_given(tmp_path, whatif, a
 @pytest.mark.parametrize(("text", "message"), [
     ("name: mine\n", "is not a GPU profile (kind: None); the what-if asks about GPUs: give a profile that says "
                      "kind: gpu"),
-    ("- a\n- b\n", "holds list at its top, not a profile's settings by name (key: value); fix the file"),
+    ("- a\n- b\n", "holds a list at its top, not a profile's settings by name (key: value); fix the file"),
+    ("", "holds nothing at its top"),
     ("name: [mine,\n", "mine.yaml cannot be read as a config (expected the node content, but found '<stream end>', "
                          "line 2, column 1); fix the file"),
 ])
