@@ -41,7 +41,7 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=Path("results"),
                    help="results root: every runs.csv / primitives.csv below it is read, or one table such as "
                         "`python -m odc_bench.results collect` writes (default: results)")
-    p.add_argument("--out", type=writable_folder, default=Path("paper_figures/out"),
+    p.add_argument("--out", type=writable_folder, default="paper_figures/out",
                    help="where PNG, PDF and Markdown files go (default: paper_figures/out)")
     p.add_argument("--lengths", type=Path, action="append", default=[], metavar="FILE",
                    help="a real dataset's lengths, drawn in Fig. 7 (repeatable): what the what-if reads, a lengths "

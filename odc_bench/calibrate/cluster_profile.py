@@ -374,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--base", default="a100", help="the profile to start from and keep unfitted constants of "
                                                    "(a100, h100, h200; default: %(default)s)")
     ap.add_argument("--name", default="cluster", help="the profile's name (default: %(default)s)")
-    ap.add_argument("--out", type=writable_folder, default=Path("results/local/cluster"),
+    ap.add_argument("--out", type=writable_folder, default="results/local/cluster",
                     help="folder for backend/hardware/NAME.yaml and NAME-fit.csv beside it (default: %(default)s)")
     args = ap.parse_args(argv)
     try:

@@ -93,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
                     help="worker processes that plan and simulate series beside this one, which takes a share too "
                          "(and a helper that draws the figure); 0: all here (default: the CPUs this process may use, "
                          "%(default)s). The verdict is the same to the bit with any number")
-    ap.add_argument("--out", type=writable_folder, default=Path("results/local/whatif"),
+    ap.add_argument("--out", type=writable_folder, default="results/local/whatif",
                     help="where verdict.csv and verdict.png go (default: %(default)s)")
     return ap
 
