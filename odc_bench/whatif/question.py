@@ -135,6 +135,9 @@ class Question:
     overrides: tuple[str, ...] = ()  # any other `key=value` of the harness
 
     def __post_init__(self) -> None:
+        # A size or staleness given twice (--minibatch 2 2) is one question: once each, in the order given.
+        object.__setattr__(self, "minibatch_sizes", tuple(dict.fromkeys(self.minibatch_sizes)))
+        object.__setattr__(self, "staleness", tuple(dict.fromkeys(self.staleness)))
         require(self.nodes >= 1, f"--nodes must be at least 1, got {self.nodes}")
         require(self.devices_per_node >= 1, f"--devices-per-node must be at least 1, got {self.devices_per_node}")
         require(all(m >= 1 for m in self.minibatch_sizes) and len(self.minibatch_sizes) > 0,

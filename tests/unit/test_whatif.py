@@ -268,6 +268,14 @@ def test_every_derived_key_reads_as_its_option():
     assert in_user_terms(untouched) == untouched
 
 
+def test_a_size_or_staleness_given_twice_is_asked_once():
+    """`--minibatch 2 1 2 --staleness 1 1`: each row of the verdict once, sizes in the order given."""
+    question = Question(lengths="longalign", model="tiny", minibatch_sizes=(2, 1, 2), staleness=(1, 1))
+    assert question.minibatch_sizes == (2, 1) and question.staleness == (1,)
+    runs = plan(question)
+    assert len(runs) == len({(s, size) for s, size, _, _ in runs}) == 2 * len(series(False, (1,)))
+
+
 def test_the_pool_line_says_from_which_minibatch_size_samples_repeat_and_how_often():
     question = Question(lengths="mine.jsonl", nodes=4, devices_per_node=8, minibatch_sizes=(1, 2, 8))
     line = describe_pool(np.arange(100, 400), question, "mine.jsonl")
