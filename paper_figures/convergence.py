@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from odc_bench.config.engine import ENGINES
 from odc_bench.data.chain import entropy_rate
 from odc_bench.results.series import SETTING, config_value
-from paper_figures.inputs import Inputs, Skip, by_source, read_trace, with_traces
+from paper_figures.inputs import NO_RUNS, Inputs, Skip, by_source, read_trace, with_traces
 from paper_figures.series import (
     BALANCER_NAMES,
     BASELINE,
@@ -189,7 +189,7 @@ def _title(row: pd.Series) -> str:
 
 def render(inputs: Inputs) -> dict[str, object]:
     if inputs.runs.empty:
-        raise Skip("no runs.csv tables found below the results root")
+        raise Skip(f"no {NO_RUNS} found below the results root")
     out: dict[str, object] = {}
     for source, part in by_source(inputs.runs).items():
         runs = loss_runs(part)

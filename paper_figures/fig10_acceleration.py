@@ -23,7 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator
 
 from odc_bench.results.series import is_rl
-from paper_figures.inputs import Inputs, Skip, per_source
+from paper_figures.inputs import NO_RUNS, Inputs, Skip, per_source
 from paper_figures.series import (
     BALANCER_NAMES,
     BASELINE,
@@ -160,7 +160,7 @@ def draw(runs: pd.DataFrame) -> Figure:
 
 
 def render(inputs: Inputs) -> dict[str, object]:
-    return per_source(inputs.runs, NAME, draw, "runs.csv tables")
+    return per_source(inputs.runs, NAME, draw, NO_RUNS)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
+from paper_figures.inputs import NO_RUNS, Inputs, Skip, per_source, read_trace, with_traces
 from paper_figures.series import ENGINE_NAMES, PREFERRED, describe_setting, golden, measured_or_simulated
 
 NAME = "fig1_timeline"
@@ -155,7 +155,7 @@ def draw(runs: pd.DataFrame) -> Figure:
 
 
 def render(inputs: Inputs) -> dict[str, object]:
-    return per_source(inputs.runs, NAME, draw, "runs.csv tables")
+    return per_source(inputs.runs, NAME, draw, NO_RUNS)
 
 
 if __name__ == "__main__":

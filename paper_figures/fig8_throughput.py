@@ -15,7 +15,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from odc_bench.results.series import is_rl
-from paper_figures.inputs import Inputs, Skip, per_source
+from paper_figures.inputs import NO_RUNS, Inputs, Skip, per_source
 from paper_figures.series import measured_or_simulated, ordered, palette, with_series
 
 NAME = "fig8_throughput"
@@ -66,7 +66,7 @@ def render(inputs: Inputs) -> dict[str, object]:
             raise Skip("no run has a samples_per_s value")
         return plot(runs[runs["samples_per_s"].notna()])
 
-    return per_source(inputs.runs, NAME, draw, "runs.csv tables")
+    return per_source(inputs.runs, NAME, draw, NO_RUNS)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from odc_bench.results.paper import RL_RANGE_TEXT
 from odc_bench.results.series import is_rl
-from paper_figures.inputs import Inputs, Skip, by_source
+from paper_figures.inputs import NO_RUNS, Inputs, Skip, by_source
 from paper_figures.series import measured_or_simulated, ordered, palette, with_series
 
 NAME = "fig9_rl"
@@ -87,7 +87,7 @@ def table_text(runs: pd.DataFrame) -> str:
 
 def render(inputs: Inputs) -> dict[str, object]:
     if inputs.runs.empty:
-        raise Skip("no runs.csv tables found below the results root")
+        raise Skip(f"no {NO_RUNS} found below the results root")
     out: dict[str, object] = {}
     for source, part in by_source(inputs.runs).items():
         try:

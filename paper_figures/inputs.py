@@ -180,6 +180,10 @@ def with_traces(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs.apply(lambda r: trace_path(r) is not None, axis=1)]
 
 
+# What a figure of runs needs, as its skip names it: a runs.csv whose rows all failed holds none.
+NO_RUNS = "successful runs (rows of runs.csv with status ok)"
+
+
 def per_source(table: pd.DataFrame, name: str, draw, what: str) -> dict[str, object]:
     """Apply `draw` to each source's rows; a source it cannot draw becomes a Skip with the reason."""
     if table.empty:

@@ -17,7 +17,7 @@ import pandas as pd
 from odc_bench.results.series import is_rl
 from paper_figures.fig10_acceleration import acceleration
 from paper_figures.fig11_bandwidth import OP_NAMES
-from paper_figures.inputs import Inputs, Skip, by_source
+from paper_figures.inputs import NO_RUNS, Inputs, Skip, by_source
 from paper_figures.series import (
     BALANCER_NAMES,
     BASELINE,
@@ -120,7 +120,7 @@ def table_bandwidth(prims: pd.DataFrame) -> str:
 def render(inputs: Inputs) -> dict[str, object]:
     out: dict[str, object] = {}
     if inputs.runs.empty:
-        out["table1_golden"] = Skip("no runs.csv tables found below the results root")
+        out["table1_golden"] = Skip(f"no {NO_RUNS} found below the results root")
     else:
         for source, runs in by_source(inputs.runs).items():
             sft = runs[~is_rl(runs)]

@@ -19,7 +19,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from odc_bench.record.metrics import BUSY_KINDS
-from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
+from paper_figures.inputs import NO_RUNS, Inputs, Skip, per_source, read_trace, with_traces
 from paper_figures.series import describe_setting, golden, measured_or_simulated, ordered, palette, with_series
 
 NAME = "utilization"
@@ -121,7 +121,7 @@ def draw(runs: pd.DataFrame) -> Figure:
 
 
 def render(inputs: Inputs) -> dict[str, object]:
-    return per_source(inputs.runs, NAME, draw, "runs.csv tables")
+    return per_source(inputs.runs, NAME, draw, NO_RUNS)
 
 
 if __name__ == "__main__":

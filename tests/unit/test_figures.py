@@ -43,6 +43,7 @@ from tests.helpers.figures import (  # noqa: E402
     results_root,
     samples_per_s,
     trace_events,
+    write_runs,
     write_staleness_runs,
 )
 
@@ -453,3 +454,15 @@ def test_series_name_fsdp2s_process_group_only_where_a_table_has_several():
     assert colors["Collective [gloo] + LocalSort"] not in series.COLORS.values(), "gloo is drawn in grey"
     one = pd.DataFrame([row("collective", "shm"), row("odc")])
     assert list(series.label_series(one)) == ["Collective + LocalSort", "ODC + LocalSort"]
+
+
+def test_a_table_whose_runs_all_failed_is_skipped_as_having_no_successful_runs(tmp_path, capsys):
+    """Not as 'no runs.csv tables': the table is there, and the note says how many failed."""
+    table = write_runs(tmp_path / "cpu")
+    table.assign(status="failed").to_csv(tmp_path / "cpu" / "runs.csv", index=False)
+    assert cli.main(["--results", str(tmp_path), "--out", str(tmp_path / "out"), "--only", "fig8_throughput",
+                     "tables"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {tmp_path / 'cpu' / 'runs.csv'}: {len(table)} failed run(s) left out" in out
+    assert ("skip fig8_throughput: no successful runs (rows of runs.csv with status ok) found below the results "
+            "root") in out and "runs.csv tables found" not in out
