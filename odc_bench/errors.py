@@ -62,6 +62,37 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _at_least(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least {least}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least {least}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count option's argparse type (ranks, steps, repeats): an integer of at least 1."""
+    return _at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """A seed's or a staleness's argparse type: an integer of at least 0."""
+    return _at_least(text, 0)
+
+
+def positive_float(text: str) -> float:
+    """A scale's or a ratio's argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {value:g}")
+    return value
+
+
 def command_name(module: str) -> str:
     """`python -m` and the module, for a command module's `__spec__.name` (a package's __main__
     runs as the package)."""

@@ -43,7 +43,7 @@ from odc_bench.config.balancer import CostModelName, QuadraticFit
 from odc_bench.config.compose import compose_run
 from odc_bench.config.run import RunConfig
 from odc_bench.data.profiles import PROFILES, LengthProfile
-from odc_bench.errors import CommandParser, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.files import atomic_write_text, writable_file
 from odc_bench.plan.spec import Planner
 from odc_bench.provenance import REPO_ROOT
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("command", choices=("run", "table"))
     ap.add_argument("--rows", type=Path, default=ROWS)
     ap.add_argument("--docs", type=writable_file, default=DOCS)
-    ap.add_argument("--seeds", type=int, default=SEEDS)
+    ap.add_argument("--seeds", type=positive_int, default=SEEDS)
     args = ap.parse_args(argv)
     if args.command == "run":
         run(study_points(), args.rows, range(args.seeds))

@@ -36,7 +36,7 @@ import pandas as pd
 
 from odc_bench.calibrate.cpu_profile import SIM_ENGINES, fit, run_real
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import CommandParser, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.files import atomic_write_text, writable_file, writable_folder
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
@@ -155,8 +155,8 @@ def minibatch_size_of(overrides: tuple[str, ...]) -> int:
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", nargs="+", default=["collective", "odc"], choices=SIM_ENGINES)
-    ap.add_argument("--samples-per-rank", type=int, default=96, help="measured samples per rank in every run")
-    ap.add_argument("--repeats", type=int, default=5, help="real runs per config and engine (median)")
+    ap.add_argument("--samples-per-rank", type=positive_int, default=96, help="measured samples per rank in every run")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="real runs per config and engine (median)")
     ap.add_argument("--results-dir", type=writable_folder, default=REPO_ROOT / "results" / "local" / "validation")
     ap.add_argument("--out", type=writable_folder, default=REPO_ROOT / "results" / "validation")
     ap.add_argument("--docs", type=writable_file, default=REPO_ROOT / "docs" / "simulator_validation.md")

@@ -43,7 +43,7 @@ from odc_bench.balancers.registry import BALANCERS, plan_minibatch
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.data.lengths import minibatch_samples
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
-from odc_bench.errors import CommandParser, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, nonnegative_int, positive_float, positive_int
 
 
 @dataclass(frozen=True)
@@ -127,19 +127,17 @@ def format_table(rows: list[BalancerQuality]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="longalign", choices=sorted(PROFILES))
-    parser.add_argument("--world-size", type=int, default=8)
-    parser.add_argument("--minibatch-size", type=int, default=4, help="samples per rank per minibatch")
-    parser.add_argument("--num-minibatches", type=int, default=50)
+    parser.add_argument("--world-size", type=positive_int, default=8)
+    parser.add_argument("--minibatch-size", type=positive_int, default=4, help="samples per rank per minibatch")
+    parser.add_argument("--num-minibatches", type=positive_int, default=50)
     parser.add_argument("--cost", default="quadratic:1p5b", help="the cost model that scores plans (the truth)")
     parser.add_argument("--plan-cost", default=None, help="the cost model balancers plan with (default: --cost)")
-    parser.add_argument("--packing-ratio", type=float, default=1.0)
-    parser.add_argument("--length-scale", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--staleness", type=int, default=0,
+    parser.add_argument("--packing-ratio", type=positive_float, default=1.0)
+    parser.add_argument("--length-scale", type=positive_float, default=1.0)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--staleness", type=nonnegative_int, default=0,
                         help="also time the plans as stale-synchronous ODC with this staleness")
     args = parser.parse_args(argv)
-    if args.staleness < 0:
-        parser.error(f"--staleness must be >= 0, got {args.staleness}")
     cost = parse_cost(args.cost)
     plan_cost = parse_cost(args.plan_cost) if args.plan_cost else cost
     rows = plan_quality(args.profile, args.world_size, args.minibatch_size, args.num_minibatches, cost, plan_cost,

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from odc_bench.config.compose import compose_run
 from odc_bench.data.batches import packed_batch
-from odc_bench.errors import CommandParser, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.models.decoder import build_model
 from odc_bench.run.ranks import run_ranks
 from odc_core import checkpoint
@@ -75,8 +75,8 @@ def _rank(rank: int, world: int, store: dist.Store, model: str, engine_name: str
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ranks", type=positive_int, default=2)
+    ap.add_argument("--repeats", type=positive_int, default=5)
     args = ap.parse_args(argv)
     job = uuid.uuid4().hex[:6]
     with tempfile.TemporaryDirectory(prefix="odc-ckpt-") as folder:

@@ -18,7 +18,7 @@ from odc_bench.config.model import ModelConfig
 from odc_bench.data.batches import labelled_tokens, packed_batch
 from odc_bench.data.chain import entropy_rate
 from odc_bench.data.learnable import learnable_tokens
-from odc_bench.errors import CommandParser, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, nonnegative_int, positive_int
 from odc_bench.models.decoder import DecoderModel, init_weights
 
 TINY = compose_run(["model=tiny"]).model
@@ -47,12 +47,14 @@ def train_curve(steps: int, docs: int = 4, min_len: int = 100, max_len: int = 30
 
 def main() -> None:
     parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--docs", type=int, default=4)
-    parser.add_argument("--min-len", type=int, default=100)
-    parser.add_argument("--max-len", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=positive_int, default=300)
+    parser.add_argument("--docs", type=positive_int, default=4)
+    parser.add_argument("--min-len", type=positive_int, default=100)
+    parser.add_argument("--max-len", type=positive_int, default=300)
+    parser.add_argument("--seed", type=nonnegative_int, default=0)
     args = parser.parse_args()
+    if args.min_len > args.max_len:
+        parser.error(f"--min-len ({args.min_len}) must be at most --max-len ({args.max_len})")
     torch.set_num_threads(1)
     losses = train_curve(args.steps, args.docs, args.min_len, args.max_len, args.seed)
     half = math.log(TINY.vocab_size) / 2

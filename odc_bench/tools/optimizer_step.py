@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import CommandParser, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.models.decoder import build_model
 
 # name: (foreach, fused) as torch.optim.AdamW takes them
@@ -62,8 +62,8 @@ def _rank(rank: int, world: int, model: str, steps: int, port: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--ranks", type=positive_int, default=2)
+    ap.add_argument("--steps", type=positive_int, default=20)
     args = ap.parse_args(argv)
     with socket.socket() as s:  # a free port for the ranks' rendezvous
         s.bind(("127.0.0.1", 0))

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from odc_bench.config.compose import compose_run
-from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail, positive_int
 from odc_bench.plan.spec import plan_digest, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
@@ -156,9 +156,10 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"the commands to time (default: all of {', '.join(commands(Path('.')))}); with --stages, "
                          f"extra Hydra overrides for every case")
     ap.add_argument("--stages", action="store_true", help="each stage's seconds in this process instead")
-    ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096], help="--stages: world sizes (1024 4096)")
-    ap.add_argument("--minibatches", type=int, default=100, help="--stages: minibatches per run (100)")
-    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+    ap.add_argument("--ranks", type=positive_int, nargs="+", default=[1024, 4096],
+                    help="--stages: world sizes (1024 4096)")
+    ap.add_argument("--minibatches", type=positive_int, default=100, help="--stages: minibatches per run (100)")
+    ap.add_argument("--repeat", type=positive_int, default=1, metavar="N",
                     help="run the commands N rounds and print each one's median and range (default: 1)")
     args = ap.parse_args(argv)
     if args.stages:

@@ -477,11 +477,38 @@ def test_every_command_line_of_the_project_parses_with_command_parser():
     assert own == [], own
 
 
-def test_a_tool_run_as_a_module_names_itself_in_its_errors(capsys):
+@pytest.mark.parametrize("argv,said", [
+    (["--world-size", "many"], "--world-size: must be an integer of at least 1, got 'many'"),
+    (["--minibatch-size", "0"], "--minibatch-size: must be an integer of at least 1, got 0"),
+    (["--length-scale", "0"], "--length-scale: must be a number above 0, got 0"),
+    (["--staleness", "-1"], "--staleness: must be an integer of at least 0, got -1"),
+])
+def test_a_tool_run_as_a_module_names_itself_and_its_counts_are_counts(argv, said, capsys):
+    """A count of 0 (ranks, samples, steps) was a ZeroDivisionError or an empty max() deep inside."""
     from odc_bench.tools import balancer_report
 
     with pytest.raises(SystemExit) as stop:
-        balancer_report.main(["--world-size", "many"])
+        balancer_report.main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1
-    assert err.startswith("python -m odc_bench.tools.balancer_report: error: argument --world-size: invalid int value")
+    assert err.startswith(f"python -m odc_bench.tools.balancer_report: error: argument {said} (see ")
+
+
+@pytest.mark.parametrize("kind,text,value", [("positive_int", "3", 3), ("nonnegative_int", "0", 0),
+                                             ("positive_float", "0.5", 0.5), ("positive_float", "2", 2.0)])
+def test_typed_counts_take_what_they_name(kind, text, value):
+    from odc_bench import errors
+
+    assert getattr(errors, kind)(text) == value
+
+
+@pytest.mark.parametrize("kind,text", [("positive_int", "0"), ("positive_int", "1.5"), ("nonnegative_int", "-1"),
+                                       ("positive_float", "0"), ("positive_float", "inf"), ("positive_float", "nan"),
+                                       ("positive_float", "-2")])
+def test_typed_counts_refuse_what_they_do_not_name(kind, text):
+    import argparse
+
+    from odc_bench import errors
+
+    with pytest.raises(argparse.ArgumentTypeError, match="^must be "):
+        getattr(errors, kind)(text)
