@@ -2,12 +2,13 @@
 
 The config groups and their options are the files under odc_bench/conf and sweeps/, the other
 commands the modules of odc_bench/calibrate, studies and tools with their docstrings' first
-lines, so the text cannot fall behind the code. Hydra's own flags stay behind `--hydra-help`.
+paragraphs, so the text cannot fall behind the code. Hydra's own flags stay behind `--hydra-help`.
 """
 
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 from odc_bench.config.compose import SWEEPS_DIR
@@ -33,9 +34,16 @@ def _options(folder: Path) -> str:
     return ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
 
 
-def _first_line(module: Path) -> str:
+def summary(module: Path) -> str:
+    """The module docstring's first paragraph as one line: a first line alone can stop mid-sentence."""
     doc = ast.get_docstring(ast.parse(module.read_text())) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def _described(module: str, path: Path) -> str:
+    what = textwrap.fill(summary(path), width=100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                         break_on_hyphens=False, break_long_words=False)
+    return f"  python -m {module}\n{what}"
 
 
 def text() -> str:
@@ -60,7 +68,7 @@ def text() -> str:
         "",
         "Other entry points:",
         *[f"  {cmd}{f'  ({script})' if script else ''}\n      {what}" for cmd, script, what in ENTRY_POINTS],
-        *[f"  python -m {module}\n      {_first_line(p)}" for module, p in commands],
+        *[_described(module, p) for module, p in commands],
         "",
         "Examples:",
         "  python -m odc_bench                                      the default job (tiny model, 2 ranks, CPU)",
@@ -68,8 +76,9 @@ def text() -> str:
         "  python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --nodes 8",
         "  python -m odc_bench sweep=smoke hydra/launcher=slurm",
         "",
-        "Devices: both engines run on CPU ranks and on GPUs (ODC on GPUs through CUDA IPC or NVSHMEM, not yet",
-        "  run on a GPU: docs/gpu.md); make gpu-check is the one command to run on a GPU machine.",
+        "Devices: both engines run on CPU ranks and on GPUs; ODC on GPUs (CUDA IPC or NVSHMEM) has passed its",
+        "  first test on one GPU and is not yet measured there (docs/gpu.md). make gpu-check is the one command",
+        "  to run on a GPU machine.",
         "",
         "Bad input ends in one line and exit status 2 (docs/errors.md). Hydra's own flags: --hydra-help.",
     ]
