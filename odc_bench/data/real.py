@@ -54,11 +54,24 @@ ID_LIMIT = 2**31
 _FORMAT = "one JSON value per line: a token count, a list of token ids, or an object holding either (dataset.field)"
 
 
+def _json_name(value: object) -> str:
+    """How the file spells the value (null, true, an object), not Python's type name."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return f"an object (keys: {', '.join(map(str, value)) or 'none'})"
+    return type(value).__name__
+
+
 def _sample(value: object, where: str) -> tuple[int, list[int] | None]:
     """The sample's token count and its ids (None for a bare count)."""
-    if isinstance(value, bool):
-        raise DataError(f"{where}: expected a token count or a list of token ids, got {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, float) and value.is_integer():
+        # JSON has one number type: exporters that keep counts in a float column (pandas, once a
+        # value is missing) write 512.0 for 512.
+        value = int(value)
+    if isinstance(value, float):
+        raise DataError(f"{where}: a token count is a whole number, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise DataError(f"{where}: negative token count {value}")
         return value, None
@@ -75,7 +88,7 @@ def _sample(value: object, where: str) -> tuple[int, list[int] | None]:
     if isinstance(value, str):
         raise DataError(f"{where}: expected a token count or a list of token ids, got text; tokenize it first, or "
                         f"save it with datasets' save_to_disk and use dataset=hf_disk with dataset.tokenizer")
-    raise DataError(f"{where}: expected a token count or a list of token ids, got {type(value).__name__}")
+    raise DataError(f"{where}: expected a token count or a list of token ids, got {_json_name(value)}")
 
 
 def _collect(samples: Iterable[tuple[int, list[int] | None]]) -> tuple[np.ndarray, np.ndarray]:

@@ -69,6 +69,11 @@ def test_cache_dir_option_keeps_the_source_folder_clean(tmp_path):
     ("12\n[3, -1]\n", r"line 2: token ids must be integers >= 0, got -1 at position 1"),
     ("12\n[3, true]\n", r"line 2: token ids must be integers >= 0, got True at position 1"),
     ("-3\n", r"line 1: negative token count -3"),
+    # Named as the file spells them, not by Python's type names (NoneType, True, dict).
+    ("12\nnull\n", r"line 2: expected a token count or a list of token ids, got null$"),
+    ("12\ntrue\n", r"line 2: expected a token count or a list of token ids, got true$"),
+    ("12\n512.5\n", r"line 2: a token count is a whole number, got 512.5$"),
+    ("12\nNaN\n", r"line 2: a token count is a whole number, got nan$"),
 ])
 def test_corrupt_jsonl_names_the_line(tmp_path, lines, message):
     src = tmp_path / "bad.jsonl"
@@ -76,6 +81,20 @@ def test_corrupt_jsonl_names_the_line(tmp_path, lines, message):
     with pytest.raises(DataError, match=message):
         load_lengths("jsonl", str(src))
     assert not list(tmp_path.glob("*.npy")), "nothing cached from a bad file"
+
+
+def test_whole_numbers_written_as_floats_are_counts(tmp_path):
+    """JSON has one number type: 512.0 (pandas' float columns) is the count 512."""
+    src = tmp_path / "floats.jsonl"
+    src.write_text("512.0\n1e3\n7\n")
+    assert load_lengths("jsonl", str(src)).tolist() == [512, 1000, 7]
+
+
+def test_an_object_where_the_count_goes_names_its_keys(tmp_path):
+    src = tmp_path / "nested.jsonl"
+    src.write_text('{"meta": {"length": 12, "lang": "en"}}\n')
+    with pytest.raises(DataError, match=r"line 1: .* got an object \(keys: length, lang\)$"):
+        load_lengths("jsonl", str(src), field="meta")
 
 
 def test_missing_paths_are_data_errors(tmp_path):
