@@ -15,6 +15,16 @@ written its metadata (after every rank's data) rank 0 renames the folder to `<ro
 A crash before the rename leaves a `.partial` folder that latest() ignores and the next save
 removes; the previous checkpoint stays what latest() finds. `keep` removes older complete
 checkpoints, only once the new one is complete.
+
+A complete checkpoint can still be damaged later (a copy cut short, a file deleted, a disk that
+filled on a file system that reported it late): latest() skips one whose metadata cannot be read
+or names a file that is missing or shorter than the metadata says, with a warning, so that a
+resume takes the one before (what `keep` is for). Damage inside a file of the right size shows
+only as it is read: load() then fails in one line naming the checkpoint.
+
+DCP's own error, CheckpointException, derives from BaseException, so `except Exception` lets it
+through (torch.multiprocessing's process wrapper too, which then records no error for the rank):
+save() and load() raise CheckpointError, a RuntimeError, with every rank's error in one line.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import os
 import pickle
 import re
 import shutil
+import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +45,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.api import CheckpointException
 
 if TYPE_CHECKING:  # the engines import this module's flat_pieces
     from odc_core.engine.base import DataParallelEngine
@@ -49,10 +61,59 @@ def _complete(root: Path) -> list[Path]:
     return [p for _, p in sorted(steps)]
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or loaded: the message names it and each rank's error."""
+
+
+class DamagedCheckpointWarning(UserWarning):
+    """latest() skipped a complete checkpoint that cannot be loaded (damage())."""
+
+
+def damage(folder: str | os.PathLike[str]) -> str | None:
+    """Why a complete checkpoint cannot be loaded, found without reading its data: its metadata
+    cannot be read, or a file the metadata names is missing or shorter than it says; None when
+    neither holds."""
+    folder = Path(folder)
+    try:
+        metadata = dcp.FileSystemReader(folder).read_metadata()
+    except Exception as e:  # a pickle of another torch, cut short, or not a pickle: many kinds
+        return f"its .metadata cannot be read ({type(e).__name__}: {e})"
+    need: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(need.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if (held := path.stat().st_size) < size:
+            return f"{name} holds {held:,} of its {size:,} bytes"
+    return None
+
+
 def latest(root: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint under root (the highest step), or None."""
-    complete = _complete(Path(root))
-    return complete[-1] if complete else None
+    """The newest complete checkpoint under root (the highest step) that damage() finds nothing
+    wrong with, or None; each newer one skipped for damage is named in a DamagedCheckpointWarning."""
+    for folder in reversed(_complete(Path(root))):
+        why = damage(folder)
+        if why is None:
+            return folder
+        warnings.warn(f"checkpoint {folder} is damaged ({why}): skipped, left as it is",
+                      DamagedCheckpointWarning, stacklevel=2)
+    return None
+
+
+@contextlib.contextmanager
+def _dcp_errors(what: str, then: str = "") -> Iterator[None]:
+    """DCP's CheckpointException as a CheckpointError: `what`, each rank's error line, `then`."""
+    try:
+        yield
+    except CheckpointException as e:
+        by_line: dict[str, list[int]] = {}
+        for rank, (exc, _trace) in sorted(e.failures.items()):
+            line = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
+            by_line.setdefault(line, []).append(rank)
+        ranks = "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}: {line}" for line, r in by_line.items())
+        raise CheckpointError(f"{what} ({ranks}){f'; {then}' if then else ''}") from e
 
 
 def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
@@ -76,7 +137,7 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     dist.barrier()
     # One pickled object: DCP would flatten a dict of plain values on save but not on load.
     state = {**engine.sharded_state(), "extra": io.BytesIO(pickle.dumps(dict(extra or {})))}
-    with _sharded_tensors_quietly():
+    with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
         dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written
     if dist.get_rank() == 0:
@@ -100,7 +161,8 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str
         _start_absent_fresh(state["optim"]["state"], folder)
     # No ShardedTensor here nests another, and the pass that unnests them would turn the
     # optimizer's param_groups (plain values only) into one key the checkpoint does not have.
-    with _sharded_tensors_quietly():
+    with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint {folder} cannot be loaded",
+                                                 "move it away to resume from the one before"):
         dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
     engine.load_sharded_state(state)
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import socket
 import sys
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -70,10 +71,15 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
     from odc_core import checkpoint
 
     folder = checkpoint_folder(spec.config, spec.run_id)
-    found = checkpoint.latest(folder) if spec.config.checkpoint.resume == "auto" else None
-    if found is not None and not (slurm_task.in_task() and slurm_task.task_rank() != 0):
-        progress.say(f"run {spec.run_id}: resumed from minibatch {_step(found)} of {len(spec.minibatches)}, "
-                     f"checkpoint {found.name} ({folder})")
+    with warnings.catch_warnings(record=True) as damaged:
+        warnings.simplefilter("always", checkpoint.DamagedCheckpointWarning)
+        found = checkpoint.latest(folder) if spec.config.checkpoint.resume == "auto" else None
+    if not (slurm_task.in_task() and slurm_task.task_rank() != 0):
+        for warning in damaged:
+            progress.say(f"run {spec.run_id}: {warning.message}")
+        if found is not None:
+            progress.say(f"run {spec.run_id}: resumed from minibatch {_step(found)} of {len(spec.minibatches)}, "
+                         f"checkpoint {found.name} ({folder})")
     try:
         results = (launch or default_launcher(repeat_index))(spec)
     except RunFailed as e:
@@ -117,7 +123,9 @@ def kept_checkpoints(folder: Path, resumes: bool = True) -> str:
     command resumes from them (checkpoint.resume=auto); empty when it has none."""
     from odc_core import checkpoint
 
-    newest = checkpoint.latest(folder)
+    with warnings.catch_warnings():  # what a resume would skip was said as the run started
+        warnings.simplefilter("ignore", checkpoint.DamagedCheckpointWarning)
+        newest = checkpoint.latest(folder)
     if newest is None:
         return ""
     steps = sorted((p.name for p in folder.glob("step-*") if p.is_dir() and not p.name.endswith(".partial")),

@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import signal
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -219,7 +220,9 @@ def save(engine: DataParallelEngine, spec: RunSpec, folder: Path, next_minibatch
 def resume(engine: DataParallelEngine, folder: Path, rank: int, run_id: str) -> tuple[int, int]:
     """(first minibatch to run, claim base): from the newest complete checkpoint in `folder`,
     loaded into the engine, or (0, 0) when there is none."""
-    found = checkpoint.latest(folder)
+    with warnings.catch_warnings():  # the launcher named what it skips, once
+        warnings.simplefilter("ignore", checkpoint.DamagedCheckpointWarning)
+        found = checkpoint.latest(folder)
     if found is None:
         return 0, 0
     extra = checkpoint.load(engine, found)

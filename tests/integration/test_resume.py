@@ -1,6 +1,7 @@
 """A run with checkpoints survives a dead rank: the failed run keeps its checkpoints, its re-run
 resumes from the newest (and says so as it starts), measures only what it ran and says where it
-resumed, and its loss curve is the uninterrupted run's; a run keeps its newest checkpoint.keep."""
+resumed, and its loss curve is the uninterrupted run's; a run keeps its newest checkpoint.keep, and a re-run
+skips a damaged one."""
 
 from __future__ import annotations
 
@@ -86,3 +87,20 @@ def test_a_run_keeps_its_newest_checkpoints(tmp_path: Path) -> None:
     run_local(spec)  # the ranks alone: execute would remove the checkpoints once the row is recorded
     folder = checkpoint_folder(spec.config, spec.run_id)
     assert sorted(p.name for p in folder.iterdir()) == ["step-3", "step-4"], "saved after minibatches 1-4, two kept"
+
+
+def test_a_rerun_skips_a_damaged_checkpoint_and_resumes_from_the_one_before(tmp_path: Path, capsys) -> None:
+    """What `keep` is for: the newest checkpoint cut short (a copy, a disk that filled) made
+    every re-run fail in DCP's traceback; it is named and skipped, and the run resumes."""
+    spec = resolve(run_config("engine=odc", *SMALL, "num_minibatches=5", "checkpoint.every=1", "checkpoint.keep=2",
+                              f"results_dir={tmp_path}"))
+    run_local(spec)
+    folder = checkpoint_folder(spec.config, spec.run_id)
+    data = folder / "step-4" / "__1_0.distcp"
+    data.write_bytes(data.read_bytes()[:64])
+    capsys.readouterr()
+    row = execute(spec, tmp_path)
+    out = capsys.readouterr().out
+    assert f"run {spec.run_id}: checkpoint {folder / 'step-4'} is damaged (__1_0.distcp holds 64 of its " in out
+    assert f"run {spec.run_id}: resumed from minibatch 3 of 5, checkpoint step-3 ({folder})" in out
+    assert row is not None and row["status"] == "ok" and row["resumed_from"] == 3, row

@@ -1,0 +1,90 @@
+"""A checkpoint damaged after it was complete (a file cut short or gone, its metadata unreadable,
+bytes overwritten) is skipped by latest() with a warning, or refused by load() in one line; a
+save DCP could not write is one line too. DCP's own error derives from BaseException, which
+`except Exception` (torch's process wrappers included) lets through without a word."""
+
+from __future__ import annotations
+
+import re
+import uuid
+import warnings
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from odc_core import checkpoint
+from odc_core.engine.base import EngineContext
+from odc_core.engine.build import make_engine
+from odc_core.engine.registry import OdcOptions
+
+
+@pytest.fixture
+def engine(one_rank_group):
+    eng = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"),
+                      OdcOptions(transport="shm", prefetch=False))
+    model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3))
+    eng.wrap(model, list(model))
+    eng.configure_optimizer(partial(torch.optim.AdamW, lr=1e-2))
+    yield eng
+    eng.close()
+
+
+def _saved(engine, root: Path) -> tuple[Path, Path]:
+    return checkpoint.save(engine, root, 1, {"at": 1}), checkpoint.save(engine, root, 2, {"at": 2})
+
+
+def _data_file(folder: Path) -> Path:
+    return next(p for p in sorted(folder.iterdir()) if p.suffix == ".distcp")
+
+
+def _latest(root: Path) -> tuple[Path | None, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", checkpoint.DamagedCheckpointWarning)
+        found = checkpoint.latest(root)
+    return found, [str(w.message) for w in caught]
+
+
+def _cut_short(folder: Path) -> None:
+    _data_file(folder).write_bytes(_data_file(folder).read_bytes()[:100])
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    (_cut_short, r"__0_0.distcp holds 100 of its [\d,]+ bytes"),
+    (lambda f: _data_file(f).unlink(), r"__0_0.distcp is missing"),
+    (lambda f: (f / ".metadata").write_bytes(b"not a pickle"), r"its .metadata cannot be read \(UnpicklingError"),
+])
+def test_latest_skips_a_damaged_checkpoint_with_a_warning_and_finds_the_one_before(engine, tmp_path, damage, why):
+    first, second = _saved(engine, tmp_path)
+    assert checkpoint.damage(second) is None and _latest(tmp_path) == (second, [])
+    damage(second)
+    found, said = _latest(tmp_path)
+    assert found == first, "the resume takes the checkpoint before the damaged one"
+    assert len(said) == 1 and said[0].startswith(f"checkpoint {second} is damaged (")
+    assert re.search(why, said[0]), said[0]
+    assert second.exists(), "a damaged checkpoint is left for its owner to look at"
+    assert checkpoint.load(engine, found) == {"at": 1}
+    damage(first)
+    assert _latest(tmp_path)[0] is None and len(_latest(tmp_path)[1]) == 2
+
+
+def test_a_checkpoint_damaged_inside_its_files_is_refused_in_one_line(engine, tmp_path):
+    _, second = _saved(engine, tmp_path)
+    data = _data_file(second)
+    data.write_bytes(bytes(data.stat().st_size))  # every byte zero, the size unchanged: only reading finds it
+    assert checkpoint.latest(tmp_path) == second
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        checkpoint.load(engine, second)
+    message = str(refused.value)
+    assert isinstance(refused.value, Exception) and "\n" not in message
+    assert message.startswith(f"checkpoint {second} cannot be loaded (rank 0: ")
+    assert "UnpicklingError" in message and message.endswith("; move it away to resume from the one before")
+
+
+def test_a_save_dcp_cannot_write_is_refused_in_one_line(engine, tmp_path):
+    (tmp_path / "step-3.partial").write_text("a file where the save's folder goes")
+    with pytest.raises(checkpoint.CheckpointError, match=r"^checkpoint step-3 could not be saved in .* \(rank 0: "):
+        checkpoint.save(engine, tmp_path, 3)
+    assert not (tmp_path / "step-3").exists()
