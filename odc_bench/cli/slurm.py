@@ -75,6 +75,11 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
     checks SLURM cannot make for us."""
     world_size = spec.world_size
     params = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}") for k in PER_RUN_KEYS}
+    if spec.config.simulated:
+        # The simulator is one process whatever world_size it models: one task, no GPU. With a
+        # task per rank, each simulated the run and wrote its row (or found the other's and
+        # reported the run skipped), and a paper-scale world asked SLURM for that many tasks.
+        return {**params, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": None}
     nodes, per_node = params["nodes"], params["tasks_per_node"]
     if nodes * per_node != world_size:
         fix = (f"set hydra.launcher.tasks_per_node={world_size // nodes}" if world_size % nodes == 0 else

@@ -200,7 +200,7 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
     with status 1; in a sweep the next job goes on. Returns the row, the rows of several
     repeats, or None when the table already had them."""
     results_dir = Path(config.results_dir)
-    if job_gpus and slurm_task.in_task() and not cuda_available():
+    if job_gpus and not config.simulated and slurm_task.in_task() and not cuda_available():
         # Resolved for CUDA where it was submitted; a CPU run here would be another run.
         raise RunFailed(f"this SLURM job asked for GPUs (hydra.launcher.gpus_per_node={job_gpus}) but its node "
                         f"{socket.gethostname()} sees no CUDA device; check hydra.launcher.partition, or leave out "

@@ -238,6 +238,24 @@ def test_a_gpu_request_from_a_host_without_gpus_reaches_slurm_and_a_refusal_is_o
 
 @pytest.mark.slow
 @pytest.mark.slurm
+def test_a_simulated_run_is_one_task_without_gpus_whatever_world_it_models(tmp_path):
+    """The simulator is one process: a task per modelled rank had each task simulate the run (one
+    wrote the row, the job's result said "skipped"), and 64 ranks or a GPU request asked this
+    one-node cluster for what it has not."""
+    sweep = tmp_path / "multirun"
+    proc = run_cli("-m", "hydra/launcher=slurm", "backend=sim", "world_size=64", "hydra.launcher.gpus_per_node=8",
+                   f"results_dir={tmp_path / 'results'}", f"hydra.sweep.dir={sweep}", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "odc_bench: sweep of 1 run: 1 ok, 0 failed" in proc.stdout, proc.stdout[-2000:]
+    rows = read_table(tmp_path / "results" / "runs.csv")
+    assert len(rows) == 1 and rows["status"].tolist() == ["ok"] and rows["world_size"].tolist() == [64]
+    (script,) = sweep.glob(".submitit/*/*_submission.sh")
+    assert "#SBATCH --ntasks-per-node=1\n" in script.read_text() and "gpu" not in script.read_text()
+    assert len(list(sweep.glob(".submitit/*/*_result.pkl"))) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_a_job_that_cannot_start_says_why_and_ctrl_c_cancels_it(tmp_path):
     # Two nodes on CI's one-node cluster: SLURM keeps the job pending (PartitionNodeLimit).
     proc = _start(tmp_path, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1", "engine.backend=gloo",
