@@ -29,14 +29,22 @@ def _rows(job_return: JobReturn) -> list[dict]:
     return [rows] if isinstance(rows, dict) else list(rows or [])
 
 
+def measurements(rows: list[dict]) -> bool:
+    """Whether a job's rows are task=primitives' measurements (one per op and size, no status)
+    rather than training runs' rows."""
+    return bool(rows) and not all("status" in row for row in rows)
+
+
 def run_counts(job_returns: Sequence[JobReturn]) -> dict[str, int]:
-    """Runs executed by outcome, each repeat one run; a job that raised counts as one failed run."""
+    """Runs executed by outcome, each repeat one run; a job that raised counts as one failed run,
+    a task=primitives job as one run, however many measurements it wrote."""
     counts = {"ok": 0, "failed": 0}
     for r in job_returns:
         if r.status != JobStatus.COMPLETED:
             counts["failed"] += 1
             continue
-        for row in _rows(r):
+        rows = _rows(r)
+        for row in rows[:1] if measurements(rows) else rows:
             counts["ok" if row.get("status", "ok") == "ok" else "failed"] += 1
     return counts
 

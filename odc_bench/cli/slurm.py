@@ -35,7 +35,7 @@ from submitit.core.utils import FailedJobError, JobPaths
 
 from odc_bench.app import Job
 from odc_bench.cli import submissions
-from odc_bench.cli.outcomes import outcome_of
+from odc_bench.cli.outcomes import measurements, outcome_of
 from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.data.real import write_pending_caches
@@ -80,6 +80,11 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
         # task per rank, each simulated the run and wrote its row (or found the other's and
         # reported the run skipped), and a paper-scale world asked SLURM for that many tasks.
         return {**params, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": None}
+    if spec.config.task == "primitives":
+        # The benchmark starts its ranks itself, on one host (run_ranks, or mpiexec for mpi), as
+        # on a workstation: one task with a core per rank (cpus_per_task per rank when set). A
+        # task per rank had every task run the whole benchmark, at once, each writing its rows.
+        return {**params, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": (params["cpus_per_task"] or 1) * world_size}
     nodes, per_node = params["nodes"], params["tasks_per_node"]
     if nodes * per_node != world_size:
         fix = (f"set hydra.launcher.tasks_per_node={world_size // nodes}" if world_size % nodes == 0 else
@@ -395,6 +400,8 @@ def describe(job_return: JobReturn) -> str:
     rows = [rows] if isinstance(rows, dict) else rows or []
     if not rows:
         return "skipped (already in the results table)"
+    if measurements(rows):
+        return f"ok: {len(rows)} measurements in primitives.csv"
     return "; ".join(f"ok: {r['samples_per_s']:.4g} samples/s, {r['tokens_per_s']:.4g} tokens/s, bubble "
                      f"{r['bubble_rate']:.0%}" if r.get("status") == "ok" else f"failed: {r.get('error')}"
                      for r in rows)

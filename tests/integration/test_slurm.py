@@ -256,6 +256,22 @@ def test_a_simulated_run_is_one_task_without_gpus_whatever_world_it_models(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.slurm
+def test_the_primitives_benchmark_is_one_task_that_starts_its_ranks(tmp_path):
+    """A task per rank had each task run the whole benchmark at once: twice the rows, each
+    measured beside the other, and the job's line read "failed: None" once per row."""
+    sweep, results = tmp_path / "multirun", tmp_path / "results"
+    proc = run_cli("-m", "hydra/launcher=slurm", "task=primitives", "primitives.max_bytes=16384",
+                   "primitives.turn_s=0.001", f"results_dir={results}", f"hydra.sweep.dir={sweep}", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"SLURM job \S+ ok: 10 measurements in primitives\.csv\n", proc.stdout), proc.stdout[-2000:]
+    assert "odc_bench: sweep of 1 run: 1 ok, 0 failed" in proc.stdout
+    assert len(read_table(results / "primitives.csv")) == 2 * 5, "one row per size and op"
+    (script,) = sweep.glob(".submitit/*/*_submission.sh")
+    assert "#SBATCH --ntasks-per-node=1\n" in script.read_text() and "#SBATCH --cpus-per-task=2\n" in script.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
 def test_a_job_that_cannot_start_says_why_and_ctrl_c_cancels_it(tmp_path):
     # Two nodes on CI's one-node cluster: SLURM keeps the job pending (PartitionNodeLimit).
     proc = _start(tmp_path, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1", "engine.backend=gloo",

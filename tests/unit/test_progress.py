@@ -1,14 +1,16 @@
 """The progress display: what it shows on a terminal, its time estimate, silence elsewhere."""
 
 import io
+import pickle
 import re
 
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from rich.console import Console
 
-from odc_bench.cli.outcomes import outcome_of
+from odc_bench.cli.outcomes import outcome_of, print_summary, run_counts
 from odc_bench.cli.progress import ProgressCallback
+from odc_bench.cli.slurm import describe
 from odc_bench.jobs import progress
 from odc_bench.jobs.train import execute, kept_checkpoints
 from odc_bench.plan.identity import checkpoint_folder
@@ -141,16 +143,25 @@ def test_local_run_reports_its_minibatches():
         progress.stop()
 
 
-def test_a_benchmark_job_returning_several_rows_counts_as_one_outcome():
+def test_a_benchmark_job_returning_several_rows_counts_as_one_outcome_and_one_run(capsys):
     done = JobReturn(status=JobStatus.COMPLETED, _return_value=[{"op": "gather"}, {"op": "memcpy"}])
     assert outcome_of(done) == "ok"
     failed = JobReturn(status=JobStatus.COMPLETED, _return_value={"status": "failed"})
     assert outcome_of(failed) == "failed"
+    # It counted as one run per measurement: "sweep of 1 config, 15 runs with their repeats: 15 ok".
+    assert run_counts([done, done]) == {"ok": 2, "failed": 0}
+    print_summary([done, done], [])
+    assert capsys.readouterr().out == "odc_bench: sweep of 2 runs: 2 ok, 0 failed\n"
+    assert describe(done) == "ok: 2 measurements in primitives.csv"
 
 
 def _steps(folder, *steps: int) -> None:
+    """Checkpoint folders as latest() finds them: DCP's metadata, here of an empty state."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
     for step in steps:
         (folder / f"step-{step}").mkdir(parents=True)
+        (folder / f"step-{step}" / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
 
 
 def test_a_run_says_it_resumes_and_ctrl_c_says_which_checkpoints_stayed(tmp_path, capsys):
