@@ -21,6 +21,7 @@ without which the others fit, and whether it looks like the whole job's tokens/s
 
 from __future__ import annotations
 
+import csv
 import io
 import math
 from collections.abc import Collection, Sequence
@@ -118,6 +119,13 @@ def read_runs(path: Path, base: str) -> list[Measured]:
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise ConfigError(f"cannot read {path} as CSV ({str(e).splitlines()[0]}); give a CSV file with a header row "
                           f"(docs/calibrate.md)") from None
+    header = _header(path)
+    twice = sorted({c for c in header if header.count(c) > 1})
+    require(not twice, f"{path}: the column{'s' * (len(twice) > 1)} {', '.join(twice)} appear{'s' * (len(twice) == 1)} "
+                       f"twice in its header; keep one of each")
+    separator = next((sep for sep in (";", "\t") if len(header) == 1 and sep in header[0]), None)
+    require(separator is None, f"{path} is separated by {separator!r}, not commas (its header reads as one column); "
+                               f"save it as comma-separated values, with decimal points")
     table.columns = [c.strip() for c in table.columns]
     missing = [c for c in REQUIRED if c not in table.columns]
     require(not missing, f"{path} lacks the column{'s' * (len(missing) > 1)} {', '.join(missing)}; its header must "
@@ -125,8 +133,6 @@ def read_runs(path: Path, base: str) -> list[Measured]:
     unknown = [c for c in table.columns if c not in REQUIRED and c not in OPTIONAL]
     require(not unknown, f"{path}: unknown column{'s' * (len(unknown) > 1)} {', '.join(unknown)}; the columns are "
                          f"{', '.join(REQUIRED)} and optionally {', '.join(OPTIONAL)}")
-    require(len(table) >= 2, f"{path} holds {len(table)} run{'s' * (len(table) != 1)}; a fit needs at least two "
-                             f"measured runs (more settings: more constants it can fit)")
     runs = []
     planner = Planner()  # repeated settings plan the same minibatches
     for i, r in enumerate(table.to_dict("records"), start=1):
@@ -152,8 +158,17 @@ def read_runs(path: Path, base: str) -> list[Measured]:
             raise ConfigError(f"row {i}: {e}") from None
         setting = (question.model, lengths, gpus, per_node, minibatch, recompute, precision, balancer, max_tokens)
         runs.append(Measured(i, spec, measured, setting))
+    # After the rows are checked: a file of one bad row says what is wrong with it first.
+    require(len(runs) >= 2, f"{path} holds {len(runs)} run{'s' * (len(runs) != 1)}; a fit needs at least two "
+                            f"measured runs (more settings: more constants it can fit)")
     _check_repeats(runs)
     return runs
+
+
+def _header(path: Path) -> list[str]:
+    """The header row's column names as written (pandas renames a repeated one, gpus to gpus.1)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        return [c.strip() for c in next(csv.reader(f), [])]
 
 
 def _check_repeats(runs: Sequence[Measured]) -> None:

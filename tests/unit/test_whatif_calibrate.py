@@ -84,6 +84,13 @@ ROW = "qwen2_1p5b,longalign,8,8,4,"
     (HEADER + ROW + "1000\nllama_9b,longalign,8,8,4,900\n", "row 2:"),
     (HEADER + ROW + "1000\nqwen2_1p5b,longalign,12,8,4,900\n", "row 2: gpus (12) must be a multiple of gpus_per_node"),
     (HEADER.replace("\n", ",speed\n") + (ROW + "1000,fast\n") * 2, "unknown column speed"),
+    # A lone row's own fault before the count (it said only "holds 1 run").
+    (HEADER + ROW + "0\n", "row 1: tokens_per_s_per_gpu must be a positive number, got 0"),
+    # pandas renamed the second gpus to gpus.1: "unknown column gpus.1".
+    (HEADER.replace("\n", ",gpus\n") + (ROW + "1000,8\n") * 2, "the column gpus appears twice in its header"),
+    # A spreadsheet's export in a locale whose decimal mark is a comma: "lacks the columns model, ...".
+    (HEADER.replace(",", ";") + (ROW.replace(",", ";") + "1000\n") * 2, "is separated by ';', not commas"),
+    (HEADER.replace(",", "\t") + (ROW.replace(",", "\t") + "1000\n") * 2, "is separated by '\\t', not commas"),
 ])
 def test_input_the_fit_cannot_use_is_refused_in_one_line(tmp_path, capsys, text, says):
     assert says in _refused(tmp_path, capsys, text)
