@@ -13,8 +13,9 @@ import contextlib
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class ConfigError(ValueError):
@@ -53,10 +54,36 @@ def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
     sys.exit(2)
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """An option's help ends with its default, where it has one to say (not None, not a flag's
+    False) and the help does not say it already; lines break at spaces only, so that names such
+    as run-longalign-x0-125-mb8 and paths stay whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or "default" in text or any(action.default is v for v in (None, False)) \
+                or action.default == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class CommandParser(argparse.ArgumentParser):
     """argparse's parser held to the bad-input contract: a wrong or missing argument is one line
     on stderr naming it and where the usage is, and exit status 2 (argparse's own prints the
-    whole usage first). `prog` is the command as a user types it (command_name)."""
+    whole usage first). `prog` is the command as a user types it (command_name). Every argument
+    says what it takes: one without help is a programming error, and `--help` shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpWithDefaults)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if not kwargs.get("help"):
+            raise TypeError(f"{self.prog}: argument {args[0] if args else kwargs.get('dest')} has no help text")
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

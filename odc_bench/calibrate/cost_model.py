@@ -311,10 +311,6 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
 def _compose(overrides: list[str]) -> RunConfig:
     """The run config the overrides ask for, as `python -m odc_bench` composes it (without Hydra's
     app: nothing is written but the calibration); ConfigError in one line for a bad one."""
-    flags = [a for a in overrides if a.startswith("-")]
-    if flags:
-        raise ConfigError(f"unknown option {flags[0]}: this command takes config overrides (key=value), --reduced, "
-                          f"{UNIT_MODELS_FLAG}A,B, or --timings FILE --out FILE --device NAME")
     try:
         return compose_run(overrides)
     except COMPOSE_ERRORS as e:
@@ -328,7 +324,7 @@ def _calibrate(overrides: list[str], unit_shapes: str, models: str | None) -> No
         path = calibrate(config, repeats=3 if unit_shapes == "reduced" else 5, unit_shapes=unit_shapes,
                          unit_models=others)
     except ConfigError as e:
-        fail(e, "odc_bench.calibrate.cost_model")
+        fail(e, command_name(__spec__.name))
     data = json.loads(path.read_text())
     print(f"wrote {path}: a={data['a']:.4g} b={data['b']:.4g} c={data['c']:.4g} "
           f"(x = length/{data['unit']}, seconds; worst fit error {data['max_rel_error']:.1%})")
@@ -353,27 +349,37 @@ def unit_models(names: str) -> list[ModelConfig]:
     return models
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """`--timings` fits a timings file; otherwise the run's config overrides (`--reduced`: fewer unit
     shapes; `--unit-models=A,B`: those models' units too)."""
-    if "--timings" in sys.argv:
-        parser = CommandParser(command_name(__spec__.name))
-        parser.add_argument("--timings", type=Path, required=True)
-        parser.add_argument("--out", type=writable_file, required=True)
-        parser.add_argument("--device", required=True, help="the GPU the timings were taken on, as torch names it")
-        args = parser.parse_args()
-        try:
-            record = fit_timings(args.timings, args.device)
-        except ConfigError as e:
-            fail(e, "odc_bench.calibrate.cost_model")
-        atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
-        print(f"wrote {args.out}: units fitted to {len(record['unit_timings'])} timings of {args.timings}")
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                    help="the run's config overrides: its model, device, threads per rank, dataset and max_tokens "
+                         "decide what a rank computes, balancer.calibration where the file goes")
+    ap.add_argument("--reduced", action="store_true", help="on CUDA: fewer unit shapes, three times each")
+    ap.add_argument(UNIT_MODELS_FLAG.rstrip("="), dest="unit_models", metavar="A,B",
+                    help="on CUDA: one layer of each of these models timed too, so that the fit spans model sizes")
+    ap.add_argument("--timings", type=Path, help="instead, fit unit timings measured elsewhere: a CSV with columns "
+                                                 "model, unit, shape, fwd_ms, bwd_ms (with --out and --device)")
+    ap.add_argument("--out", type=writable_file, help="with --timings: the calibration file to write (JSON)")
+    ap.add_argument("--device", help="with --timings: the GPU the timings were taken on, as torch names it")
+    # Intermixed: overrides may come before, between or after the options.
+    args = ap.parse_intermixed_args(argv)
+    if args.timings is None:
+        if args.out is not None or args.device is not None:
+            ap.error("--out and --device go with --timings")
+        _calibrate(args.overrides, "reduced" if args.reduced else "full", args.unit_models)
         return
-    argv = sys.argv[1:]
-    unit_shapes = "reduced" if "--reduced" in argv else "full"
-    models = [a.removeprefix(UNIT_MODELS_FLAG) for a in argv if a.startswith(UNIT_MODELS_FLAG)]
-    overrides = [a for a in argv if a != "--reduced" and not a.startswith(UNIT_MODELS_FLAG)]
-    _calibrate(overrides, unit_shapes, ",".join(models) if models else None)
+    if args.out is None or args.device is None:
+        ap.error("--timings needs --out FILE and --device NAME")
+    if args.overrides or args.reduced or args.unit_models is not None:
+        ap.error("--timings fits a file: it takes --out and --device, no config overrides or other options")
+    try:
+        record = fit_timings(args.timings, args.device)
+    except ConfigError as e:
+        fail(e, ap.prog)
+    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}: units fitted to {len(record['unit_timings'])} timings of {args.timings}")
 
 
 if __name__ == "__main__":

@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", nargs="+", default=["collective"], choices=SIM_ENGINES,
                     help="put Hydra overrides before this option: it takes every word after it")
-    ap.add_argument("--results-dir", type=writable_folder, default=REPO_ROOT / "results" / "local" / "calibration")
+    ap.add_argument("--results-dir", type=writable_folder, default=REPO_ROOT / "results" / "local" / "calibration",
+                    help="where the calibration runs' rows go")
     ap.add_argument("--out", type=writable_file, default=None, help="default: results/calibration/sim-<model>-cpu.json")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every calibration run, e.g. model=tiny")
     args = ap.parse_args(argv)

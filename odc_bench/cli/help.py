@@ -34,6 +34,17 @@ def _options(folder: Path) -> str:
     return ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
 
 
+def runnable(module: Path) -> bool:
+    """Whether `python -m` runs the module: it has an `if __name__ == "__main__":` block (a
+    helper of the commands beside it, such as studies/pages.py, has none and is no command)."""
+    def is_main_guard(node: ast.stmt) -> bool:
+        test = node.test if isinstance(node, ast.If) else None
+        return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+                and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators))
+
+    return any(is_main_guard(node) for node in ast.parse(module.read_text()).body)
+
+
 def summary(module: Path) -> str:
     """The module docstring's first paragraph as one line: a first line alone can stop mid-sentence."""
     doc = ast.get_docstring(ast.parse(module.read_text())) or ""
@@ -51,7 +62,7 @@ def text() -> str:
     width = max(len(g) for g, _ in groups)
     named = " ".join(cmd for cmd, _, _ in ENTRY_POINTS)
     commands = [(f"odc_bench.{pkg}.{p.stem}", p) for pkg in COMMANDS for p in sorted((PACKAGE / pkg).glob("*.py"))
-                if p.stem != "__init__" and f"odc_bench.{pkg}.{p.stem} " not in named + " "]
+                if runnable(p) and f"odc_bench.{pkg}.{p.stem} " not in named + " "]
     lines = [
         "python -m odc_bench [group=option ...] [key=value ...]        (the odc-bench script)",
         "  One training run, by real ranks on this machine or in the simulator (backend=sim); its row goes to",

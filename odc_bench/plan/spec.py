@@ -33,7 +33,9 @@ from odc_bench.balancers.quality import (
 )
 from odc_bench.balancers.registry import balancer_options, balancer_spec
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
+from odc_bench.config.compose import COMPOSE_ERRORS, compose_run, hydra_error_line
 from odc_bench.config.fields import require
+from odc_bench.config.model import ModelConfig
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.ids import resolve_tokens
@@ -337,6 +339,20 @@ class Planner:
 def resolve(config: RunConfig, lengths: np.ndarray | None = None, remote_cuda: bool = False) -> RunSpec:
     """Planner.resolve with a planner of its own: nothing shared with other runs."""
     return Planner().resolve(config, lengths, remote_cuda)
+
+
+def host_model(model: str, ranks: int) -> ModelConfig:
+    """The model `model` (a model config's name, or a Hugging Face folder) for `ranks` CPU ranks of
+    this host, as a tool that builds it outside a run takes it: ConfigError, one line, for a name
+    no config has or a model the run's memory estimate says does not fit them (check_fits), where
+    the ranks started anyway and each failed in a traceback, or in the host's memory."""
+    try:
+        config = compose_run([f"model={model}", f"world_size={ranks}", "device=cpu"])
+    except COMPOSE_ERRORS as e:
+        raise ConfigError(hydra_error_line(e)) from None
+    spec = resolve(config)
+    spec.check_fits()
+    return spec.config.model
 
 
 def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.ndarray | None = None,

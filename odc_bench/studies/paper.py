@@ -228,9 +228,10 @@ def table(results_dir: Path, docs: Path, scaling_dir: Path = SCALING) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=("run", "table"))
-    ap.add_argument("--results-dir", type=Path, default=RESULTS)
-    ap.add_argument("--docs", type=writable_file, default=DOCS)
+    ap.add_argument("command", choices=("run", "table"),
+                    help="run: the paper's sweeps in the simulator; table: the page from their rows")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the sweeps' rows go and are read from")
+    ap.add_argument("--docs", type=writable_file, default=DOCS, help="the page `table` writes")
     ap.add_argument("--scaling-dir", type=Path, default=SCALING, help="the sim_scaling sweep's rows")
     args = ap.parse_args(argv)
     if args.command == "run":

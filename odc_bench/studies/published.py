@@ -493,9 +493,9 @@ def moves() -> pd.DataFrame:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
-    ap.add_argument("--points", type=Path, default=POINTS)
-    ap.add_argument("--out", type=writable_folder, default=OUT)
-    ap.add_argument("--doc", type=writable_file, default=DOC)
+    ap.add_argument("--points", type=Path, default=POINTS, help="the published GPU measurements (docs/published.md)")
+    ap.add_argument("--out", type=writable_folder, default=OUT, help="where the errors per point and source go (CSV)")
+    ap.add_argument("--doc", type=writable_file, default=DOC, help="the page written from them")
     ap.add_argument("--conf", type=writable_folder, default=CONF, help="where the fitted profiles go (NAME_fit.yaml)")
     ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)

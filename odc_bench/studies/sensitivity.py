@@ -319,10 +319,11 @@ def _shown(path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=("run", "table"))
-    ap.add_argument("--rows", type=Path, default=ROWS)
-    ap.add_argument("--docs", type=writable_file, default=DOCS)
-    ap.add_argument("--seeds", type=positive_int, default=SEEDS)
+    ap.add_argument("command", choices=("run", "table"), help="run: simulate every point; table: the page from their "
+                    "rows")
+    ap.add_argument("--rows", type=Path, default=ROWS, help="the points' rows (CSV) `run` writes and `table` reads")
+    ap.add_argument("--docs", type=writable_file, default=DOCS, help="the page `table` writes")
+    ap.add_argument("--seeds", type=positive_int, default=SEEDS, help="length pools drawn per point")
     args = ap.parse_args(argv)
     if args.command == "run":
         run(study_points(), args.rows, range(args.seeds))

@@ -154,12 +154,16 @@ def minibatch_size_of(overrides: tuple[str, ...]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engines", nargs="+", default=["collective", "odc"], choices=SIM_ENGINES)
+    ap.add_argument("--engines", nargs="+", default=["collective", "odc"], choices=SIM_ENGINES,
+                    help="the engines validated, each run for real and simulated")
     ap.add_argument("--samples-per-rank", type=positive_int, default=96, help="measured samples per rank in every run")
     ap.add_argument("--repeats", type=positive_int, default=5, help="real runs per config and engine (median)")
-    ap.add_argument("--results-dir", type=writable_folder, default=REPO_ROOT / "results" / "local" / "validation")
-    ap.add_argument("--out", type=writable_folder, default=REPO_ROOT / "results" / "validation")
-    ap.add_argument("--docs", type=writable_file, default=REPO_ROOT / "docs" / "simulator_validation.md")
+    ap.add_argument("--results-dir", type=writable_folder, default=REPO_ROOT / "results" / "local" / "validation",
+                    help="where the real runs' rows go")
+    ap.add_argument("--out", type=writable_folder, default=REPO_ROOT / "results" / "validation",
+                    help="where the measured-against-predicted tables and their provenance go")
+    ap.add_argument("--docs", type=writable_file, default=REPO_ROOT / "docs" / "simulator_validation.md",
+                    help="the page written from them")
     ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
     ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)

@@ -126,15 +126,17 @@ def format_table(rows: list[BalancerQuality]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="longalign", choices=sorted(PROFILES))
-    parser.add_argument("--world-size", type=positive_int, default=8)
+    parser.add_argument("--profile", default="longalign", choices=sorted(PROFILES),
+                        help="the length profile samples are drawn from")
+    parser.add_argument("--world-size", type=positive_int, default=8, help="ranks a minibatch is split over")
     parser.add_argument("--minibatch-size", type=positive_int, default=4, help="samples per rank per minibatch")
-    parser.add_argument("--num-minibatches", type=positive_int, default=50)
+    parser.add_argument("--num-minibatches", type=positive_int, default=50, help="minibatches planned")
     parser.add_argument("--cost", default="quadratic:1p5b", help="the cost model that scores plans (the truth)")
     parser.add_argument("--plan-cost", default=None, help="the cost model balancers plan with (default: --cost)")
-    parser.add_argument("--packing-ratio", type=positive_float, default=1.0)
-    parser.add_argument("--length-scale", type=positive_float, default=1.0)
-    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--packing-ratio", type=positive_float, default=1.0,
+                        help="the packing limit (max_tokens) over the longest sample")
+    parser.add_argument("--length-scale", type=positive_float, default=1.0, help="every length multiplied by this")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="draws the samples and minibatches")
     parser.add_argument("--staleness", type=nonnegative_int, default=0,
                         help="also time the plans as stale-synchronous ODC with this staleness")
     args = parser.parse_args(argv)

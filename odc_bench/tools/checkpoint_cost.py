@@ -20,22 +20,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from odc_bench.config.compose import compose_run
+from odc_bench.config.model import ModelConfig
 from odc_bench.data.batches import packed_batch
-from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail, positive_int
 from odc_bench.models.decoder import build_model
+from odc_bench.plan.spec import host_model
 from odc_bench.run.ranks import run_ranks
 from odc_core import checkpoint
 from odc_core.engine.base import EngineContext
 from odc_core.engine.build import make_engine
 
 
-def _rank(rank: int, world: int, store: dist.Store, model: str, engine_name: str, repeats: int, folder: str,
+def _rank(rank: int, world: int, store: dist.Store, cfg: ModelConfig, engine_name: str, repeats: int, folder: str,
           job: str) -> dict:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
-    cfg = compose_run([f"model={model}"]).model
     engine = make_engine(engine_name, EngineContext(torch.device("cpu"), dist.PrefixStore("engine", store),
                                                     f"{job}{engine_name}", 120.0, "fp32"))
     try:
@@ -74,14 +74,19 @@ def _rank(rank: int, world: int, store: dist.Store, model: str, engine_name: str
 
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--ranks", type=positive_int, default=2)
-    ap.add_argument("--repeats", type=positive_int, default=5)
+    ap.add_argument("--model", default="tiny", help="a model config (python -m odc_bench --help lists them) or "
+                                                    "a Hugging Face model folder")
+    ap.add_argument("--ranks", type=positive_int, default=2, help="CPU ranks the model is sharded over")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="saves and loads timed per engine (median)")
     args = ap.parse_args(argv)
+    try:
+        cfg = host_model(args.model, args.ranks)
+    except ConfigError as e:
+        fail(e, ap.prog)
     job = uuid.uuid4().hex[:6]
     with tempfile.TemporaryDirectory(prefix="odc-ckpt-") as folder:
         for engine in ("collective", "odc"):
-            r = run_ranks(_rank, args.ranks, args.model, engine, args.repeats, folder, job, timeout_s=600)[0]
+            r = run_ranks(_rank, args.ranks, cfg, engine, args.repeats, folder, job, timeout_s=600)[0]
             mb, saves, loads = 1e6, r["saves"], r["loads"]
             sizes = ", ".join(f"{s / mb:.2f}" for s in r["sizes"])
             print(f"{engine:10s} model={args.model} on {args.ranks} CPU ranks: save {statistics.median(saves):.3f} s "

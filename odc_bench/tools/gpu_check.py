@@ -32,6 +32,7 @@ failed, in the same results folder).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -49,7 +50,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from odc_bench.errors import ends_cleanly
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.files import atomic_write_text
 from odc_bench.provenance import COMMIT_ENV, REPO_ROOT, git_commit
 
@@ -571,30 +572,44 @@ def slug(name: str) -> str:
     return re.sub(r"\W+", "-", name).strip("-")
 
 
-def parse_args(args: list[str]) -> tuple[float, set[str] | None]:
-    """(deadline in seconds, the steps --steps selects or None for all); one line and exit 2 for
-    anything else."""
-    deadline_s, selected = DEADLINE_S, None
+def parse_args(args: list[str]) -> tuple[float, set[str] | None, bool]:
+    """(deadline in seconds, the steps --steps selects or None for all, --command); one line and
+    exit status 2 for anything else."""
     known = [slug(s.name) for s in steps(Path("."))]
-    for arg in args:
-        key, _, value = arg.partition("=")
-        if key == "--deadline" and value.isdigit() and int(value) > RESERVE_S:
-            deadline_s = float(value)
-        elif key == "--steps" and value and set(value.split(",")) <= set(known):
-            selected = set(value.split(","))
-        else:
-            print(f"gpu-check: unknown argument {arg}: it takes --deadline=SECONDS (more than {RESERVE_S:.0f}; "
-                  f"{DEADLINE_S:.0f} by default), --steps=NAME[,NAME...] of {','.join(known)}, or --command alone "
-                  "(docs/gpu.md)", file=sys.stderr)
-            sys.exit(2)
-    return deadline_s, selected
+
+    def deadline(text: str) -> float:
+        value = positive_int(text)
+        if value <= RESERVE_S:
+            raise argparse.ArgumentTypeError(f"must be more than {RESERVE_S:.0f} seconds, what the simulator and the "
+                                             f"summary need after the steps; got {value}")
+        return float(value)
+
+    def step_names(text: str) -> set[str]:
+        names = text.split(",")
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"no step {', '.join(map(repr, unknown))}; the steps are "
+                                             f"{','.join(known)}")
+        return set(names)
+
+    ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
+    ap.add_argument("--deadline", type=deadline, default=DEADLINE_S, metavar="SECONDS",
+                    help="run under this deadline instead of 6 minutes (the summary says so)")
+    ap.add_argument("--steps", type=step_names, default=None, metavar="NAME[,NAME...]",
+                    help=f"only these steps, a rerun of what failed in the same results folder: {', '.join(known)}")
+    ap.add_argument("--command", action="store_true",
+                    help="print the one command that runs this on a lent GPU machine, for this checkout (docs/gpu.md)")
+    parsed = ap.parse_args(args)
+    if parsed.command and len(args) > 1:
+        ap.error("--command takes no other argument")
+    return parsed.deadline, parsed.steps, parsed.command
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--command"]:
+    deadline_s, selected, command = parse_args(sys.argv[1:])
+    if command:
         print(command_here())
         return
-    deadline_s, selected = parse_args(sys.argv[1:])
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine: nothing to check here (run make gpu-check on a GPU "
               "machine; docs/gpu.md)")

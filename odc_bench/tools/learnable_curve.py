@@ -1,6 +1,6 @@
 """How fast a model learns the learnable token source: one process, no engine, no balancer.
 
-    python -m odc_bench.data.learnable_curve [--steps 300] [--docs 4] [--min-len 100] [--max-len 300]
+    python -m odc_bench.tools.learnable_curve [--steps 300] [--docs 4] [--min-len 100] [--max-len 300]
 
 prints the loss per labelled token every 25 steps beside log(vocab) and the source's floor
 (data/learnable.py), and the first step at which the loss fell below log(vocab) / 2. It
@@ -47,11 +47,12 @@ def train_curve(steps: int, docs: int = 4, min_len: int = 100, max_len: int = 30
 
 def main() -> None:
     parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=positive_int, default=300)
-    parser.add_argument("--docs", type=positive_int, default=4)
-    parser.add_argument("--min-len", type=positive_int, default=100)
-    parser.add_argument("--max-len", type=positive_int, default=300)
-    parser.add_argument("--seed", type=nonnegative_int, default=0)
+    parser.add_argument("--steps", type=positive_int, default=300, help="optimizer steps, one microbatch each")
+    parser.add_argument("--docs", type=positive_int, default=4,
+                        help="fresh documents packed into each step's microbatch")
+    parser.add_argument("--min-len", type=positive_int, default=100, help="shortest document, in tokens")
+    parser.add_argument("--max-len", type=positive_int, default=300, help="longest document, in tokens")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="the weights' and the documents' seed")
     args = parser.parse_args()
     if args.min_len > args.max_len:
         parser.error(f"--min-len ({args.min_len}) must be at most --max-len ({args.max_len})")

@@ -21,19 +21,19 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from odc_bench.config.compose import compose_run
-from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
+from odc_bench.config.model import ModelConfig
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail, positive_int
 from odc_bench.models.decoder import build_model
+from odc_bench.plan.spec import host_model
 
 # name: (foreach, fused) as torch.optim.AdamW takes them
 KERNELS = {"for-loop": (False, None), "foreach": (True, None), "fused": (None, True)}
 
 
-def _rank(rank: int, world: int, model: str, steps: int, port: int) -> None:
+def _rank(rank: int, world: int, model: str, cfg: ModelConfig, steps: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    cfg = compose_run([f"model={model}"]).model
     times = {}
     for name, (foreach, fused) in KERNELS.items():
         net = build_model(cfg, 0, torch.device("cpu"))
@@ -61,14 +61,19 @@ def _rank(rank: int, world: int, model: str, steps: int, port: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--ranks", type=positive_int, default=2)
-    ap.add_argument("--steps", type=positive_int, default=20)
+    ap.add_argument("--model", default="tiny", help="a model config (python -m odc_bench --help lists them) or "
+                                                    "a Hugging Face model folder")
+    ap.add_argument("--ranks", type=positive_int, default=2, help="CPU ranks the parameters are sharded over")
+    ap.add_argument("--steps", type=positive_int, default=20, help="optimizer steps timed per kernel (median)")
     args = ap.parse_args(argv)
+    try:
+        cfg = host_model(args.model, args.ranks)
+    except ConfigError as e:
+        fail(e, ap.prog)
     with socket.socket() as s:  # a free port for the ranks' rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(args.ranks, args.model, args.steps, port), nprocs=args.ranks)
+    mp.spawn(_rank, args=(args.ranks, args.model, cfg, args.steps, port), nprocs=args.ranks)
 
 
 if __name__ == "__main__":

@@ -460,14 +460,38 @@ def test_a_commands_wrong_argument_is_one_line_naming_the_command_as_typed(argv,
     from odc_bench.errors import CommandParser, command_name
 
     parser = CommandParser(command_name("odc_bench.results.__main__"))
-    parser.add_argument("dirs", nargs="+")
-    parser.add_argument("--staleness", type=int)
+    parser.add_argument("dirs", nargs="+", help="folders")
+    parser.add_argument("--staleness", type=int, help="steps behind")
     with pytest.raises(SystemExit) as stop:
         parser.parse_args(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"python -m odc_bench.results: error: {said}")
     assert err.endswith(" (see python -m odc_bench.results --help)\n")
+
+
+def test_every_option_says_what_it_takes_and_its_default(capsys):
+    """The tools' options had no help at all (`--model MODEL`, `--ranks RANKS`): what a count
+    meant, or what it was by default, only the source said."""
+    from odc_bench.errors import CommandParser
+
+    parser = CommandParser("python -m some.tool")
+    with pytest.raises(TypeError, match="python -m some.tool: argument --ranks has no help text"):
+        parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2, help="CPU ranks")
+    parser.add_argument("--seed", type=int, default=0, help="the seed")
+    parser.add_argument("--out", default=None, help="where it goes")
+    parser.add_argument("--plan-cost", default="x", help="the plan's (default: --cost)")
+    parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    parser.add_argument("--steps", default="run-longalign-x0-125-mb8", help="a step " * 12)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert "CPU ranks (default: 2)" in flat and "the seed (default: 0)" in flat, "a default of 0 is said too"
+    assert "where it goes --plan-cost" in flat and "fewer shapes" in flat and "(default: False)" not in flat
+    assert "(default: --cost) (default" not in flat, "a help that says its default is left as it is"
+    assert "run-longalign-x0-125-mb8" in out, "names with hyphens are not broken across lines"
 
 
 def test_every_command_line_of_the_project_parses_with_command_parser():
@@ -492,6 +516,25 @@ def test_a_tool_run_as_a_module_names_itself_and_its_counts_are_counts(argv, sai
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1
     assert err.startswith(f"python -m odc_bench.tools.balancer_report: error: argument {said} (see ")
+
+
+@pytest.mark.parametrize("tool,argv,said", [
+    ("checkpoint_cost", ["--model", "nope"], "unknown model option 'nope'; choose one of "),
+    ("optimizer_step", ["--model", "qwen2_32b"], "a rank would need about "),
+])
+def test_a_tools_model_is_checked_before_its_ranks_start(tool, argv, said, monkeypatch, capsys):
+    """The ranks composed the model themselves: an unknown name was each rank's 80-line traceback
+    and exit status 1; a model too large for the host filled its memory."""
+    import importlib
+
+    command = importlib.import_module(f"odc_bench.tools.{tool}")
+    monkeypatch.setattr(command, "run_ranks", lambda *a, **k: pytest.fail("no rank may start"), raising=False)
+    monkeypatch.setattr(command, "mp", None, raising=False)  # optimizer_step spawns through mp.spawn
+    with pytest.raises(SystemExit) as stop:
+        command.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m odc_bench.tools.{tool}: error: {said}"), err
 
 
 @pytest.mark.parametrize("kind,text,value", [("positive_int", "3", 3), ("nonnegative_int", "0", 0),
