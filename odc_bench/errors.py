@@ -140,13 +140,18 @@ def interrupt_within(error: BaseException) -> KeyboardInterrupt | None:
 
 
 @contextlib.contextmanager
-def ends_cleanly() -> Iterator[None]:
+def ends_cleanly(interrupted: str | None = None) -> Iterator[None]:
     """A command whose reader leaves early (`| head`, a pager quit) ends with status 1 and no
     traceback. stdout is flushed inside, so that a small output's broken pipe is met here too
     rather than at the interpreter's exit; once met, stdout points at /dev/null, or that exit
     would fail on it again. Inside, a logging handler that meets the broken pipe (Hydra logs to
     stdout) raises it rather than printing its own traceback on stderr and going on. A Ctrl-C
-    that an import wrapped in another error leaves as the Ctrl-C it was (interrupt_within)."""
+    that an import wrapped in another error leaves as the Ctrl-C it was (interrupt_within).
+
+    With `interrupted` (the command as typed, command_name), Ctrl-C ends the command in one line,
+    "<command>: interrupted", and status 130, as the main app's does: the side commands write
+    their files atomically, so what they wrote is whole and what they were writing is not there.
+    Without it Ctrl-C goes on to the caller (the main app says what its stopped run left)."""
     handle_error = logging.Handler.handleError
 
     def raise_broken_pipe(handler: logging.Handler, record: logging.LogRecord) -> None:
@@ -157,14 +162,21 @@ def ends_cleanly() -> Iterator[None]:
 
     logging.Handler.handleError = raise_broken_pipe  # type: ignore[method-assign, assignment]
     try:
-        yield
-        sys.stdout.flush()
+        try:
+            yield
+            sys.stdout.flush()
+        except Exception as e:
+            if (ctrl_c := interrupt_within(e)) is not None:
+                raise ctrl_c from None
+            raise
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except Exception as e:
-        if (ctrl_c := interrupt_within(e)) is not None:
-            raise ctrl_c from None
-        raise
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        print(f"{interrupted}: interrupted", file=sys.stderr)
+        exec("")  # clears CPython's mark of an unhandled Ctrl-C (see odc_bench.cli.interrupted)
+        sys.exit(130)
     finally:
         logging.Handler.handleError = handle_error  # type: ignore[method-assign]

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from odc_bench.errors import CommandParser, DataError  # noqa: E402
+from odc_bench.errors import CommandParser, DataError, ends_cleanly  # noqa: E402
 from odc_bench.files import writable_folder
 from paper_figures.inputs import Inputs, LengthsFormat, Skip, load  # noqa: E402
 
@@ -92,8 +92,14 @@ def write(results: dict[str, object], out: Path, docs: bool) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None, only: str | None = None) -> int:
+    """Every entry point's (python -m paper_figures, each figure's module, odc-figures): Ctrl-C and
+    a reader that leaves early end it in one line (ends_cleanly)."""
     p = parser(only)
-    args = p.parse_args(argv)
+    with ends_cleanly(p.prog):
+        return _draw(p, p.parse_args(argv), only)
+
+
+def _draw(p: argparse.ArgumentParser, args: argparse.Namespace, only: str | None) -> int:
     if not args.results.is_dir() and not (args.results.is_file() and args.results.suffix == ".csv"):
         p.error(f"results root {args.results} is neither a folder nor a .csv table; pass --results DIR (the folder "
                 f"holding results tables) or a table that `python -m odc_bench.results collect` wrote")

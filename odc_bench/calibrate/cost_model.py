@@ -383,5 +383,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with ends_cleanly():
+    with ends_cleanly(command_name(__spec__.name)):
         main()

@@ -78,6 +78,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    with ends_cleanly():
+    with ends_cleanly(f"python -m {PROG}"):
         status = main()
     sys.exit(status)

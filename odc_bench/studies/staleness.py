@@ -140,6 +140,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with ends_cleanly():
+    with ends_cleanly(command_name(__spec__.name)):
         status = main()
     sys.exit(status)

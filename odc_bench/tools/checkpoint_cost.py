@@ -96,5 +96,5 @@ def main(argv: list[str] | None = None) -> None:
                   f"{3 * r['param_bytes'] / mb / args.ranks:.2f} MB per rank)")
 
 if __name__ == "__main__":
-    with ends_cleanly():
+    with ends_cleanly(command_name(__spec__.name)):
         main()

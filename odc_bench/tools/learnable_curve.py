@@ -70,5 +70,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with ends_cleanly():
+    with ends_cleanly(command_name(__spec__.name)):
         main()

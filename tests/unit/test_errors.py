@@ -555,3 +555,20 @@ def test_typed_counts_refuse_what_they_do_not_name(kind, text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="^must be "):
         getattr(errors, kind)(text)
+
+
+def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
+    """A side command's Ctrl-C was a KeyboardInterrupt traceback from wherever it landed."""
+    from odc_bench.errors import ends_cleanly
+
+    with pytest.raises(SystemExit) as stop, ends_cleanly("python -m odc_bench.tools.learnable_curve"):
+        raise KeyboardInterrupt
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == "python -m odc_bench.tools.learnable_curve: interrupted\n"
+    # One an import wrapped in another error (interrupt_within) is the same Ctrl-C.
+    with pytest.raises(SystemExit) as wrapped, ends_cleanly("python -m x"):
+        raise RuntimeError("Error calling __set_name__") from KeyboardInterrupt()
+    assert wrapped.value.code == 130 and capsys.readouterr().err == "python -m x: interrupted\n"
+    # Without a command's name it goes on to the caller: the main app says what its stopped run left.
+    with pytest.raises(KeyboardInterrupt), ends_cleanly():
+        raise KeyboardInterrupt
