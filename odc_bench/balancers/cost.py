@@ -34,6 +34,7 @@ from odc_bench.config.balancer import BalancerConfig
 from odc_bench.config.model import ModelConfig
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import train_flops
+from odc_bench.provenance import REPO_ROOT
 from odc_bench.sums import left_sum
 
 # The reference implementation's fits of measured time, with x = length / 32000.
@@ -43,7 +44,10 @@ QUADRATIC_FITS: dict[str, tuple[float, float]] = {
 }
 QUADRATIC_UNIT = 32_000
 CALIBRATION_UNIT = 1_000
-CALIBRATION_DIR = Path("results/calibration")
+# Where `python -m odc_bench.calibrate.cost_model` writes, and runs read, a calibration when
+# balancer.calibration does not say: the repository's, as the simulator's CPU profiles are, so
+# that a command run from another folder finds the committed ones (sweep=demo plans with one).
+CALIBRATION_DIR = REPO_ROOT / "results" / "calibration"
 
 
 @dataclass(frozen=True)

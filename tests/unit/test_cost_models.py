@@ -72,6 +72,16 @@ def test_calibrated_cost_model_loads_the_file_or_says_to_run_calibrate(tmp_path)
     assert spec.cost_model.label == "calibrated:cal"
 
 
+def test_the_default_calibration_is_the_repositorys_from_any_working_folder(tmp_path, monkeypatch):
+    """sweep=demo plans with the committed results/calibration/tiny-cpu.json: run from another
+    folder, every run was refused ("no calibration at results/calibration/tiny-cpu.json")."""
+    monkeypatch.chdir(tmp_path)
+    spec = resolve(run_config("balancer=lb_micro", "balancer.cost_model=calibrated", "device=cpu",
+                              "num_minibatches=1", "warmup_minibatches=0"))
+    assert spec.cost_model.label == "calibrated:tiny-cpu"
+    assert not (tmp_path / "results").exists()
+
+
 def test_cost_is_evaluated_on_the_scaled_lengths_the_run_uses():
     # The default job scales LongAlign by 1/64: the quadratic fit, made for real lengths,
     # must see the lengths the ranks actually train on.
