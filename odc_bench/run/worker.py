@@ -220,9 +220,15 @@ def save(engine: DataParallelEngine, spec: RunSpec, folder: Path, next_minibatch
 def resume(engine: DataParallelEngine, folder: Path, rank: int, run_id: str) -> tuple[int, int]:
     """(first minibatch to run, claim base): from the newest complete checkpoint in `folder`,
     loaded into the engine, or (0, 0) when there is none."""
-    with warnings.catch_warnings():  # the launcher named what it skips, once
-        warnings.simplefilter("ignore", checkpoint.DamagedCheckpointWarning)
-        found = checkpoint.latest(folder)
+    chosen: list[Path | None] = [None]
+    if rank == 0:
+        with warnings.catch_warnings():  # the launcher named what it skips, once
+            warnings.simplefilter("ignore", checkpoint.DamagedCheckpointWarning)
+            chosen[0] = checkpoint.latest(folder)
+    # Rank 0 chooses for all: on a shared file system another node's view of a file's size can
+    # lag (attribute caching), and ranks loading different checkpoints would train on a mix.
+    dist.broadcast_object_list(chosen, src=0)
+    found = chosen[0]
     if found is None:
         return 0, 0
     extra = checkpoint.load(engine, found)
