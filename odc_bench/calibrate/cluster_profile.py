@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import shlex
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
+from odc_bench.config.compose import hydra_quote
 from odc_bench.config.fields import require
 from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.files import atomic_write_text, writable_folder
@@ -416,8 +418,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"wrote {profile} and {table_path} (the what-if's band on this profile: the residuals)")
     print(f"use it: python -m odc_bench.whatif LENGTHS --hardware {profile}")
-    print(f"    or: python -m odc_bench backend=sim 'hydra.searchpath=[file://{args.out.resolve()}]' "
-          f"backend/hardware={args.name}")
+    search = shlex.quote(f"hydra.searchpath=[{hydra_quote(f'file://{args.out.resolve()}')}]")
+    print(f"    or: python -m odc_bench backend=sim {search} backend/hardware={args.name}")
 
 
 if __name__ == "__main__":

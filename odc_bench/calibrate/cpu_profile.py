@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from odc_bench.config.compose import compose_run
+from odc_bench.config.compose import compose_run, string_override
 from odc_bench.config.engine import ENGINES
 from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.files import atomic_write_text, writable_file, writable_folder
@@ -199,7 +199,7 @@ def calibration_path(model: str) -> Path:
 
 def run_real(overrides: list[str], results_dir: Path) -> tuple[RunSpec, pd.DataFrame]:
     """One real job; returns its spec and trace."""
-    spec = resolve(compose_run([*overrides, "backend=local", f"results_dir={results_dir}"]))
+    spec = resolve(compose_run([*overrides, "backend=local", string_override("results_dir", results_dir)]))
     row = execute(spec, results_dir)
     if row is None or row["status"] != "ok":
         raise RuntimeError(f"calibration run failed: {row['error'] if row else 'no row'}")

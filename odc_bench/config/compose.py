@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverrideParseException
+from hydra.core.override_parser.overrides_parser import OverrideParseException, OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -95,6 +95,24 @@ def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
         register_chosen_sweep(overrides)
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
         return [load(compose("config", overrides=list(overrides))) for overrides in runs]
+
+
+def hydra_quote(value: str) -> str:
+    """A string as Hydra's override grammar reads it back unchanged: as it is where the grammar
+    takes it so (a plain path), else single-quoted, with a quote, and the backslashes before a
+    quote or the end, escaped (a non-ASCII letter, a quote, a comma or bracket, or a value the
+    grammar would read as a number, a boolean or null)."""
+    try:
+        if OverridesParser.create().parse_override(f"k={value}").value() == value:
+            return value
+    except HydraException:
+        pass
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value) + "'"
+
+
+def string_override(key: str, value: object) -> str:
+    """`key=value` for a string setting (a path, a field name) that any value reaches intact."""
+    return f"{key}={hydra_quote(str(value))}"
 
 
 def _quoted(override: str) -> str | None:

@@ -22,6 +22,7 @@ import pandas as pd
 import yaml
 from omegaconf import OmegaConf
 
+from odc_bench.config.compose import string_override
 from odc_bench.errors import CommandParser, command_name, ends_cleanly
 from odc_bench.files import atomic_write_text, writable_file
 from odc_bench.provenance import REPO_ROOT
@@ -49,7 +50,8 @@ PAPER_SETTINGS = ("backend=sim", "backend/hardware=a100", "precision=bf16", "bac
 
 def run(results_dir: Path) -> None:
     for sweep in SWEEPS_RUN:
-        cmd = [sys.executable, "-m", "odc_bench", f"sweep={sweep}", *PAPER_SETTINGS, f"results_dir={results_dir}"]
+        cmd = [sys.executable, "-m", "odc_bench", f"sweep={sweep}", *PAPER_SETTINGS,
+               string_override("results_dir", results_dir)]
         print("+", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=REPO_ROOT, check=True)
 

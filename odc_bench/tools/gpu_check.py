@@ -50,6 +50,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from odc_bench.config.compose import string_override
 from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.files import atomic_write_text
 from odc_bench.provenance import COMMIT_ENV, REPO_ROOT, git_commit
@@ -194,14 +195,15 @@ def steps(out: Path) -> list[Step]:
               Step("primitives", [*py, "-m", "odc_bench", "task=primitives", "world_size=2",
                                   "primitives.transport=cuda_ipc", "primitives.min_bytes=1048576",
                                   "primitives.max_bytes=268435456", "primitives.rounds=5", "primitives.turn_s=0.02",
-                                  f"results_dir={out}"], 25)]
+                                  string_override("results_dir", out)], 25)]
     listed += [Step(f"run {name}", [*py, "-m", "odc_bench", "device=cuda", *COMMON, *overrides,
-                                    *([PROFILED] if i == 0 else []), f"results_dir={out}"], limit)
+                                    *([PROFILED] if i == 0 else []), string_override("results_dir", out)], limit)
                for i, ((name, overrides), limit) in enumerate(zip(RUNS.items(), (75, 60), strict=True))]
     listed.append(Step("compute profile", [*py, "-m", "odc_bench.calibrate.cost_model", "--reduced",
                                            f"--unit-models={','.join(LARGE_MODELS)}", "device=cuda",
                                            "model=qwen2_1p5b", "precision=bf16",
-                                           f"balancer.calibration={out / 'compute.json'}", "max_tokens=8192"], 100))
+                                           string_override("balancer.calibration", out / "compute.json"),
+                                           "max_tokens=8192"], 100))
     return listed
 
 
@@ -317,12 +319,12 @@ def simulate_runs(out: Path) -> None:
 
     profiles: dict[str, list[str]] = {"h100": []}
     if (out / "compute.json").exists():
-        profiles["measured"] = [f"backend.hardware.compute_calibration={out / 'compute.json'}",
+        profiles["measured"] = [string_override("backend.hardware.compute_calibration", out / "compute.json"),
                                 "backend.hardware.name=measured"]
     for profile, extra in profiles.items():
         for overrides in RUNS.values():
             config = compose_run(["backend=sim", "backend/hardware=h100", *COMMON, *overrides, *extra,
-                                  f"results_dir={out / ('sim-' + profile)}"])
+                                  string_override("results_dir", out / f"sim-{profile}")])
             execute(resolve(config), Path(config.results_dir))
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from odc_bench.config.compose import compose_run
+from odc_bench.config.compose import compose_run, string_override
 from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail, positive_int
 from odc_bench.plan.spec import plan_digest, resolve
 from odc_bench.provenance import REPO_ROOT
@@ -68,8 +68,8 @@ def commands(out: Path) -> dict[str, tuple[list[str], float]]:
     run = [sys.executable, "-m", "odc_bench"]
 
     def sim(name: str, ranks: int, engine: str, balancer: str) -> list[str]:
-        return [*run, *case(ranks, 100, engine, balancer, []), f"results_dir={out / name}",
-                f"hydra.run.dir={out / name / 'hydra'}"]
+        return [*run, *case(ranks, 100, engine, balancer, []), string_override("results_dir", out / name),
+                string_override("hydra.run.dir", out / name / "hydra")]
 
     whatif = [sys.executable, "-m", "odc_bench.whatif", *WHATIF]
     return {

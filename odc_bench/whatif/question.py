@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from odc_bench.balancers.registry import BALANCERS
-from odc_bench.config.compose import hydra_error_line
+from odc_bench.config.compose import hydra_error_line, hydra_quote, string_override
 from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
 from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_model
@@ -199,24 +199,26 @@ class Question:
                                f"dataset saved with save_to_disk")
         # As given, relative paths too: the printed commands run from the same folder.
         if loader_for(path) == "hf_disk":
-            out = ["dataset=hf_disk", f"dataset.path={path}", *scale]
+            out = ["dataset=hf_disk", string_override("dataset.path", path), *scale]
             if self.tokenizer:
-                out.append(f"dataset.tokenizer={Path(self.tokenizer).expanduser()}")
+                out.append(string_override("dataset.tokenizer", Path(self.tokenizer).expanduser()))
             if self.text_field:
-                out.append(f"dataset.text_field={self.text_field}")
+                out.append(string_override("dataset.text_field", self.text_field))
             return out
         require(not self.tokenizer and not self.text_field,
                 "--tokenizer and --text-field are for a dataset folder; a lengths or JSONL file holds token counts "
                 "or ids already")
-        return ["dataset=jsonl", f"dataset.path={path}", *([f"dataset.field={self.field}"] if self.field else []),
+        return ["dataset=jsonl", string_override("dataset.path", path),
+                *([string_override("dataset.field", self.field)] if self.field else []),
                 *scale]
 
     def shared(self) -> list[str]:
         """The overrides every run of the verdict shares (before the user's own)."""
         file = self.hardware_file
         # A profile file joins the config through Hydra's search path, as `python -m odc_bench` reads it too.
-        hardware = ([f"hydra.searchpath=[file://{file.parent.parent.parent}]", f"backend/hardware={file.stem}"]
-                    if file else [f"backend/hardware={self.hardware}"])
+        search = hydra_quote(f"file://{file.parent.parent.parent}") if file else ""
+        hardware = ([f"hydra.searchpath=[{search}]", f"backend/hardware={file.stem}"] if file else
+                    [f"backend/hardware={self.hardware}"])
         if self.hardware != "cpu":  # the calibrated CPU profile has no node size: it is this machine
             hardware += [f"backend.hardware.gpus_per_node={self.devices_per_node}", *GPU_DEFAULTS]
         return ["backend=sim", *hardware, f"world_size={self.world_size}", *self.model_overrides(),

@@ -2,6 +2,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from odc_bench.balancers.registry import BALANCERS
 from odc_bench.config.compose import compose_runs
@@ -150,3 +152,24 @@ def test_a_refitted_length_profile_gives_its_runs_new_keys(monkeypatch):
     monkeypatch.setitem(profiles.PROFILES, "longalign", replaced(profiles.PROFILES["longalign"], min_len=1024))
     after = resolve(run_config())
     assert after.config == before.config and after.run_id != before.run_id
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=40))
+def test_a_string_setting_reaches_hydra_intact_whatever_it_holds(value):
+    """The what-if put a lengths file's path into `dataset.path=` as it was: one with a quote or
+    a non-ASCII letter (l's.jsonl, /home/josé/) was refused as an override the user never wrote."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from odc_bench.config.compose import string_override
+
+    assume("${" not in value)  # an interpolation, which OmegaConf resolves quoted or not
+    assert OverridesParser.create().parse_override(string_override("dataset.path", value)).value() == value
+
+
+def test_a_plain_path_stays_as_it_is():
+    from odc_bench.config.compose import string_override
+
+    assert string_override("dataset.path", "/data/my lengths.jsonl") == "dataset.path=/data/my lengths.jsonl"
+    assert string_override("dataset.path", "/data/l's.jsonl") == "dataset.path='/data/l\\'s.jsonl'"
+    assert string_override("dataset.field", "null") == "dataset.field='null'", "not read as None"

@@ -537,3 +537,20 @@ def test_output_cut_short_ends_quietly(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 1 and err == "", err
+
+
+def test_a_lengths_file_and_profile_whose_paths_hold_quotes_and_accents_are_read(tmp_path):
+    """Hydra refused `dataset.path=/tmp/d/l's.jsonl` (and a folder named josé) as an override the
+    user never wrote; each path now reaches the runs as it is."""
+    from odc_bench.config.compose import compose_run
+
+    folder = tmp_path / "josé's data"
+    folder.mkdir()
+    lengths = folder / "l's, [1].jsonl"
+    lengths.write_text("".join(f"{n}\n" for n in range(100, 900, 10)))
+    profile = folder / "backend" / "hardware" / "mine.yaml"
+    profile.parent.mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[2] / "odc_bench" / "conf" / "backend" / "hardware" / "h100.yaml", profile)
+    question = Question(lengths=str(lengths), model="tiny", hardware=str(profile), nodes=1, devices_per_node=8)
+    config = compose_run(question.run(Series("odc", "lb_mini"), 2))
+    assert config.dataset.path == str(lengths) and config.backend.hardware.name == "h100"
