@@ -9,7 +9,7 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -179,6 +179,20 @@ def writable_folder(text: str) -> Path:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{folder} {problem[0]}; give {problem[1]}")
     return folder
+
+
+def readable_file(text: str) -> Path:
+    """An input file option's argparse type: the file must be there, or the command is refused in
+    one line before any work (it was a FileNotFoundError's traceback once the work reached it)."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
+    return path
+
+
+def missing_inputs(folder: Path, names: Sequence[str]) -> list[str]:
+    """The files of `names` that `folder` lacks: what a command's --doc-only would read."""
+    return [name for name in names if not (folder / name).is_file()]
 
 
 def writable_file(text: str) -> Path:

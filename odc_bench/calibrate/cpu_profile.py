@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from odc_bench.config.compose import compose_run, string_override
+from odc_bench.config.compose import COMPOSE_ERRORS, compose_run, hydra_error_line, string_override
 from odc_bench.config.engine import ENGINES
-from odc_bench.errors import CommandParser, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.files import atomic_write_text, writable_file, writable_folder
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import RunSpec, resolve
@@ -216,6 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every calibration run, e.g. model=tiny")
     args = ap.parse_args(argv)
     base = ["num_minibatches=10", "warmup_minibatches=2", *args.overrides]
+    try:  # the overrides checked before the first run, not in its traceback
+        compose_run(base)
+    except COMPOSE_ERRORS as e:
+        fail(ConfigError(hydra_error_line(e)), ap.prog)
     runs: dict[str, list] = {}
     for extra in DEFAULT_RUNS:
         for engine in args.engines:  # engines interleaved, so both see the same machine load

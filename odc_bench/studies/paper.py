@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--docs", type=writable_file, default=DOCS, help="the page `table` writes")
     ap.add_argument("--scaling-dir", type=Path, default=SCALING, help="the sim_scaling sweep's rows")
     args = ap.parse_args(argv)
+    if args.command == "table" and not (args.results_dir / "runs.csv").is_file():
+        ap.error(f"--results-dir {args.results_dir} holds no runs.csv; `{ap.prog} run` writes it")
     if args.command == "run":
         run(args.results_dir)
     else:

@@ -32,7 +32,7 @@ import yaml
 from odc_bench.calibrate.cluster_profile import FREE, Measured, base_profile, fit, predict, with_hardware
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly
-from odc_bench.files import atomic_write_text, writable_file, writable_folder
+from odc_bench.files import atomic_write_text, missing_inputs, readable_file, writable_file, writable_folder
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
@@ -493,12 +493,16 @@ def moves() -> pd.DataFrame:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
-    ap.add_argument("--points", type=Path, default=POINTS, help="the published GPU measurements (docs/published.md)")
+    ap.add_argument("--points", type=readable_file, default=POINTS,
+                    help="the published GPU measurements (docs/published.md)")
     ap.add_argument("--out", type=writable_folder, default=OUT, help="where the errors per point and source go (CSV)")
     ap.add_argument("--doc", type=writable_file, default=DOC, help="the page written from them")
     ap.add_argument("--conf", type=writable_folder, default=CONF, help="where the fitted profiles go (NAME_fit.yaml)")
     ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)
+    written = [f"gpu-{n}.csv" for n in ("points", "ratios", "left-out", "profiles", "paper-cells")]
+    if args.doc_only and (missing := missing_inputs(args.out, written)):
+        ap.error(f"--doc-only: {args.out} lacks {', '.join(missing)}; run {ap.prog} without it first")
     points = pd.read_csv(args.points)
     if args.doc_only:
         read = {n: pd.read_csv(args.out / f"gpu-{n}.csv") for n in ("points", "ratios", "left-out", "profiles",

@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--docs", type=writable_file, default=DOCS, help="the page `table` writes")
     ap.add_argument("--seeds", type=positive_int, default=SEEDS, help="length pools drawn per point")
     args = ap.parse_args(argv)
+    if args.command == "table" and not args.rows.is_file():
+        ap.error(f"--rows {args.rows}: no such file; `{ap.prog} run` writes it")
     if args.command == "run":
         run(study_points(), args.rows, range(args.seeds))
     else:

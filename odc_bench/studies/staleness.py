@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                               "--engines collective odc` first")
         print(summary(side_by_side(merged(tables_under(args.dirs)), args.simulate)))
     except ConfigError as e:
-        fail(e)
+        fail(e, parser.prog)
     return 0
 
 

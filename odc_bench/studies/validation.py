@@ -37,7 +37,7 @@ import pandas as pd
 from odc_bench.calibrate.cpu_profile import SIM_ENGINES, fit, run_real
 from odc_bench.config.compose import compose_run
 from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
-from odc_bench.files import atomic_write_text, writable_file, writable_folder
+from odc_bench.files import atomic_write_text, missing_inputs, writable_file, writable_folder
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import timing
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
     ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)
+    if args.doc_only and (missing := missing_inputs(args.out, ["sim-cpu.csv", "sim-cpu-provenance.json"])):
+        ap.error(f"--doc-only: {args.out} lacks {', '.join(missing)}; run {ap.prog} without it first")
     if args.doc_only:
         atomic_write_text(args.docs, markdown(*read_outputs(args.out)))
         return

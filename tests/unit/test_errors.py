@@ -572,3 +572,32 @@ def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
     # Without a command's name it goes on to the caller: the main app says what its stopped run left.
     with pytest.raises(KeyboardInterrupt), ends_cleanly():
         raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("module,argv,said", [
+    ("studies.sensitivity", ["table", "--rows", "{t}/none.csv", "--docs", "{t}/s.md"],
+     "--rows {t}/none.csv: no such file; `python -m odc_bench.studies.sensitivity run` writes it"),
+    ("studies.paper", ["table", "--results-dir", "{t}/none", "--docs", "{t}/p.md"],
+     "--results-dir {t}/none holds no runs.csv; `python -m odc_bench.studies.paper run` writes it"),
+    ("studies.published", ["--points", "{t}/none.csv", "--out", "{t}/o", "--doc", "{t}/d.md"],
+     "argument --points: {t}/none.csv: no such file"),
+    ("studies.published", ["--doc-only", "--out", "{t}/o", "--doc", "{t}/d.md"],
+     "--doc-only: {t}/o lacks gpu-points.csv, gpu-ratios.csv, "),
+    ("studies.validation", ["--doc-only", "--out", "{t}/o", "--docs", "{t}/v.md"],
+     "--doc-only: {t}/o lacks sim-cpu.csv, sim-cpu-provenance.json; run "),
+    ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "model=nope"],
+     "unknown model option 'nope'"),
+    ("studies.staleness", ["{t}/none"], "no such folder or table: {t}/none"),
+])
+def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, tmp_path, capsys):
+    """Each was a FileNotFoundError's or Hydra's traceback, once its work reached the input; the
+    paper's table wrote a page of empty tables from a folder without rows."""
+    import importlib
+
+    command = importlib.import_module(f"odc_bench.{module}")
+    with pytest.raises(SystemExit) as stop:
+        command.main([a.format(t=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m odc_bench.{module}: error: {said.format(t=tmp_path)}"), err
+    assert list(tmp_path.iterdir()) == [], "nothing written"
