@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import math
 import uuid
 
 import torch
@@ -15,18 +16,27 @@ from odc_core.engine.registry import EngineOptions, engine_spec
 _contexts = itertools.count()
 
 
-def engine_context(device: torch.device | None = None, *, precision: str | MixedPrecision = "fp32",
+def engine_context(device: torch.device | str | None = None, *, precision: str | MixedPrecision = "fp32",
                    timeout_s: float = 120.0) -> EngineContext:
     """An EngineContext from the default process group, as torchrun and SLURM launchers set it
     up: every rank calls it, in the same order. `device` defaults to this rank's current CUDA
     device when the group runs NCCL, else the CPU; precision "bf16" computes in bf16 on fp32
     master weights and reduces in fp32 (MixedPrecision(torch.bfloat16, torch.float32)), a
     MixedPrecision names both dtypes. Rank 0 names the engine's shared segments (job_id) for
-    all ranks through the group's store."""
+    all ranks through the group's store. `device` may be named as torch.device takes it ("cuda",
+    "cuda:1", "cpu"); ValueError, one line, for a CUDA device this machine lacks or a timeout that
+    is not a positive number of seconds (0 or NaN made every wait for a peer fail or never end)."""
     if not dist.is_initialized():
         raise RuntimeError("engine_context() needs torch.distributed initialised: call "
                            "dist.init_process_group() first (torchrun sets up its environment)")
     MixedPrecision.of(precision)  # a ValueError now, not at make_engine
+    if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"engine_context(timeout_s=...) must be a positive number of seconds, got {timeout_s!r}")
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"engine_context(device={str(device)!r}): this machine has no CUDA device "
+                             f"(torch.cuda.is_available() is False); give device='cpu'")
     if device is None:
         nccl = "nccl" in str(dist.get_backend())
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")

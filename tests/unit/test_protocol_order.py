@@ -126,3 +126,26 @@ def test_a_collective_call_one_rank_makes_alone_times_out_naming_the_call():
     said = run_ranks(_full_parameters_on_rank_0_only, 2, timeout_s=60)[0]
     assert said.startswith("timed out after 2.0s waiting for rank 1: ") and "\n" not in said
     assert said.endswith(", in full_parameters(), which every rank must call"), said
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    (dict(timeout_s=0), "must be a positive number of seconds, got 0"),
+    (dict(timeout_s=-1.0), "must be a positive number of seconds, got -1.0"),
+    (dict(timeout_s=float("nan")), "must be a positive number of seconds, got nan"),
+    pytest.param(dict(device="cuda"), "engine_context(device='cuda'): this machine has no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_an_engine_context_it_cannot_use_is_refused_in_one_line(kwargs, said, one_rank_group):
+    """A timeout of 0 or NaN was taken (every wait for a peer would fail at once, or never end),
+    and device="cuda" failed later in AttributeError: 'str' object has no attribute 'type'."""
+    from odc_core import engine_context
+
+    with pytest.raises(ValueError) as refused:
+        engine_context(**kwargs)
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_engine_context_takes_a_device_by_name(one_rank_group):
+    from odc_core import engine_context
+
+    assert engine_context("cpu").device == torch.device("cpu")
