@@ -8,7 +8,8 @@ classes are plain dataclasses: checking a config never imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import typing
+from dataclasses import dataclass, fields, replace
 from typing import Literal, Protocol
 
 from odc_core.transport.registry import TRANSPORTS, transport_for
@@ -17,6 +18,27 @@ from odc_core.transport.registry import TRANSPORTS, transport_for
 # across nodes (hybrid sharding, FSDP2's HSDP; the paper's section 6.1). The real engines take
 # a node to be `ranks_per_node` consecutive ranks; the simulator takes it from its hardware.
 Shard = Literal["full", "hybrid"]
+
+
+def _check_types(options: object) -> None:
+    """Each field of an options dataclass holds the type it declares: a library caller builds
+    them by hand (the harness's config checks its own), and `prefetch="no"`, `staleness=1.5` or
+    `shard="nope"` ran as if valid. ValueError, one line, naming the key."""
+    hints = typing.get_type_hints(type(options))
+    for f in fields(options):  # type: ignore[arg-type]
+        value, kind = getattr(options, f.name), hints[f.name]
+        if typing.get_origin(kind) is Literal:
+            ok, want = value in typing.get_args(kind), f"one of {', '.join(typing.get_args(kind))}"
+        elif kind is bool:
+            ok, want = isinstance(value, bool), "true or false"
+        elif kind is int:
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif kind is str:
+            ok, want = isinstance(value, str), "a string"
+        else:  # int | None (ranks_per_node): checked with its range
+            continue
+        if not ok:
+            raise ValueError(f"engine.{f.name} must be {want}, got {value!r}")
 
 
 def _check_ranks_per_node(value: int | None) -> None:
@@ -82,6 +104,7 @@ class CollectiveOptions:
     ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_ranks_per_node(self.ranks_per_node)
 
     def for_device(self, device_type: str) -> CollectiveOptions:
@@ -128,6 +151,7 @@ class OdcOptions:
     staleness: int = 0
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.transport != "auto" and self.transport not in TRANSPORTS:
             raise ValueError(f"engine.transport must be auto or one of {', '.join(TRANSPORTS)}, "
                              f"got {self.transport!r}")

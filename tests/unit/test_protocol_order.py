@@ -4,6 +4,7 @@ with SIGSEGV (wrap() twice: it read parameters whose storage it had freed), or f
 forward (after close()); FSDP2 stepped on whatever gradients there were (finish_minibatch()
 with no minibatch open) or raised a bare AssertionError."""
 
+import re
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -149,3 +150,20 @@ def test_an_engine_context_takes_a_device_by_name(one_rank_group):
     from odc_core import engine_context
 
     assert engine_context("cpu").device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("engine,options,said", [
+    ("odc", dict(staleness=1.5), "engine.staleness must be an integer, got 1.5"),
+    ("odc", dict(staleness=None), "engine.staleness must be an integer, got None"),
+    ("odc", dict(prefetch="no"), "engine.prefetch must be true or false, got 'no'"),
+    ("odc", dict(shard="nope"), "engine.shard must be one of full, hybrid, got 'nope'"),
+    ("collective", dict(reshard_after_forward="x"), "engine.reshard_after_forward must be true or false, got 'x'"),
+    ("collective", dict(backend="nope"), "engine.backend must be one of auto, shm, gloo, nccl, got 'nope'"),
+])
+def test_options_built_by_hand_hold_the_types_they_declare(engine, options, said):
+    """A library caller builds the options itself: prefetch='no' ran with prefetch on, staleness=1.5
+    and an unknown shard or backend ran as if valid, staleness=None failed in a TypeError."""
+    from odc_core.engine.registry import engine_spec
+
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
+        engine_spec(engine).options(**options)
