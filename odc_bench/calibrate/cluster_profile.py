@@ -47,7 +47,7 @@ from odc_bench.whatif.accuracy import fit_table_path
 from odc_bench.whatif.answer import compose_config
 from odc_bench.whatif.question import Question, Series
 
-PROG = "odc_bench.calibrate.cluster_profile"
+PROG = "python -m odc_bench.calibrate.cluster_profile"
 REQUIRED = ("model", "lengths", "gpus", "gpus_per_node", "minibatch_size", "tokens_per_s_per_gpu")
 OPTIONAL = {"recompute": True, "precision": "bf16", "max_tokens": None, "balancer": "local_sort"}
 # What the fit may move, in the order it is tried: compute first (every run shows it), then the
@@ -386,7 +386,7 @@ def base_profile(name: str) -> GpuHardwareConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = CommandParser(f"python -m {PROG}", description=__doc__.split("\n\n")[0])
+    ap = CommandParser(PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="the measured runs, a CSV file (docs/calibrate.md)")
     ap.add_argument("--base", default="a100", help="the profile to start from and keep unfitted constants of "
                                                    "(a100, h100, h200; default: %(default)s)")

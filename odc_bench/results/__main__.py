@@ -21,11 +21,11 @@ from odc_bench.results.migrate import migrate
 from odc_bench.results.pairs import paired_ratios, print_pairs
 from odc_bench.results.table import read_table
 
-PROG = "odc_bench.results"
+PROG = "python -m odc_bench.results"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = CommandParser(f"python -m {PROG}", description=__doc__.splitlines()[0])
+    parser = CommandParser(PROG, description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     col = commands.add_parser("collect", help="merge runs.csv tables (searched recursively) into one tidy table")
     col.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="results folders or tables")
@@ -78,6 +78,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    with ends_cleanly(f"python -m {PROG}"):
+    with ends_cleanly(PROG):
         status = main()
     sys.exit(status)

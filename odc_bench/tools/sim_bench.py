@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from odc_bench.config.compose import compose_run, string_override
-from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail, positive_int
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.plan.spec import plan_digest, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
@@ -167,10 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     unknown = sorted(set(args.commands) - set(commands(Path("."))))
     if unknown:
-        fail(ConfigError(f"unknown command {unknown[0]!r}; choose from {', '.join(commands(Path('.')))}"),
-             "sim_bench")
-    if args.repeat < 1:
-        fail(ConfigError(f"--repeat {args.repeat}: give at least 1 round"), "sim_bench")
+        ap.error(f"unknown command {unknown[0]!r}; choose from {', '.join(commands(Path('.')))}")
     time_commands(args.commands, args.repeat)
 
 

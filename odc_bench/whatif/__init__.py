@@ -10,4 +10,4 @@ Every row is a `backend=sim` run of `python -m odc_bench` with the overrides the
 planned and simulated by the same code, so its numbers are that run's.
 """
 
-PROG = "odc_bench.whatif"
+PROG = "python -m odc_bench.whatif"

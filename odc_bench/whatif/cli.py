@@ -47,7 +47,7 @@ OVERRIDE = re.compile(r"^(\+{0,2}[A-Za-z_][\w.@/-]*=|~[A-Za-z_])")
 
 def parser() -> argparse.ArgumentParser:
     ap = CommandParser(
-        f"python -m {PROG}",
+        PROG,
         description="Will ODC pay off for my data, my model and my cluster? Simulates every series the registries "
                     "name (Collective and ODC with LocalSort, LB-Micro, LB-Mini) at each minibatch size and prints "
                     "the verdict: predicted throughput, speedup over Collective + LB-Micro with the simulator's "

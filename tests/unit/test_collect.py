@@ -75,7 +75,7 @@ def test_missing_empty_or_malformed_inputs_are_refused_in_one_line(tmp_path, cap
         extra = ["--out", str(tmp_path / "all.csv")] if command == "collect" else []
         assert main([command, str(bad), *extra]) == 2, bad
         lines = capsys.readouterr().err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("odc_bench.results: error: "), lines
+        assert len(lines) == 1 and lines[0].startswith("python -m odc_bench.results: error: "), lines
     assert not (tmp_path / "all.csv").exists()
 
 

@@ -121,7 +121,8 @@ def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one
     assert "odc the slower in 1 of 4 pairs" in out
     assert results_main(["pairs", str(tmp_path / "a"), "--engine", "odc_lockstep"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("odc_bench.results: error: no workload and seed ran as both odc_lockstep and collective")
+    assert err.startswith("python -m odc_bench.results: error: no workload and seed ran as both odc_lockstep and "
+                          "collective")
     assert "\n" not in err
 
 

@@ -107,7 +107,8 @@ def test_the_migration_a_refusal_names_migrates_the_table_whatever_its_name(tmp_
     (tmp_path / "empty").mkdir()
     assert main(["migrate", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"odc_bench.results: error: no runs.csv under {tmp_path / 'empty'}") and err.count("\n") == 1
+    assert err.startswith(f"python -m odc_bench.results: error: no runs.csv under {tmp_path / 'empty'}")
+    assert err.count("\n") == 1
 
 
 def test_a_schema_4_table_is_keyed_by_whole_configs_where_each_row_draws_its_lengths_again(tmp_path):

@@ -466,7 +466,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, whatif, args, setup,
     done = whatif(*[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out"))
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("odc_bench.whatif: error: ") and message in lines[0]
+    assert lines[0].startswith("python -m odc_bench.whatif: error: ") and message in lines[0]
     assert _files_under(tmp_path) == before, "no verdict, no lengths cache"
 
 
@@ -511,7 +511,7 @@ def test_ctrl_c_ends_the_workers_and_the_command_in_one_line_writing_nothing(tmp
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and [ln for ln in err.splitlines() if ln.strip()] == [
-        "odc_bench.whatif: interrupted"], err
+        "python -m odc_bench.whatif: interrupted"], err
     assert not any(_alive(w) for w in workers), "a worker outlived the command"
     assert not (tmp_path / "out").exists()
 
@@ -525,7 +525,8 @@ def test_the_command_line_refuses_bad_input_in_one_line_with_exit_status_2(tmp_p
                            str(tmp_path / "out")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("odc_bench.whatif: error: ") and "line 2: token ids must be integers >= 0" in lines[0]
+    assert lines[0].startswith("python -m odc_bench.whatif: error: ")
+    assert "line 2: token ids must be integers >= 0" in lines[0]
     assert {p.name for p in tmp_path.iterdir()} == {"bad.jsonl"}, "no verdict, no lengths cache"
 
 
