@@ -105,7 +105,7 @@ def device_tag(device_type: str, device_name: str = "") -> str:
 
 
 def calibration_path(model_name: str, tag: str, override: str | None = None) -> Path:
-    return Path(override) if override else CALIBRATION_DIR / f"{model_name}-{tag}.json"
+    return Path(override).expanduser() if override else CALIBRATION_DIR / f"{model_name}-{tag}.json"
 
 
 def load_calibration(path: Path) -> CostModel:

@@ -226,11 +226,11 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 del job_cfg["hydra"]
             try:
                 spec = planner.resolve(load(job_cfg), remote_cuda=gpus_requested(cfg))
-                check_results_dir(Path(job_cfg.results_dir))
+                results_dir = Path(spec.config.results_dir)  # as the run has it (~ expanded)
+                check_results_dir(results_dir)
                 params = job_parameters(cfg, spec)
             except ConfigError as e:
                 fail(e)
-            results_dir = Path(job_cfg.results_dir)
             idx = initial_job_idx + i
             done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0) >= spec.config.repeat
             if done:

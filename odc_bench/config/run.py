@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,6 +41,8 @@ class CheckpointConfig:
     keep: int = 2
 
     def __post_init__(self) -> None:
+        if self.dir is not None:
+            object.__setattr__(self, "dir", os.path.expanduser(self.dir))  # as results_dir's (RunConfig)
         require(self.every >= 0, f"checkpoint.every must be an integer >= 0 (0: no checkpoints), got {self.every}")
         require(self.keep >= 1, f"checkpoint.keep must be an integer >= 1 (the newest checkpoints a run keeps), "
                                 f"got {self.keep}")
@@ -107,6 +110,9 @@ class RunConfig:
     compile: bool | None = None
 
     def __post_init__(self) -> None:
+        # The shell expands ~ in `results_dir=~/x` but not once it is quoted ('results_dir="~/x"',
+        # as Hydra asks of a value with a space), which made a folder named ~ in the working folder.
+        object.__setattr__(self, "results_dir", os.path.expanduser(self.results_dir))
         for key, least in (("world_size", 1), ("minibatch_size", 1), ("num_minibatches", 1),
                            ("warmup_minibatches", 0), ("seed", 0), ("repeat", 1)):
             value = getattr(self, key)

@@ -297,7 +297,7 @@ class GpuProfile:
 def _load_json(path: str) -> dict:
     # A relative path as the command line gives it (from the working folder, where
     # calibrate.cost_model wrote it), else as a profile file in the repository names it.
-    p = Path(path)
+    p = Path(path).expanduser()
     p = p if p.is_absolute() or p.exists() else REPO_ROOT / p
     try:
         return json.loads(p.read_text(encoding="utf-8-sig"))  # a byte-order mark, as an editor may save one

@@ -173,3 +173,14 @@ def test_a_plain_path_stays_as_it_is():
     assert string_override("dataset.path", "/data/my lengths.jsonl") == "dataset.path=/data/my lengths.jsonl"
     assert string_override("dataset.path", "/data/l's.jsonl") == "dataset.path='/data/l\\'s.jsonl'"
     assert string_override("dataset.field", "null") == "dataset.field='null'", "not read as None"
+
+
+def test_a_quoted_tilde_in_a_path_setting_is_the_home_folder(monkeypatch, tmp_path):
+    """The shell expands `results_dir=~/x` but not `'results_dir="~/x"'` (quoted, as Hydra asks of a
+    value with a space): that made a folder named ~ in the working folder."""
+    from tests.helpers import run_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = run_config("results_dir=\"~/my results\"", "checkpoint.dir=\"~/ckpt\"")
+    assert config.results_dir == str(tmp_path / "my results")
+    assert config.checkpoint.dir == str(tmp_path / "ckpt")
