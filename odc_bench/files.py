@@ -173,8 +173,9 @@ def folder_problem(folder: Path) -> tuple[str, str] | None:
 
 def writable_folder(text: str) -> Path:
     """An output folder option's argparse type: the folder, or the one-line reason it cannot be
-    written, before the command does any work (results_dir: check_results_dir)."""
-    folder = Path(text)
+    written, before the command does any work (results_dir: check_results_dir). A leading ~ is
+    the home folder, as the shell makes it where the path is not quoted."""
+    folder = Path(text).expanduser()
     problem = folder_problem(folder)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{folder} {problem[0]}; give {problem[1]}")
@@ -197,7 +198,7 @@ def missing_inputs(folder: Path, names: Sequence[str]) -> list[str]:
 
 def writable_file(text: str) -> Path:
     """An output file option's argparse type, as writable_folder: the file's folder must take it."""
-    path = Path(text)
+    path = Path(text).expanduser()
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a directory; give a file's path")
     problem = folder_problem(path.parent)

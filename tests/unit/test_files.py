@@ -115,3 +115,14 @@ def test_a_command_refuses_an_output_it_cannot_write_before_its_work(tmp_path, c
     assert stop.value.code == 2 and err.count("\n") == 1
     assert f"argument --out: {tmp_path}/a-file/all.csv: its folder {tmp_path}/a-file is not a directory; give a file " \
         "in a folder" in err
+
+
+def test_a_quoted_tilde_in_an_output_or_input_path_is_the_home_folder(tmp_path, monkeypatch):
+    """`--out "~/x"` (quoted, the shell leaves it) made a folder named ~ in the working folder."""
+    from odc_bench.files import readable_file, writable_file, writable_folder
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "in.csv").write_text("a\n")
+    assert writable_folder("~/out") == tmp_path / "out"
+    assert writable_file("~/out.csv") == tmp_path / "out.csv"
+    assert readable_file("~/in.csv") == tmp_path / "in.csv"
