@@ -15,6 +15,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 
@@ -54,6 +55,10 @@ def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
     sys.exit(2)
 
 
+def _user_path(text: str) -> Path:
+    return Path(text).expanduser()
+
+
 class _HelpWithDefaults(argparse.HelpFormatter):
     """An option's help ends with its default, where it has one to say (not None, not a flag's
     False) and the help does not say it already; lines break at spaces only, so that names such
@@ -83,6 +88,8 @@ class CommandParser(argparse.ArgumentParser):
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         if not kwargs.get("help"):
             raise TypeError(f"{self.prog}: argument {args[0] if args else kwargs.get('dest')} has no help text")
+        if kwargs.get("type") is Path:  # a leading ~ is the home folder, quoted or not, as the shell makes it
+            kwargs["type"] = _user_path
         return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,8 @@ def test_a_quoted_tilde_in_an_output_or_input_path_is_the_home_folder(tmp_path, 
     assert writable_folder("~/out") == tmp_path / "out"
     assert writable_file("~/out.csv") == tmp_path / "out.csv"
     assert readable_file("~/in.csv") == tmp_path / "in.csv"
+    from odc_bench.errors import CommandParser
+
+    parser = CommandParser("python -m some.tool")
+    parser.add_argument("dirs", nargs="+", type=Path, help="folders")
+    assert parser.parse_args(["~/a", "b"]).dirs == [tmp_path / "a", Path("b")], "every Path option alike"
