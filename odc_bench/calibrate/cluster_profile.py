@@ -38,7 +38,7 @@ from scipy.optimize import least_squares
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.compose import hydra_quote
 from odc_bench.config.fields import require
-from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
+from odc_bench.errors import CommandParser, ConfigError, ends_cleanly, fail
 from odc_bench.files import atomic_write_text, writable_folder
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
@@ -423,5 +423,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    with ends_cleanly(command_name(__spec__.name)):
+    with ends_cleanly(PROG):
         main()
