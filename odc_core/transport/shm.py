@@ -214,11 +214,33 @@ def _map_once(path: Path, nbytes: int, create: bool) -> mmap.mmap:
     fd = os.open(path, flags, 0o600)
     try:
         if create:
-            os.ftruncate(fd, nbytes)  # tmpfs pages read as zeros until written
+            _reserve(fd, path, nbytes)
         # MAP_POPULATE builds the page tables now, so the first get does not pay a fault per page.
         return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, **_MMAP_KWARGS)
     finally:
         os.close(fd)  # the mapping keeps the file; locks use the control file's descriptors
+
+
+def _reserve(fd: int, path: Path, nbytes: int) -> None:
+    """Give the segment its pages now, zeroed. A file only truncated to size gets them as they
+    are first touched, and where the file system is full (a container's /dev/shm is 64 MiB
+    unless started with --shm-size) that touch kills the process with SIGBUS, its segments left
+    behind; allocating them here fails with ENOSPC instead, which is said in one line."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        fs = os.statvfs(path.parent)
+        free, size = fs.f_bavail * fs.f_frsize, fs.f_blocks * fs.f_frsize
+        raise OSError(errno.ENOSPC, f"shared memory is full: a segment of {_mib(nbytes)} does not fit in "
+                                    f"{path.parent}, which has {_mib(free)} free of {_mib(size)}; give it more room "
+                                    f"(docker run --shm-size, or a larger tmpfs), or run fewer ranks per host or a "
+                                    f"smaller model") from None
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
 
 
 class ShmHeap:

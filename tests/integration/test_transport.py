@@ -339,3 +339,51 @@ def test_more_segments_than_descriptors_take_the_hard_limit_and_past_it_fail_in_
     else:
         assert out[0].startswith("[Errno 24] cannot map shared-memory segment odc-") and len(out) == 2, out
         assert "this process has 150 file descriptors (ulimit -n, hard limit)" in out[0]
+
+
+_FILL = """
+import sys
+from pathlib import Path
+import torch, torch.distributed as dist
+from odc_core.transport.shm import ShmHeap
+folder, numel = Path(sys.argv[1]), int(sys.argv[2])
+try:
+    with ShmHeap(0, 1, "full", dist.HashStore(), timeout_s=10, directory=folder) as heap:
+        heap.alloc("w", numel, torch.float32).fill_(1.0)
+        print("filled")
+except OSError as e:
+    print(e)
+print("left", len(list(folder.iterdir())))
+"""
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):
+    """An 8 MiB tmpfs: a container's /dev/shm is 64 MiB unless it was started with --shm-size."""
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_a_heap_larger_than_its_shared_memory_fails_in_one_line_and_leaves_no_segment(small_tmpfs: Path):
+    """Segments were only truncated to size, so the first write past the room the tmpfs had
+    killed the rank with SIGBUS (a run's row said `rank 1 died (killed by SIGBUS)`), its
+    segments left behind."""
+    fits = subprocess.run([sys.executable, "-c", _FILL, str(small_tmpfs), str(1 << 20)], capture_output=True,
+                          text=True, timeout=60)
+    assert fits.stdout.split("\n")[:2] == ["filled", "left 0"], fits.stderr
+    full = subprocess.run([sys.executable, "-c", _FILL, str(small_tmpfs), str(4 << 20)], capture_output=True,
+                          text=True, timeout=60)
+    assert full.returncode == 0, full.stderr  # not killed by SIGBUS
+    assert full.stdout.splitlines() == [
+        f"[Errno 28] shared memory is full: a segment of 16.0 MiB does not fit in {small_tmpfs}, which has 8.0 MiB "
+        "free of 8.0 MiB; give it more room (docker run --shm-size, or a larger tmpfs), or run fewer ranks per host "
+        "or a smaller model",
+        "left 0"]
