@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -17,6 +18,8 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
+
+from odc_bench.sizes import size_label
 
 
 class ConfigError(ValueError):
@@ -47,6 +50,26 @@ class PairingError(ConfigError):
 
 class RunFailed(RuntimeError):
     """A rank failed or the run outlived its deadline; the message names the rank."""
+
+
+# What a write gets from a full file system or quota: the end of the command (ends_cleanly), not a
+# run's failure or bad input.
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def no_room(error: OSError, path: Path) -> OSError:
+    """`error` (ENOSPC or EDQUOT from writing `path`) in words that name the file and the room its
+    file system has left: a write's own error names no file."""
+    existing = path.absolute().parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        fs = os.statvfs(existing)
+        room = f" ({size_label(fs.f_bavail * fs.f_frsize)} free of {size_label(fs.f_blocks * fs.f_frsize)} there)"
+    except OSError:
+        room = ""
+    reason = (error.strerror or "no space left").lower()
+    return OSError(error.errno, f"cannot write {path}: {reason}{room}; free some space or write elsewhere")
 
 
 def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
@@ -147,7 +170,7 @@ def interrupt_within(error: BaseException) -> KeyboardInterrupt | None:
 
 
 @contextlib.contextmanager
-def ends_cleanly(interrupted: str | None = None) -> Iterator[None]:
+def ends_cleanly(command: str | None = None, prog: str = "odc_bench") -> Iterator[None]:
     """A command whose reader leaves early (`| head`, a pager quit) ends with status 1 and no
     traceback. stdout is flushed inside, so that a small output's broken pipe is met here too
     rather than at the interpreter's exit; once met, stdout points at /dev/null, or that exit
@@ -155,10 +178,14 @@ def ends_cleanly(interrupted: str | None = None) -> Iterator[None]:
     stdout) raises it rather than printing its own traceback on stderr and going on. A Ctrl-C
     that an import wrapped in another error leaves as the Ctrl-C it was (interrupt_within).
 
-    With `interrupted` (the command as typed, command_name), Ctrl-C ends the command in one line,
+    With `command` (the command as typed, command_name), Ctrl-C ends the command in one line,
     "<command>: interrupted", and status 130, as the main app's does: the side commands write
     their files atomically, so what they wrote is whole and what they were writing is not there.
-    Without it Ctrl-C goes on to the caller (the main app says what its stopped run left)."""
+    Without it Ctrl-C goes on to the caller (the main app says what its stopped run left).
+
+    A full file system or quota (NO_ROOM) ends the command in one line, "<command or prog>:
+    error: cannot write ...", and status 1: every write after it would fail the same way, and
+    the file being written is not there (files.atomic_path)."""
     handle_error = logging.Handler.handleError
 
     def raise_broken_pipe(handler: logging.Handler, record: logging.LogRecord) -> None:
@@ -179,10 +206,16 @@ def ends_cleanly(interrupted: str | None = None) -> Iterator[None]:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except KeyboardInterrupt:
-        if interrupted is None:
+    except OSError as e:
+        if e.errno not in NO_ROOM:
             raise
-        print(f"{interrupted}: interrupted", file=sys.stderr)
+        where = f": {e.filename}" if e.filename else ""
+        print(f"{command or prog}: error: {e.strerror}{where}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        if command is None:
+            raise
+        print(f"{command}: interrupted", file=sys.stderr)
         exec("")  # clears CPython's mark of an unhandled Ctrl-C (see odc_bench.cli.interrupted)
         sys.exit(130)
     finally:

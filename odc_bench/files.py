@@ -12,6 +12,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from odc_bench.errors import NO_ROOM, no_room
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -27,8 +29,13 @@ def stale_temporaries(path: Path) -> list[Path]:
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary file beside `path` to write; it replaces `path` only when the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        if e.errno in NO_ROOM:
+            raise no_room(e, path) from None
+        raise
     os.close(fd)
     try:
         # mkstemp makes the file private; give it the mode a plain open() would (results are shared)
@@ -37,9 +44,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            raise no_room(e, path) from None
         raise
 
 

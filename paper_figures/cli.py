@@ -22,7 +22,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from odc_bench.errors import CommandParser, DataError, ends_cleanly  # noqa: E402
-from odc_bench.files import writable_folder
+from odc_bench.files import atomic_path, atomic_write_text, writable_folder  # noqa: E402
 from paper_figures.inputs import Inputs, LengthsFormat, Skip, load  # noqa: E402
 
 MODULES = ["fig1_timeline", "fig7_lengths", "fig8_throughput", "fig9_rl", "fig10_acceleration", "fig11_bandwidth",
@@ -79,12 +79,13 @@ def write(results: dict[str, object], out: Path, docs: bool) -> list[Path]:
             formats = ["png"] if docs else ["png", "pdf"]
             for fmt in formats:
                 path = out / f"{name}.{fmt}"
-                item.savefig(path, dpi=DOCS_DPI if docs else 150, bbox_inches="tight")
+                with atomic_path(path) as tmp:  # a full disk or Ctrl-C leaves the old file, not half a new one
+                    item.savefig(tmp, format=fmt, dpi=DOCS_DPI if docs else 150, bbox_inches="tight")
                 written.append(path)
             plt.close(item)
         elif not docs:
             path = out / f"{name}.md"
-            path.write_text(item)
+            atomic_write_text(path, item)
             written.append(path)
     for path in written:
         print(f"wrote {path}")

@@ -16,7 +16,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from odc_bench.results.sizes import size_label
+from odc_bench.sizes import size_label
 from paper_figures.inputs import Inputs, Skip, per_source
 
 NAME = "fig11_bandwidth"

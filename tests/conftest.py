@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,30 @@ register_sweeps()
 @pytest.fixture
 def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """tmpfs(size): a fresh folder holding a tmpfs of that size ("8m", "64k"), a file system that
+    fills up for real (a container's /dev/shm is 64 MiB unless started with --shm-size); mounting
+    one needs root, which CI has, so the test is skipped where it is not."""
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        folder = tmp_path / f"tmpfs{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"mounting a tmpfs needs root: {done.stderr.strip()}")
+        mounted.append(folder)
+        return folder
+
+    try:
+        yield mount
+    finally:
+        for folder in mounted:
+            subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
 @pytest.fixture

@@ -53,10 +53,10 @@ from odc_bench.config.run import RunConfig
 from odc_bench.errors import RunFailed
 from odc_bench.plan.identity import run_key
 from odc_bench.provenance import git_commit
-from odc_bench.results.sizes import size_label
 from odc_bench.results.table import append_rows
 from odc_bench.run.mpiexec import mpiexec_path, run_mpi_ranks
 from odc_bench.run.ranks import RanksFailed, run_ranks
+from odc_bench.sizes import size_label
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import SymmetricHeap
 from odc_core.transport.registry import TRANSPORTS, make_heap

@@ -34,7 +34,7 @@ def run() -> None:
             from odc_bench.whatif.cli import main
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        with ends_cleanly():
+        with ends_cleanly(prog=PROG):
             main(figure=figure)
     except KeyboardInterrupt:
         # The workers (forked.py) have ended the series in hand and exited by now.

@@ -601,3 +601,23 @@ def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, 
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"python -m odc_bench.{module}: error: {said.format(t=tmp_path)}"), err
     assert list(tmp_path.iterdir()) == [], "nothing written"
+
+
+@pytest.mark.slow
+def test_a_full_results_folder_ends_the_command_in_one_line_and_leaves_no_partial_file(tmpfs, tmp_path):
+    """A run's trace or a figure written into a full file system was a traceback (the run's
+    Hydra's, paper_figures' own), and paper_figures left the figure it was writing cut short."""
+    full = tmpfs("8k")
+    env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0")
+    for argv, said in [
+        (["odc_bench", "backend=sim", f"results_dir={full}/r"], f"odc_bench: error: cannot write {full}/r/traces/"),
+        (["paper_figures", "--results", str(REPO / "results"), "--out", f"{full}/f", "--only", "fig11_bandwidth"],
+         f"python -m paper_figures: error: cannot write {full}/f/fig11_bandwidth"),
+    ]:
+        proc = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        last = proc.stderr.splitlines()[-1]
+        assert last.startswith(said) and last.endswith("; free some space or write elsewhere"), proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert [p for p in full.rglob("*") if p.is_file()] == [], "no file cut short, no temporary"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from pathlib import Path
@@ -132,3 +133,32 @@ def test_a_quoted_tilde_in_an_output_or_input_path_is_the_home_folder(tmp_path, 
     parser = CommandParser("python -m some.tool")
     parser.add_argument("dirs", nargs="+", type=Path, help="folders")
     assert parser.parse_args(["~/a", "b"]).dirs == [tmp_path / "a", Path("b")], "every Path option alike"
+
+
+def test_a_full_file_system_is_one_line_naming_the_file_and_keeps_the_old_one(tmpfs):
+    """A write's own ENOSPC names no file ("[Errno 28] No space left on device" from deep inside
+    pandas or gzip): the command that met it could not say what it was writing, or where."""
+    folder = tmpfs("64k")
+    path = folder / "runs.csv"
+    files.atomic_write_text(path, "old\n")
+    with pytest.raises(OSError) as full:
+        files.atomic_write_text(path, "x" * 200_000)
+    assert full.value.errno == errno.ENOSPC
+    assert full.value.strerror.startswith(f"cannot write {path}: no space left on device (")
+    assert full.value.strerror.endswith(" free of 64 KiB there); free some space or write elsewhere")
+    assert path.read_text() == "old\n" and sorted(p.name for p in folder.iterdir()) == ["runs.csv"]
+
+
+def test_a_command_that_meets_a_full_file_system_ends_in_one_line_with_status_1(capsys):
+    """Hydra's job or a side command printed the OSError's traceback."""
+    from odc_bench.errors import ends_cleanly
+
+    with pytest.raises(SystemExit) as stop, ends_cleanly():
+        raise OSError(errno.ENOSPC, "cannot write /r/runs.csv: no space left on device")
+    assert stop.value.code == 1
+    assert capsys.readouterr().err == "odc_bench: error: cannot write /r/runs.csv: no space left on device\n"
+    with pytest.raises(SystemExit), ends_cleanly("python -m paper_figures"):  # one from a library names its file
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", "/r/fig.png")
+    assert capsys.readouterr().err == "python -m paper_figures: error: Disk quota exceeded: /r/fig.png\n"
+    with pytest.raises(PermissionError), ends_cleanly():  # any other OSError is not this
+        raise PermissionError(errno.EACCES, "Permission denied", "/r")

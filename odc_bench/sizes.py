@@ -1,4 +1,4 @@
-"""A message size in bytes as the primitives' table and figure 11 label it."""
+"""A size in bytes as the primitives' table, figure 11 and the messages about free space label it."""
 
 from __future__ import annotations
 
