@@ -25,6 +25,7 @@ from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_param
 from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
+from odc_bench.files import folder_problem
 from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, check_combination
 from odc_bench.results.table import check_results_dir
@@ -147,4 +148,17 @@ def precheck(argv: Sequence[str], planner: Planner) -> None:
                 raise ConfigError(f"no combination of the sweep can run, e.g.: {cannot_run}")
     except COMPOSE_ERRORS as e:
         raise ConfigError(hydra_error_line(e)) from None
+    check_output_dir(cfg, multirun)
     check_run(cfg, planner)
+
+
+def check_output_dir(cfg: DictConfig, multirun: bool) -> None:
+    """ConfigError when Hydra could not make its output folder (a run's config and log, under
+    the working folder by default): run from a read-only checkout, Hydra failed in its
+    traceback before the job began."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    folder = Path(str(OmegaConf.select(cfg, key))).absolute()
+    problem = folder_problem(folder)
+    if problem is not None:
+        raise ConfigError(f"Hydra's output folder {folder} {problem[0]}; run from a folder you can write, or set "
+                          f"{key} to {problem[1]}")

@@ -258,6 +258,11 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "results-dir-on-proc": (["results_dir=/proc/x"], "results_dir /proc/x is on proc (/proc), a pseudo-filesystem",
                             None),
     "results-dir-on-sys": (["results_dir=/sys/kernel/x"], "results_dir /sys/kernel/x is on sysfs (/sys)", None),
+    "hydra-output-under-a-file": (["hydra.run.dir={tmp}/file/out"], "/file/out cannot be created: ", _file),
+    "hydra-sweep-output-on-proc": (["--multirun", "world_size=1,2", "hydra.sweep.dir=/proc/x"],
+                                   "Hydra's output folder /proc/x is on proc (/proc), a pseudo-filesystem showing the "
+                                   "kernel's state, which cannot hold results; run from a folder you can write, or set "
+                                   "hydra.sweep.dir to a folder on a disk", None),
     "runs-csv-is-a-folder": ([], "runs.csv is not a file", _runs_csv(None)),
     "runs-csv-other-columns": ([], f"does not have the columns of results schema version {SCHEMA_VERSION} (missing ",
                                _runs_csv("run_id,status,samples_per_s\nabc,ok,1.0\n")),
