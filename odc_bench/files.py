@@ -124,6 +124,37 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def claimed(path: Path, owner: str) -> Iterator[str | None]:
+    """Claim `path` (a lock file) for this process without waiting: yields None once claimed,
+    the file then holding `owner` until the claim ends and the file is removed; or, where another
+    process holds it, what that one wrote there ("" if it has not yet). The kernel drops a
+    killed holder's lock, so a file it left is claimed again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace")
+            os.close(fd)
+            yield holder
+            return
+        # A holder that ended between this open and this lock removed the file: a lock on it
+        # would claim nothing, so claim the path again.
+        with contextlib.suppress(FileNotFoundError):
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode(), 0)
+        yield None
+    finally:
+        path.unlink(missing_ok=True)  # before the lock goes, so no one claims a file about to vanish
+        os.close(fd)
+
+
 # File systems that show the kernel's state as files and cannot hold a results folder.
 PSEUDO_FILESYSTEMS = frozenset({
     "proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore", "bpf", "configfs",

@@ -7,9 +7,12 @@ together and writes what they produce: the trace beside the results table, and t
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from functools import partial
@@ -24,7 +27,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
-from odc_bench.files import interrupts_deferred
+from odc_bench.files import claimed, interrupts_deferred
 from odc_bench.jobs import progress
 from odc_bench.plan.device import cuda_available
 from odc_bench.plan.identity import checkpoint_folder
@@ -207,10 +210,7 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
                         f"gpus_per_node to run CPU ranks")
     spec = (planner or Planner()).resolve(config)
     check_results_dir(results_dir)
-    done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
-    if done >= config.repeat:
-        print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'} "
-              f"({done} ok of repeat={config.repeat}); skipped")
+    if _already_done(spec, results_dir):
         return None
     if not slurm_task.in_task():  # a SLURM job's nodes are not this host
         spec.check_devices()
@@ -221,14 +221,36 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
             mpiexec_path()
     if config.simulated:
         check_hardware(spec)
-    write_pending_caches()  # the run is accepted: only now does anything land beside the user's data
-    print(describe_lengths(spec))
-    rows = []
-    for index in range(done, config.repeat):
-        row = execute(spec, results_dir, repeat_index=index)
-        if row is not None:
-            print_row(row)
-            rows.append(row)
+    # A SLURM job's tasks all run this, and its driver keeps the folder's runs from being
+    # submitted twice (cli/submissions.py).
+    claim = contextlib.nullcontext(None) if slurm_task.in_task() else claimed(
+        results_dir / f".{spec.run_id}.running", f"pid {os.getpid()} on {socket.gethostname()}, "
+                                                  f"since {time.strftime('%H:%M:%S')}")
+    with claim as elsewhere:
+        if elsewhere is not None:
+            print(f"odc_bench: run {spec.run_id} is under way in another command ({elsewhere or 'starting'}) on "
+                  f"{results_dir}; skipped")
+            return None
+        if _already_done(spec, results_dir):  # by a command that held it a moment ago
+            return None
+        done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
+        write_pending_caches()  # the run is accepted: only now does anything land beside the user's data
+        print(describe_lengths(spec))
+        rows = []
+        for index in range(done, config.repeat):
+            row = execute(spec, results_dir, repeat_index=index)
+            if row is not None:
+                print_row(row)
+                rows.append(row)
     if any(r["status"] != "ok" for r in rows) and not in_sweep:
         sys.exit(1)
     return None if not rows else rows[0] if len(rows) == 1 else rows
+
+
+def _already_done(spec: RunSpec, results_dir: Path) -> bool:
+    """Whether the table holds the run's `repeat` ok rows (said, when it does)."""
+    done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
+    if done >= spec.config.repeat:
+        print(f"odc_bench: run {spec.run_id} already in {results_dir / 'runs.csv'} "
+              f"({done} ok of repeat={spec.config.repeat}); skipped")
+    return done >= spec.config.repeat

@@ -9,8 +9,9 @@ import time
 import pandas as pd
 import pytest
 
+from odc_bench.files import claimed
 from odc_bench.results.table import read_table
-from tests.helpers import REPO, odc_bench
+from tests.helpers import REPO, odc_bench, run_spec
 
 
 def _rows(results_dir) -> pd.DataFrame:
@@ -59,3 +60,23 @@ def test_killed_sweep_resumes_without_losing_or_repeating_a_run(tmp_path, monkey
     for trace in after["trace"]:
         assert pd.read_csv(results_dir / trace).shape[0] > 0
     assert not _temporaries(results_dir)
+    assert not list(results_dir.glob(".*.running")), "the killed sweep's claim was taken over, then let go"
+
+
+def test_a_run_under_way_in_another_command_is_skipped_not_run_twice(tmp_path, monkeypatch, capsys):
+    """The same command started twice on one results folder ran the run twice at once: the two
+    wrote into the same checkpoint folder (the second failed in DCP's FileNotFoundError) and
+    both appended an ok row."""
+    results_dir = tmp_path / "results"
+    args = ["backend=sim", f"results_dir={results_dir}"]
+    run_id = run_spec(*args).run_id
+    monkeypatch.chdir(tmp_path)
+    with claimed(results_dir / f".{run_id}.running", "pid 1 on elsewhere, since 10:00:00") as elsewhere:
+        assert elsewhere is None
+        assert odc_bench(*args) == 0
+        said = capsys.readouterr().out
+        assert (f"odc_bench: run {run_id} is under way in another command (pid 1 on elsewhere, since 10:00:00) on "
+                f"{results_dir}; skipped") in said
+        assert not (results_dir / "runs.csv").exists()
+    assert odc_bench(*args) == 0
+    assert len(_rows(results_dir)) == 1 and not list(results_dir.glob(".*.running"))

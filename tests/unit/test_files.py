@@ -162,3 +162,16 @@ def test_a_command_that_meets_a_full_file_system_ends_in_one_line_with_status_1(
     assert capsys.readouterr().err == "python -m paper_figures: error: Disk quota exceeded: /r/fig.png\n"
     with pytest.raises(PermissionError), ends_cleanly():  # any other OSError is not this
         raise PermissionError(errno.EACCES, "Permission denied", "/r")
+
+
+def test_a_claim_is_held_by_one_holder_names_it_to_others_and_survives_its_killed_holder(tmp_path):
+    path = tmp_path / "r" / ".run.running"
+    with files.claimed(path, "pid 7 on a") as first:
+        assert first is None and path.read_text() == "pid 7 on a"
+        with files.claimed(path, "pid 8 on b") as second:
+            assert second == "pid 7 on a"
+        assert path.read_text() == "pid 7 on a", "a refused claim leaves the holder's file alone"
+    assert not path.exists(), "let go, the file goes"
+    path.write_text("pid 9 on a killed host")  # a holder SIGKILLed: its file stays, its lock does not
+    with files.claimed(path, "pid 10 on c") as again:
+        assert again is None and path.read_text() == "pid 10 on c"
