@@ -83,14 +83,31 @@ def last_line(text: str) -> str:
     return re.sub(r"^(?:\w+\.)+(\w+:)", r"\1", last)
 
 
-def failure(failed: list[RankExit], when: str) -> str:
+def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed since boot, the host's or
+    any cgroup's OOM (Linux 4.13 and later); None where the kernel does not say."""
+    try:
+        text = vmstat.read_text()
+    except OSError:
+        return None
+    found = re.search(r"^oom_kill (\d+)$", text, flags=re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def failure(failed: list[RankExit], when: str, oom_killed: bool = False) -> str:
     """The run's error: a rank that died without a word is the root cause of its peers' errors,
     and of its peers' deaths after it (MPICH may crash a rank whose peer vanished: the one that
-    died first is the cause, whatever the ranks' order)."""
+    died first is the cause, whatever the ranks' order). `oom_killed`: the kernel's OOM killer
+    killed a process while the ranks ran, which a SIGKILL nobody else sent is the sign of."""
     failed = sorted(failed, key=lambda e: (e.ended_at, e.rank))
     for e in failed:
         if e.error is None and e.status > 128:
-            return f"rank {e.rank} died (killed by {signal.Signals(e.status - 128).name}) {when}"
+            how = signal.Signals(e.status - 128).name
+            if how == "SIGKILL" and oom_killed:
+                return (f"rank {e.rank} died (killed by SIGKILL from the kernel's out-of-memory killer, which ran "
+                        f"while the ranks did: this host or the run's cgroup ran out of memory) {when}; use fewer "
+                        f"ranks per host, a smaller model or a lower max_tokens")
+            return f"rank {e.rank} died (killed by {how}) {when}"
     for e in failed:
         if e.error is not None:
             return f"rank {e.rank} failed: {e.error}"
@@ -101,13 +118,13 @@ def watch(ranks: RankProcesses, deadline_s: float | None, progress: Callable[[],
           on_tick: Callable[[], None] = lambda: None, tolerate_failures: bool = False) -> list[RankExit]:
     """Every rank's exit once all ended well (or ended at all, with tolerate_failures); RunFailed
     at the first failure, when the process manager died, or past the deadline."""
-    started = time.monotonic()
+    started, oom_before = time.monotonic(), oom_kills()
     while True:
         ranks.wait(_POLL_S)
         ended = ranks.exits()
         failed = [e for e in ended if e.status != 0]
         if failed and not tolerate_failures:
-            raise RunFailed(failure(failed, progress()))
+            raise RunFailed(failure(failed, progress(), oom_before is not None and (oom_kills() or 0) > oom_before))
         if len(ended) == ranks.world_size:
             return ended
         gone = ranks.gone()

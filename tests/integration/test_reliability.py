@@ -130,6 +130,49 @@ def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(en
     assert ipc_counters_of(ranks) == [], "the launcher removed the ranks' CUDA IPC reference-count files"
 
 
+def _memory_cgroup(name: str, limit: int) -> Path | None:
+    """A memory cgroup limited to `limit` bytes (cgroup v1 or v2): its cgroup.procs, or None where
+    this process may not make one (not root, no memory controller)."""
+    for folder, limit_file in ((Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes"),
+                               (Path("/sys/fs/cgroup") / name, "memory.max")):
+        try:
+            folder.mkdir()
+        except OSError:
+            continue
+        try:
+            (folder / limit_file).write_text(str(limit))
+            return folder / "cgroup.procs"
+        except OSError:
+            folder.rmdir()
+    return None
+
+
+def oom_entry(procs: str, rank: int, job: RankJob) -> None:
+    """rank_entry whose rank 1 first moves into the memory cgroup of `procs` and fills it, so that
+    the kernel's OOM killer kills it as it would a rank that outgrew the host."""
+    if rank == 1:
+        Path(procs).write_text(str(os.getpid()))
+        hog = b"x" * (1 << 30)
+        del hog
+    rank_entry(rank, job)
+
+
+def test_a_rank_the_oom_killer_killed_is_named_so(results_dir):
+    """A rank the kernel killed for memory was `rank 1 died (killed by SIGKILL)`, as if anyone
+    could have sent it: nothing said that memory ran out."""
+    procs = _memory_cgroup(f"odc-test-{os.getpid()}", 256 << 20)
+    if procs is None:
+        pytest.skip("making a memory cgroup needs root and a memory controller")
+    try:
+        row = execute(_spec("odc"), results_dir, launch=partial(run_local, entry=partial(oom_entry, str(procs))))
+    finally:
+        procs.parent.rmdir()
+    assert row["status"] == "failed"
+    assert row["error"] == ("rank 1 died (killed by SIGKILL from the kernel's out-of-memory killer, which ran while "
+                            "the ranks did: this host or the run's cgroup ran out of memory) after 0 of 3 minibatches; "
+                            "use fewer ranks per host, a smaller model or a lower max_tokens")
+
+
 def ipc_counters_of(ranks: list[list[str]]) -> list[str]:
     """torch's CUDA IPC reference-count files in /dev/shm of the ranks killing_entry recorded."""
     return sorted(p.name for pid, _, _ in ranks for p in SHM_DIR.glob(f"torch_{pid}_*"))
