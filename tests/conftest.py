@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -41,6 +43,16 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     finally:
         for folder in mounted:
             subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+@pytest.fixture
+def sigkill_window() -> Iterator[None]:
+    """Held by a test that OOM-kills a rank and by the tests that assert a plain SIGKILL's words:
+    the launcher reads the OOM killer's count host-wide (/proc/vmstat), so such tests in the two
+    pytest-xdist workers must not overlap."""
+    with open(Path(tempfile.gettempdir()) / "odc-tests-sigkill.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture

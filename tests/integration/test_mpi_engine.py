@@ -71,7 +71,8 @@ def _descendants(pid: int) -> list[int]:
     return children + [d for c in children for d in _descendants(c)]
 
 
-def test_a_rank_killed_mid_minibatch_fails_the_mpi_run_by_name_and_leaves_nothing(results_dir, tmp_path):
+def test_a_rank_killed_mid_minibatch_fails_the_mpi_run_by_name_and_leaves_nothing(results_dir, tmp_path,
+                                                                                  sigkill_window):
     spec = resolve(run_config(*MPI, *SMALL))
     shm_before = set(os.listdir("/dev/shm"))
     children_before = set(_descendants(os.getpid()))

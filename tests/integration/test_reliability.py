@@ -109,7 +109,7 @@ def _segments_of(job_id: str) -> list[str]:
 @pytest.mark.parametrize(("engine", "overrides"), [("odc", ()), ("odc", ("engine.staleness=1",)),
                                                    ("collective", ())])
 def test_a_rank_killed_mid_minibatch_fails_the_run_by_name_and_leaves_nothing(engine, overrides, results_dir,
-                                                                              tmp_path):
+                                                                              tmp_path, sigkill_window):
     spec = _spec(engine, *overrides)
     started = time.monotonic()
     row = execute(spec, results_dir, launch=partial(run_local, entry=partial(killing_entry, str(tmp_path))))
@@ -157,7 +157,7 @@ def oom_entry(procs: str, rank: int, job: RankJob) -> None:
     rank_entry(rank, job)
 
 
-def test_a_rank_the_oom_killer_killed_is_named_so(results_dir):
+def test_a_rank_the_oom_killer_killed_is_named_so(results_dir, sigkill_window):
     """A rank the kernel killed for memory was `rank 1 died (killed by SIGKILL)`, as if anyone
     could have sent it: nothing said that memory ran out."""
     procs = _memory_cgroup(f"odc-test-{os.getpid()}", 256 << 20)
@@ -178,7 +178,7 @@ def ipc_counters_of(ranks: list[list[str]]) -> list[str]:
     return sorted(p.name for pid, _, _ in ranks for p in SHM_DIR.glob(f"torch_{pid}_*"))
 
 
-def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch):
+def test_a_sweep_goes_on_after_a_run_whose_rank_died(tmp_path, monkeypatch, sigkill_window):
     results = tmp_path / "results"
     monkeypatch.setattr(local, "run_local", partial(run_local, entry=partial(killing_entry, str(tmp_path))))
     monkeypatch.chdir(tmp_path)
