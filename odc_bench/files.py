@@ -129,7 +129,9 @@ def claimed(path: Path, owner: str) -> Iterator[str | None]:
     """Claim `path` (a lock file) for this process without waiting: yields None once claimed,
     the file then holding `owner` until the claim ends and the file is removed; or, where another
     process holds it, what that one wrote there ("" if it has not yet). The kernel drops a
-    killed holder's lock, so a file it left is claimed again."""
+    killed holder's lock, so a file it left is claimed again. Folders made for the file go with
+    it where nothing else was put in them."""
+    made = _missing_folders(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
@@ -153,6 +155,9 @@ def claimed(path: Path, owner: str) -> Iterator[str | None]:
     finally:
         path.unlink(missing_ok=True)  # before the lock goes, so no one claims a file about to vanish
         os.close(fd)
+        for folder in made:  # deepest first; one that holds something now stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 # File systems that show the kernel's state as files and cannot hold a results folder.

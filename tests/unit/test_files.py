@@ -171,7 +171,12 @@ def test_a_claim_is_held_by_one_holder_names_it_to_others_and_survives_its_kille
         with files.claimed(path, "pid 8 on b") as second:
             assert second == "pid 7 on a"
         assert path.read_text() == "pid 7 on a", "a refused claim leaves the holder's file alone"
-    assert not path.exists(), "let go, the file goes"
+    assert not path.parent.exists(), "let go, the file goes, and the folder made for it"
+    path.parent.mkdir()
     path.write_text("pid 9 on a killed host")  # a holder SIGKILLed: its file stays, its lock does not
     with files.claimed(path, "pid 10 on c") as again:
         assert again is None and path.read_text() == "pid 10 on c"
+    fresh = tmp_path / "new" / "results" / ".run.running"
+    with files.claimed(fresh, "pid 11 on d"):
+        (tmp_path / "new" / "kept").write_text("written meanwhile")
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["kept"], "a folder made for the claim alone goes"
