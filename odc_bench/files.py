@@ -83,28 +83,32 @@ def _missing_folders(path: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C (SIGINT), and SIGTERM where a Python handler makes it unwind like Ctrl-C (the
-    command line's, cli/__init__.py), noted rather than raised inside the block and delivered
-    after it. Under SIGTERM's default action the process ends at once: there is nothing to hold.
+    """Ctrl-C (SIGINT), and SIGTERM and SIGHUP where a Python handler makes them unwind like
+    Ctrl-C (the command line's, cli/__init__.py), noted rather than raised inside the block and
+    delivered after it, also when the block raised (the signal's exception then replaces the
+    block's). Under their default action the process ends at once: nothing to hold.
     A Python-level handler, not a blocked signal: the process's other threads would still take
     the signal, and CPython raises it in the main thread whichever thread took it."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread sets handlers, and only there is Ctrl-C raised
         return
     noted: list[int] = []
-    held = [signal.SIGINT] + ([signal.SIGTERM] if callable(signal.getsignal(signal.SIGTERM)) else [])
+    held = [signal.SIGINT] + [s for s in (signal.SIGTERM, signal.SIGHUP) if callable(signal.getsignal(s))]
     previous = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum)) for signum in held}
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    for taken in dict.fromkeys(noted):  # each once, as the handler in place would have taken it
-        handler = previous[signal.Signals(taken)]
-        if callable(handler):
-            handler(taken, None)
-        elif handler == signal.SIG_DFL:
-            signal.raise_signal(taken)
+        # Delivered whether the block ended well or not: a signal sent to the command's whole
+        # process group also ends the fork server a block may be starting ranks from, and the
+        # block's EOFError is then its echo, not what the command must end with.
+        for taken in dict.fromkeys(noted):  # each once, as the handler in place would have taken it
+            handler = previous[signal.Signals(taken)]
+            if callable(handler):
+                handler(taken, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(taken)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -17,11 +17,25 @@ from odc_bench.config.compose import register_chosen_sweep
 from odc_bench.errors import ConfigError, fail
 from odc_bench.plan.spec import Planner
 
+# Signals that end the command by unwinding, as Ctrl-C does: SIGTERM (kill, scancel) and SIGHUP
+# (the terminal or ssh session closed), whose default actions end the process on the spot,
+# leaving its ranks' shared memory and the SLURM jobs it submitted. One the command was started
+# ignoring stays ignored: `nohup` ignores SIGHUP so that a sweep outlives its terminal.
+UNWINDING = (signal.SIGTERM, signal.SIGHUP)
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM (kill, scancel) unwinds like Ctrl-C: ranks are stopped, temporaries removed, and
+
+class Stopped(SystemExit):
+    """The command unwinding for one of UNWINDING: status 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signal = signal.Signals(signum)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """Unwind like Ctrl-C: ranks are stopped, their shared memory and temporaries removed, and
     SLURM jobs this command submitted cancelled."""
-    sys.exit(128 + signum)
+    raise Stopped(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -29,14 +43,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     status 2 before Hydra runs; Ctrl-C ends it with status 130 and no traceback.
 
     argv (default: the process's) is the whole command line, Hydra's part included, so a caller
-    in the same process runs exactly what the command would. The SIGTERM handler it installs is
-    removed again when it returns or exits."""
+    in the same process runs exactly what the command would. The SIGTERM and SIGHUP handlers it
+    installs are removed again when it returns or exits."""
     args = list(sys.argv[1:] if argv is None else argv)
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    previous = {signum: signal.signal(signum, _exit_on_signal) for signum in UNWINDING
+                if signal.getsignal(signum) != signal.SIG_IGN}
     try:
         _run(args)
+    except Stopped as e:
+        with contextlib.suppress(OSError):  # a closed terminal's stderr fails: the line is for a log
+            print(f"odc_bench: stopped by {e.signal.name}; the run under way was stopped and wrote nothing "
+                  f"(finished runs' rows are kept)", file=sys.stderr)
+        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _run(args: list[str]) -> None:

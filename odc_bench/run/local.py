@@ -6,10 +6,12 @@ as run/__init__.py sets it), so a rank starts in a fraction of the time.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import os
 import pickle
 import signal
 import threading
@@ -21,6 +23,10 @@ import torch.multiprocessing as tmp
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.launch import Entry, Progress, RankExit, last_line, launch
 from odc_bench.run.worker import RankJob, rank_entry
+from odc_core.transport.shm import process_start_time
+
+# How long stop() waits for a killed rank to be gone: the kernel frees a large process's memory first.
+_GONE_S = 10.0
 
 
 def _start_forkserver() -> None:
@@ -53,6 +59,7 @@ class ForkedRanks:
         _start_forkserver()
         self.ctx = tmp.start_processes(entry, args=(job,), nprocs=world_size, join=False, start_method="forkserver")
         self._ended: dict[int, float] = {}  # when each rank was first seen to have ended
+        self._started = [(p.pid, process_start_time(p.pid)) for p in self.ctx.processes]
 
     def exits(self) -> list[RankExit]:
         out = []
@@ -82,6 +89,16 @@ class ForkedRanks:
             if p.is_alive():
                 p.kill()
             p.join()
+        # A rank's exit pipe is the fork server's: it closes when the server ends too (a terminal's
+        # hangup kills the server with the ranks), and a rank may then still be dying, or running.
+        # Its segments may be swept only once it is gone.
+        deadline = time.monotonic() + _GONE_S
+        for pid, start in self._started:
+            if start is not None and process_start_time(pid) == start:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            while process_start_time(pid) == start and start is not None and time.monotonic() < deadline:
+                time.sleep(0.01)
         for error_file in self.ctx.error_files:  # a rank's traceback, if it raised
             Path(error_file).unlink(missing_ok=True)
 

@@ -420,25 +420,67 @@ def test_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
         local._start_forkserver()
 
 
-def test_the_command_turns_sigterm_into_an_exit_while_it_runs_and_restores_the_handler(tmp_path, monkeypatch):
-    """SIGTERM unwinds the command like Ctrl-C (status 143); a caller in the same process gets its
-    own handler back."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_the_command_turns_sigterm_and_sighup_into_an_exit_while_it_runs_and_restores_the_handler(
+        signum, tmp_path, monkeypatch):
+    """SIGTERM and SIGHUP unwind the command like Ctrl-C (status 143, 129); a caller in the same
+    process gets its own handler back, and one started ignoring the signal (nohup) keeps ignoring it."""
     during = []
 
     def stop_at_the_check(args: list[str], planner: object) -> None:
-        during.append(signal.getsignal(signal.SIGTERM))
+        during.append(signal.getsignal(signum))
         raise ConfigError("stopped at the check")
 
     monkeypatch.setattr(cli, "precheck", stop_at_the_check)
     monkeypatch.chdir(tmp_path)
-    before = signal.getsignal(signal.SIGTERM)
-    assert odc_bench("world_size=2") == 2
-    assert signal.getsignal(signal.SIGTERM) == before
-    (handler,) = during
-    assert callable(handler) and handler != before
-    with pytest.raises(SystemExit) as ended:
-        handler(signal.SIGTERM, None)
-    assert ended.value.code == 128 + signal.SIGTERM
+    original = signal.signal(signum, signal.SIG_DFL)  # as a terminal starts a command, whatever runs this test
+    try:
+        assert odc_bench("world_size=2") == 2
+        assert signal.getsignal(signum) == signal.SIG_DFL
+        (handler,) = during
+        assert callable(handler)
+        with pytest.raises(SystemExit) as ended:
+            handler(signum, None)
+        assert ended.value.code == 128 + signum
+        signal.signal(signum, signal.SIG_IGN)
+        assert odc_bench("world_size=2") == 2
+        assert during[1] == signal.SIG_IGN and signal.getsignal(signum) == signal.SIG_IGN
+    finally:
+        signal.signal(signum, original)
+
+
+@pytest.mark.parametrize("delay", [0.2, 1.5])  # as the ranks start (the fork server goes with the group), mid-run
+def test_a_hangup_stops_the_run_in_one_line_and_leaves_no_segment_or_rank(delay, tmp_path):
+    """The terminal or ssh session closing sends the command's process group SIGHUP, whose default
+    action ended the command and its ranks on the spot: their shared memory stayed behind until
+    another run on the host swept it, and a SLURM sweep's jobs were left running."""
+    overrides = ("repeat=20", f"seed={os.getpid()}", f"results_dir={tmp_path / 'r'}")
+    ours = f"odc-{_spec('odc', *overrides).run_id[:8]}_"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *SMALL, "engine=odc", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True,  # its own group, as a terminal's job
+                            # SIGHUP at its default, as a terminal starts it, even where this test runs under
+                            # nohup or a tool that ignores it (children inherit that)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if line.startswith("lengths: "):  # the ranks start next
+                break
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGHUP)  # the whole group, as a hangup does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            sweep_stale_segments()
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert err.splitlines()[-1] == ("odc_bench: stopped by SIGHUP; the run under way was stopped and wrote nothing "
+                                    "(finished runs' rows are kept)") and "Traceback" not in err
+    assert not [name for name in list_segments() if name.startswith(ours)], "no shared memory left behind"
+    assert not (tmp_path / "r" / "runs.csv").exists() or len(read_table(tmp_path / "r" / "runs.csv")) < 20
 
 
 def hold_a_heap(rank: int, world_size: int, store, job_id: str) -> None:
