@@ -13,8 +13,10 @@ import contextlib
 import errno
 import logging
 import os
+import signal
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -70,6 +72,51 @@ def no_room(error: OSError, path: Path) -> OSError:
         room = ""
     reason = (error.strerror or "no space left").lower()
     return OSError(error.errno, f"cannot write {path}: {reason}{room}; free some space or write elsewhere")
+
+
+# Signals that end a command by unwinding, as Ctrl-C does: SIGTERM (kill, scancel) and SIGHUP
+# (the terminal or ssh session closed), whose default actions end the process on the spot,
+# leaving its ranks' shared memory and the SLURM jobs it submitted. One the command was started
+# ignoring stays ignored: `nohup` ignores SIGHUP so that a sweep outlives its terminal.
+UNWINDING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(SystemExit):
+    """A command unwinding for one of UNWINDING: status 128 + the signal's number. The first
+    command on its way out that says so (`say`) is the only one: a command may run another in
+    its own process."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signal = signal.Signals(signum)
+        self.said = False
+
+    def say(self, line: str) -> None:
+        if not self.said:
+            with contextlib.suppress(OSError):  # a closed terminal's stderr fails: the line is for a log
+                print(line, file=sys.stderr)
+            self.said = True
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def unwinding_on_signals() -> Iterator[None]:
+    """Inside, UNWINDING's signals raise Stopped, so that ranks are stopped, their shared memory
+    and temporaries removed, and SLURM jobs the command submitted cancelled on the way out; the
+    handlers in place before come back after. Only the main thread sets handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _raise_stopped) for signum in UNWINDING
+                if signal.getsignal(signum) != signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
@@ -179,9 +226,11 @@ def ends_cleanly(command: str | None = None, prog: str = "odc_bench") -> Iterato
     that an import wrapped in another error leaves as the Ctrl-C it was (interrupt_within).
 
     With `command` (the command as typed, command_name), Ctrl-C ends the command in one line,
-    "<command>: interrupted", and status 130, as the main app's does: the side commands write
-    their files atomically, so what they wrote is whole and what they were writing is not there.
-    Without it Ctrl-C goes on to the caller (the main app says what its stopped run left).
+    "<command>: interrupted", and status 130, as the main app's does, and SIGTERM and SIGHUP in
+    "<command>: stopped by SIGTERM" and 128 + the signal (unwinding_on_signals): the side
+    commands write their files atomically, so what they wrote is whole and what they were
+    writing is not there. Without it both go on to the caller (the main app says what its
+    stopped run left).
 
     A full file system or quota (NO_ROOM) ends the command in one line, "<command or prog>:
     error: cannot write ...", and status 1: every write after it would fail the same way, and
@@ -197,12 +246,18 @@ def ends_cleanly(command: str | None = None, prog: str = "odc_bench") -> Iterato
     logging.Handler.handleError = raise_broken_pipe  # type: ignore[method-assign, assignment]
     try:
         try:
-            yield
+            with unwinding_on_signals() if command is not None else contextlib.nullcontext():
+                yield
             sys.stdout.flush()
         except Exception as e:
             if (ctrl_c := interrupt_within(e)) is not None:
                 raise ctrl_c from None
             raise
+    except Stopped as e:
+        if command is None:
+            raise
+        e.say(f"{command}: stopped by {e.signal.name}")
+        raise
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)

@@ -5,7 +5,6 @@ progress callback (progress.py)."""
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
@@ -14,28 +13,8 @@ from odc_bench.app import main as hydra_main
 from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import register_chosen_sweep
-from odc_bench.errors import ConfigError, fail
+from odc_bench.errors import ConfigError, Stopped, fail, unwinding_on_signals
 from odc_bench.plan.spec import Planner
-
-# Signals that end the command by unwinding, as Ctrl-C does: SIGTERM (kill, scancel) and SIGHUP
-# (the terminal or ssh session closed), whose default actions end the process on the spot,
-# leaving its ranks' shared memory and the SLURM jobs it submitted. One the command was started
-# ignoring stays ignored: `nohup` ignores SIGHUP so that a sweep outlives its terminal.
-UNWINDING = (signal.SIGTERM, signal.SIGHUP)
-
-
-class Stopped(SystemExit):
-    """The command unwinding for one of UNWINDING: status 128 + the signal's number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signal = signal.Signals(signum)
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    """Unwind like Ctrl-C: ranks are stopped, their shared memory and temporaries removed, and
-    SLURM jobs this command submitted cancelled."""
-    raise Stopped(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -46,18 +25,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     in the same process runs exactly what the command would. The SIGTERM and SIGHUP handlers it
     installs are removed again when it returns or exits."""
     args = list(sys.argv[1:] if argv is None else argv)
-    previous = {signum: signal.signal(signum, _exit_on_signal) for signum in UNWINDING
-                if signal.getsignal(signum) != signal.SIG_IGN}
     try:
-        _run(args)
+        with unwinding_on_signals():
+            _run(args)
     except Stopped as e:
-        with contextlib.suppress(OSError):  # a closed terminal's stderr fails: the line is for a log
-            print(f"odc_bench: stopped by {e.signal.name}; the run under way was stopped and wrote nothing "
-                  f"(finished runs' rows are kept)", file=sys.stderr)
+        e.say(f"odc_bench: stopped by {e.signal.name}; the run under way was stopped and wrote nothing (finished "
+              f"runs' rows are kept)")
         raise
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _run(args: list[str]) -> None:

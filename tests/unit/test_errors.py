@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -626,3 +627,23 @@ def test_a_full_results_folder_ends_the_command_in_one_line_and_leaves_no_partia
         assert last.startswith(said) and last.endswith("; free some space or write elsewhere"), proc.stderr
         assert "Traceback" not in proc.stderr
     assert [p for p in full.rglob("*") if p.is_file()] == [], "no file cut short, no temporary"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_a_side_command_in_one_line_once_and_restore_the_handlers(signum, capsys):
+    """Their default actions ended a side command on the spot: ranks it ran (checkpoint_cost,
+    optimizer_step, the primitives) left their shared memory until another run swept it."""
+    from odc_bench.errors import ends_cleanly
+
+    original = signal.signal(signum, signal.SIG_DFL)  # as a terminal starts a command, whatever runs this test
+    try:
+        with pytest.raises(SystemExit) as stop, ends_cleanly("python -m outer"), ends_cleanly("python -m inner"):
+            signal.raise_signal(signum)
+        assert stop.value.code == 128 + signum
+        assert capsys.readouterr().err == f"python -m inner: stopped by {signal.Signals(signum).name}\n"
+        assert signal.getsignal(signum) == signal.SIG_DFL
+        signal.signal(signum, signal.SIG_IGN)  # started under nohup: left ignored
+        with ends_cleanly("python -m x"):
+            assert signal.getsignal(signum) == signal.SIG_IGN
+    finally:
+        signal.signal(signum, original)
