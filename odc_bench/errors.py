@@ -126,7 +126,17 @@ def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
 
 
 def _user_path(text: str) -> Path:
-    return Path(text).expanduser()
+    """A Path option's value: a leading ~ is the home folder; a path no file system can hold (a
+    name over its NAME_MAX bytes) is refused here, where the command's first look at it was a
+    traceback."""
+    path = Path(text).expanduser()
+    try:
+        path.stat()
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            raise argparse.ArgumentTypeError(f"{text[:40]}...: a name in it is longer than its file system "
+                                             f"takes") from None
+    return path
 
 
 class _HelpWithDefaults(argparse.HelpFormatter):

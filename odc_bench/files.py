@@ -204,6 +204,8 @@ def folder_problem(folder: Path) -> tuple[str, str] | None:
     """Why files cannot be written into `folder` (made where missing), or None where they can:
     (what is wrong, the kind of folder to give instead), in words a message goes on with after
     the folder's name. Checked before a command does its work, so that bad input writes nothing."""
+    if (too_long := name_too_long(folder)) is not None:
+        return too_long, "a folder with shorter names"
     if folder.exists() and not folder.is_dir():
         return "is not a directory", "a folder"
     existing = folder
@@ -217,6 +219,21 @@ def folder_problem(folder: Path) -> tuple[str, str] | None:
                 "results"), "a folder on a disk"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"is not writable ({existing})", "a folder you can write"
+    return None
+
+
+def name_too_long(path: Path) -> str | None:
+    """Why `path` is longer than the file system it is or would be on takes (a name over NAME_MAX
+    bytes, the whole over PATH_MAX), or None: the kernel's ENAMETOOLONG came out of whatever
+    first touched it, an input's check or an output's first write, as a traceback."""
+    path = path.absolute()
+    existing = next(p for p in path.parents if os.path.exists(p))  # False, not an error, for a name too long
+    name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    for name in path.parts[1:]:
+        if (size := len(os.fsencode(name))) > name_max:
+            return f"has a name of {size} bytes ({name[:12]}...), over the {name_max} its file system takes"
+    if (size := len(os.fsencode(str(path)))) >= path_max:
+        return f"is {size} bytes long, over the {path_max - 1} a path may have"
     return None
 
 
@@ -235,6 +252,8 @@ def readable_file(text: str) -> Path:
     """An input file option's argparse type: the file must be there, or the command is refused in
     one line before any work (it was a FileNotFoundError's traceback once the work reached it)."""
     path = Path(text).expanduser()
+    if (too_long := name_too_long(path)) is not None:
+        raise argparse.ArgumentTypeError(f"{text} {too_long}: no file can have it")
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     return path

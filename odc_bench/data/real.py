@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from odc_bench.errors import DataError
-from odc_bench.files import atomic_path
+from odc_bench.files import atomic_path, name_too_long
 
 LOADERS = ("jsonl", "hf_disk")
 CACHE_VERSION = 1
@@ -312,6 +312,8 @@ def load_pool(loader: str, path: str | None, *, field: str | None = None, text_f
         what = "the .jsonl file" if loader == "jsonl" else "the directory written by save_to_disk"
         raise DataError(f"dataset={loader} needs dataset.path: set dataset.path to {what}")
     source = Path(path).expanduser()
+    if (too_long := name_too_long(source)) is not None:
+        raise DataError(f"dataset.path {source} {too_long}: no file can have it; point it at your data")
     if not source.exists():
         raise DataError(f"dataset.path {source} does not exist; point it at your data")
     cache = Path(cache_dir).expanduser() if cache_dir else None

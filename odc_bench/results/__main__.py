@@ -9,6 +9,7 @@ an earlier schema to this one (results/migrate.py).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "schema in this one")
     mig.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="results folders or tables")
     args = parser.parse_args(argv)
-    missing = [str(d) for d in args.dirs if not d.exists()]
+    missing = [str(d) for d in args.dirs if not os.path.exists(d)]  # False for a name too long, not an error
     if missing:
         print(f"{PROG}: error: no such folder or table: {', '.join(missing)}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_m
 from odc_bench.data.profiles import PROFILES
 from odc_bench.data.real import loader_for
 from odc_bench.errors import ConfigError
+from odc_bench.files import name_too_long
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.series import BASELINE_BALANCERS
 
@@ -194,6 +195,8 @@ class Question:
         if self.lengths in PROFILES:
             return [f"dataset={self.lengths}", *scale]
         path = Path(self.lengths).expanduser()
+        too_long = name_too_long(path)
+        require(too_long is None, f"{self.lengths} {too_long}: no file can have it; give the lengths file's path")
         require(path.exists(), f"{self.lengths} is neither a length profile ({', '.join(sorted(PROFILES))}) nor a "
                                f"file or folder; give a lengths file (one token count per line), a JSONL file or a "
                                f"dataset saved with save_to_disk")

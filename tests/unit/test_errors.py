@@ -219,6 +219,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-grpo-option": (["dataset=grpo", "dataset.grpo.clip_fraction=0"],
                         "dataset.grpo.clip_fraction must lie strictly between 0 and 1, got 0", None),
     "data-file-missing": (["dataset=jsonl", "dataset.path={tmp}/missing.jsonl"], "missing.jsonl does not exist", None),
+    "data-path-name-too-long": (["dataset=jsonl", f"dataset.path={{tmp}}/{'d' * 300}/l.jsonl"],
+                                "has a name of 300 bytes (dddddddddddd...), over the 255 its file system takes: no "
+                                "file can have it; point it at your data", None),
     "data-not-text": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
                       "d.jsonl is not text: it holds bytes that are not UTF-8", _bytes(bytes(range(256)) * 4)),
     "data-not-json-lines": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl"],
@@ -259,6 +262,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "results-dir-on-proc": (["results_dir=/proc/x"], "results_dir /proc/x is on proc (/proc), a pseudo-filesystem",
                             None),
     "results-dir-on-sys": (["results_dir=/sys/kernel/x"], "results_dir /sys/kernel/x is on sysfs (/sys)", None),
+    "results-dir-name-too-long": ([f"results_dir={{tmp}}/{'r' * 300}/sub"],
+                                  "has a name of 300 bytes (rrrrrrrrrrrr...), over the 255 its file system takes; set "
+                                  "results_dir to a folder with shorter names", None),
     "hydra-output-under-a-file": (["hydra.run.dir={tmp}/file/out"], "/file/out cannot be created: ", _file),
     "hydra-sweep-output-on-proc": (["--multirun", "world_size=1,2", "hydra.sweep.dir=/proc/x"],
                                    "Hydra's output folder /proc/x is on proc (/proc), a pseudo-filesystem showing the "
@@ -647,3 +653,19 @@ def test_sigterm_and_sighup_end_a_side_command_in_one_line_once_and_restore_the_
             assert signal.getsignal(signum) == signal.SIG_IGN
     finally:
         signal.signal(signum, original)
+
+
+
+def test_a_path_option_no_file_system_can_hold_is_refused_in_one_line(tmp_path, capsys):
+    """A side command's first look at such a path was an OSError's traceback (File name too long)."""
+    from odc_bench.errors import CommandParser
+
+    parser = CommandParser(prog="python -m x")
+    parser.add_argument("--rows", type=Path, help="a table")
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args(["--rows", str(tmp_path / ("n" * 300) / "rows.csv")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m x: error: argument --rows: ") and len(err.splitlines()) == 1
+    assert "...: a name in it is longer than its file system takes" in err
+    assert parser.parse_args(["--rows", str(tmp_path / "missing.csv")]).rows == tmp_path / "missing.csv"
