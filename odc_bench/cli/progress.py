@@ -26,7 +26,9 @@ def _label(config: DictConfig, varying: set[str] | None) -> str:
     shown = [o for o in overrides if (_key(o) in varying if varying is not None
                                       else not o.startswith(("hydra.", "results_dir=")))]
     label = " ".join(shown) or "default job"
-    return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"
+    # Cut with three dots, not an ellipsis: a terminal in latin-1 or ASCII (LANG=en_US on older
+    # systems) could not print one, and the run ended in a UnicodeEncodeError.
+    return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 3] + "..."
 
 
 class ProgressCallback(Callback):

@@ -187,3 +187,21 @@ def test_a_run_says_it_resumes_and_ctrl_c_says_which_checkpoints_stayed(tmp_path
     assert str(again.value).endswith(f"stay in {folder}: checkpoint.resume=never: the same command starts again "
                                      f"from minibatch 0")
     assert kept_checkpoints(tmp_path / "none") == "", "no checkpoint: cli.interrupted's own line"
+
+
+@pytest.mark.slow
+def test_a_run_prints_on_an_ascii_terminal(tmp_path):
+    """A job label cut with an ellipsis ended a run printing to a latin-1 or ASCII terminal (LANG=en_US
+    on older systems) in a UnicodeEncodeError."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    argv = ["engine=odc", "model.num_layers=2", "minibatch_size=2", "num_minibatches=3", "warmup_minibatches=0",
+            "dataset.length_scale=0.005", "threads_per_rank=1", f"results_dir={tmp_path / 'r'}"]
+    proc = subprocess.run([sys.executable, "-m", "odc_bench", *argv], cwd=tmp_path, capture_output=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONIOENCODING="ascii"), timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-800:]
+    assert proc.stdout.isascii() and b"...: minibatch " in proc.stdout
