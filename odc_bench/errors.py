@@ -254,6 +254,11 @@ def ends_cleanly(command: str | None = None, prog: str = "odc_bench") -> Iterato
         handle_error(handler, record)
 
     logging.Handler.handleError = raise_broken_pipe  # type: ignore[method-assign, assignment]
+    # What stdout cannot encode (a path's é on a latin-1 or ASCII terminal, a file name's bytes
+    # that are not UTF-8) is written escaped, as stderr's are: it ended the command in a
+    # UnicodeEncodeError.
+    with contextlib.suppress(AttributeError, ValueError):  # a replaced stdout (pytest's capture)
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     try:
         try:
             with unwinding_on_signals() if command is not None else contextlib.nullcontext():

@@ -669,3 +669,19 @@ def test_a_path_option_no_file_system_can_hold_is_refused_in_one_line(tmp_path, 
     assert err.startswith("python -m x: error: argument --rows: ") and len(err.splitlines()) == 1
     assert "...: a name in it is longer than its file system takes" in err
     assert parser.parse_args(["--rows", str(tmp_path / "missing.csv")]).rows == tmp_path / "missing.csv"
+
+
+def test_a_command_writes_what_its_stdout_cannot_encode_escaped(monkeypatch):
+    """A path's é on a latin-1 or ASCII terminal, or a file name's bytes that are not UTF-8, ended
+    the what-if's report in a UnicodeEncodeError."""
+    import io
+
+    from odc_bench.errors import ends_cleanly
+
+    for encoding, text, written in [("ascii", "/tmp/josé/l.jsonl", b"/tmp/jos\\xe9/l.jsonl"),
+                                    ("utf-8", "/tmp/bad\udcff.jsonl", b"/tmp/bad\\udcff.jsonl")]:
+        out = io.BytesIO()
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding=encoding))
+        with ends_cleanly("python -m x"):
+            print(text)
+        assert out.getvalue() == written + b"\n"
