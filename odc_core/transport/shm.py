@@ -47,6 +47,7 @@ import mmap
 import os
 import re
 import resource
+import socket
 import struct
 import sys
 import threading
@@ -221,6 +222,19 @@ def _map_once(path: Path, nbytes: int, create: bool) -> mmap.mmap:
         os.close(fd)  # the mapping keeps the file; locks use the control file's descriptors
 
 
+def _memory_of(directory: Path) -> dict[str, str]:
+    """Which shared memory `directory` is: ranks whose segments land in the same file system of
+    the same running kernel can map each other's (a host's name alone would not tell two
+    containers, or two hosts both called localhost, apart)."""
+    st = os.stat(directory)
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return dict(host=socket.gethostname(), folder=str(directory), fs=f"{boot}:{st.st_dev}:{st.st_ino}")
+
+
+def _where(memory: dict[str, str]) -> str:
+    return f"{memory['folder']} on {memory['host']}"
+
+
 def _reserve(fd: int, path: Path, nbytes: int) -> None:
     """Give the segment its pages now, zeroed. A file only truncated to size gets them as they
     are first touched, and where the file system is full (a container's /dev/shm is 64 MiB
@@ -262,6 +276,7 @@ class ShmHeap:
         self.timeout_s, self.chunk_bytes = float(timeout_s), int(chunk_bytes)
         self._job = job_tag(job_id)
         self._store, self._dir = store, directory
+        self._memory = _memory_of(directory)
         self._pid = os.getpid()
         self._tag = f"p{self._pid}-t{process_start_time(self._pid)}"
         self._buffers: dict[str, list[_Buffer]] = {}
@@ -307,8 +322,14 @@ class ShmHeap:
         what = f"allocation of {name!r}"
         ranks: list[_Buffer | None] = [None] * self.world_size
         ranks[self.rank] = own
-        for peer, published in self._exchange(f"{key}/segment", json.dumps(dict(spec, segment=segment)), what):
+        for peer, published in self._exchange(f"{key}/segment", json.dumps(dict(spec, segment=segment,
+                                                                                  memory=self._memory)), what):
             theirs = json.loads(published)
+            if theirs["memory"]["fs"] != self._memory["fs"]:
+                raise RuntimeError(f"ranks {self.rank} and {peer} share no memory: rank {self.rank}'s segments are in "
+                                   f"{_where(self._memory)}, rank {peer}'s in {_where(theirs['memory'])}; the shm "
+                                   f"transport holds ranks of one host: across hosts use transport=mpi (CPU ranks) or "
+                                   f"nvshmem (one GPU each)")
             if {k: theirs[k] for k in spec} != spec:
                 raise ValueError(f"asymmetric allocation #{index}: rank {self.rank} allocated {spec}, "
                                  f"rank {peer} allocated {theirs}; every rank must alloc the same buffers in order")

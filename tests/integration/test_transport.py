@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -373,3 +374,27 @@ def test_a_heap_larger_than_its_shared_memory_fails_in_one_line_and_leaves_no_se
         "free of 8.0 MiB; give it more room (docker run --shm-size, or a larger tmpfs), or run fewer ranks per host "
         "or a smaller model",
         "left 0"]
+
+
+def test_ranks_whose_segments_land_in_different_shared_memories_are_refused_in_one_line(tmp_path):
+    """Ranks of a multi-node torchrun on the shm transport: a peer's segment name arrived but its
+    file was on another host, and the error blamed the peer for having exited."""
+    elsewhere = tmp_path / "other-host-shm"
+    elsewhere.mkdir()
+    name = job()
+    folders = [SHM_DIR, elsewhere]
+    out = thread_ranks(2, lambda r, store: ShmHeap(r, 2, name, store, timeout_s=10, directory=folders[r]))
+    for rank, error in enumerate(out):
+        assert isinstance(error, RuntimeError), error
+        peer = 1 - rank
+        assert str(error) == (
+            f"ranks {rank} and {peer} share no memory: rank {rank}'s segments are in {folders[rank]} on "
+            f"{socket.gethostname()}, rank {peer}'s in {folders[peer]} on {socket.gethostname()}; the shm transport "
+            "holds ranks of one host: across hosts use transport=mpi (CPU ranks) or nvshmem (one GPU each)")
+    assert not [s for s in list_segments() if name in s] and not list(elsewhere.iterdir())
+    job_id = job()
+    same = [SHM_DIR, SHM_DIR / "."]  # the same memory, spelt otherwise: accepted
+    heaps = thread_ranks(2, lambda r, store: ShmHeap(r, 2, job_id, store, timeout_s=10, directory=same[r]))
+    assert all(isinstance(h, ShmHeap) for h in heaps), heaps
+    for h in heaps:
+        h.close()
