@@ -18,7 +18,7 @@ from typing import Any
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import Override, ValueType
 from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_parameters
@@ -35,10 +35,22 @@ from odc_bench.sim import check_hardware
 def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
     """The overrides with every sweep (a,b / range(...)) replaced by one of its values, in sweep order."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-               else [str(o.input_line)] for o in parsed]
+    choices = [swept_values(o) if o.is_sweep_override() else [str(o.input_line)] for o in parsed]
     for combination in itertools.product(*choices):
         yield list(combination)
+
+
+def swept_values(override: Override) -> list[str]:
+    """A swept key's overrides, one per value; ConfigError where a grid cannot list any (an
+    interval, which only an optimising sweeper samples; a range with none in it)."""
+    if override.value_type == ValueType.INTERVAL_SWEEP:
+        raise ConfigError(f"{override.input_line!r} is an interval, which a grid sweep cannot list; give the values "
+                          f"(a,b,c) or range(start,stop,step)")
+    values = [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
+    if not values:
+        raise ConfigError(f"{override.input_line!r} gives no values, so the sweep would have no runs; give it at "
+                          f"least one")
+    return values
 
 
 # Flags that ask Hydra for information rather than a run: only the command line is checked.

@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.app import Job
 from odc_bench.cli.outcomes import print_summary
-from odc_bench.cli.precheck import check_run
+from odc_bench.cli.precheck import check_run, swept_values
 from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
@@ -80,6 +80,9 @@ def expand_jobs(params: Mapping[str, Any] | None, grids: Sequence[Mapping[str, A
     for grid in grids or [{}]:
         own = _by_key(parser, [_as_override(k, v) for k, v in grid.items()])
         merged = {**common, **own, **cli}
+        for override in merged.values():  # one that lists nothing, here or on the command line
+            if override.is_sweep_override():
+                swept_values(override)
         for job in BasicSweeper.split_arguments(list(merged.values()), None)[0]:
             key = frozenset(job)
             if key not in seen and not any(partial <= key for partial in dropped):
@@ -130,7 +133,11 @@ class GridSweeper(Sweeper):
 
     def _sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         assert self.config is not None and self.launcher is not None
-        runnable, cannot_run = self._runnable(expand_jobs(self.params, self.grids, self.exclude, arguments))
+        try:
+            expanded = expand_jobs(self.params, self.grids, self.exclude, arguments)
+        except ConfigError as e:
+            fail(ConfigError(f"the sweep: {e}"))
+        runnable, cannot_run = self._runnable(expanded)
         jobs = [job for job, _ in runnable]
         repeats = [repeat for _, repeat in runnable]
         batches = interleave(jobs, repeats) if self.interleave and max(repeats, default=1) > 1 else [jobs]

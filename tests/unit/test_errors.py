@@ -106,6 +106,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                        None),
     "unquoted-quote": (["results_dir=out/q'1"], """quote it: 'results_dir="out/q'"'"'1"'""", None),
     "sweep-without-multirun": (["world_size=1,2"], "'world_size=1,2' lists several values; add --multirun", None),
+    "sweep-of-no-values": (["--multirun", "seed=range(0,0)"], "'seed=range(0,0)' gives no values, so the sweep would "
+                           "have no runs; give it at least one", None),
+    "sweep-of-an-interval": (["--multirun", "seed=interval(0,1)"], "'seed=interval(0,1)' is an interval, which a grid "
+                             "sweep cannot list", None),
     # values
     "world-size-zero": (["world_size=0"], "world_size must be at least 1, got 0", None),
     "not-an-integer": (["minibatch_size=2.5"], "minibatch_size must be an integer, got 2.5", None),

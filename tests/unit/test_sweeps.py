@@ -1,5 +1,7 @@
 """Every sweep file composes, expands to the jobs its experiment needs, and each job resolves."""
 
+import re
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -279,3 +281,22 @@ def test_interleaving_leaves_out_configs_of_fewer_repeats_from_later_rounds():
     assert rounds == [[["balancer=a", "repeat=1"], ["balancer=b", "repeat=1"], ["balancer=c", "repeat=1"]],
                       [["balancer=c", "repeat=2"], ["balancer=a", "repeat=2"]],
                       [["balancer=a", "repeat=3"]]]
+
+
+@pytest.mark.parametrize("value,said", [("range(0,0)", "'seed=range(0,0)' gives no values, so the sweep would have "
+                                                       "no runs; give it at least one"),
+                                        ("interval(0,1)", "'seed=interval(0,1)' is an interval, which a grid sweep "
+                                                          "cannot list; give the values (a,b,c) or range(start,stop,"
+                                                          "step)")])
+def test_a_swept_key_that_lists_no_values_is_refused_in_one_line(value, said, tmp_path, sweep):
+    """An empty range ran a sweep of 0 runs (on the command line: 'no combination of the sweep can
+    run, e.g.: None'); an interval was Hydra's traceback from a sweep file, its message on the
+    command line."""
+    from odc_bench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        expand_jobs({"backend": "sim", "seed": value})
+    status, _, err = sweep(f"seed={value}", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                           f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert (status, err) == (2, f"odc_bench: error: {said}\n")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "m").exists()
