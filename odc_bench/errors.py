@@ -21,8 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from odc_bench.sizes import size_label
-
 
 class ConfigError(ValueError):
     """Bad input: the message is one line naming the problem and the fix."""
@@ -55,23 +53,8 @@ class RunFailed(RuntimeError):
 
 
 # What a write gets from a full file system or quota: the end of the command (ends_cleanly), not a
-# run's failure or bad input.
+# run's failure or bad input (files.no_room says it).
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def no_room(error: OSError, path: Path) -> OSError:
-    """`error` (ENOSPC or EDQUOT from writing `path`) in words that name the file and the room its
-    file system has left: a write's own error names no file."""
-    existing = path.absolute().parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        fs = os.statvfs(existing)
-        room = f" ({size_label(fs.f_bavail * fs.f_frsize)} free of {size_label(fs.f_blocks * fs.f_frsize)} there)"
-    except OSError:
-        room = ""
-    reason = (error.strerror or "no space left").lower()
-    return OSError(error.errno, f"cannot write {path}: {reason}{room}; free some space or write elsewhere")
 
 
 # Signals that end a command by unwinding, as Ctrl-C does: SIGTERM (kill, scancel) and SIGHUP

@@ -12,7 +12,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from odc_bench.errors import NO_ROOM, no_room
+from odc_bench.errors import NO_ROOM
+from odc_bench.sizes import size_label
 
 
 def _umask() -> int:
@@ -71,6 +72,25 @@ def atomic_paths(*paths: Path) -> Iterator[tuple[Path, ...]]:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
+
+
+def no_room(error: OSError, path: Path) -> OSError:
+    """`error` (ENOSPC or EDQUOT from writing `path`) in words that name the file and the room its
+    file system has left: a write's own error names no file."""
+    try:
+        fs = os.statvfs(_nearest_existing(path.absolute().parent))
+        room = f" ({size_label(fs.f_bavail * fs.f_frsize)} free of {size_label(fs.f_blocks * fs.f_frsize)} there)"
+    except OSError:
+        room = ""
+    reason = (error.strerror or "no space left").lower()
+    return OSError(error.errno, f"cannot write {path}: {reason}{room}; free some space or write elsewhere")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists (a name too long exists nowhere)."""
+    while not os.path.exists(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _missing_folders(path: Path) -> list[Path]:
@@ -181,9 +201,7 @@ def _unescape(field: str) -> str:
 def filesystem_of(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> tuple[str, Path] | None:
     """The type and mount point of the file system that holds `path` (or would hold it: the
     nearest existing folder above it decides); None where the kernel does not say (not Linux)."""
-    existing = path.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = _nearest_existing(path.absolute())
     try:
         lines = mountinfo.read_text().splitlines()
     except OSError:
@@ -208,9 +226,7 @@ def folder_problem(folder: Path) -> tuple[str, str] | None:
         return too_long, "a folder with shorter names"
     if folder.exists() and not folder.is_dir():
         return "is not a directory", "a folder"
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = _nearest_existing(folder)
     if not existing.is_dir():
         return f"cannot be created: {existing} is not a directory", "a folder"
     fs = filesystem_of(folder)
@@ -227,7 +243,7 @@ def name_too_long(path: Path) -> str | None:
     bytes, the whole over PATH_MAX), or None: the kernel's ENAMETOOLONG came out of whatever
     first touched it, an input's check or an output's first write, as a traceback."""
     path = path.absolute()
-    existing = next(p for p in path.parents if os.path.exists(p))  # False, not an error, for a name too long
+    existing = _nearest_existing(path)
     name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
     for name in path.parts[1:]:
         if (size := len(os.fsencode(name))) > name_max:
