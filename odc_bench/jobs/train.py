@@ -210,19 +210,9 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
                         f"gpus_per_node to run CPU ranks")
     spec = (planner or Planner()).resolve(config)
     check_results_dir(results_dir)
-    if _already_done(spec, results_dir):
-        return None
-    if not slurm_task.in_task():  # a SLURM job's nodes are not this host
-        spec.check_devices()
-        spec.check_fits()
-        if uses_mpi(spec):
-            from odc_bench.run.mpiexec import mpiexec_path
-
-            mpiexec_path()
-    if config.simulated:
-        check_hardware(spec)
-    # A SLURM job's tasks all run this, and its driver keeps the folder's runs from being
-    # submitted twice (cli/submissions.py).
+    # Claimed before anything else, so that a re-run takes over the claim a killed command left,
+    # whatever it finds. A SLURM job's tasks all run this, and its driver keeps the folder's runs
+    # from being submitted twice (cli/submissions.py).
     claim = contextlib.nullcontext(None) if slurm_task.in_task() else claimed(
         results_dir / f".{spec.run_id}.running", f"pid {os.getpid()} on {socket.gethostname()}, "
                                                   f"since {time.strftime('%H:%M:%S')}")
@@ -231,8 +221,17 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
             print(f"odc_bench: run {spec.run_id} is under way in another command ({elsewhere or 'starting'}) on "
                   f"{results_dir}; skipped")
             return None
-        if _already_done(spec, results_dir):  # by a command that held it a moment ago
+        if _already_done(spec, results_dir):
             return None
+        if not slurm_task.in_task():  # a SLURM job's nodes are not this host
+            spec.check_devices()
+            spec.check_fits()
+            if uses_mpi(spec):
+                from odc_bench.run.mpiexec import mpiexec_path
+
+                mpiexec_path()
+        if config.simulated:
+            check_hardware(spec)
         done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
         write_pending_caches()  # the run is accepted: only now does anything land beside the user's data
         print(describe_lengths(spec))
