@@ -18,6 +18,7 @@ group's inner gloo backend, which is what that group does with every call it doe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from time import perf_counter
 from typing import Any, cast
@@ -27,7 +28,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import _common_utils as _fsdp_common
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_leaves
 
 from odc_core.engine.base import (
     Clock,
@@ -44,6 +47,7 @@ from odc_core.engine.base import (
     group_options,
     reduction_device,
 )
+from odc_core.engine.outputs import Walk, check_output, unit_labels
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 from odc_core.engine.sharing import check_units, sharing_groups, unit_parameters
 
@@ -120,6 +124,7 @@ class CollectiveEngine:
         check_wrap(model, self.model)
         # The model itself among the units is the root, sharded last below.
         units = [u for u in check_units(model, units) if u is not model]
+        labels = unit_labels(model)  # before fully_shard renames the classes (FSDP<name>)
         mesh = self._mesh()
         mp = _fsdp2_policy(self.policy)
         # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
@@ -129,6 +134,8 @@ class CollectiveEngine:
             if len(group) == 1:
                 fully_shard(units[group[0]], mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+        for module in (*units, model):
+            module.register_forward_hook(functools.partial(_check_output, labels[id(module)]), with_kwargs=True)
         # Ahead of FSDP2's own pre-forward hook (fully_shard prepended it): the count's check must
         # come before a microbatch's first all-gather.
         model.register_forward_pre_hook(self._microbatch_starts, prepend=True)
@@ -283,3 +290,20 @@ def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:
     return CollectiveEngine(ctx.device, ctx.precision, options.reshard_after_forward, options.backend,
                             job_id=ctx.job_id, timeout_s=ctx.timeout_s,
                             shard_group=shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))
+
+
+# Where FSDP2 looks for the tensors it hooks: torch 2.13's walks containers (collect_grad_tensors);
+# a release without that function hooked the leaves of torch's pytree.
+_FSDP2_WALK: Walk = "containers" if hasattr(_fsdp_common, "collect_grad_tensors") else "pytree"
+
+
+def _check_output(label: str, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+    """FSDP2 unshards a unit for its backward from hooks on the tensors in its output: an output
+    whose gradient flows through a tensor FSDP2 does not find would reach the unit's parameters
+    resharded (a storage error deep inside backward), so it is refused here (outputs.py)."""
+    def needs_grad() -> bool:
+        inputs = (t for t in tree_leaves((args, kwargs)) if torch.is_tensor(t))
+        return any(p.requires_grad for p in module.parameters()) or any(t.requires_grad for t in inputs)
+
+    if torch.is_grad_enabled():
+        check_output(label, output, _FSDP2_WALK, needs_grad)

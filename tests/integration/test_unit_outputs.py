@@ -1,17 +1,24 @@
-"""ODC's hooks on units that return tuples, as transformers decoder layers do."""
+"""ODC's hooks on units that return tuples, as transformers decoder layers do, and both engines' on
+units that return other types (odc_core/engine/outputs.py)."""
 
 import copy
+import dataclasses
 import uuid
 from functools import partial
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._pytree import register_pytree_node
 from torch.utils.checkpoint import checkpoint
 
 from odc_core.engine.base import EngineContext
+from odc_core.engine.build import make_engine
+from odc_core.engine.fsdp2 import _FSDP2_WALK
 from odc_core.engine.odc import build
 from odc_core.engine.odc.unit import Storage
+from odc_core.engine.outputs import check_output
 from odc_core.engine.registry import OdcOptions
 
 
@@ -208,3 +215,112 @@ def test_the_root_holds_what_no_unit_does_and_evaluation_reads_every_step(one_ra
             assert all(unit.storage is Storage.SHARDED for unit in engine.units)
     finally:
         engine.close()
+
+
+@dataclasses.dataclass
+class Out:
+    hidden: torch.Tensor
+
+
+class Box:
+    """An output type neither engine looks into."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+class Fields(dict):
+    """A dict subclass torch's pytree was not told of."""
+
+
+class Pair(NamedTuple):
+    hidden: torch.Tensor
+    steps: int
+
+
+class Registered:
+    """A type registered with torch's pytree: ODC looks into it, FSDP2 on torch 2.13 does not."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+register_pytree_node(Registered, lambda r: ([r.hidden], None), lambda children, _: Registered(children[0]))
+
+WRAPS = {"dataclass": Out, "dict-subclass": lambda h: Fields(hidden=h), "namedtuple": lambda h: Pair(h, 1),
+         "object": Box, "pytree-registered": Registered}
+
+
+class Wrapping(nn.Module):
+    def __init__(self, wrap, width: int = 8) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.lin, self.wrap = nn.Linear(width, width), wrap
+
+    def forward(self, x: torch.Tensor) -> object:
+        return self.wrap(torch.tanh(self.lin(x)))
+
+
+class WrappingNet(nn.Module):
+    def __init__(self, wrap) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.layers = nn.ModuleList(Wrapping(wrap) for _ in range(2))
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            out = layer(x)
+            x = out["hidden"] if isinstance(out, dict) else out.hidden
+        return self.head(x).sum()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("kind", list(WRAPS))
+def test_a_unit_output_the_engine_cannot_look_into_is_refused_at_its_forward_and_others_train(
+        kind, engine_name, one_rank_group):
+    """The engines hook the tensors in a unit's output to start its backward. An output type they
+    do not look into hid them: ODC said a gradient came after the unit's backward (as if backward
+    ran twice), FSDP2 hung across ranks or failed in a storage error inside backward."""
+    torch.manual_seed(0)
+    model = WrappingNet(WRAPS[kind])
+    reference = copy.deepcopy(model)
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    x = torch.randn(4, 8)
+    initial = model.layers[0].lin.weight.detach().clone()
+    # FSDP2 looks where its torch's FSDP2 does (outputs.py): on torch 2.13 not into a pytree type.
+    hidden_from = {"odc": {"object"}, "collective": {"object", "pytree-registered"} if _FSDP2_WALK == "containers"
+                   else {"object", "dataclass", "dict-subclass"}}
+    refused = kind in hidden_from[engine_name]
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        engine.begin_minibatch()
+        if refused:
+            kind_name = WRAPS[kind].__qualname__
+            with pytest.raises(TypeError, match=rf"^the forward of layers\.0 \(Wrapping\) returned an object of type "
+                                                rf"{kind_name}, into which the engine does not look for the tensors "
+                                                rf"that carry its gradient, .*; return them as a tensor, or in .*"):
+                model(x)
+            return
+        model(x).backward()
+        engine.finish_minibatch()
+        engine.drain()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    reference(x).backward()
+    opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
+    assert not torch.equal(got["layers.0.lin.weight"], initial), "it stepped"
+
+
+def test_an_output_the_engine_cannot_look_into_is_refused_only_where_a_gradient_could_hide_in_it():
+    hidden = torch.ones(2, requires_grad=True) * 2
+    # Nothing in the unit carries a gradient (frozen, its input too): no backward to miss.
+    assert check_output("u", Box(hidden), "both", lambda: False) == []
+    # A cache object beside the hidden states: the hidden states start the backward.
+    assert check_output("u", (hidden, Box(hidden)), "both", lambda: True) == [hidden]
+    with pytest.raises(TypeError, match=r"^the forward of u returned an object of type Box inside a tuple, "):
+        check_output("u", (hidden.detach(), Box(hidden), 3, None), "both", lambda: True)

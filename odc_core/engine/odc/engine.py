@@ -48,6 +48,7 @@ from odc_core.engine.odc.fetch import make_fetcher
 from odc_core.engine.odc.hooks import UnitHooks
 from odc_core.engine.odc.unit import Backward, FlatUnit, Storage, flat_groups, shard_unit
 from odc_core.engine.odc.versions import Versions
+from odc_core.engine.outputs import unit_labels
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import check_units
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
@@ -157,7 +158,9 @@ class OdcEngine:
         self.versions.allocate()
         self.heap.barrier(self.timeout_s)  # every shard is initialised before anyone gathers
         self.versions.publish_initial()
-        self._hooks = UnitHooks(modules, group_of, self.fetcher, self.versions, self.compute_dtype, self.device)
+        labels = unit_labels(model)
+        self._hooks = UnitHooks(modules, [labels[id(m)] for m in modules], group_of, self.fetcher, self.versions,
+                                self.compute_dtype, self.device)
         for unit in self.units:
             self._hooks.register(unit)
         self.module_state.watch(model)

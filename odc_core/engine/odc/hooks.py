@@ -16,7 +16,7 @@ are gathered like the others and never pushed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -26,19 +26,7 @@ from torch.utils.hooks import RemovableHandle
 from odc_core.engine.odc.fetch import Fetcher
 from odc_core.engine.odc.unit import Backward, FlatUnit
 from odc_core.engine.odc.versions import Versions
-
-
-def _tensors(output: object) -> Iterator[torch.Tensor]:
-    """The tensors in a module's output: itself, or inside tuples, lists and dicts (a
-    transformers ModelOutput is a dict), however nested."""
-    if torch.is_tensor(output):
-        yield output
-    elif isinstance(output, (tuple, list)):
-        for item in output:
-            yield from _tensors(item)
-    elif isinstance(output, dict):
-        for item in output.values():
-            yield from _tensors(item)
+from odc_core.engine.outputs import check_output
 
 
 def _second_backward(unit: FlatUnit) -> None:
@@ -64,9 +52,9 @@ class _AfterBackward(torch.autograd.Function):
 class UnitHooks:
     """The hooks of every flat unit, in the order wrap() was given the modules."""
 
-    def __init__(self, modules: Sequence[nn.Module], group_of: Sequence[FlatUnit | None], fetcher: Fetcher,
-                 versions: Versions, compute_dtype: torch.dtype, device: torch.device) -> None:
-        self.modules, self.group_of = list(modules), list(group_of)
+    def __init__(self, modules: Sequence[nn.Module], labels: Sequence[str], group_of: Sequence[FlatUnit | None],
+                 fetcher: Fetcher, versions: Versions, compute_dtype: torch.dtype, device: torch.device) -> None:
+        self.modules, self.labels, self.group_of = list(modules), list(labels), list(group_of)
         self.fetcher, self.versions = fetcher, versions
         self.compute_dtype, self.device = compute_dtype, device
         self.handles: list[RemovableHandle] = []
@@ -129,7 +117,8 @@ class UnitHooks:
             unit.free()
         # Every output that carries a gradient (transformers' layers return tuples): the first
         # of them whose gradient arrives starts the group's backward.
-        outputs = [t for t in _tensors(output) if t.requires_grad]
+        outputs = check_output(self.labels[pos], output, "both",
+                               lambda: bool(unit.trainable_count or unit.inputs_pending))
         if outputs:
             unit.backward = Backward.ARMED
         for t in outputs:
