@@ -324,3 +324,66 @@ def test_an_output_the_engine_cannot_look_into_is_refused_only_where_a_gradient_
     assert check_output("u", (hidden, Box(hidden)), "both", lambda: True) == [hidden]
     with pytest.raises(TypeError, match=r"^the forward of u returned an object of type Box inside a tuple, "):
         check_output("u", (hidden.detach(), Box(hidden), 3, None), "both", lambda: True)
+
+
+class HalfFrozen(nn.Module):
+    """A frozen weight applied first, a trainable one last (an adapter over a frozen base), the
+    hidden states passed in a dict or a tuple: the trainable gradients are all in before the
+    input's gradient has passed the frozen weight."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.base, self.adapter = nn.Linear(width, width), nn.Linear(width, width)
+        self.base.requires_grad_(False)
+
+    def forward(self, state: dict | tuple) -> dict[str, torch.Tensor]:
+        x = state["x"] if isinstance(state, dict) else state[0]
+        return {"x": self.adapter(torch.tanh(self.base(x)))}
+
+
+class HalfFrozenNet(nn.Module):
+    def __init__(self, boxed: str) -> None:
+        super().__init__()
+        self.embed, self.boxed = nn.Linear(8, 8), boxed
+        self.layers = nn.ModuleList(HalfFrozen() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        state = {"x": self.embed(x)}
+        for layer in self.layers:
+            state = layer(state if self.boxed == "dict" else (state["x"], None))
+        return state["x"].square().sum()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("boxed", ["dict", "tuple"])
+def test_a_unit_whose_input_comes_in_a_container_keeps_its_weights_until_its_input_gradient_leaves(
+        boxed, engine_name, one_rank_group):
+    """ODC waited for the gradient of a unit's first tensor argument only: with the hidden states
+    inside a dict or tuple it waited for none, pushed and freed the unit once the adapter's
+    gradients were in, and the frozen weight's backward then read freed storage."""
+    torch.manual_seed(0)
+    model = HalfFrozenNet(boxed)
+    reference = copy.deepcopy(model)
+    initial = model.embed.weight.detach().clone()
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    x = torch.randn(4, 8)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        for _ in range(2):
+            engine.begin_minibatch()
+            model(x).backward()
+            engine.finish_minibatch()
+        engine.drain()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    opt = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        reference(x).backward()
+        opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
+    assert not torch.equal(got["embed.weight"], initial), "the input's gradient reached the first layer"

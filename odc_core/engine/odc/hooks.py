@@ -5,7 +5,7 @@ A unit's life in one microbatch (docs/odc_engine.md): forward pre-hook, gather (
 prefetch) and prefetch the next unit; forward hook, free it (except a last unit, whose
 backward follows at once) and hook its outputs; the first output gradient, gather again, give
 its parameters one flat gradient buffer and prefetch the previous unit; once every parameter
-gradient has accumulated and the gradient of its input has left it, push and free.
+gradient has accumulated and the gradients of its inputs have left it, push and free.
 
 Not every unit gets there: a trainable parameter the microbatch did not use gets no gradient,
 and an input's gradient may never leave a unit. As FSDP2 does with its root's final callback,
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
 from odc_core.engine.odc.fetch import Fetcher
@@ -36,17 +36,19 @@ def _second_backward(unit: FlatUnit) -> None:
 
 
 class _AfterBackward(torch.autograd.Function):
-    """Identity on a unit's input whose backward runs once the unit's backward is done."""
+    """Identity on a unit's inputs that carry a gradient, whose backward runs once the gradients
+    of all of them have left the unit: its backward is then done."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, hooks: UnitHooks, unit: FlatUnit) -> torch.Tensor:
+    def forward(ctx, hooks: UnitHooks, unit: FlatUnit, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.hooks, ctx.unit = hooks, unit
-        return x.view_as(x)
+        ctx.set_materialize_grads(False)  # an input the unit did not use gets None, not zeros
+        return tuple(x.view_as(x) for x in xs)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, *grads: torch.Tensor | None):
         ctx.hooks.input_grad_done(ctx.unit)
-        return grad, None, None
+        return None, None, *grads
 
 
 class UnitHooks:
@@ -90,17 +92,19 @@ class UnitHooks:
             args, kwargs = tree_map_only(torch.Tensor, self._in_compute_dtype, (args, kwargs))
         if not torch.is_grad_enabled():
             return args, kwargs
-        # The first input that carries a gradient, positional or keyword (transformers' layers
-        # take hidden_states either way): its gradient leaving the unit ends the unit's backward.
-        for i, x in enumerate(args):
-            if torch.is_tensor(x) and x.requires_grad:
-                unit.inputs_pending += 1
-                return (*args[:i], _AfterBackward.apply(x, self, unit), *args[i + 1:]), kwargs
-        for key, x in kwargs.items():
-            if torch.is_tensor(x) and x.requires_grad:
-                unit.inputs_pending += 1
-                return args, {**kwargs, key: _AfterBackward.apply(x, self, unit)}
-        return args, kwargs
+        # Every input that carries a gradient, positional or keyword (transformers' layers take
+        # hidden_states either way), inside tuples, lists and dicts too (layers that pass their
+        # state as one): their gradients leaving the unit end its backward. Waiting for the
+        # first alone pushed and freed a unit whose frozen weights another input's gradient
+        # still needed (a storage error inside backward).
+        flat, spec = tree_flatten((args, kwargs))
+        at = [i for i, x in enumerate(flat) if torch.is_tensor(x) and x.requires_grad]
+        if not at:
+            return args, kwargs
+        unit.inputs_pending += 1
+        for i, x in zip(at, _AfterBackward.apply(self, unit, *(flat[i] for i in at)), strict=True):
+            flat[i] = x
+        return tree_unflatten(flat, spec)
 
     def _in_compute_dtype(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.compute_dtype) if x.is_floating_point() else x
@@ -153,7 +157,7 @@ class UnitHooks:
 
     def _maybe_push(self, unit: FlatUnit) -> None:
         """Push once the unit's backward is over: all its trainable parameters' gradients have
-        accumulated and (when it has one) the gradient of its input has left it."""
+        accumulated and (when it has any) the gradients of its inputs have left it."""
         if unit.backward is Backward.RUNNING and unit.grads_ready >= unit.trainable_count and not unit.inputs_pending:
             self._push(unit)
 
