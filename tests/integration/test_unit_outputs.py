@@ -135,8 +135,33 @@ def test_a_second_backward_through_one_forward_is_refused_in_one_line(one_rank_g
         engine.begin_minibatch()
         loss = model(torch.randn(4, 8, requires_grad=True))
         loss.backward(retain_graph=True)
-        with pytest.raises(RuntimeError, match=r"^unit u1: a gradient reached it after its backward was over .*"
-                                                r"call backward once per forward, on the sum of its losses$"):
+        with pytest.raises(RuntimeError, match=r"^unit layers\.1 \(TupleLayer\): a gradient reached it after its "
+                                                r"backward was over .* call backward once per forward, on the sum "
+                                                r"of its losses, and call units themselves$"):
+            loss.backward()
+    finally:
+        engine.close()
+
+
+class Direct(Net):
+    """Calls its layers' forward methods, which skips every module hook."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x, _ = layer.forward(x)
+        return x.sum()
+
+
+def test_a_unit_whose_forward_method_is_called_directly_is_named_in_the_error(one_rank_group):
+    """Its parameters are placeholders outside the engine's hooks: the error names the unit and
+    the call (before: `unit u1`, and a second backward or a parameter used elsewhere as the causes)."""
+    model = Direct()
+    engine = _odc(one_rank_group, model)
+    try:
+        engine.begin_minibatch()
+        loss = model(torch.randn(4, 8, requires_grad=True))
+        with pytest.raises(RuntimeError, match=r"^unit layers\.1 \(TupleLayer\): .* as when unit\.forward\(x\) is "
+                                                r"called, which skips the engine's hooks, rather than unit\(x\)"):
             loss.backward()
     finally:
         engine.close()

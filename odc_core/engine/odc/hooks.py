@@ -29,12 +29,6 @@ from odc_core.engine.odc.versions import Versions
 from odc_core.engine.outputs import check_output
 
 
-def _second_backward(unit: FlatUnit) -> None:
-    raise RuntimeError(f"unit {unit.name}: a gradient reached it after its backward was over (a second backward "
-                       f"through one forward, or a parameter used outside the forward of the unit that holds it); "
-                       f"call backward once per forward, on the sum of its losses")
-
-
 class _AfterBackward(torch.autograd.Function):
     """Identity on a unit's inputs that carry a gradient, whose backward runs once the gradients
     of all of them have left the unit: its backward is then done."""
@@ -71,6 +65,13 @@ class UnitHooks:
                 lambda _m, _args, out, u=unit, pos=pos: self.post_forward(u, pos, out)))
         for p in (p for p, trainable in zip(unit.params, unit.trainable, strict=True) if trainable):
             self.handles.append(p.register_post_accumulate_grad_hook(lambda _p, u=unit: self.param_grad_done(u)))
+
+    def _second_backward(self, unit: FlatUnit) -> None:
+        modules = " and ".join(self.labels[pos] for pos in unit.modules)
+        raise RuntimeError(f"unit {modules}: a gradient reached it after its backward was over (a second backward "
+                           f"through one forward, or a parameter used outside the forward of the unit that holds it, "
+                           f"as when unit.forward(x) is called, which skips the engine's hooks, rather than unit(x)); "
+                           f"call backward once per forward, on the sum of its losses, and call units themselves")
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -130,7 +131,7 @@ class UnitHooks:
 
     def pre_backward(self, unit: FlatUnit, pos: int) -> None:
         if unit.backward is Backward.IDLE:  # its gradients are pushed and its parameters freed
-            _second_backward(unit)
+            self._second_backward(unit)
         if unit.backward is Backward.ARMED:
             unit.backward = Backward.RUNNING
             self.fetcher.ensure(unit)
@@ -147,7 +148,7 @@ class UnitHooks:
     def param_grad_done(self, unit: FlatUnit) -> None:
         if unit.backward is not Backward.RUNNING:
             # Its gradient went to a fresh .grad, not the flat buffer the push sends: it would be lost.
-            _second_backward(unit)
+            self._second_backward(unit)
         unit.grads_ready += 1
         self._maybe_push(unit)
 
