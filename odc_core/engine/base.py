@@ -271,6 +271,32 @@ def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
                          f"wrapped by another engine already? wrap a model once")
 
 
+def parameter_ids(model: nn.Module) -> dict[str, int]:
+    """The parameters an engine took at wrap(), by name, as check_parameters compares them."""
+    return {name: id(p) for name, p in model.named_parameters()}
+
+
+def check_parameters(model: nn.Module | None, wrapped: dict[str, int]) -> None:
+    """The model's parameters are still those wrap() sharded. Added or replaced since, a parameter
+    is one no engine holds: nothing sums its gradient over ranks or steps it (ODC), or it meets
+    FSDP2's DTensors in a storage or type error mid-step; removed, the state dicts miss it."""
+    if model is None:
+        return
+    now = dict(model.named_parameters())
+    for name, p in now.items():
+        if name not in wrapped:
+            raise RuntimeError(f"parameter {name} was added to the model after wrap(): the engine shards, sums and "
+                               f"steps the parameters wrap() found; add it before wrap()")
+        if id(p) != wrapped[name]:
+            raise RuntimeError(f"parameter {name} was replaced after wrap() (a new nn.Parameter assigned to its "
+                               f"module, as resize_token_embeddings does): the engine holds the one wrap() found; "
+                               f"change the model before wrap(), and load values with set_state_dict(engine, ...)")
+    gone = [name for name in wrapped if name not in now]
+    if gone:
+        raise RuntimeError(f"parameter {gone[0]} was removed from the model after wrap(); change the model before "
+                           f"wrap()")
+
+
 def configured(step: OptimizerStep | None) -> OptimizerStep:
     if step is None:
         raise RuntimeError("configure_optimizer() first")

@@ -42,9 +42,11 @@ from odc_core.engine.base import (
     SchedulerFactory,
     TraceHook,
     check_order,
+    check_parameters,
     check_wrap,
     configured,
     group_options,
+    parameter_ids,
     reduction_device,
 )
 from odc_core.engine.outputs import Walk, check_output, unit_labels
@@ -83,6 +85,7 @@ class CollectiveEngine:
         self.trace: TraceHook | None = None
         self.clock: Clock = perf_counter
         self.model: nn.Module | None = None
+        self.wrapped: dict[str, int] = {}  # parameter_ids at wrap(): the sharded DTensor parameters
         self._step: OptimizerStep | None = None
         # Where this rank stands: the minibatch, its microbatches so far, and whether it is in one.
         self._minibatch, self._microbatches, self._inside = -1, 0, False
@@ -139,7 +142,7 @@ class CollectiveEngine:
         # Ahead of FSDP2's own pre-forward hook (fully_shard prepended it): the count's check must
         # come before a microbatch's first all-gather.
         model.register_forward_pre_hook(self._microbatch_starts, prepend=True)
-        self.model = model
+        self.model, self.wrapped = model, parameter_ids(model)
         return model
 
     def configure_optimizer(self, factory: OptimizerFactory, *, scheduler: SchedulerFactory | None = None,
@@ -161,6 +164,7 @@ class CollectiveEngine:
 
     def begin_minibatch(self) -> None:
         """FSDP2 synchronises inside every unit's forward and backward; here the microbatch count starts."""
+        check_parameters(self.model, self.wrapped)
         check_order("begin_minibatch", self._minibatch if self._inside else None, self._closed)
         self._minibatch += 1
         self._microbatches, self._inside = 0, True

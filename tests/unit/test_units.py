@@ -86,3 +86,51 @@ def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(en
         engine.finish_minibatch()
     finally:
         engine.close()
+
+
+def _add(model: Net) -> None:
+    model.layers[0][0].scale = nn.Parameter(torch.ones(4))
+
+
+def _replace(model: Net) -> None:
+    model.head.weight = nn.Parameter(torch.zeros(1, 4))
+
+
+def _remove(model: Net) -> None:
+    del model.head.bias
+    model.head.bias = None
+
+
+CHANGED = {"added": (_add, "parameter layers.0.0.scale was added to the model after wrap(): the engine shards, sums "
+                           "and steps the parameters wrap() found; add it before wrap()"),
+           "replaced": (_replace, "parameter head.weight was replaced after wrap() (a new nn.Parameter assigned to "
+                                  "its module, as resize_token_embeddings does): the engine holds the one wrap() "
+                                  "found; change the model before wrap(), and load values with "
+                                  "set_state_dict(engine, ...)"),
+           "removed": (_remove, "parameter head.bias was removed from the model after wrap(); change the model "
+                                "before wrap()")}
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("change", list(CHANGED))
+def test_a_parameter_added_replaced_or_removed_after_wrap_is_refused_at_the_next_minibatch(
+        change, engine_name, one_rank_group):
+    """Before: ODC never stepped an added parameter (nor summed its gradient over ranks), FSDP2
+    failed on it in clipping or full_parameters, a replaced one went on untrained."""
+    model = Net()
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        for _ in range(2):  # the parameters FSDP2 swaps in and out of a forward and back leave them as they were
+            engine.begin_minibatch()
+            model(torch.ones(2, 4)).sum().backward()
+            engine.finish_minibatch()
+        mutate, message = CHANGED[change]
+        mutate(model)
+        with pytest.raises(RuntimeError) as refused:
+            engine.begin_minibatch()
+        assert str(refused.value) == message
+    finally:
+        engine.close()

@@ -39,9 +39,11 @@ from odc_core.engine.base import (
     SchedulerFactory,
     TraceHook,
     check_order,
+    check_parameters,
     check_wrap,
     configured,
     group_options,
+    parameter_ids,
 )
 from odc_core.engine.odc import state_dict
 from odc_core.engine.odc.fetch import make_fetcher
@@ -100,6 +102,7 @@ class OdcEngine:
         self.fetcher = make_fetcher(device, heap, self.versions, self.owners, prefetch, self._emit, self._now)
         self.units: list[FlatUnit] = []
         self.model: nn.Module | None = None
+        self.wrapped: dict[str, int] = {}  # parameter_ids at wrap()
         self.group_names: list[list[str]] = []  # the parameters of each optimizer group, by name
         self._hooks: UnitHooks | None = None
         self.module_state = state_dict.ModuleStateGuard()
@@ -140,7 +143,7 @@ class OdcEngine:
             raise ValueError(f"parameter {name} is {dtype} ({len(odd)} of the model's are not float32), and engine odc "
                              f"computes in {self.compute_dtype} on float32 master weights: load the model in float32, "
                              f"with precision='bf16' for bf16 compute (a bf16 model works there too)")
-        self.model = model
+        self.model, self.wrapped = model, parameter_ids(model)
         modules, groups, params_of = flat_groups(model, list(units))
         group_of: list[FlatUnit | None] = [None] * len(modules)
         for group, params in zip(groups, params_of, strict=True):
@@ -215,6 +218,7 @@ class OdcEngine:
 
     def begin_minibatch(self) -> None:
         """Nothing here waits for a peer: the first gather from an owner waits for its version."""
+        check_parameters(self.model, self.wrapped)
         for unit in self.units:
             for name, p, trainable in zip(unit.names, unit.params, unit.trainable, strict=True):
                 if p.requires_grad != trainable:
