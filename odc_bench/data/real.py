@@ -23,7 +23,8 @@ Two sources:
 Samples shorter than 2 tokens have nothing to learn (no next-token label) and are dropped.
 
 A source gives ids only when every sample is a list of ids (or tokenized text); a file
-mixing counts and lists gives counts. UTF-8 files may start with a byte-order mark.
+mixing counts and lists gives counts. UTF-8 files may start with a byte-order mark, and a
+`jsonl` file may be gzip, bzip2 or xz-compressed (known by its first bytes, read as it goes).
 
 The cache is written only once the run is accepted (`write_pending_caches`, called by the
 job after its last check): a refused input leaves nothing beside the user's data. Until then
@@ -32,13 +33,17 @@ the lengths and ids are held in this process, so checking a run and running it r
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
 import hashlib
 import json
+import lzma
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -105,13 +110,36 @@ def _collect(samples: Iterable[tuple[int, list[int] | None]]) -> tuple[np.ndarra
     return np.asarray(lengths, dtype=np.int64), flat
 
 
+# Compressed JSON lines, known by their first bytes whatever the file's name: corpora ship as
+# .jsonl.gz, .bz2 or .xz, which the standard library reads as it goes, so nothing is unpacked
+# beside the user's data. zstd needs a package of its own before Python 3.14: said, not read.
+_COMPRESSIONS: dict[bytes, tuple[str, Callable[..., IO[str]]]] = {
+    b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open), b"\xfd7zXZ\x00": ("xz", lzma.open)}
+_ZSTD = b"\x28\xb5\x2f\xfd"
+
+
+def _open_text(path: Path) -> tuple[IO[str], str]:
+    """The file as text, decompressed when it is compressed; and what it was ("" when plain)."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if head.startswith(_ZSTD):
+        raise DataError(f"{path} is zstd-compressed, which this Python does not read; decompress it (zstd -d "
+                        f"{path}) and give the file it writes")
+    # utf-8-sig: a file saved with a byte-order mark (Windows editors, some exporters) reads as the
+    # same text; the mark is dropped, only at the start of the file.
+    for magic, (kind, opener) in _COMPRESSIONS.items():
+        if head.startswith(magic):
+            return opener(path, "rt", encoding="utf-8-sig"), kind
+    return open(path, encoding="utf-8-sig"), ""
+
+
 def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) of every line that is not blank; DataError when the file is not text."""
-    n = 0
+    """(line number, line) of every line that is not blank, of a plain or compressed file;
+    DataError when the file is not text, or is compressed and damaged."""
+    n, kind = 0, ""
     try:
-        # utf-8-sig: a file saved with a byte-order mark (Windows editors, some exporters) reads as
-        # the same text; the mark is dropped, only at the start of the file.
-        with open(path, encoding="utf-8-sig") as f:
+        text, kind = _open_text(path)
+        with text as f:
             for n, line in enumerate(f, 1):
                 if "\x00" in line:
                     raise DataError(f"{path} is not text: line {n} holds NUL bytes; dataset=jsonl reads a text file "
@@ -121,6 +149,12 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
     except UnicodeDecodeError:
         raise DataError(f"{path} is not text: it holds bytes that are not UTF-8 (reading from line {n + 1}); "
                         f"dataset=jsonl reads a text file with {_FORMAT}") from None
+    except (EOFError, OSError, lzma.LZMAError) as e:
+        if not kind:
+            raise
+        # gzip.BadGzipFile is an OSError; a stream cut short is an EOFError in all three.
+        raise DataError(f"{path} is {kind}-compressed but damaged or cut short after line {n} ({e}); compress it "
+                        f"again, or give it uncompressed") from None
 
 
 def jsonl_samples(path: Path, field: str | None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,10 +1,13 @@
+import bz2
+import gzip
+import lzma
 import os
 
 import numpy as np
 import pytest
 
 from odc_bench.data import real
-from odc_bench.data.real import load_lengths, write_pending_caches
+from odc_bench.data.real import load_lengths, load_pool, write_pending_caches
 from odc_bench.errors import ConfigError, DataError
 from odc_bench.jobs.train import describe_lengths
 from odc_bench.plan.spec import resolve
@@ -224,3 +227,27 @@ def test_for_a_length_profile_the_hint_names_its_pool_size_which_changes_the_out
     with pytest.raises(ConfigError, match=r"or raise dataset.num_samples to at least 8 \(the profile's pool\)"):
         resolve(run_config(*small, "dataset.num_samples=5"))
     assert resolve(run_config(*small, "dataset.num_samples=8")).pool_size == 8
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, bz2.compress, lzma.compress], ids=["gzip", "bzip2", "xz"])
+def test_a_compressed_jsonl_file_reads_as_its_text_whatever_its_name(tmp_path, compress):
+    plain = write_jsonl(tmp_path / "plain.jsonl", [12, [1, 2, 3], 40])
+    packed = tmp_path / "corpus.jsonl.part"  # known by its first bytes, not its name
+    packed.write_bytes(compress(b"\xef\xbb\xbf" + plain.read_bytes()))
+    got, want = load_pool("jsonl", str(packed)), load_pool("jsonl", str(plain))
+    assert got.lengths.tolist() == want.lengths.tolist() == [12, 3, 40]
+    assert got.ids.tolist() == want.ids.tolist()
+    cut = tmp_path / "cut.jsonl.gz"
+    whole = compress("".join(f"{n}\n" for n in range(2, 5000)).encode())
+    cut.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(DataError, match=rf"^{cut} is (gzip|bzip2|xz)-compressed but damaged or cut short after line "
+                                        r"\d+ \(.*\); compress it again, or give it uncompressed$"):
+        load_pool("jsonl", str(cut))
+
+
+def test_a_zstd_file_is_refused_with_the_command_that_unpacks_it(tmp_path):
+    packed = tmp_path / "corpus.jsonl.zst"
+    packed.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(20))
+    with pytest.raises(DataError, match=rf"^{packed} is zstd-compressed, which this Python does not read; decompress "
+                                        rf"it \(zstd -d {packed}\) and give the file it writes$"):
+        load_pool("jsonl", str(packed))
