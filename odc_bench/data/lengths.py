@@ -68,8 +68,8 @@ def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_m
             f"give data with at least {global_size} samples (dataset.num_samples only takes the first N of them, it "
             f"adds none)")
     require(pool_size >= global_size,
-            f"the dataset has {pool_size} usable samples, fewer than one minibatch of world_size x minibatch_size "
-            f"= {global_size}; lower minibatch_size or world_size until their product is at most {pool_size}, or "
-            f"{more}")
+            f"the dataset has {pool_size} usable sample{'s' * (pool_size != 1)}, fewer than one minibatch of "
+            f"world_size x minibatch_size = {global_size}; lower minibatch_size or world_size until their product "
+            f"is at most {pool_size}, or {more}")
     order = np.random.default_rng(seed + 1).permutation(pool_size)
     return order[np.arange(num_minibatches * global_size) % pool_size].reshape(num_minibatches, global_size).tolist()
