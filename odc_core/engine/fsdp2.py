@@ -128,6 +128,13 @@ class CollectiveEngine:
         # The model itself among the units is the root, sharded last below.
         units = [u for u in check_units(model, units) if u is not model]
         labels = unit_labels(model)  # before fully_shard renames the classes (FSDP<name>)
+        sparse = [m for m in model.modules()
+                  if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad]
+        if sparse:
+            # FSDP2 reduce-scatters dense gradients only: a sparse one ends the first backward in
+            # "Could not run 'fsdp::chunk_cat' with arguments from the 'SparseCPU' backend".
+            raise ValueError(f"{labels[id(sparse[0])]} makes sparse gradients (sparse=True), which FSDP2 cannot "
+                             f"reduce-scatter; build it with sparse=False, or use engine odc")
         mesh = self._mesh()
         mp = _fsdp2_policy(self.policy)
         # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows

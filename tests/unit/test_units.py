@@ -1,6 +1,7 @@
 """A unit list no engine can shard by is refused in one line at wrap(), by both engines alike,
 before anything is sharded (odc_core/engine/sharing.py's check_units)."""
 
+import copy
 import uuid
 
 import pytest
@@ -134,3 +135,49 @@ def test_a_parameter_added_replaced_or_removed_after_wrap_is_refused_at_the_next
         assert str(refused.value) == message
     finally:
         engine.close()
+
+
+class Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4, sparse=True)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(2))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_sparse_embedding_trains_on_odc_and_is_refused_by_fsdp2_at_wrap(engine_name, one_rank_group):
+    """ODC's flat gradient buffer takes sparse gradients as dense ones; FSDP2 failed in the first
+    backward ("Could not run 'fsdp::chunk_cat' with arguments from the 'SparseCPU' backend")."""
+    torch.manual_seed(0)
+    model = Lookup()
+    reference = copy.deepcopy(model)
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    ids = torch.tensor([[1, 2, 3, 1]])
+    try:
+        if engine_name == "collective":
+            with pytest.raises(ValueError, match=r"^embed \(Embedding\) makes sparse gradients \(sparse=True\), which "
+                                                 r"FSDP2 cannot reduce-scatter; build it with sparse=False, or use "
+                                                 r"engine odc$"):
+                engine.wrap(model, [model.embed, *model.layers])
+            return
+        engine.wrap(model, [model.embed, *model.layers])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        engine.begin_minibatch()
+        model(ids).backward()
+        engine.finish_minibatch()
+        engine.drain()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    reference(ids).backward()
+    opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
