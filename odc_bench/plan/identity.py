@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -47,5 +48,11 @@ def config_key(config: RunConfig) -> str:
 
 def checkpoint_folder(config: RunConfig, run_id: str) -> Path:
     """Where a real run keeps its checkpoints: one folder per run key, so that only a re-run of
-    the same config resumes from them."""
-    return Path(config.checkpoint.dir or Path(config.results_dir) / "checkpoints") / run_id
+    the same config resumes from them. A checkpoint.dir of its own may serve several results
+    folders (a scratch disk named in every command): there the folder is named by the results
+    folder too, since two commands recording one config into two tables at once saved into one
+    folder, and one's run failed on the other's files (or resumed from them)."""
+    if config.checkpoint.dir is None:
+        return Path(config.results_dir) / "checkpoints" / run_id
+    table = hashlib.sha256(os.path.abspath(config.results_dir).encode()).hexdigest()[:8]
+    return Path(config.checkpoint.dir) / f"{run_id}.{table}"

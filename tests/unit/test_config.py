@@ -184,3 +184,20 @@ def test_a_quoted_tilde_in_a_path_setting_is_the_home_folder(monkeypatch, tmp_pa
     config = run_config("results_dir=\"~/my results\"", "checkpoint.dir=\"~/ckpt\"")
     assert config.results_dir == str(tmp_path / "my results")
     assert config.checkpoint.dir == str(tmp_path / "ckpt")
+
+
+def test_a_checkpoint_dir_shared_by_two_results_folders_gives_each_its_own_checkpoints(tmp_path):
+    """Two commands recording one config into two tables at once, with checkpoint.dir on one
+    scratch disk, saved into one folder: one run failed on the other's files (CheckpointError:
+    FileNotFoundError in step-5), or would have resumed from them."""
+    from odc_bench.plan.identity import checkpoint_folder
+    from tests.helpers import run_config
+
+    shared = f"checkpoint.dir={tmp_path / 'scratch'}"
+    a, a_again, b = (run_config(f"results_dir={tmp_path / name}", shared) for name in ("a", "a", "b"))
+    run_id = "0123456789abcdef"
+    assert checkpoint_folder(a, run_id) == checkpoint_folder(a_again, run_id), "a re-run resumes from its own"
+    assert checkpoint_folder(a, run_id) != checkpoint_folder(b, run_id)
+    assert {checkpoint_folder(c, run_id).parent for c in (a, b)} == {tmp_path / "scratch"}
+    own = run_config(f"results_dir={tmp_path / 'a'}")
+    assert checkpoint_folder(own, run_id) == tmp_path / "a" / "checkpoints" / run_id
