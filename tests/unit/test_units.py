@@ -181,3 +181,29 @@ def test_a_sparse_embedding_trains_on_odc_and_is_refused_by_fsdp2_at_wrap(engine
     opt.step()
     for name, p in reference.named_parameters():
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("factory", "why"), [
+    (lambda params: torch.optim.Adafactor(params, lr=0.01), "its second moments factored over the rows and columns "
+                                                            "of each matrix"),
+    (lambda params: torch.optim.LBFGS(params), "a closure that re-evaluates the whole model")],
+    ids=["Adafactor", "LBFGS"])
+def test_odc_refuses_an_optimizer_that_steps_a_parameter_by_its_shape_and_takes_another_after(factory, why,
+                                                                                               one_rank_group):
+    """On ODC's flat shards Adafactor stepped differently from one process (0.02 apart after 3
+    steps at lr 0.01), without a word."""
+    model = Net()
+    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"))
+    try:
+        engine.wrap(model, list(model.layers))
+        with pytest.raises(ValueError, match=rf"^engine odc steps each unit's shard as one flat tensor, and \w+ "
+                                             rf"updates a parameter by its shape or with all of them at once "
+                                             rf"\({why}\): it would step the shards wrong; use an optimizer that "
+                                             rf"updates each element on its own \(AdamW, Adam, SGD, RMSprop, ...\)$"):
+            engine.configure_optimizer(factory)
+        engine.configure_optimizer(lambda params: torch.optim.AdamW(params, lr=0.01))
+        engine.begin_minibatch()
+        model(torch.ones(2, 4)).sum().backward()
+        engine.finish_minibatch()
+    finally:
+        engine.close()

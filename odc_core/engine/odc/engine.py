@@ -72,6 +72,15 @@ def _collective(method: _Call) -> _Call:
     return call  # type: ignore[return-value]
 
 
+# torch's optimizers whose update of an element depends on more than that element's own state:
+# on ODC's flat shards Adafactor's factored moments would silently be a 1-D vector's, and L-BFGS
+# would fail in its first step for want of a closure. (Muon refuses 1-D parameters itself.)
+_WHOLE_PARAMETER_WHY = {"Adafactor": "its second moments factored over the rows and columns of each matrix",
+                        "LBFGS": "a closure that re-evaluates the whole model"}
+_WHOLE_PARAMETER = tuple(cls for cls in (getattr(torch.optim, name, None) for name in _WHOLE_PARAMETER_WHY)
+                         if isinstance(cls, type))
+
+
 class OdcEngine:
     name = "odc"
     loss_scale = 1.0  # gradients are summed into the owners' accumulators, not averaged
@@ -205,7 +214,14 @@ class OdcEngine:
             params = [{"params": [p.param for p in pieces if p.group == g], **options}
                       for g, (options, _) in enumerate(groups)]
         self.group_names = [names for _, names in groups]
-        self.versions.step_rule = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
+        step_rule = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
+        if isinstance(step_rule.optimizer, _WHOLE_PARAMETER):
+            kind = type(step_rule.optimizer).__name__
+            raise ValueError(f"engine odc steps each unit's shard as one flat tensor, and {kind} updates a parameter "
+                             f"by its shape or with all of them at once ({_WHOLE_PARAMETER_WHY[kind]}): it would step "
+                             f"the shards wrong; use an optimizer that updates each element on its own (AdamW, Adam, "
+                             f"SGD, RMSprop, ...)")
+        self.versions.step_rule = step_rule
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
