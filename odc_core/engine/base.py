@@ -190,7 +190,13 @@ class OptimizerStep:
                                  f"take; its options are {', '.join(sorted(optimizer.defaults))} (and lr_scale)")
             if "lr_scale" in options:
                 group["lr"] = group["lr"] * options["lr_scale"]
-        return cls(optimizer, scheduler(optimizer) if scheduler is not None else None, max_grad_norm)
+        schedule = scheduler(optimizer) if scheduler is not None else None
+        if isinstance(schedule, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            # The engine steps the schedule after every optimizer step, with no argument: this one
+            # wants the metric it watches, and failed there after the step it followed was taken.
+            raise ValueError("ReduceLROnPlateau steps on a metric the engine does not have: leave scheduler unset "
+                             "and call its step(metric) yourself after finish_minibatch(), built on engine.optimizer")
+        return cls(optimizer, schedule, max_grad_norm)
 
     def apply(self, clip: Callable[[float], float]) -> float | None:
         """One step; the global gradient norm before clipping when it clips, else None."""

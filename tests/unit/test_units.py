@@ -207,3 +207,29 @@ def test_odc_refuses_an_optimizer_that_steps_a_parameter_by_its_shape_and_takes_
         engine.finish_minibatch()
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_schedule_that_steps_on_a_metric_is_refused_and_the_loop_may_step_it(engine_name, one_rank_group):
+    """The engines step a schedule after every optimizer step, without an argument: ReduceLROnPlateau
+    failed there (missing 'metrics'), after the step had been taken."""
+    model = Net()
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    "fp32"))
+    try:
+        engine.wrap(model, list(model.layers))
+        with pytest.raises(ValueError, match=r"^ReduceLROnPlateau steps on a metric the engine does not have: leave "
+                                             r"scheduler unset and call its step\(metric\) yourself after "
+                                             r"finish_minibatch\(\), built on engine\.optimizer$"):
+            engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1),
+                                       scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau)
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(engine.optimizer, patience=0, factor=0.5)
+        for _ in range(3):
+            engine.begin_minibatch()
+            model(torch.ones(2, 4)).sum().backward()
+            engine.finish_minibatch()
+            plateau.step(1.0)  # no better: halved after each step past the first
+        assert [g["lr"] for g in engine.optimizer.param_groups] == [0.025] * len(engine.optimizer.param_groups)
+    finally:
+        engine.close()
