@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp import _common_utils as _fsdp_common
 from torch.distributed.tensor import DTensor
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from odc_core.engine.base import (
     Clock,
@@ -273,6 +273,14 @@ class CollectiveEngine:
             raise ValueError("a sharded ODC state dict cannot load into collective FSDP; pass a full one "
                              "(get_state_dict(engine, full=True)) or go through odc_core.checkpoint")
         full = not any(isinstance(v, DTensor) for v in values)
+        if not full:
+            mesh = next(p.device_mesh for p in self.model.parameters() if isinstance(p, DTensor))
+            model_state_dict, optim_state_dict = tree_map_only(
+                DTensor, functools.partial(_onto_mesh, mesh), (model_state_dict, optim_state_dict))
+        # torch's optimizer takes the state's tensors as its own, and a state dict views another
+        # engine's (get_state_dict): its moments and step counts would move with that engine's
+        # steps. ODC copies what it loads into its shards.
+        optim_state_dict = tree_map_only(torch.Tensor, torch.Tensor.clone, optim_state_dict)
         set_state_dict(self.model, self.optimizer, model_state_dict=model_state_dict,
                        optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
 
@@ -281,6 +289,16 @@ class CollectiveEngine:
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def _onto_mesh(mesh: DeviceMesh, t: DTensor) -> DTensor:
+    """A shard of another engine of these ranks (another model's, in this process: an RL policy's
+    weights into its reference model) as a shard on this engine's mesh. Each engine's mesh has
+    dimension names of its own (_mesh), and DTensor refused to copy across two meshes of the
+    same ranks ("Cannot run aten.copy_.default on inputs with different meshes")."""
+    if t.device_mesh == mesh or t.device_mesh.mesh.tolist() != mesh.mesh.tolist():
+        return t
+    return DTensor.from_local(t.to_local(), mesh, t.placements, shape=t.shape, stride=t.stride())
 
 
 def _fsdp2_policy(policy: MixedPrecision) -> MixedPrecisionPolicy:
