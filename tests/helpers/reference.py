@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
+
 import torch
+from torch import nn
 
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.worker import build_model
+from odc_core import DataParallelEngine, EngineContext, make_engine
 
 
 def train_single_process(spec: RunSpec, staleness: int = 0,
@@ -61,3 +65,27 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     diff = sum(float((a[k].float() - b[k].float()).pow(2).sum()) for k in a)
     norm = sum(float(b[k].float().pow(2).sum()) for k in b)
     return (diff / norm) ** 0.5
+
+
+def one_rank_engine(engine_name: str, store: torch.distributed.Store) -> DataParallelEngine:
+    """An engine of this one process (the one_rank_group fixture's store), fp32 on the CPU."""
+    return make_engine(engine_name, EngineContext(torch.device("cpu"), store, uuid.uuid4().hex[:8], 30.0, "fp32"))
+
+
+def trains_like_one_process(engine: DataParallelEngine, model: nn.Module, reference: nn.Module,
+                            inputs: list[torch.Tensor], lr: float = 0.1) -> None:
+    """`model`, wrapped and given SGD at `lr` by `engine`, takes one step per input as
+    `reference` (a copy of it before wrap()) does in one process: their parameters end equal."""
+    for x in inputs:
+        engine.begin_minibatch()
+        model(x).backward()
+        engine.finish_minibatch()
+    engine.drain()
+    got = engine.full_parameters()
+    opt = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=lr)
+    for x in inputs:
+        opt.zero_grad()
+        reference(x).backward()
+        opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)

@@ -10,6 +10,7 @@ from torch import nn
 
 from odc_core.engine.base import EngineContext
 from odc_core.engine.build import make_engine
+from tests.helpers.reference import one_rank_engine, trains_like_one_process
 
 
 class Net(nn.Module):
@@ -157,30 +158,19 @@ def test_a_sparse_embedding_trains_on_odc_and_is_refused_by_fsdp2_at_wrap(engine
     torch.manual_seed(0)
     model = Lookup()
     reference = copy.deepcopy(model)
-    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
-                                                    "fp32"))
-    ids = torch.tensor([[1, 2, 3, 1]])
+    engine = one_rank_engine(engine_name, one_rank_group)
     try:
-        if engine_name == "collective":
-            with pytest.raises(ValueError, match=r"^embed \(Embedding\) makes sparse gradients \(sparse=True\), which "
-                                                 r"FSDP2 cannot reduce-scatter; build it with sparse=False, or use "
-                                                 r"engine odc$"):
-                engine.wrap(model, [model.embed, *model.layers])
+        if engine_name == "odc":
+            engine.wrap(model, [model.embed, *model.layers])
+            engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+            trains_like_one_process(engine, model, reference, [torch.tensor([[1, 2, 3, 1]])])
             return
-        engine.wrap(model, [model.embed, *model.layers])
-        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
-        engine.begin_minibatch()
-        model(ids).backward()
-        engine.finish_minibatch()
-        engine.drain()
-        got = engine.full_parameters()
+        with pytest.raises(ValueError, match=r"^embed \(Embedding\) makes sparse gradients \(sparse=True\), which "
+                                             r"FSDP2 cannot reduce-scatter; build it with sparse=False, or use "
+                                             r"engine odc$"):
+            engine.wrap(model, [model.embed, *model.layers])
     finally:
         engine.close()
-    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    reference(ids).backward()
-    opt.step()
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(("factory", "why"), [
