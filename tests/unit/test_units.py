@@ -176,8 +176,10 @@ def test_a_sparse_embedding_trains_on_odc_and_is_refused_by_fsdp2_at_wrap(engine
 @pytest.mark.parametrize(("factory", "why"), [
     (lambda params: torch.optim.Adafactor(params, lr=0.01), "its second moments factored over the rows and columns "
                                                             "of each matrix"),
-    (lambda params: torch.optim.LBFGS(params), "a closure that re-evaluates the whole model")],
-    ids=["Adafactor", "LBFGS"])
+    (lambda params: torch.optim.LBFGS(params), "a closure that re-evaluates the whole model"),
+    (lambda params: type("MyAdafactor", (torch.optim.Adafactor,), {})(params), "its second moments factored over the "
+                                                                             "rows and columns of each matrix")],
+    ids=["Adafactor", "LBFGS", "a subclass"])
 def test_odc_refuses_an_optimizer_that_steps_a_parameter_by_its_shape_and_takes_another_after(factory, why,
                                                                                                one_rank_group):
     """On ODC's flat shards Adafactor stepped differently from one process (0.02 apart after 3

@@ -215,12 +215,13 @@ class OdcEngine:
                       for g, (options, _) in enumerate(groups)]
         self.group_names = [names for _, names in groups]
         step_rule = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
-        if isinstance(step_rule.optimizer, _WHOLE_PARAMETER):
+        refused = [cls for cls in _WHOLE_PARAMETER if isinstance(step_rule.optimizer, cls)]
+        if refused:  # a subclass of one too: the update is the one it inherits
             kind = type(step_rule.optimizer).__name__
             raise ValueError(f"engine odc steps each unit's shard as one flat tensor, and {kind} updates a parameter "
-                             f"by its shape or with all of them at once ({_WHOLE_PARAMETER_WHY[kind]}): it would step "
-                             f"the shards wrong; use an optimizer that updates each element on its own (AdamW, Adam, "
-                             f"SGD, RMSprop, ...)")
+                             f"by its shape or with all of them at once ({_WHOLE_PARAMETER_WHY[refused[0].__name__]}): "
+                             f"it would step the shards wrong; use an optimizer that updates each element on its own "
+                             f"(AdamW, Adam, SGD, RMSprop, ...)")
         self.versions.step_rule = step_rule
 
     @property
