@@ -348,8 +348,8 @@ class HalfFrozen(nn.Module):
         self.base, self.adapter = nn.Linear(width, width), nn.Linear(width, width)
         self.base.requires_grad_(False)
 
-    def forward(self, state: dict | tuple) -> dict[str, torch.Tensor]:
-        x = state["x"] if isinstance(state, dict) else state[0]
+    def forward(self, state: dict | tuple | Out) -> dict[str, torch.Tensor]:
+        x = state["x"] if isinstance(state, dict) else state.hidden if isinstance(state, Out) else state[0]
         return {"x": self.adapter(torch.tanh(self.base(x)))}
 
 
@@ -362,17 +362,20 @@ class HalfFrozenNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         state = {"x": self.embed(x)}
         for layer in self.layers:
-            state = layer(state if self.boxed == "dict" else (state["x"], None))
+            boxed = {"dict": state, "tuple": (state["x"], None), "dataclass": Out(state["x"])}[self.boxed]
+            state = layer(boxed)
         return state["x"].square().sum()
 
 
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
-@pytest.mark.parametrize("boxed", ["dict", "tuple"])
+@pytest.mark.parametrize("boxed", ["dict", "tuple", "dataclass"])
 def test_a_unit_whose_input_comes_in_a_container_keeps_its_weights_until_its_input_gradient_leaves(
         boxed, engine_name, one_rank_group):
     """ODC waited for the gradient of a unit's first tensor argument only: with the hidden states
     inside a dict or tuple it waited for none, pushed and freed the unit once the adapter's
-    gradients were in, and the frozen weight's backward then read freed storage."""
+    gradients were in, and the frozen weight's backward then read freed storage. A dataclass,
+    which ODC takes as a unit's output, did the same as an input until inputs were found as
+    outputs are."""
     torch.manual_seed(0)
     model = HalfFrozenNet(boxed)
     reference = copy.deepcopy(model)

@@ -20,29 +20,13 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
 from odc_core.engine.odc.fetch import Fetcher
 from odc_core.engine.odc.unit import Backward, FlatUnit
 from odc_core.engine.odc.versions import Versions
-from odc_core.engine.outputs import check_output
-
-
-class _AfterBackward(torch.autograd.Function):
-    """Identity on a unit's inputs that carry a gradient, whose backward runs once the gradients
-    of all of them have left the unit: its backward is then done."""
-
-    @staticmethod
-    def forward(ctx, hooks: UnitHooks, unit: FlatUnit, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.hooks, ctx.unit = hooks, unit
-        ctx.set_materialize_grads(False)  # an input the unit did not use gets None, not zeros
-        return tuple(x.view_as(x) for x in xs)
-
-    @staticmethod
-    def backward(ctx, *grads: torch.Tensor | None):
-        ctx.hooks.input_grad_done(ctx.unit)
-        return None, None, *grads
+from odc_core.engine.outputs import check_output, grad_outputs
 
 
 class UnitHooks:
@@ -94,18 +78,16 @@ class UnitHooks:
         if not torch.is_grad_enabled():
             return args, kwargs
         # Every input that carries a gradient, positional or keyword (transformers' layers take
-        # hidden_states either way), inside tuples, lists and dicts too (layers that pass their
-        # state as one): their gradients leaving the unit end its backward. Waiting for the
-        # first alone pushed and freed a unit whose frozen weights another input's gradient
-        # still needed (a storage error inside backward).
-        flat, spec = tree_flatten((args, kwargs))
-        at = [i for i, x in enumerate(flat) if torch.is_tensor(x) and x.requires_grad]
-        if not at:
-            return args, kwargs
-        unit.inputs_pending += 1
-        for i, x in zip(at, _AfterBackward.apply(self, unit, *(flat[i] for i in at)), strict=True):
-            flat[i] = x
-        return tree_unflatten(flat, spec)
+        # hidden_states either way), found where the unit's outputs are (a dataclass one unit
+        # returns is the next one's input): their gradients leaving the unit end its backward.
+        # Waiting for the first top-level tensor alone pushed and freed a unit whose frozen
+        # weights a gradient inside a container still needed (a storage error inside backward).
+        # A hook on the tensors themselves needs no rebuilding of the containers they came in.
+        inputs = grad_outputs((args, kwargs), "both")
+        if inputs:
+            unit.inputs_pending += 1
+            torch.autograd.graph.register_multi_grad_hook(inputs, lambda _grads, u=unit: self.input_grad_done(u))
+        return args, kwargs
 
     def _in_compute_dtype(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.compute_dtype) if x.is_floating_point() else x
