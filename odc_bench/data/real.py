@@ -14,7 +14,9 @@ source are deleted when the new ones are written (atomically: a temporary file r
 Two sources:
 - `jsonl`: one sample per line, as a token count, a list of token ids, or an object
   holding either under `field`;
-- `hf_disk`: a Hugging Face dataset saved with `save_to_disk`; a text column is tokenized
+- `hf_disk`: a Hugging Face dataset on disk: a folder written by `save_to_disk`, or data files
+  that `datasets` reads as it goes (Parquet, as on the Hub; Arrow, JSON, CSV): one file, or a folder
+  of them laid out as on the Hub (its splits named by file or folder); a text column is tokenized
   with a local tokenizer (a directory with tokenizer.json, or the file; its ids are kept), a chat column
   (a list of messages with `content`) by joining the contents with newlines, which leaves
   out the chat template's few tokens; without a tokenizer the column must hold token ids or
@@ -37,13 +39,15 @@ import bz2
 import contextlib
 import gzip
 import hashlib
+import itertools
 import json
+import logging
 import lzma
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -92,7 +96,8 @@ def _sample(value: object, where: str) -> tuple[int, list[int] | None]:
         return len(value), value
     if isinstance(value, str):
         raise DataError(f"{where}: expected a token count or a list of token ids, got text; tokenize it first, or "
-                        f"save it with datasets' save_to_disk and use dataset=hf_disk with dataset.tokenizer")
+                        f"use dataset=hf_disk with dataset.tokenizer, which tokenizes a column of text (a JSONL "
+                        f"file's objects too, dataset.text_field naming the key)")
     raise DataError(f"{where}: expected a token count or a list of token ids, got {_json_name(value)}")
 
 
@@ -113,13 +118,42 @@ def _collect(samples: Iterable[tuple[int, list[int] | None]]) -> tuple[np.ndarra
 # Compressed JSON lines, known by their first bytes whatever the file's name: corpora ship as
 # .jsonl.gz, .bz2 or .xz, which the standard library reads as it goes, so nothing is unpacked
 # beside the user's data. zstd needs a package of its own before Python 3.14: said, not read.
-_COMPRESSIONS: dict[bytes, tuple[str, Callable[..., IO[str]]]] = {
+_COMPRESSIONS: dict[bytes, tuple[str, Callable[..., IO[Any]]]] = {
     b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open), b"\xfd7zXZ\x00": ("xz", lzma.open)}
 _ZSTD = b"\x28\xb5\x2f\xfd"
 
 
+# Column files researchers have (a Hub dataset's Parquet shards, datasets' Arrow files), known by
+# their first bytes: the jsonl loader names the loader that reads them rather than failing on bytes.
+_COLUMNAR = {b"PAR1": "Parquet", b"ARROW1": "Arrow"}
+
+
+def data_file_kind(path: Path) -> str | None:
+    """What a file holds that the jsonl loader does not read and hf_disk does: 'Parquet', 'Arrow',
+    'a JSON array' (one array of samples, not one sample per line), or None."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    for magic, kind in _COLUMNAR.items():
+        if head.startswith(magic):
+            return kind
+    if path.suffix == ".arrow":  # datasets' own Arrow files are streams, which carry no magic bytes
+        return "Arrow"
+    for magic, (_, opener) in _COMPRESSIONS.items():
+        if head.startswith(magic):
+            with contextlib.suppress(EOFError, OSError, lzma.LZMAError), opener(path, "rb") as f:
+                head = f.read(4096)
+    start = head.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
+    # An array of objects or of arrays cannot be one sample (a sample's ids are numbers), so the
+    # file is an exported table (pandas' to_json, json.dump of a list), on one line or on many.
+    return "a JSON array" if start.startswith("[") and start[1:].lstrip(" \t\r\n")[:1] in ("{", "[", "") else None
+
+
 def _open_text(path: Path) -> tuple[IO[str], str]:
     """The file as text, decompressed when it is compressed; and what it was ("" when plain)."""
+    if (kind := data_file_kind(path)) is not None:
+        holds = "holds one JSON array of samples" if kind == "a JSON array" else f"is a {kind} file"
+        raise DataError(f"{path} {holds}, not one JSON value per line; dataset=hf_disk reads it "
+                        f"(dataset.text_field: the field to measure), or write one sample per line")
     with open(path, "rb") as f:
         head = f.read(6)
     if head.startswith(_ZSTD):
@@ -206,6 +240,84 @@ def tokenizer_file(tokenizer: Path) -> Path:
     return path
 
 
+# Data files by suffix (a compressed one by the suffix before its compression's), for datasets'
+# packaged builders.
+_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
+
+
+def _saved_to_disk(path: Path) -> bool:
+    """A folder save_to_disk wrote: a Dataset's holds state.json, a DatasetDict's dataset_dict.json."""
+    return path.is_dir() and any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json"))
+
+
+def _hf_dataset(path: Path) -> Any:
+    """The dataset at `path`: a save_to_disk folder loaded, or data files streamed (read as they go,
+    so a corpus is not converted into datasets' cache nor copied beside the user's data)."""
+    import datasets
+
+    suffixes = [x for x in path.suffixes if x not in _COMPRESSED][-1:]
+    builder = _BUILDERS.get(suffixes[0]) if suffixes else None
+    if path.is_file() and builder is None:  # a file named otherwise, known by its bytes
+        builder = {"Parquet": "parquet", "Arrow": "arrow", "a JSON array": "json"}.get(data_file_kind(path) or "")
+    what = ("a folder written by save_to_disk, a data file (.parquet, .arrow, .json, .jsonl, .csv) or a folder of "
+            "them")
+    if path.is_file() and builder is None:
+        raise DataError(f"dataset=hf_disk reads {what}; {path} is none of these")
+    try:
+        if _saved_to_disk(path):
+            return datasets.load_from_disk(str(path))
+        if path.is_file():
+            return datasets.load_dataset(builder, data_files=str(path), streaming=True)
+        return datasets.load_dataset(str(path), streaming=True)
+    except Exception as e:  # the library raises many kinds for unreadable data
+        raise DataError(f"cannot load {path} with datasets ({_first_line(e)}); point dataset.path at {what}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+class _Said(logging.Handler):
+    """What datasets logs while it reads (it names a damaged file there, not in what it raises), kept
+    from stderr so that a refusal stays one line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.last = record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[_Said]:
+    logger, said = logging.getLogger("datasets"), _Said()  # the library's loggers all end here
+    handlers, propagate = logger.handlers, logger.propagate
+    logger.handlers, logger.propagate = [said], False
+    try:
+        yield said
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
+
+
+def _read(batches: Iterator[Any], path: Path, rows: int) -> Iterator[Any]:
+    """The batches, `rows` rows each; a streamed file found damaged on the way (a Parquet shard cut
+    short, a JSON line broken) said in one line, with the file datasets named."""
+    for k in itertools.count():
+        with _quiet_datasets() as said:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception as e:  # pyarrow and datasets raise many kinds for damaged data
+                after = f" after {k * rows} rows" if k else ""
+                raise DataError(f"{path} could not be read to the end{after}: "
+                                f"{_first_line(e) if said.last is None else said.last.splitlines()[0]}; fix or "
+                                f"remove the damaged file") from None
+        yield batch
+
+
 def hf_disk_samples(path: Path, text_field: str, tokenizer: Path | None,
                     split: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Every row's token count, and their ids end to end (empty when the column holds counts)."""
@@ -215,23 +327,21 @@ def hf_disk_samples(path: Path, text_field: str, tokenizer: Path | None,
     except ImportError:
         raise DataError("dataset=hf_disk needs the datasets and tokenizers packages: "
                         "pip install 'odc-bench[data]'") from None
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as e:  # the library raises many kinds for unreadable directories
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"cannot load {path} with datasets.load_from_disk ({first}); point dataset.path at a "
-                        f"directory written by save_to_disk") from None
-    if isinstance(ds, datasets.DatasetDict):
+    ds = _hf_dataset(path)
+    if isinstance(ds, datasets.DatasetDict | datasets.IterableDatasetDict):
         if split not in ds:
             raise DataError(f"{path} has no split {split!r}; set dataset.split to one of {', '.join(ds)}")
         ds = ds[split]
-    if text_field not in ds.column_names:
+    columns = ds.column_names  # None for streamed JSON, whose columns are known once a row is read
+    if columns is None:
+        columns = list(next(_read(iter(ds), path, 1), {}))
+    if text_field not in columns:
         raise DataError(f"{path} has no column {text_field!r}; set dataset.text_field to one of "
-                        f"{', '.join(ds.column_names)}")
+                        f"{', '.join(columns) or '(none: it has no rows)'}")
     tok = Tokenizer.from_file(str(tokenizer_file(tokenizer))) if tokenizer is not None else None
 
     def rows() -> Iterator[tuple[int, list[int] | None]]:
-        for start, batch in enumerate(ds.iter(batch_size=256)):
+        for start, batch in enumerate(_read(ds.iter(batch_size=256), path, 256)):
             values, where = batch[text_field], f"{path} column {text_field!r} (batch {start})"
             if tok is None:
                 yield from (_sample(v, where) for v in values)
@@ -343,7 +453,8 @@ def load_pool(loader: str, path: str | None, *, field: str | None = None, text_f
     if loader not in LOADERS:
         raise DataError(f"unknown dataset loader {loader!r}; choose one of {', '.join(LOADERS)}")
     if not path:
-        what = "the .jsonl file" if loader == "jsonl" else "the directory written by save_to_disk"
+        what = ("the .jsonl file" if loader == "jsonl" else
+                "the folder written by save_to_disk, or the data file or folder of them")
         raise DataError(f"dataset={loader} needs dataset.path: set dataset.path to {what}")
     source = Path(path).expanduser()
     if (too_long := name_too_long(source)) is not None:
@@ -379,9 +490,9 @@ CACHE_SUFFIX = ".lengths-"
 
 
 def loader_for(path: Path) -> str:
-    """The loader that reads a lengths source: `hf_disk` for a folder written by save_to_disk, else `jsonl`
-    (a text file of one token count per line is JSON lines too)."""
-    return "hf_disk" if path.is_dir() else "jsonl"
+    """The loader that reads a lengths source: `hf_disk` for a folder, a Parquet or Arrow file or a JSON
+    array, else `jsonl` (a text file of one token count per line is JSON lines too)."""
+    return "hf_disk" if path.is_dir() or data_file_kind(path) is not None else "jsonl"
 
 
 def source_name(path: Path) -> str:
@@ -394,8 +505,8 @@ def source_name(path: Path) -> str:
 def read_lengths(path: Path, *, field: str | None = None, text_field: str | None = None,
                  tokenizer: str | None = None) -> np.ndarray:
     """Token counts of every usable sample (at least 2 tokens) of a lengths source, in its order: what the
-    what-if and dataset=jsonl / hf_disk read (a text file of one count per line, JSONL, a save_to_disk
-    folder), or a lengths cache (.npy) this module wrote. Reading writes no cache."""
+    what-if and dataset=jsonl / hf_disk read (a text file of one count per line, JSONL, a dataset
+    hf_disk reads), or a lengths cache (.npy) this module wrote. Reading writes no cache."""
     if path.suffix == ".npy" and path.is_file():
         try:
             counts = np.load(path, allow_pickle=False)
@@ -409,5 +520,5 @@ def read_lengths(path: Path, *, field: str | None = None, text_field: str | None
         if not (lengths >= 2).any():
             raise DataError(f"{path} has no sample of at least 2 tokens")
         return lengths[lengths >= 2]
-    return load_lengths(loader_for(path), str(path), field=field, text_field=text_field or "text",
+    return load_lengths(loader_for(path), str(path), field=field, text_field=text_field or field or "text",
                         tokenizer=tokenizer)

@@ -57,8 +57,9 @@ def parser() -> argparse.ArgumentParser:
         epilog="Example: python -m odc_bench.whatif examples/lengths.jsonl --model qwen2_7b --hardware a100 "
                "--nodes 8 --devices-per-node 8 --minibatch 2 4 8")
     ap.add_argument("lengths", nargs="?", help=f"a length profile ({', '.join(PROFILES)}), a lengths file (one token "
-                    "count per line) or JSONL file (counts, token-id lists, or objects: --field), or a folder "
-                    "written by datasets' save_to_disk (--tokenizer)")
+                    "count per line) or JSONL file (counts, token-id lists, or objects: --field), or a dataset "
+                    "datasets reads: a folder written by save_to_disk, a Parquet, Arrow or CSV file, a JSON array, "
+                    "or a folder of them as on the Hub (--text-field, --tokenizer)")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
                     help="any other setting of `python -m odc_bench`, anywhere on the line, e.g. model.num_layers=40 "
                          "max_tokens=32768 "
@@ -79,8 +80,8 @@ def parser() -> argparse.ArgumentParser:
                     help="minibatch sizes, in samples per device (default: 1 2 4 8)")
     ap.add_argument("--minibatches", type=int, default=8, help="minibatches simulated per run (default: %(default)s)")
     ap.add_argument("--field", help="JSONL objects: the key holding the token count or ids")
-    ap.add_argument("--tokenizer", help="a dataset folder's text: a local tokenizer folder or tokenizer.json")
-    ap.add_argument("--text-field", help="a dataset folder's column to measure (default: text)")
+    ap.add_argument("--tokenizer", help="a dataset's text: a local tokenizer folder or tokenizer.json")
+    ap.add_argument("--text-field", help="a dataset's column to measure (default: --field, else text)")
     ap.add_argument("--length-scale", type=float, default=1.0,
                     help="multiply every length (default: 1, the lengths as they are)")
     ap.add_argument("--all-balancers", action="store_true",

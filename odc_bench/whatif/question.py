@@ -199,14 +199,15 @@ class Question:
         require(too_long is None, f"{self.lengths} {too_long}: no file can have it; give the lengths file's path")
         require(path.exists(), f"{self.lengths} is neither a length profile ({', '.join(sorted(PROFILES))}) nor a "
                                f"file or folder; give a lengths file (one token count per line), a JSONL file or a "
-                               f"dataset saved with save_to_disk")
+                               f"dataset (saved with save_to_disk, or Parquet files)")
         # As given, relative paths too: the printed commands run from the same folder.
         if loader_for(path) == "hf_disk":
             out = ["dataset=hf_disk", string_override("dataset.path", path), *scale]
             if self.tokenizer:
                 out.append(string_override("dataset.tokenizer", Path(self.tokenizer).expanduser()))
-            if self.text_field:
-                out.append(string_override("dataset.text_field", self.text_field))
+            # --field names a JSONL object's key; in a table (a JSON array, Parquet) it is the column
+            if column := self.text_field or self.field:
+                out.append(string_override("dataset.text_field", column))
             return out
         require(not self.tokenizer and not self.text_field,
                 "--tokenizer and --text-field are for a dataset folder; a lengths or JSONL file holds token counts "

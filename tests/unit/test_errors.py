@@ -76,6 +76,26 @@ def _empty_dir(tmp: Path) -> None:
     (tmp / "not_a_dataset").mkdir()
 
 
+def _text_file(name: str, text: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / name).write_text(text)
+    return setup
+
+
+def _parquet(tmp: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame({"n": [12, 40]}).to_parquet(tmp / "d.parquet")
+
+
+def _hub_with_a_damaged_shard(tmp: Path) -> None:
+    import pandas as pd
+
+    (tmp / "hub").mkdir()
+    pd.DataFrame({"n": [12, 40]}).to_parquet(tmp / "hub" / "train-00000-of-00002.parquet")
+    (tmp / "hub" / "train-00001-of-00002.parquet").write_bytes(b"PAR1 cut short")
+
+
 HEADER = ",".join(COLUMNS)
 OTHER_VERSION = SCHEMA_VERSION + 1
 ROW_OTHER = ",".join(str(OTHER_VERSION) if c == "schema_version" else "x" for c in COLUMNS)
@@ -258,7 +278,18 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                  "dataset.tokens=data trains on a file's token ids, but dataset=longalign has none",
                                  None),
     "hf-disk-not-a-dataset": (["dataset=hf_disk", "dataset.path={tmp}/not_a_dataset"],
-                              "with datasets.load_from_disk", _empty_dir),
+                              "doesn't contain any data files); point dataset.path at a folder written by "
+                              "save_to_disk, a data file", _empty_dir),
+    "hf-disk-not-a-data-file": (["dataset=hf_disk", "dataset.path={tmp}/notes.md"],
+                                "notes.md is none of these", _text_file("notes.md", "# my notes\n")),
+    "hf-disk-damaged-file": (["dataset=hf_disk", "dataset.path={tmp}/hub", "dataset.text_field=n"],
+                             "hub could not be read to the end: Failed to read file", _hub_with_a_damaged_shard),
+    "data-parquet-to-jsonl": (["dataset=jsonl", "dataset.path={tmp}/d.parquet"],
+                              "d.parquet is a Parquet file, not one JSON value per line; dataset=hf_disk reads it",
+                              _parquet),
+    "data-json-array-to-jsonl": (["dataset=jsonl", "dataset.path={tmp}/d.json", "dataset.field=n"],
+                                 "d.json holds one JSON array of samples, not one JSON value per line; "
+                                 "dataset=hf_disk reads it", _text_file("d.json", '[{"n": 12}, {"n": 40}]')),
     # the results folder
     "results-dir-is-a-file": (["results_dir={tmp}/file"], "file is not a directory; set results_dir to a folder",
                               _file),

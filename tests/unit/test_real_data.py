@@ -128,6 +128,47 @@ def test_hf_dataset_with_token_ids_needs_no_tokenizer(tmp_path):
     assert load_lengths("hf_disk", str(tmp_path / "ids"), text_field="input_ids").tolist() == [5, 12]
 
 
+def test_hf_disk_reads_a_hub_folder_of_parquet_shards_split_by_file_name(tmp_path):
+    import pandas as pd
+
+    from tests.helpers.real_data import text_of
+
+    counts = [3, 17, 40, 8, 5]
+    hub = tmp_path / "hub" / "data"
+    hub.mkdir(parents=True)
+    # The Hub's layout: {split}-{shard}-of-{shards}.parquet; train's rows come in shard order.
+    for shard, part in enumerate((counts[:2], counts[2:])):
+        pd.DataFrame({"text": [text_of(n, i) for i, n in enumerate(part)], "n": part}).to_parquet(
+            hub / f"train-{shard:05d}-of-00002.parquet")
+    pd.DataFrame({"text": ["a b"], "n": [2]}).to_parquet(hub / "test-00000-of-00001.parquet")
+    before = sorted(tmp_path.rglob("*"))
+    tok = str(write_tokenizer(tmp_path / "tok"))
+    assert load_lengths("hf_disk", str(tmp_path / "hub"), tokenizer=tok).tolist() == counts
+    assert load_lengths("hf_disk", str(tmp_path / "hub"), text_field="n", split="test",
+                        cache_dir=str(tmp_path / "c")).tolist() == [2]
+    pool = load_pool("hf_disk", str(hub / "train-00001-of-00002.parquet"), tokenizer=tok)
+    assert pool.lengths.tolist() == counts[2:] and pool.has_ids, "one shard read alone, its text tokenized"
+    write_pending_caches()
+    added = sorted(set(tmp_path.rglob("*")) - set(before) - set((tmp_path / "tok").rglob("*")) - {tmp_path / "tok"})
+    assert all(".lengths-" in p.name or ".ids-" in p.name or p == tmp_path / "c" for p in added), (
+        "streamed: nothing but the caches written beside the data")
+
+
+def test_a_json_array_is_read_by_hf_disk_and_the_whatif_and_refused_by_jsonl(tmp_path):
+    src = tmp_path / "table.json"
+    # pandas' to_json(orient="records", indent=2): one array, over many lines
+    src.write_text('[\n  {"n": 120, "id": 0},\n  {"n": 1, "id": 1},\n  {"n": 30, "id": 2}\n]\n')
+    assert load_lengths("hf_disk", str(src), text_field="n").tolist() == [120, 30]
+    assert real.read_lengths(src, field="n").tolist() == [120, 30], "the what-if's --field names the column"
+    with pytest.raises(DataError, match="holds one JSON array of samples, not one JSON value per line"):
+        load_lengths("jsonl", str(src), field="n")
+    gz = tmp_path / "table.json.gz"
+    gz.write_bytes(gzip.compress(b'[{"n": 5}]'))
+    assert real.data_file_kind(gz) == "a JSON array"
+    # a JSONL file whose first line is one sample's ids is JSON lines, not an array
+    assert real.data_file_kind(write_jsonl(tmp_path / "ids.jsonl", [[5, 6, 7], [8, 9]])) is None
+
+
 def test_hf_errors_say_what_to_fix(tmp_path):
     data = write_hf_dataset(tmp_path / "ds", [3, 4])
     (tmp_path / "empty").mkdir()
@@ -138,7 +179,7 @@ def test_hf_errors_say_what_to_fix(tmp_path):
         load_lengths("hf_disk", str(data), text_field="body", tokenizer=tok)
     with pytest.raises(DataError, match="has no split 'test'; set dataset.split to one of train"):
         load_lengths("hf_disk", str(data), split="test", tokenizer=tok)
-    with pytest.raises(DataError, match="cannot load .* with datasets.load_from_disk"):
+    with pytest.raises(DataError, match="cannot load .* with datasets .*point dataset.path at a folder written"):
         load_lengths("hf_disk", str(tmp_path / "empty"), tokenizer=tok)
 
 
