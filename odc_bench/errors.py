@@ -55,6 +55,9 @@ class RunFailed(RuntimeError):
 # What a write gets from a full file system or quota: the end of the command (ends_cleanly), not a
 # run's failure or bad input (files.no_room says it).
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+# What flock gives where the file system holds no locks: Lustre mounted without -o flock
+# (ENOSYS), NFS whose lock daemon does not answer (ENOLCK), some FUSE and SMB mounts (EOPNOTSUPP).
+NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
 # Signals that end a command by unwinding, as Ctrl-C does: SIGTERM (kill, scancel) and SIGHUP
@@ -227,7 +230,8 @@ def ends_cleanly(command: str | None = None, prog: str = "odc_bench") -> Iterato
 
     A full file system or quota (NO_ROOM) ends the command in one line, "<command or prog>:
     error: cannot write ...", and status 1: every write after it would fail the same way, and
-    the file being written is not there (files.atomic_path)."""
+    the file being written is not there (files.atomic_path). So does a file system without locks
+    (NO_LOCKS, files.locked), met where no check came first."""
     handle_error = logging.Handler.handleError
 
     def raise_broken_pipe(handler: logging.Handler, record: logging.LogRecord) -> None:
@@ -260,7 +264,7 @@ def ends_cleanly(command: str | None = None, prog: str = "odc_bench") -> Iterato
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except OSError as e:
-        if e.errno not in NO_ROOM:
+        if e.errno not in NO_ROOM | NO_LOCKS:
             raise
         where = f": {e.filename}" if e.filename else ""
         print(f"{command or prog}: error: {e.strerror}{where}", file=sys.stderr)

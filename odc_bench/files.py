@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import os
 import signal
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from odc_bench.errors import NO_ROOM
+from odc_bench.errors import NO_LOCKS, NO_ROOM
 from odc_bench.sizes import size_label
 
 
@@ -136,12 +137,27 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def _flock(fd: int, operation: int, path: Path) -> None:
+    """flock, a file system without locks said with the file and what to do (the check of a
+    results folder, locks_fail, says it before a run; a command that skipped it meets it here)."""
+    try:
+        fcntl.flock(fd, operation)
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        if e.errno not in NO_LOCKS:
+            raise
+        raise OSError(e.errno, f"cannot lock {path}: {(e.strerror or 'no locks').lower()}, and the harness locks "
+                               f"the files several commands write; write them on a file system with locks (a "
+                               f"local disk, Lustre mounted with -o flock, NFS with its lock daemon)") from None
+
+
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
     """An exclusive lock on `path`'s lock file (path + .lock) for writers that read-modify-write it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(path.suffix + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _flock(lock.fileno(), fcntl.LOCK_EX, path)
         try:
             yield
         finally:
@@ -160,12 +176,19 @@ def claimed(path: Path, owner: str) -> Iterator[str | None]:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace")
             os.close(fd)
             yield holder
             return
+        except OSError:  # no locks here: the file, and folders made for it, go
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            for folder in made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            raise
         # A holder that ended between this open and this lock removed the file: a lock on it
         # would claim nothing, so claim the path again.
         with contextlib.suppress(FileNotFoundError):
@@ -235,6 +258,19 @@ def folder_problem(folder: Path) -> tuple[str, str] | None:
                 "results"), "a folder on a disk"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"is not writable ({existing})", "a folder you can write"
+    return None
+
+
+def locks_fail(folder: Path) -> str | None:
+    """Why file locks fail in `folder` (or the nearest folder above it, whose file system it would be
+    on), or None: a probe file, unnamed or unlinked at once, locked and closed. Only a file system
+    without locks is an answer; a folder that cannot be written is folder_problem's."""
+    try:
+        with tempfile.TemporaryFile(dir=_nearest_existing(folder.absolute())) as probe:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in NO_LOCKS:
+            return e.strerror or errno.errorcode[e.errno]
     return None
 
 

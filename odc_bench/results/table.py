@@ -18,8 +18,10 @@ from odc_bench.errors import ConfigError, TableError
 from odc_bench.files import (
     atomic_path,
     atomic_write_text,
+    filesystem_of,
     folder_problem,
     locked,
+    locks_fail,
     stale_temporaries,
 )
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
@@ -81,6 +83,15 @@ def check_results_dir(results_dir: Path) -> None:
     problem = folder_problem(results_dir)
     if problem is not None:
         raise ConfigError(f"results_dir {results_dir} {problem[0]}; set results_dir to {problem[1]}")
+    # Commands and SLURM tasks append to one table, and a run is claimed against a second command
+    # running it, under file locks: without them rows would be lost, so no run starts.
+    if (why := locks_fail(results_dir)) is not None:
+        fs = filesystem_of(results_dir)
+        on = f" on {fs[0]} ({fs[1]})" if fs is not None else ""
+        raise ConfigError(f"results_dir {results_dir} is{on} where file locks fail ({why}), which the harness "
+                          f"takes to keep the writers of one results table apart; set results_dir to a folder on a "
+                          f"file system with locks (a local disk, Lustre mounted with -o flock, NFS with its lock "
+                          f"daemon)")
     traces = results_dir / "traces"
     require(not traces.exists() or traces.is_dir(), f"{traces} is not a directory; move it away or set "
             f"results_dir to another folder")

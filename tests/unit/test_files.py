@@ -180,3 +180,34 @@ def test_a_claim_is_held_by_one_holder_names_it_to_others_and_survives_its_kille
     with files.claimed(fresh, "pid 11 on d"):
         (tmp_path / "new" / "kept").write_text("written meanwhile")
     assert [p.name for p in (tmp_path / "new").iterdir()] == ["kept"], "a folder made for the claim alone goes"
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_results_folder_without_file_locks_is_refused_before_a_run_and_a_lock_met_later_is_one_line(
+        code, tmp_path, monkeypatch, capsys):
+    # What flock says on NFS whose lock daemon is gone, on Lustre mounted without -o flock, on
+    # some FUSE mounts: the table's lock and the run's claim would raise a traceback mid-command.
+    import fcntl
+
+    from odc_bench.errors import ConfigError, ends_cleanly
+    from odc_bench.results.table import check_results_dir
+
+    def no_locks(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    results = tmp_path / "results"
+    with pytest.raises(ConfigError, match=rf"results_dir {results} is on \w+ \(.*\) where file locks fail "
+                                          rf"\({os.strerror(code)}\).*set results_dir to a folder on a file system "
+                                          r"with locks"):
+        check_results_dir(results)
+    assert list(tmp_path.iterdir()) == [], "the probe leaves nothing"
+    claim = tmp_path / "made" / "for" / ".run.running"
+    with pytest.raises(OSError, match=f"cannot lock {claim}"), files.claimed(claim, "pid 7"):
+        pass
+    assert list(tmp_path.iterdir()) == [], "neither the claim's file nor the folders made for it stay"
+    with pytest.raises(SystemExit), ends_cleanly("python -m odc_bench.results"), files.locked(results / "runs.csv"):
+        pass
+    said = capsys.readouterr().err
+    assert said.startswith(f"python -m odc_bench.results: error: cannot lock {results / 'runs.csv'}: ")
+    assert said.count("\n") == 1 and "file system with locks" in said
