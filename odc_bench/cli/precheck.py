@@ -22,7 +22,7 @@ from hydra.core.override_parser.types import Override, ValueType
 from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_parameters
-from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line
+from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.files import folder_problem
@@ -34,7 +34,7 @@ from odc_bench.sim import check_hardware
 
 def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
     """The overrides with every sweep (a,b / range(...)) replaced by one of its values, in sweep order."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    parsed = overrides_parser().parse_overrides(list(overrides))
     choices = [swept_values(o) if o.is_sweep_override() else [str(o.input_line)] for o in parsed]
     for combination in itertools.product(*choices):
         yield list(combination)

@@ -49,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 from odc_bench.app import Job
 from odc_bench.cli.outcomes import print_summary
 from odc_bench.cli.precheck import check_run, swept_values
-from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line
+from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
 from odc_bench.jobs import progress
@@ -71,7 +71,7 @@ def _by_key(parser: OverridesParser, overrides: Sequence[str]) -> dict[str, Over
 def expand_jobs(params: Mapping[str, Any] | None, grids: Sequence[Mapping[str, Any]] | None = None,
                 exclude: Sequence[Mapping[str, Any]] | None = None, arguments: Sequence[str] = ()) -> list[list[str]]:
     """Every job of the sweep as its list of overrides, in grid order, without repeats."""
-    parser = OverridesParser.create()
+    parser = overrides_parser()
     common = _by_key(parser, [_as_override(k, v) for k, v in (params or {}).items()])
     cli = _by_key(parser, arguments)
     dropped = [{_as_override(k, v) for k, v in partial.items()} for partial in exclude or []]

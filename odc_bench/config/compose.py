@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverrideParseException, OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
@@ -95,6 +96,14 @@ def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
         register_chosen_sweep(overrides)
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
         return [load(compose("config", overrides=list(overrides))) for overrides in runs]
+
+
+def overrides_parser() -> OverridesParser:
+    """Hydra's parser of overrides, with the initialised Hydra's config loader where there is one: a
+    glob over a config group's options (`balancer=glob(*)`, `engine=glob(*,exclude=sim_*)`) lists
+    them through it, and failed without it in "ConfigLoader is not set"."""
+    hydra = GlobalHydra.instance()
+    return OverridesParser.create(config_loader=hydra.config_loader() if hydra.is_initialized() else None)
 
 
 def hydra_quote(value: str) -> str:

@@ -300,3 +300,20 @@ def test_a_swept_key_that_lists_no_values_is_refused_in_one_line(value, said, tm
                            f"hydra.sweep.dir={tmp_path / 'm'}")
     assert (status, err) == (2, f"odc_bench: error: {said}\n")
     assert not (tmp_path / "r").exists() and not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_a_glob_over_a_config_groups_options_sweeps_them(tmp_path, sweep):
+    """Hydra's glob(...) lists a group's options through its config loader, which the parser the
+    sweep and the command line's check made had not: it ended in 'ConfigLoader is not set'."""
+    status, out, err = sweep("engine=glob(*)", "balancer=glob(lb_mi*)", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                             f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 0, err
+    assert "odc_bench: sweep of 4 runs: 3 ok, 0 failed, 1 combination that cannot run (skipped)" in out
+    table = read_table(tmp_path / "r" / "runs.csv")
+    assert sorted(zip(table["engine"], table["balancer"], strict=True)) == [
+        ("collective", "lb_micro"), ("odc", "lb_micro"), ("odc", "lb_mini")]
+    status, _, err = sweep("balancer=glob(nothing*)", *SIM_SWEEP, f"results_dir={tmp_path / 'r2'}",
+                           f"hydra.sweep.dir={tmp_path / 'm2'}")
+    assert (status, err) == (2, "odc_bench: error: 'balancer=glob(nothing*)' gives no values, so the sweep would "
+                                "have no runs; give it at least one\n")
