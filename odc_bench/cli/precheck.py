@@ -10,12 +10,16 @@ folder). docs/errors.md lists them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_module
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_automatic_config_search_path
+from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, ValueType
@@ -30,6 +34,8 @@ from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, check_combination
 from odc_bench.results.table import check_results_dir
 from odc_bench.sim import check_hardware
+
+CONF_MODULE = "odc_bench.conf"
 
 
 def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
@@ -73,20 +79,47 @@ def overrides_of(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _flag_value(argv: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of Hydra's flag (`-cd DIR`, `--config-dir=DIR`), or None where it is not given."""
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        if key in names:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+@contextlib.contextmanager
+def _hydra(config_dir: str | None) -> Iterator[None]:
+    """Hydra initialised with the package's configs, and --config-dir's folder where it is given,
+    placed in the search path where Hydra's own command line puts it: the check composed from the
+    package alone, so an option, a sweep or a primary config (-cn) of the user's folder was
+    refused as unknown before Hydra could find it."""
+    with initialize_config_module(CONF_MODULE, version_base="1.3"):
+        if config_dir is not None:
+            folder = Path(config_dir).expanduser().absolute()
+            if not folder.is_dir():
+                raise ConfigError(f"--config-dir {config_dir} is not a folder; give the folder of your own configs")
+            path = create_automatic_config_search_path(None, f"{CONF_MODULE}.app", None)
+            path.prepend(provider="command-line", path=f"file://{folder}", anchor=SearchPathQuery(provider="schema"))
+            GlobalHydra.instance().clear()  # replaced until the block ends, which restores it
+            Hydra.create_main_hydra2("app", path)
+        yield
+
+
 def _is_group(name: str) -> bool:
     """Whether `name` is a config group (Hydra's loader knows its repository; the public type does not say)."""
     loader: Any = GlobalHydra.instance().config_loader()
     return bool(loader.repository.group_exists(name))
 
 
-def _refuse_added_keys(parsed: Sequence[Override], combination: list[str]) -> None:
+def _refuse_added_keys(parsed: Sequence[Override], combination: list[str], config_name: str) -> None:
     """`+key=value` (and `++key=value`) may add any key; a key the config lacks is a typo
     that would otherwise ride along unused (and change the run's key)."""
     added = [o for o in parsed if (o.is_add() or o.is_force_add()) and not o.is_hydra_override()
              and not _is_group(o.key_or_group)]
     if not added:
         return
-    base = compose("config", overrides=[c for c, o in zip(combination, parsed, strict=True) if o not in added])
+    base = compose(config_name, overrides=[c for c, o in zip(combination, parsed, strict=True) if o not in added])
     for o in added:
         if OmegaConf.select(base, o.key_or_group, default=_ABSENT) is _ABSENT:
             raise ConfigError(f"unknown config key {o.key_or_group!r} (added by {o.input_line!r}); only keys the "
@@ -135,17 +168,18 @@ def precheck(argv: Sequence[str], planner: Planner) -> None:
     multirun = any(a in ("-m", "--multirun") for a in argv) or any(
         o.startswith(("sweep=", "hydra.mode=")) for o in overrides)
     info_only = any(a.split("=", 1)[0] in _INFO_FLAGS for a in argv)
+    config_name = _flag_value(argv, ("--config-name", "-cn")) or "config"
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         sweeps = [o.input_line for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
         if sweeps and not multirun:
             raise ConfigError(f"{sweeps[0]!r} lists several values; add --multirun to sweep over them, "
                               f"or quote the value to pass it as one string")
-        with initialize_config_module("odc_bench.conf", version_base="1.3"):
+        with _hydra(_flag_value(argv, ("--config-dir", "-cd"))):
             cannot_run: CombinationError | None = None
             for combination in combinations(overrides):
-                cfg = compose("config", overrides=combination, return_hydra_config=True)
-                _refuse_added_keys(parsed, combination)
+                cfg = compose(config_name, overrides=combination, return_hydra_config=True)
+                _refuse_added_keys(parsed, combination, config_name)
                 if info_only:
                     return
                 try:

@@ -317,3 +317,30 @@ def test_a_glob_over_a_config_groups_options_sweeps_them(tmp_path, sweep):
                            f"hydra.sweep.dir={tmp_path / 'm2'}")
     assert (status, err) == (2, "odc_bench: error: 'balancer=glob(nothing*)' gives no values, so the sweep would "
                                 "have no runs; give it at least one\n")
+
+
+@pytest.mark.slow
+def test_options_and_sweeps_of_a_users_config_dir_run(tmp_path, sweep):
+    """Hydra's --config-dir joins a folder of the user's own options; the check before the run
+    composed from the package alone and refused them as unknown."""
+    mine = tmp_path / "myconf"
+    (mine / "model").mkdir(parents=True)
+    (mine / "sweep").mkdir()
+    tiny = (REPO / "odc_bench" / "conf" / "model" / "tiny.yaml").read_text()
+    (mine / "model" / "mytiny.yaml").write_text(re.sub(r"(?m)^name: .*$", "name: mytiny", tiny))
+    (mine / "sweep" / "mine.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n  sweeper:\n"
+                                              "    params:\n      model: mytiny\n      seed: 0,1\n")
+    status, out, err = sweep("-cd", str(mine), "sweep=mine", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+                             f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 0, err
+    assert "odc_bench: sweep of 2 runs: 2 ok, 0 failed" in out
+    assert set(read_table(tmp_path / "r" / "runs.csv")["model"]) == {"mytiny"}
+    # a primary config of the folder (-cn), on the package's own
+    (mine / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\nseed: 7\n")
+    status, _, err = sweep("--config-dir", str(mine), "-cn", "mine", *SIM_SWEEP, f"results_dir={tmp_path / 'r2'}",
+                           f"hydra.sweep.dir={tmp_path / 'm2'}")
+    assert status == 0, err
+    assert read_table(tmp_path / "r2" / "runs.csv")["seed"].tolist() == [7]
+    status, _, err = sweep("-cd", str(tmp_path / "nothere"), *SIM_SWEEP, f"results_dir={tmp_path / 'r3'}")
+    assert (status, err) == (2, f"odc_bench: error: --config-dir {tmp_path / 'nothere'} is not a folder; give the "
+                                f"folder of your own configs\n")
