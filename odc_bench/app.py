@@ -7,6 +7,8 @@ planner that the jobs then plan with (plan/spec.py Planner), so the run is plann
 
 from __future__ import annotations
 
+import contextlib
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -27,7 +29,12 @@ class Job:
     def __call__(self, cfg: DictConfig) -> dict | list[dict] | None:
         """The job's row (None when skipped): Hydra hands it to callbacks and launchers."""
         # Inside the job: Hydra would report a closed stdout as the job's failure, traceback and all.
-        with ends_cleanly():
+        # A relative path of the command line is the launch folder's, where the check before the
+        # run read it: hydra.job.chdir=True (Hydra 1.1's default, which configs still carry) made
+        # it a path under the job's output folder, a dataset not found or results written there.
+        # The job runs in the launch folder; Hydra's own files are in the output folder already.
+        launch = HydraConfig.get().runtime.cwd if HydraConfig.initialized() and HydraConfig.get().job.chdir else None
+        with ends_cleanly(), contextlib.chdir(launch) if launch else contextlib.nullcontext():
             return self._run(cfg)
 
     def _run(self, cfg: DictConfig) -> dict | list[dict] | None:

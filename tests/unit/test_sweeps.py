@@ -344,3 +344,17 @@ def test_options_and_sweeps_of_a_users_config_dir_run(tmp_path, sweep):
     status, _, err = sweep("-cd", str(tmp_path / "nothere"), *SIM_SWEEP, f"results_dir={tmp_path / 'r3'}")
     assert (status, err) == (2, f"odc_bench: error: --config-dir {tmp_path / 'nothere'} is not a folder; give the "
                                 f"folder of your own configs\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("multirun", [False, True])
+def test_relative_paths_are_the_launch_folders_under_hydras_job_chdir(multirun, tmp_path, monkeypatch, capsys):
+    """hydra.job.chdir=True (Hydra 1.1's default) ran the job in its output folder, where the
+    relative dataset.path the check had found was missing and a relative results_dir went."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lens.jsonl").write_text("".join(f"{n}\n" for n in range(100, 900, 100)))
+    status = odc_bench(*(["-m", "seed=0,1"] if multirun else []), "hydra.job.chdir=True", *SIM_SWEEP,
+                       "results_dir=rr", "dataset=jsonl", "dataset.path=lens.jsonl")
+    assert status == 0, capsys.readouterr().err
+    assert len(read_table(tmp_path / "rr" / "runs.csv")) == (2 if multirun else 1)
+    assert [p.name for p in tmp_path.rglob("runs.csv")] == ["runs.csv"], "one table, in the launch folder"
