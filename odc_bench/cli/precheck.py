@@ -36,6 +36,7 @@ from odc_bench.results.table import check_results_dir
 from odc_bench.sim import check_hardware
 
 CONF_MODULE = "odc_bench.conf"
+_STOCK_SUBMITIT = "hydra_plugins.hydra_submitit_launcher."
 
 
 def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
@@ -144,7 +145,17 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
 
             mpiexec_path()
         return
-    on_slurm = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="")).endswith("SlurmLauncher")
+    launcher = str(OmegaConf.select(cfg, "hydra.launcher._target_", default=""))
+    if launcher.startswith(_STOCK_SUBMITIT):
+        # The plugin calls the job in every task of a SLURM job (each would run the whole run) and
+        # waits for its jobs without cancelling them when the command stops (its launch()); before,
+        # a simulated sweep went through it and a real run was refused for want of on_interrupt.
+        stock = "submitit_slurm" if launcher.endswith("SlurmLauncher") else "submitit_local"
+        raise ConfigError(f"hydra/launcher={stock} is hydra-submitit-launcher's own, which runs the whole run in "
+                          f"every task rather than a rank per task and leaves its jobs running when the command "
+                          f"stops; use hydra/launcher=slurm (it takes submitit_slurm's keys), or the default "
+                          f"launcher to run here")
+    on_slurm = launcher.endswith("SlurmLauncher")
     spec = planner.resolve(config, remote_cuda=on_slurm and gpus_requested(cfg))
     check_results_dir(Path(config.results_dir))
     if config.simulated:

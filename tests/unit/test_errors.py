@@ -215,6 +215,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "slurm-shm-across-nodes": (TWO_NODES,
                                "engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
+    "stock-submitit-launcher": (["-m", "hydra/launcher=submitit_slurm", "backend=sim"],
+                                "hydra/launcher=submitit_slurm is hydra-submitit-launcher's own, which runs the whole "
+                                "run in every task", None),
     "slurm-not-on-path": (["-m", "hydra/launcher=slurm"], "hydra/launcher=slurm needs SLURM's sbatch and squeue on "
                           "PATH, and this machine has none", _no_slurm),
     "slurm-odc-gpus-across-nodes": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2",
