@@ -205,6 +205,12 @@ def precheck(argv: Sequence[str], planner: Planner) -> None:
                 raise ConfigError(f"no combination of the sweep can run, e.g.: {cannot_run}")
     except COMPOSE_ERRORS as e:
         raise ConfigError(hydra_error_line(e)) from None
+    if multirun and str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="")).endswith(".BasicSweeper"):
+        # Hydra's own checks none of the jobs this check does not see: a later one that cannot run
+        # failed the sweep after the runs before it had written their rows.
+        raise ConfigError("hydra/sweeper=basic is Hydra's own, which checks no run before the sweep starts and "
+                          "stops at the first that cannot run; leave hydra/sweeper out: the default (grids) "
+                          "sweeps the same values, checks every run first and skips those that cannot run")
     check_output_dir(cfg, multirun)
     check_run(cfg, planner)
 
