@@ -5,8 +5,9 @@ progress callback (progress.py)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import NoReturn
 
 from odc_bench.app import main as hydra_main
@@ -34,12 +35,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise
 
 
+# Launchers that start a command once per rank, by the variable each sets to the count it started.
+_PER_RANK = {"WORLD_SIZE": "torchrun", "SLURM_STEP_NUM_TASKS": "srun", "OMPI_COMM_WORLD_SIZE": "mpirun",
+             "PMI_SIZE": "mpiexec"}
+
+
+def started_per_rank(env: Mapping[str, str]) -> str | None:
+    """The launcher that started this command as one of several copies (`torchrun --nproc_per_node
+    2 -m odc_bench`, `srun -n 8 python -m odc_bench`), with its variable; None when started once.
+    The harness starts a run's ranks itself: each copy ran the whole sweep, the copies raced for
+    every run (one ran it, the others skipped it as under way) and torchrun's OMP_NUM_THREADS=1
+    slowed the ranks of the one that ran."""
+    for var, launcher in _PER_RANK.items():
+        if var == "WORLD_SIZE" and "TORCHELASTIC_RUN_ID" not in env:
+            continue  # WORLD_SIZE alone is a torch.distributed setting anyone may export
+        with contextlib.suppress(ValueError):
+            if int(env.get(var, "1")) > 1:
+                return f"{launcher} ({var}={env[var]})"
+    return None
+
+
 def _run(args: list[str]) -> None:
     if args in (["help"], ["--help"], ["-h"]):
         print(help_text())
         return
     planner = Planner()  # the precheck's plans are the jobs'
     try:
+        if (launcher := started_per_rank(os.environ)) is not None:
+            raise ConfigError(f"this command was started once per rank, by {launcher}, but it starts a run's ranks "
+                              f"itself (world_size); start it once: python -m odc_bench ... (on SLURM: "
+                              f"hydra/launcher=slurm, or srun -n 1)")
         register_chosen_sweep(args)
         precheck(args, planner)
     except ConfigError as e:

@@ -725,3 +725,24 @@ def test_a_command_writes_what_its_stdout_cannot_encode_escaped(monkeypatch):
         with ends_cleanly("python -m x"):
             print(text)
         assert out.getvalue() == written + b"\n"
+
+
+@pytest.mark.parametrize("env,said", [({"TORCHELASTIC_RUN_ID": "r", "WORLD_SIZE": "2"}, "torchrun (WORLD_SIZE=2)"),
+                                      ({"SLURM_STEP_NUM_TASKS": "8"}, "srun (SLURM_STEP_NUM_TASKS=8)"),
+                                      ({"OMPI_COMM_WORLD_SIZE": "4"}, "mpirun (OMPI_COMM_WORLD_SIZE=4)"),
+                                      ({"PMI_SIZE": "2"}, "mpiexec (PMI_SIZE=2)")])
+def test_a_command_started_once_per_rank_is_refused_in_one_line(env, said, tmp_path, monkeypatch, capsys):
+    """`torchrun --nproc_per_node 2 -m odc_bench` ran the whole command in each copy: the copies
+    raced for every run, and torchrun's OMP_NUM_THREADS=1 slowed the one that ran it."""
+    from odc_bench.cli import started_per_rank
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    assert odc_bench("backend=sim", f"results_dir={tmp_path / 'r'}") == 2
+    assert capsys.readouterr().err == (f"odc_bench: error: this command was started once per rank, by {said}, but it "
+                                       f"starts a run's ranks itself (world_size); start it once: python -m odc_bench "
+                                       f"... (on SLURM: hydra/launcher=slurm, or srun -n 1)\n")
+    assert list(tmp_path.iterdir()) == []
+    # Started once: a step of one task, a WORLD_SIZE someone exported, a batch script's own shell.
+    assert started_per_rank({"SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "8", "WORLD_SIZE": "4"}) is None
