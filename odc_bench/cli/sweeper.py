@@ -49,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 from odc_bench.app import Job
 from odc_bench.cli.outcomes import print_summary
 from odc_bench.cli.precheck import check_run, swept_values
-from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser
+from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
 from odc_bench.jobs import progress
@@ -174,6 +174,7 @@ class GridSweeper(Sweeper):
         runnable, cannot_run = [], []
         for job in jobs:
             try:
+                refuse_null_groups(job)
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
             except COMPOSE_ERRORS as e:  # a later job's option (model=PATH, ...)
                 fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {hydra_error_line(e)}"))

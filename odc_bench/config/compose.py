@@ -106,6 +106,20 @@ def overrides_parser() -> OverridesParser:
     return OverridesParser.create(config_loader=hydra.config_loader() if hydra.is_initialized() else None)
 
 
+def refuse_null_groups(overrides: Sequence[str]) -> None:
+    """ConfigError, one line, for a config group set to null (`model=null`, `hydra/launcher=null`),
+    which Hydra's composition ends in a ValueError's traceback; the initialised Hydra says which
+    keys are groups and their options."""
+    loader = GlobalHydra.instance().config_loader()
+    for override in overrides_parser().parse_overrides(list(overrides)):
+        if override.is_delete() or override.is_sweep_override() or override.value() is not None:
+            continue
+        key = override.key_or_group
+        if options := loader.get_group_options(key):
+            raise ConfigError(f"{override.input_line} names no {key} option; choose one of {', '.join(options)}, "
+                              f"or leave {key} out for its default")
+
+
 def hydra_quote(value: str) -> str:
     """A string as Hydra's override grammar reads it back unchanged: as it is where the grammar
     takes it so (a plain path), else single-quoted, with a quote, and the backslashes before a

@@ -215,6 +215,7 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "slurm-shm-across-nodes": (TWO_NODES,
                                "engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
+    "group-set-to-null": (["model=null"], "model=null names no model option; choose one of llama2_7b, ", None),
     "basic-sweeper": (["-m", "hydra/sweeper=basic", "engine=odc,collective", "balancer=lb_mini", "backend=sim"],
                       "hydra/sweeper=basic is Hydra's own, which checks no run before the sweep starts", None),
     "stock-submitit-launcher": (["-m", "hydra/launcher=submitit_slurm", "backend=sim"],
