@@ -45,11 +45,11 @@ def parser(only: str | None = None) -> argparse.ArgumentParser:
                    help="where PNG, PDF and Markdown files go (default: paper_figures/out)")
     p.add_argument("--lengths", type=Path, action="append", default=[], metavar="FILE",
                    help="a real dataset's lengths, drawn in Fig. 7 (repeatable): what the what-if reads, a lengths "
-                        "file (one token count per line), a JSONL file, a folder written by save_to_disk, or a "
-                        "lengths cache (.npy)")
+                        "file (one token count per line), a JSONL file, a dataset datasets reads (a folder written by "
+                        "save_to_disk; Parquet, Arrow or CSV files, or a JSON array), or a lengths cache (.npy)")
     p.add_argument("--field", help="--lengths JSONL objects: the key holding the token count or ids")
-    p.add_argument("--tokenizer", help="--lengths dataset folder's text: a local tokenizer folder or tokenizer.json")
-    p.add_argument("--text-field", help="--lengths dataset folder's column to measure (default: text)")
+    p.add_argument("--tokenizer", help="--lengths dataset's text: a local tokenizer folder or tokenizer.json")
+    p.add_argument("--text-field", help="--lengths dataset's column to measure (default: --field, else text)")
     p.add_argument("--docs", action="store_true",
                    help=f"instead write small PNGs for the README into {DOCS_DIR}/ "
                         "(replacing the old ones of the figures drawn)")
