@@ -140,9 +140,11 @@ class CollectiveEngine:
         # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
         # a parameter in one group only, so the shared one falls to the root's group with the rest
         # of those units' parameters, gathered for the whole forward and backward.
-        for group in sharing_groups(unit_parameters(units)):
-            if len(group) == 1:
-                fully_shard(units[group[0]], mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
+        # Inner units first, as FSDP2 needs (fully_shard of an outer module takes the parameters no
+        # inner one has taken): a unit listed before a unit inside it (a layer, then its MLP)
+        # failed in the first forward, "got mixed torch.Tensor and DTensor".
+        for unit in _inner_first([units[g[0]] for g in sharing_groups(unit_parameters(units)) if len(g) == 1]):
+            fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         for module in (*units, model):
             module.register_forward_hook(functools.partial(_check_output, labels[id(module)]), with_kwargs=True)
@@ -299,6 +301,17 @@ def _onto_mesh(mesh: DeviceMesh, t: DTensor) -> DTensor:
     if t.device_mesh == mesh or t.device_mesh.mesh.tolist() != mesh.mesh.tolist():
         return t
     return DTensor.from_local(t.to_local(), mesh, t.placements, shape=t.shape, stride=t.stride())
+
+
+def _inner_first(units: list[nn.Module]) -> list[nn.Module]:
+    """The units in their order, but each after every unit inside it."""
+    inside = {id(u): {id(m) for m in u.modules()} - {id(u)} for u in units}
+    ordered: list[nn.Module] = []
+    while units:
+        ready = [u for u in units if not any(id(v) in inside[id(u)] for v in units)]
+        ordered += ready
+        units = [u for u in units if all(u is not r for r in ready)]
+    return ordered
 
 
 def _fsdp2_policy(policy: MixedPrecision) -> MixedPrecisionPolicy:
