@@ -102,6 +102,33 @@ def test_a_unit_listed_before_a_unit_inside_it_trains_like_one_process(engine_na
         engine.close()
 
 
+class TiedByWeight(nn.Module):
+    """A tied output computed from the embedding's weight in the root's forward (OLMo's way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(11, 8)
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(self.block(self.wte(x)), self.wte.weight).logsumexp(-1).mean()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_weight_used_outside_its_modules_forward_trains_when_the_root_holds_it(engine_name, one_rank_group):
+    """What docs/use_odc.md advises for such a model: leave the embedding out of the units."""
+    torch.manual_seed(0)
+    model = TiedByWeight()
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, [model.block])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        trains_like_one_process(engine, model, reference, [torch.randint(0, 11, (2, 5)) for _ in range(3)])
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
     model = Net()
