@@ -51,6 +51,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from odc_bench.config.hub import hub_hint
 from odc_bench.errors import DataError
 from odc_bench.files import atomic_path, name_too_long
 
@@ -460,7 +461,8 @@ def load_pool(loader: str, path: str | None, *, field: str | None = None, text_f
     if (too_long := name_too_long(source)) is not None:
         raise DataError(f"dataset.path {source} {too_long}: no file can have it; point it at your data")
     if not source.exists():
-        raise DataError(f"dataset.path {source} does not exist; point it at your data")
+        hint = hub_hint(path, "dataset", "dataset=hf_disk dataset.path={}")
+        raise DataError(f"dataset.path {source} does not exist; point it at your data{hint}")
     cache = Path(cache_dir).expanduser() if cache_dir else None
     if loader == "jsonl":
         if not source.is_file():

@@ -23,6 +23,7 @@ from odc_bench.config.compose import hydra_error_line, hydra_quote, string_overr
 from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
 from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_model
+from odc_bench.config.hub import hub_hint
 from odc_bench.data.profiles import PROFILES
 from odc_bench.data.real import loader_for
 from odc_bench.errors import ConfigError
@@ -153,7 +154,7 @@ class Question:
             require(key not in OWN_KEYS, f"{o!r}: the what-if sets {key} itself; use its options (--help) instead")
         require(self.model in MODELS or is_hf_model(self.model),
                 f"--model {self.model} is neither a model config ({', '.join(MODELS)}) nor a Hugging Face model "
-                f"folder holding a config.json, nor such a .json file")
+                f"folder holding a config.json, nor such a .json file{hub_hint(self.model, 'model', '--model {}')}")
         if self.hardware not in HARDWARE:
             path = Path(self.hardware).expanduser()
             require(path.is_file() and path.suffix == ".yaml" and path.parent.name == "hardware"
@@ -199,7 +200,8 @@ class Question:
         require(too_long is None, f"{self.lengths} {too_long}: no file can have it; give the lengths file's path")
         require(path.exists(), f"{self.lengths} is neither a length profile ({', '.join(sorted(PROFILES))}) nor a "
                                f"file or folder; give a lengths file (one token count per line), a JSONL file or a "
-                               f"dataset (saved with save_to_disk, or Parquet files)")
+                               f"dataset (saved with save_to_disk, or Parquet files)"
+                               f"{hub_hint(self.lengths, 'dataset', '{}')}")
         # As given, relative paths too: the printed commands run from the same folder.
         if loader_for(path) == "hf_disk":
             out = ["dataset=hf_disk", string_override("dataset.path", path), *scale]

@@ -249,6 +249,15 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-grpo-option": (["dataset=grpo", "dataset.grpo.clip_fraction=0"],
                         "dataset.grpo.clip_fraction must lie strictly between 0 and 1, got 0", None),
     "data-file-missing": (["dataset=jsonl", "dataset.path={tmp}/missing.jsonl"], "missing.jsonl does not exist", None),
+    "data-hub-id": (["dataset=hf_disk", "dataset.path=zai-org/LongAlign-10k"],
+                    "dataset.path zai-org/LongAlign-10k does not exist; point it at your data (if "
+                    "zai-org/LongAlign-10k is a Hugging Face Hub id: the harness downloads nothing; fetch it with `hf "
+                    "download "
+                    "zai-org/LongAlign-10k --repo-type dataset --local-dir LongAlign-10k` and give dataset=hf_disk "
+                    "dataset.path=LongAlign-10k)", None),
+    "model-hub-id": (["model=Qwen/Qwen2.5-7B"], "or config.json (if Qwen/Qwen2.5-7B is a Hugging Face Hub id: the "
+                     "harness downloads nothing; fetch it with `hf download Qwen/Qwen2.5-7B config.json --local-dir "
+                     "Qwen2.5-7B` and give model=Qwen2.5-7B)", None),
     "data-path-name-too-long": (["dataset=jsonl", f"dataset.path={{tmp}}/{'d' * 300}/l.jsonl"],
                                 "has a name of 300 bytes (dddddddddddd...), over the 255 its file system takes: no "
                                 "file can have it; point it at your data", None),

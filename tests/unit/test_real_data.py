@@ -292,3 +292,14 @@ def test_a_zstd_file_is_refused_with_the_command_that_unpacks_it(tmp_path):
     with pytest.raises(DataError, match=rf"^{packed} is zstd-compressed, which this Python does not read; decompress "
                                         rf"it \(zstd -d {packed}\) and give the file it writes$"):
         load_pool("jsonl", str(packed))
+
+
+def test_a_hub_hint_is_given_only_for_what_looks_like_a_hub_id_and_is_no_local_path(tmp_path, monkeypatch):
+    from odc_bench.config.hub import hub_hint
+
+    monkeypatch.chdir(tmp_path)
+    assert "hf download org/corpus --repo-type dataset --local-dir corpus" in hub_hint("org/corpus", "dataset", "{}")
+    assert hub_hint("data/train.jsonl", "dataset", "{}") == "", "a relative path to a data file"
+    assert hub_hint("corpus", "dataset", "{}") == hub_hint("/abs/org/x", "dataset", "{}") == ""
+    (tmp_path / "org" / "corpus").mkdir(parents=True)
+    assert hub_hint("org/corpus", "dataset", "{}") == "", "a folder of that name here is a path"
