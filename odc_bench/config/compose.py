@@ -72,6 +72,13 @@ def register_chosen_sweep(overrides: Sequence[str]) -> None:
     chosen = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == "sweep" and "=" in o]
     if not chosen:
         return
+    own = any(o.startswith(("-cd", "--config-dir", "hydra.searchpath")) for o in overrides)  # may hold sweep/
+    if not own and not any(SWEEPS_DIR.glob("*.yaml")):
+        # The sweep files live beside the package, in the repository: an installed wheel has none,
+        # and Hydra then said "unknown config key 'sweep'".
+        raise ConfigError(f"sweep={chosen[-1]}: there are no sweep files in {SWEEPS_DIR} (the repository's sweeps/ "
+                          f"folder, which an installed odc-bench does not carry); run from a checkout of the "
+                          f"repository, or set ODC_SWEEPS_DIR to a folder of sweep files")
     unreadable = register_sweeps()
     if chosen[-1] in unreadable:
         raise ConfigError(unreadable[chosen[-1]])

@@ -756,3 +756,17 @@ def test_a_command_started_once_per_rank_is_refused_in_one_line(env, said, tmp_p
     assert list(tmp_path.iterdir()) == []
     # Started once: a step of one task, a WORLD_SIZE someone exported, a batch script's own shell.
     assert started_per_rank({"SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "8", "WORLD_SIZE": "4"}) is None
+
+
+def test_a_sweep_chosen_where_there_are_no_sweep_files_says_where_they_are(tmp_path, monkeypatch, capsys):
+    """An installed wheel carries no sweeps/ folder: `sweep=smoke` said "unknown config key 'sweep'"."""
+    from odc_bench.config import compose as compose_module
+
+    monkeypatch.setattr(compose_module, "SWEEPS_DIR", tmp_path / "sweeps")
+    monkeypatch.chdir(tmp_path)
+    assert odc_bench("sweep=smoke", f"results_dir={tmp_path / 'results'}") == 2
+    assert capsys.readouterr().err == (
+        f"odc_bench: error: sweep=smoke: there are no sweep files in {tmp_path / 'sweeps'} (the repository's "
+        f"sweeps/ folder, which an installed odc-bench does not carry); run from a checkout of the repository, or "
+        f"set ODC_SWEEPS_DIR to a folder of sweep files\n")
+    assert list(tmp_path.iterdir()) == []
