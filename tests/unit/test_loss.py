@@ -15,7 +15,12 @@ from tests.unit.test_model import TINY
 
 
 def _whole(x, weight, labels):
-    return torch.nn.functional.cross_entropy((x @ weight.t()).float(), labels, ignore_index=IGNORE, reduction="sum")
+    # In the inputs' dtype widened to fp32 at least, as the chunked loss computes (fp64 here): a
+    # reference cast down to fp32 differs by fp32's rounding, which fp64's tolerance does not allow
+    # (whether it showed depended on the CPU's kernels).
+    logits = x @ weight.t()
+    return torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels,
+                                             ignore_index=IGNORE, reduction="sum")
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 7, 20, 64])
