@@ -19,7 +19,7 @@ _FILE_SUFFIXES = frozenset({".json", ".jsonl", ".parquet", ".arrow", ".csv", ".t
 
 
 def hub_hint(value: str, repo_type: Literal["model", "dataset"], give: str) -> str:
-    """"" where `value` is a local path or not shaped like a Hub id; else a parenthesis for a
+    """Empty where `value` is a local path or not shaped like a Hub id; else a parenthesis for a
     message: the download that gives the folder to name instead, and `give` with that folder in
     its {} (how the command takes it: "model={}", "--model {}")."""
     if not _HUB_ID.fullmatch(value) or Path(value).suffix.lower() in _FILE_SUFFIXES:
