@@ -201,6 +201,27 @@ def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_grou
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_model_compiled_whole_after_wrap_trains_like_one_process(engine_name, one_rank_group):
+    """torch.compile(model) after wrap(), as FSDP2 recipes compile: Dynamo traces into ODC's
+    module hooks, breaking its graphs at the heap's calls (and warning of what it met there);
+    the engines' hooks still run every time, in order."""
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        trains_like_one_process(engine, torch.compile(model), reference, [torch.randn(4, 8) for _ in range(3)])
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "the model ran compiled"
+    finally:
+        engine.close()
+
+
 class Rooted(nn.Module):
     """Two units and a head no unit holds: the head falls to the root, the model itself."""
 
