@@ -39,11 +39,13 @@ import bz2
 import contextlib
 import gzip
 import hashlib
+import importlib.util
 import itertools
 import json
 import logging
 import lzma
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,9 +254,11 @@ def _saved_to_disk(path: Path) -> bool:
     return path.is_dir() and any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json"))
 
 
-def _hf_dataset(path: Path) -> Any:
+def _hf_dataset(path: Path, scratch: str) -> Any:
     """The dataset at `path`: a save_to_disk folder loaded, or data files streamed (read as they go,
-    so a corpus is not converted into datasets' cache nor copied beside the user's data)."""
+    so a corpus is not converted into datasets' cache nor copied beside the user's data). The
+    stream's lock files go to `scratch`, not datasets' cache: an unwritable one (HF_HOME on a
+    read-only home) failed the read of a local file."""
     import datasets
 
     suffixes = [x for x in path.suffixes if x not in _COMPRESSED][-1:]
@@ -269,8 +273,8 @@ def _hf_dataset(path: Path) -> Any:
         if _saved_to_disk(path):
             return datasets.load_from_disk(str(path))
         if path.is_file():
-            return datasets.load_dataset(builder, data_files=str(path), streaming=True)
-        return datasets.load_dataset(str(path), streaming=True)
+            return datasets.load_dataset(builder, data_files=str(path), streaming=True, cache_dir=scratch)
+        return datasets.load_dataset(str(path), streaming=True, cache_dir=scratch)
     except Exception as e:  # the library raises many kinds for unreadable data
         raise DataError(f"cannot load {path} with datasets ({_first_line(e)}); point dataset.path at {what}") from None
 
@@ -322,13 +326,17 @@ def _read(batches: Iterator[Any], path: Path, rows: int) -> Iterator[Any]:
 def hf_disk_samples(path: Path, text_field: str, tokenizer: Path | None,
                     split: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Every row's token count, and their ids end to end (empty when the column holds counts)."""
-    try:
-        import datasets
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise DataError("dataset=hf_disk needs the datasets and tokenizers packages: "
-                        "pip install 'odc-bench[data]'") from None
-    ds = _hf_dataset(path)
+    if importlib.util.find_spec("datasets") is None or importlib.util.find_spec("tokenizers") is None:
+        raise DataError("dataset=hf_disk needs the datasets and tokenizers packages: pip install 'odc-bench[data]'")
+    with tempfile.TemporaryDirectory(prefix="odc-datasets-") as scratch:
+        return _collect(_hf_rows(_hf_dataset(path, scratch), path, text_field, tokenizer, split))
+
+
+def _hf_rows(ds: Any, path: Path, text_field: str, tokenizer: Path | None,
+             split: str | None) -> Iterator[tuple[int, list[int] | None]]:
+    import datasets
+    from tokenizers import Tokenizer
+
     if isinstance(ds, datasets.DatasetDict | datasets.IterableDatasetDict):
         if split not in ds:
             raise DataError(f"{path} has no split {split!r}; set dataset.split to one of {', '.join(ds)}")
@@ -349,7 +357,7 @@ def hf_disk_samples(path: Path, text_field: str, tokenizer: Path | None,
             else:
                 yield from ((len(e.ids), e.ids) for e in tok.encode_batch([_text(v, where) for v in values]))
 
-    return _collect(rows())
+    return rows()
 
 
 def _fingerprint(path: Path) -> list[tuple[str, int, int]]:

@@ -128,7 +128,8 @@ def test_hf_dataset_with_token_ids_needs_no_tokenizer(tmp_path):
     assert load_lengths("hf_disk", str(tmp_path / "ids"), text_field="input_ids").tolist() == [5, 12]
 
 
-def test_hf_disk_reads_a_hub_folder_of_parquet_shards_split_by_file_name(tmp_path):
+def test_hf_disk_reads_a_hub_folder_of_parquet_shards_split_by_file_name(tmp_path, monkeypatch):
+    import datasets
     import pandas as pd
 
     from tests.helpers.real_data import text_of
@@ -141,6 +142,9 @@ def test_hf_disk_reads_a_hub_folder_of_parquet_shards_split_by_file_name(tmp_pat
         pd.DataFrame({"text": [text_of(n, i) for i, n in enumerate(part)], "n": part}).to_parquet(
             hub / f"train-{shard:05d}-of-00002.parquet")
     pd.DataFrame({"text": ["a b"], "n": [2]}).to_parquet(hub / "test-00000-of-00001.parquet")
+    # datasets' own cache is left alone: where it cannot be written (HF_HOME on a read-only home)
+    # the stream failed to open a local file.
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     before = sorted(tmp_path.rglob("*"))
     tok = str(write_tokenizer(tmp_path / "tok"))
     assert load_lengths("hf_disk", str(tmp_path / "hub"), tokenizer=tok).tolist() == counts
@@ -152,6 +156,7 @@ def test_hf_disk_reads_a_hub_folder_of_parquet_shards_split_by_file_name(tmp_pat
     added = sorted(set(tmp_path.rglob("*")) - set(before) - set((tmp_path / "tok").rglob("*")) - {tmp_path / "tok"})
     assert all(".lengths-" in p.name or ".ids-" in p.name or p == tmp_path / "c" for p in added), (
         "streamed: nothing but the caches written beside the data")
+    assert not (tmp_path / "hf-cache").exists()
 
 
 def test_a_json_array_is_read_by_hf_disk_and_the_whatif_and_refused_by_jsonl(tmp_path):
