@@ -26,6 +26,14 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    def __post_init__(self) -> None:
+        # AdamW's own ranges, checked before any rank starts: the ranks' AdamW refused them, and
+        # the run was a failed row (a simulated one ran on them).
+        require(self.lr >= 0, f"optim.lr must be >= 0 (AdamW's learning rate), got {self.lr:g}")
+        require(self.eps >= 0, f"optim.eps must be >= 0, got {self.eps:g}")
+        require(all(0 <= b < 1 for b in self.betas), f"optim.betas must each lie in [0, 1), got {list(self.betas)}")
+        require(self.weight_decay >= 0, f"optim.weight_decay must be >= 0, got {self.weight_decay:g}")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointConfig:
