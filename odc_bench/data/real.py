@@ -148,13 +148,23 @@ def data_file_kind(path: Path) -> str | None:
     start = head.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
     # An array of objects or of arrays cannot be one sample (a sample's ids are numbers), so the
     # file is an exported table (pandas' to_json, json.dump of a list), on one line or on many.
-    return "a JSON array" if start.startswith("[") and start[1:].lstrip(" \t\r\n")[:1] in ("{", "[", "") else None
+    if start.startswith("[") and start[1:].lstrip(" \t\r\n")[:1] in ("{", "[", ""):
+        return "a JSON array"
+    # A .csv file whose first line is no JSON value has a header (pandas' to_csv): a table. One
+    # of bare counts, a count per line, is JSON lines and stays the jsonl loader's.
+    if ".csv" in path.suffixes and start:
+        with contextlib.suppress(ValueError):
+            json.loads(start.splitlines()[0] if start else "")
+            return None
+        return "CSV"
+    return None
 
 
 def _open_text(path: Path) -> tuple[IO[str], str]:
     """The file as text, decompressed when it is compressed; and what it was ("" when plain)."""
     if (kind := data_file_kind(path)) is not None:
-        holds = "holds one JSON array of samples" if kind == "a JSON array" else f"is a {kind} file"
+        holds = {"a JSON array": "holds one JSON array of samples", "CSV": "is a CSV file with a header"}.get(
+            kind, f"is a {kind} file")
         raise DataError(f"{path} {holds}, not one JSON value per line; dataset=hf_disk reads it "
                         f"(dataset.text_field: the field to measure), or write one sample per line")
     with open(path, "rb") as f:
@@ -264,7 +274,8 @@ def _hf_dataset(path: Path, scratch: str) -> Any:
     suffixes = [x for x in path.suffixes if x not in _COMPRESSED][-1:]
     builder = _BUILDERS.get(suffixes[0]) if suffixes else None
     if path.is_file() and builder is None:  # a file named otherwise, known by its bytes
-        builder = {"Parquet": "parquet", "Arrow": "arrow", "a JSON array": "json"}.get(data_file_kind(path) or "")
+        builder = {"Parquet": "parquet", "Arrow": "arrow", "a JSON array": "json", "CSV": "csv"}.get(
+            data_file_kind(path) or "")
     what = ("a folder written by save_to_disk, a data file (.parquet, .arrow, .json, .jsonl, .csv) or a folder of "
             "them")
     if path.is_file() and builder is None:

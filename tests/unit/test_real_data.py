@@ -308,3 +308,15 @@ def test_a_hub_hint_is_given_only_for_what_looks_like_a_hub_id_and_is_no_local_p
     assert hub_hint("corpus", "dataset", "{}") == hub_hint("/abs/org/x", "dataset", "{}") == ""
     (tmp_path / "org" / "corpus").mkdir(parents=True)
     assert hub_hint("org/corpus", "dataset", "{}") == "", "a folder of that name here is a path"
+
+
+def test_a_csv_with_a_header_is_a_table_and_one_of_bare_counts_stays_json_lines(tmp_path):
+    table = tmp_path / "lengths.csv"
+    table.write_text("id,length\n0,120\n1,1\n2,45\n")  # pandas' to_csv(index=False)
+    assert real.read_lengths(table, field="length").tolist() == [120, 45], "the what-if reads it with hf_disk"
+    assert load_lengths("hf_disk", str(table), text_field="length").tolist() == [120, 45]
+    with pytest.raises(DataError, match="is a CSV file with a header, not one JSON value per line; dataset=hf_disk"):
+        load_lengths("jsonl", str(table))
+    bare = tmp_path / "bare.csv"
+    bare.write_text("120\n45\n")
+    assert real.data_file_kind(bare) is None and load_lengths("jsonl", str(bare)).tolist() == [120, 45]
