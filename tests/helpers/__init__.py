@@ -91,10 +91,11 @@ def odc_bench(*args: str) -> int:
         root.setLevel(level)
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`python -m odc_bench ARGS` as a process of its own: for tests of the entry point itself
-    (exit status seen by a shell, signals, a fresh interpreter)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
+    (exit status seen by a shell, signals, a fresh interpreter); `env` adds to this process's."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", **(env or {}))
     return subprocess.run([sys.executable, "-m", "odc_bench", *args], cwd=cwd or REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

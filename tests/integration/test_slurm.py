@@ -72,9 +72,11 @@ def test_smoke_sweep_on_slurm_records_its_rows_and_resumes(tmp_path):
 @pytest.mark.slurm
 def test_a_run_failing_on_slurm_is_a_failed_row_naming_the_rank(tmp_path):
     results_dir = tmp_path / "results"
-    # A learning rate AdamW refuses: the config resolves, every rank fails building its optimizer.
-    proc = run_cli("sweep=smoke", "minibatch_size=1", "optim.lr=-1.0", "hydra/launcher=slurm",
-                   f"results_dir={results_dir}", f"hydra.sweep.dir={tmp_path / 'multirun'}", timeout=300)
+    # AdamW fails to build in every process of the job: the config passed, every rank fails.
+    failing = str(REPO / "tests" / "helpers" / "failing_optimizer")
+    proc = run_cli("sweep=smoke", "minibatch_size=1", "hydra/launcher=slurm", f"results_dir={results_dir}",
+                   f"hydra.sweep.dir={tmp_path / 'multirun'}", timeout=300,
+                   env={"PYTHONPATH": os.pathsep.join(filter(None, [failing, os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in proc.stdout
     assert re.search(r"odc_bench: #0 SLURM job \S+ failed: rank \d failed: .*Invalid learning rate", proc.stderr)

@@ -248,12 +248,12 @@ def test_bad_input_in_a_later_job_stops_the_sweep_before_any_run(tmp_path, sweep
 
 @pytest.mark.slow
 def test_a_sweep_with_a_failed_run_ends_with_a_summary_and_exit_status_1(tmp_path, sweep):
-    # AdamW refuses the learning rate on every rank: the run starts, fails, and is a failed row.
-    status, out, err = sweep("minibatch_size=1", "num_minibatches=2", "warmup_minibatches=0", "optim.lr=-1",
+    # A deadline no run meets: the run starts, fails, and is a failed row.
+    status, out, err = sweep("minibatch_size=1", "num_minibatches=2", "warmup_minibatches=0", "deadline_s=0.001",
                              f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
     assert status == 1, err
     assert "odc_bench: sweep of 1 run: 0 ok, 1 failed" in out
-    assert "odc_bench: failed: minibatch_size=1" in err and "Invalid learning rate" in err
+    assert "odc_bench: failed: minibatch_size=1" in err and "run exceeded its deadline" in err
     assert list(read_table(tmp_path / "r" / "runs.csv")["status"]) == ["failed"]
 
 
