@@ -133,7 +133,7 @@ _COLUMNAR = {b"PAR1": "Parquet", b"ARROW1": "Arrow"}
 
 def data_file_kind(path: Path) -> str | None:
     """What a file holds that the jsonl loader does not read and hf_disk does: 'Parquet', 'Arrow',
-    'a JSON array' (one array of samples, not one sample per line), or None."""
+    'a JSON array' (one array of samples, not one sample per line), 'CSV' (with a header), or None."""
     with open(path, "rb") as f:
         head = f.read(4096)
     for magic, kind in _COLUMNAR.items():
@@ -154,7 +154,7 @@ def data_file_kind(path: Path) -> str | None:
     # of bare counts, a count per line, is JSON lines and stays the jsonl loader's.
     if ".csv" in path.suffixes and start:
         with contextlib.suppress(ValueError):
-            json.loads(start.splitlines()[0] if start else "")
+            json.loads(start.splitlines()[0])
             return None
         return "CSV"
     return None
@@ -256,6 +256,8 @@ def tokenizer_file(tokenizer: Path) -> Path:
 # Data files by suffix (a compressed one by the suffix before its compression's), for datasets'
 # packaged builders.
 _BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+# A file named otherwise, by what data_file_kind finds in it.
+_KIND_BUILDERS = {"Parquet": "parquet", "Arrow": "arrow", "a JSON array": "json", "CSV": "csv"}
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 
 
@@ -273,9 +275,8 @@ def _hf_dataset(path: Path, scratch: str) -> Any:
 
     suffixes = [x for x in path.suffixes if x not in _COMPRESSED][-1:]
     builder = _BUILDERS.get(suffixes[0]) if suffixes else None
-    if path.is_file() and builder is None:  # a file named otherwise, known by its bytes
-        builder = {"Parquet": "parquet", "Arrow": "arrow", "a JSON array": "json", "CSV": "csv"}.get(
-            data_file_kind(path) or "")
+    if path.is_file() and builder is None:
+        builder = _KIND_BUILDERS.get(data_file_kind(path) or "")
     what = ("a folder written by save_to_disk, a data file (.parquet, .arrow, .json, .jsonl, .csv) or a folder of "
             "them")
     if path.is_file() and builder is None:
@@ -511,8 +512,9 @@ CACHE_SUFFIX = ".lengths-"
 
 
 def loader_for(path: Path) -> str:
-    """The loader that reads a lengths source: `hf_disk` for a folder, a Parquet or Arrow file or a JSON
-    array, else `jsonl` (a text file of one token count per line is JSON lines too)."""
+    """The loader that reads a lengths source: `hf_disk` for a folder, a Parquet or Arrow file, a JSON
+    array or a CSV file with a header, else `jsonl` (a text file of one token count per line is JSON
+    lines too)."""
     return "hf_disk" if path.is_dir() or data_file_kind(path) is not None else "jsonl"
 
 
