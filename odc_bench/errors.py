@@ -56,7 +56,8 @@ class RunFailed(RuntimeError):
 # run's failure or bad input (files.no_room says it).
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 # What flock gives where the file system holds no locks: Lustre mounted without -o flock
-# (ENOSYS), NFS whose lock daemon does not answer (ENOLCK), some FUSE and SMB mounts (EOPNOTSUPP).
+# (ENOSYS), NFS whose lock daemon does not answer (ENOLCK); and a file system without the operation
+# (EOPNOTSUPP), taken the same way (which ones give it was not checked).
 NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
