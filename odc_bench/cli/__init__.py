@@ -43,9 +43,8 @@ _PER_RANK = {"WORLD_SIZE": "torchrun", "SLURM_STEP_NUM_TASKS": "srun", "OMPI_COM
 def started_per_rank(env: Mapping[str, str]) -> str | None:
     """The launcher that started this command as one of several copies (`torchrun --nproc_per_node
     2 -m odc_bench`, `srun -n 8 python -m odc_bench`), with its variable; None when started once.
-    The harness starts a run's ranks itself: each copy ran the whole sweep, the copies raced for
-    every run (one ran it, the others skipped it as under way) and torchrun's OMP_NUM_THREADS=1
-    slowed the ranks of the one that ran."""
+    The harness starts a run's ranks itself: each copy ran the whole sweep, and the copies raced
+    for every run (one ran it, the others skipped it as under way)."""
     for var, launcher in _PER_RANK.items():
         if var == "WORLD_SIZE" and "TORCHELASTIC_RUN_ID" not in env:
             continue  # WORLD_SIZE alone is a torch.distributed setting anyone may export

@@ -745,7 +745,7 @@ def test_a_command_writes_what_its_stdout_cannot_encode_escaped(monkeypatch):
                                       ({"PMI_SIZE": "2"}, "mpiexec (PMI_SIZE=2)")])
 def test_a_command_started_once_per_rank_is_refused_in_one_line(env, said, tmp_path, monkeypatch, capsys):
     """`torchrun --nproc_per_node 2 -m odc_bench` ran the whole command in each copy: the copies
-    raced for every run, and torchrun's OMP_NUM_THREADS=1 slowed the one that ran it."""
+    raced for every run."""
     from odc_bench.cli import started_per_rank
 
     for key, value in env.items():
