@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fcntl
+import os
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -14,6 +16,17 @@ from odc_bench.config.compose import register_sweeps
 
 # `sweep=NAME` composes in every test, as on the command line.
 register_sweeps()
+
+# A suite started in the background by a script (`make test &`) has SIGINT ignored, as bash
+# leaves it for background commands without job control, and so would every process a test
+# starts: the tests of what Ctrl-C does would then send it to nobody. They get Python's own.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# The commands the tests start write to stdout as they do for users, buffered where it is not a
+# terminal: a machine whose environment sets PYTHONUNBUFFERED (CI's does) hid a run that went on
+# to write its row after its reader had gone.
+os.environ.pop("PYTHONUNBUFFERED", None)
 
 
 @pytest.fixture
@@ -49,8 +62,9 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
 def sigkill_window() -> Iterator[None]:
     """Held by a test that OOM-kills a rank and by the tests that assert a plain SIGKILL's words:
     the launcher reads the OOM killer's count host-wide (/proc/vmstat), so such tests in the two
-    pytest-xdist workers must not overlap."""
-    with open(Path(tempfile.gettempdir()) / "odc-tests-sigkill.lock", "a") as lock:
+    pytest-xdist workers must not overlap. One file per user: another user's, in the shared and
+    sticky temporary folder, cannot be opened for writing."""
+    with open(Path(tempfile.gettempdir()) / f"odc-tests-sigkill-{os.getuid()}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -234,7 +234,9 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
             check_hardware(spec)
         done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
         write_pending_caches()  # the run is accepted: only now does anything land beside the user's data
-        print(describe_lengths(spec))
+        # Out before the run starts, however stdout buffers (a pipe or a file: block by block): a
+        # reader gone (`| head`) ends the command here rather than after the run wrote its row.
+        print(describe_lengths(spec), flush=True)
         rows = []
         for index in range(done, config.repeat):
             row = execute(spec, results_dir, repeat_index=index)
