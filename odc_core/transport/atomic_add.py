@@ -78,12 +78,14 @@ def _spans_kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def add_spans(addresses, starts, lengths, first_blocks, segments, src, BLOCK: tl.constexpr):
+    def add_spans(addresses, starts, lengths, first_blocks, src, SEGMENTS: tl.constexpr, BLOCK: tl.constexpr):
         # Which destination this program adds into: the last whose first block is at or before it
-        # (a handful of owners, so a loop, not a table per block).
+        # (a handful of owners, so a loop, not a table per block). Their number is a compile-time
+        # constant, a kernel per group size: as a run-time value, Triton 3.6's interpreter (torch
+        # 2.11's) cannot take it as a loop bound under NumPy 2.5, which the CPU tests run on.
         pid = tl.program_id(0)
         seg = pid * 0  # an int32 from the start: Triton keeps a loop-carried value's type
-        for s in range(1, segments):
+        for s in range(1, SEGMENTS):
             seg += (pid >= tl.load(first_blocks + s)).to(tl.int32)
         offsets = (pid - tl.load(first_blocks + seg)) * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < tl.load(lengths + seg)
@@ -128,5 +130,5 @@ class SpansAdd:
         if src.numel() < self.end:
             raise ValueError(f"the pushes read source elements up to {self.end}; the source has {src.numel()}")
         flat = src.reshape(-1).contiguous()
-        _spans_kernel()[(self.blocks,)](self.table[0], self.table[1], self.table[2], self.table[3],
-                                        self.table.shape[1], flat, BLOCK=_BLOCK)
+        _spans_kernel()[(self.blocks,)](self.table[0], self.table[1], self.table[2], self.table[3], flat,
+                                        SEGMENTS=self.table.shape[1], BLOCK=_BLOCK)
