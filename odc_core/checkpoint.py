@@ -108,6 +108,12 @@ def _dcp_errors(what: str, then: str = "") -> Iterator[None]:
     try:
         yield
     except CheckpointException as e:
+        # An exit or Ctrl-C that landed mid-save (submitit's time-limit handler exits the task
+        # that is to be requeued) stays what it was: DCP wraps even those, and as a failed save the
+        # run was recorded failed and its requeue found nothing to resume.
+        own = e.failures.get(dist.get_rank()) if dist.is_initialized() else None
+        if own is not None and not isinstance(own[0], Exception):
+            raise own[0] from None
         by_line: dict[str, list[int]] = {}
         for rank, (exc, _trace) in sorted(e.failures.items()):
             line = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]

@@ -382,8 +382,8 @@ def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path)
     results = tmp_path / "results"
     # timeout_s: how long the survivors wait for the dead rank before naming it
     # Enough minibatches after the first checkpoint for the kill to land mid-run on a loaded host
-    # (with 16 the run once ended before squeue and scontrol had answered).
-    args = ["-m", "hydra/launcher=slurm", "num_minibatches=40", "checkpoint.every=2", "timeout_s=10",
+    # (with 16 the run once ended before squeue and scontrol had answered, with 40 once too).
+    args = ["-m", "hydra/launcher=slurm", "num_minibatches=100", "checkpoint.every=2", "timeout_s=10",
             f"results_dir={results}"]
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *args, f"hydra.sweep.dir={tmp_path / 'first'}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

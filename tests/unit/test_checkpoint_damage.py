@@ -88,3 +88,18 @@ def test_a_save_dcp_cannot_write_is_refused_in_one_line(engine, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match=r"^checkpoint step-3 could not be saved in .* \(rank 0: "):
         checkpoint.save(engine, tmp_path, 3)
     assert not (tmp_path / "step-3").exists()
+
+
+@pytest.mark.parametrize("cut", [SystemExit(-1), KeyboardInterrupt()], ids=["exit", "ctrl-c"])
+def test_an_exit_that_lands_mid_save_stays_an_exit(engine, tmp_path, monkeypatch, cut):
+    """submitit's time-limit handler exits the task it requeues (SystemExit(-1)); DCP wraps what
+    its writer raises, exits too, and as a failed save the run was recorded failed and its
+    requeued job had nothing to resume."""
+    def cut_short(*args, **kwargs):
+        raise cut
+
+    monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", cut_short)
+    with pytest.raises(type(cut)) as raised:
+        checkpoint.save(engine, tmp_path, 3)
+    assert raised.value.args == cut.args
+    assert not (tmp_path / "step-3").exists()
