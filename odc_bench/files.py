@@ -156,7 +156,7 @@ def _flock(fd: int, operation: int, path: Path) -> None:
 def locked(path: Path) -> Iterator[None]:
     """An exclusive lock on `path`'s lock file (path + .lock) for writers that read-modify-write it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(path.suffix + ".lock"), "a") as lock:
+    with open(path.with_suffix(path.suffix + ".lock"), "a", encoding="utf-8") as lock:
         _flock(lock.fileno(), fcntl.LOCK_EX, path)
         try:
             yield
@@ -226,7 +226,7 @@ def filesystem_of(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) ->
     nearest existing folder above it decides); None where the kernel does not say (not Linux)."""
     existing = _nearest_existing(path.absolute())
     try:
-        lines = mountinfo.read_text().splitlines()
+        lines = mountinfo.read_text(encoding="utf-8", errors="surrogateescape").splitlines()  # as os.fsdecode
     except OSError:
         return None
     resolved, best = existing.resolve(), None

@@ -29,6 +29,18 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 os.environ.pop("PYTHONUNBUFFERED", None)
 
 
+@pytest.fixture(scope="session")
+def cpu_compile() -> None:
+    """Skips a test that torch.compiles on CPU where torch's C++ build cannot link, as in a clone
+    under a folder with a space, whose .venv holds torch (plan/device.py link_folders_split)."""
+    from odc_bench.plan.device import link_folders_split
+
+    split = link_folders_split()
+    if split:
+        pytest.skip(f"torch.compile cannot link on CPU here: torch's C++ build splits {split[0]!r} at its space "
+                    f"(pytorch/pytorch PR 191010)")
+
+
 @pytest.fixture
 def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"
@@ -64,7 +76,7 @@ def sigkill_window() -> Iterator[None]:
     the launcher reads the OOM killer's count host-wide (/proc/vmstat), so such tests in the two
     pytest-xdist workers must not overlap. One file per user: another user's, in the shared and
     sticky temporary folder, cannot be opened for writing."""
-    with open(Path(tempfile.gettempdir()) / f"odc-tests-sigkill-{os.getuid()}.lock", "a") as lock:
+    with open(Path(tempfile.gettempdir()) / f"odc-tests-sigkill-{os.getuid()}.lock", "a", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

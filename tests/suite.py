@@ -67,7 +67,7 @@ def main(args: Sequence[str]) -> int:
     # passes it on once (a second SIGINT would cut a pytest's clean-up short).
     timing = subprocess.Popen(_pytest(args, "timing and not slurm", 5), start_new_session=True)
     statuses = _wait([timing])
-    with tempfile.TemporaryFile("w+") as log:
+    with tempfile.TemporaryFile("w+", encoding="locale") as log:  # as the pytest writing it
         slurm = subprocess.Popen(_pytest([*args, "-p", "no:cacheprovider"], "slurm", 10), stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  env=dict(os.environ, **{PART: "slurm"}))

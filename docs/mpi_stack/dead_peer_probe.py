@@ -14,7 +14,7 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's notice of a failed rank
-log = open(f"/tmp/dead_peer_probe.{rank}", "w")  # noqa: SIM115 - kept open until os._exit
+log = open(f"/tmp/dead_peer_probe.{rank}", "w", encoding="utf-8")  # noqa: SIM115 - kept open until os._exit
 comm.Barrier()
 
 

@@ -42,12 +42,12 @@ def runnable(module: Path) -> bool:
         return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
                 and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators))
 
-    return any(is_main_guard(node) for node in ast.parse(module.read_text()).body)
+    return any(is_main_guard(node) for node in ast.parse(module.read_text(encoding="utf-8")).body)
 
 
 def summary(module: Path) -> str:
     """The module docstring's first paragraph as one line: a first line alone can stop mid-sentence."""
-    doc = ast.get_docstring(ast.parse(module.read_text())) or ""
+    doc = ast.get_docstring(ast.parse(module.read_text(encoding="utf-8"))) or ""
     return " ".join(doc.strip().split("\n\n")[0].split())
 
 

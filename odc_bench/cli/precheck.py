@@ -160,6 +160,7 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
     check_results_dir(Path(config.results_dir))
     if config.simulated:
         check_hardware(spec)
+    spec.check_compile()  # a SLURM job's ranks run this Python and torch too
     if on_slurm:
         job_parameters(cfg, spec)
         check_slurm_available()

@@ -225,6 +225,7 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
             return None
         if not slurm_task.in_task():  # a SLURM job's nodes are not this host
             spec.check_devices()
+            spec.check_compile()
             spec.check_fits()
             if uses_mpi(spec):
                 from odc_bench.run.mpiexec import mpiexec_path

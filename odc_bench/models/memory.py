@@ -111,5 +111,5 @@ def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
 
 def host_available_bytes() -> int:
     """This host's available memory (the kernel's MemAvailable), which local ranks share."""
-    with open("/proc/meminfo") as f:
+    with open("/proc/meminfo", encoding="utf-8") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) * 1024

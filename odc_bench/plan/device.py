@@ -6,6 +6,8 @@ torch is imported only where a real device is asked about: a simulated run never
 
 from __future__ import annotations
 
+import shlex
+
 from odc_bench.balancers.cost import device_tag
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
@@ -33,6 +35,24 @@ def gpus_without_peer_access(count: int) -> list[tuple[int, int]]:
 
     return [(i, j) for i in range(count) for j in range(count)
             if i != j and not torch.cuda.can_device_access_peer(i, j)]
+
+
+def link_folders_split() -> list[str]:
+    """The library folders that torch.compile's C++ build for CPU (Inductor) hands the linker in
+    pieces: torch up to 2.13 at least writes them on its command line unquoted (pytorch/pytorch
+    PR 191010), so a torch or Python installed under a folder with a space cannot link what it
+    compiled. Read from torch's own builder, not from its version, so a torch that quotes them
+    passes; a builder this torch lacks (its internals moved) is taken as sound."""
+    try:
+        from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions
+
+        options = CppTorchOptions()
+        command = CppBuilder("probe", ["probe.cpp"], options, output_dir="probe").get_command_line()
+        folders = options.get_libraries_dirs()
+    except (ImportError, AttributeError, TypeError):
+        return []
+    words = shlex.split(command)
+    return [folder for folder in folders if f"-L{folder}" not in words]
 
 
 def ranks_per_gpu(world_size: int, gpus: int) -> int:

@@ -45,6 +45,7 @@ from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import (
     gpus_without_peer_access,
     hardware_tag,
+    link_folders_split,
     memory_limit,
     ranks_per_gpu,
     run_device,
@@ -168,6 +169,20 @@ class RunSpec:
             i, j = unreachable[0]
             raise ConfigError(f"{needs}, and GPU {i} has no peer access to GPU {j} (see nvidia-smi topo -p2p rw); "
                               "make CUDA_VISIBLE_DEVICES name GPUs that have it, or one GPU for the ranks to share")
+
+    def check_compile(self) -> None:
+        """ConfigError, for ranks of this host on CPU with compile=true, where torch.compile's C++
+        build cannot link (plan/device.py link_folders_split): there every compiled part fell
+        back to eager after tens of thousands of lines of compiler output, in a run recorded as
+        compiled."""
+        if self.config.simulated or self.device_type != "cpu" or not self.config.compiles("cpu"):
+            return
+        split = link_folders_split()
+        if split:
+            raise ConfigError(f"compile=true on CPU, but torch.compile's C++ build hands the linker {split[0]!r} "
+                              f"unquoted, split at its space (pytorch/pytorch PR 191010), and cannot link; set "
+                              f"compile=false, or install Python and torch under folders without spaces (make "
+                              f"setup puts .venv in the clone: clone the project to such a folder)")
 
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit, for ranks of this host (a

@@ -87,7 +87,7 @@ def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
     """How many processes the kernel's out-of-memory killer has killed since boot, the host's or
     any cgroup's OOM (Linux 4.13 and later); None where the kernel does not say."""
     try:
-        text = vmstat.read_text()
+        text = vmstat.read_text(encoding="utf-8")
     except OSError:
         return None
     found = re.search(r"^oom_kill (\d+)$", text, flags=re.MULTILINE)

@@ -7,7 +7,6 @@ as run/__init__.py sets it), so a rank starts in a fraction of the time.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker

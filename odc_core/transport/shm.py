@@ -76,7 +76,7 @@ def process_start_time(pid: int) -> int | None:
     A zombie (dead, not yet reaped by its parent) counts as gone: its segments are garbage.
     """
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")  # a name is any bytes
     except OSError:  # no such process (or it exited while we read)
         return None
     # Fields after the command name (which may contain spaces) start at field 3 (state); starttime is 22.
@@ -227,7 +227,7 @@ def _memory_of(directory: Path) -> dict[str, str]:
     the same running kernel can map each other's (a host's name alone would not tell two
     containers, or two hosts both called localhost, apart)."""
     st = os.stat(directory)
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
     return dict(host=socket.gethostname(), folder=str(directory), fs=f"{boot}:{st.st_dev}:{st.st_ino}")
 
 

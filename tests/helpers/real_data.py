@@ -14,7 +14,7 @@ def text_of(n_words: int, seed: int) -> str:
 
 
 def write_jsonl(path: Path, lines: list[object]) -> Path:
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     return path
 
 

@@ -35,7 +35,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
         except OSError:
             return False
         pid = int(stat[stat.rindex(")") + 2:].split()[1])

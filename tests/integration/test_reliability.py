@@ -151,7 +151,7 @@ def oom_entry(procs: str, rank: int, job: RankJob) -> None:
     """rank_entry whose rank 1 first moves into the memory cgroup of `procs` and fills it, so that
     the kernel's OOM killer kills it as it would a rank that outgrew the host."""
     if rank == 1:
-        Path(procs).write_text(str(os.getpid()))
+        Path(procs).write_text(str(os.getpid()), encoding="utf-8")
         hog = b"x" * (1 << 30)
         del hog
     rank_entry(rank, job)

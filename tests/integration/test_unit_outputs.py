@@ -167,6 +167,7 @@ def test_a_unit_whose_forward_method_is_called_directly_is_named_in_the_error(on
         engine.close()
 
 
+@pytest.mark.usefixtures("cpu_compile")
 @pytest.mark.slow
 def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_group):
     """unit.compile() after wrap(): Dynamo runs the module hooks too (with graph breaks at the
@@ -201,6 +202,7 @@ def test_compiled_units_keep_odcs_hooks_and_match_a_single_process(one_rank_grou
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.usefixtures("cpu_compile")
 @pytest.mark.slow
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_model_compiled_whole_after_wrap_trains_like_one_process(engine_name, one_rank_group):

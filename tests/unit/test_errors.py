@@ -22,11 +22,13 @@ from omegaconf import OmegaConf
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import CONF_DIR, options_with_key
 from odc_bench.errors import ConfigError, interrupt_within
+from odc_bench.plan import spec as plan_spec
 from odc_bench.plan.spec import Planner
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from tests.helpers import REPO, odc_bench
 
 ERRORS_DOC = REPO / "docs" / "errors.md"
+SPACED_LIB = "/opt/my tools/torch/lib"
 
 
 def _jsonl(text: str) -> Callable[[Path], None]:
@@ -144,6 +146,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "no-cuda": (["device=cuda"], "device=cuda but no CUDA device is visible", None),
     "bad-threads": (["threads_per_rank=0"], "threads_per_rank must be null or a positive integer", None),
     "bad-compile": (["compile=maybe"], "compile must be true or false or null, got 'maybe'", None),
+    # torch's C++ build as it is under a folder with a space (tests/unit/test_compile_link.py)
+    "compile-cannot-link": (["device=cpu", "compile=true"], "compile=true on CPU, but torch.compile's C++ build hands "
+                            f"the linker {SPACED_LIB!r} unquoted, split at its space", None),
     "bad-engine-option": (["engine=odc", "engine.prefetch=sometimes"],
                           "engine.prefetch must be true or false, got 'sometimes'", None),
     "bad-engine-backend": (["engine.backend=tcp"], "engine.backend must be one of auto, shm, gloo, nccl, got 'tcp'",
@@ -336,8 +341,10 @@ def _files_under(folder: Path) -> dict[str, tuple[int, int]]:
             for p in folder.rglob("*")} if folder.is_dir() else {}
 
 
-def _argv(case: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+def _argv(case: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], dict[str, str]]:
     """The case's command line, and the environment variables it needs."""
+    if case == "compile-cannot-link":
+        monkeypatch.setattr(plan_spec, "link_folders_split", lambda: [SPACED_LIB])
     overrides, _, setup = CASES[case]
     env = (setup(tmp) if setup is not None else None) or {}
     argv = [o.format(tmp=tmp) for o in overrides]
@@ -350,7 +357,7 @@ def _argv(case: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
 def test_bad_input_is_refused_in_one_line_and_writes_nothing(case, tmp_path, monkeypatch):
     if case in ("no-cuda", "primitives-on-cuda-ipc-without-gpu") and torch.cuda.is_available():
         pytest.skip("a CUDA device is visible here, so asking for it is valid input")
-    argv, env = _argv(case, tmp_path)
+    argv, env = _argv(case, tmp_path, monkeypatch)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     before = _files_under(tmp_path)
@@ -369,12 +376,13 @@ def test_docs_list_exactly_the_cases_tested():
     assert len(CASES) >= 15
 
 
-@pytest.mark.parametrize("case", ["added-key", "lb-mini-on-collective", "data-not-json", "data-id-outside-vocabulary",
-                                  "sample-over-memory", "runs-csv-other-schema-version", "results-dir-on-sys"])
+@pytest.mark.parametrize("case", ["added-key", "compile-cannot-link", "lb-mini-on-collective", "data-not-json",
+                                  "data-id-outside-vocabulary", "sample-over-memory", "runs-csv-other-schema-version",
+                                  "results-dir-on-sys"])
 def test_the_command_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_path, monkeypatch, capsys):
     """main() as `python -m odc_bench` runs it, in this process: the exit status, the one line on
     stderr, and no file written, no Hydra output folder either."""
-    argv, env = _argv(case, tmp_path)
+    argv, env = _argv(case, tmp_path, monkeypatch)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
@@ -387,9 +395,9 @@ def test_the_command_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_p
 
 
 @pytest.mark.slow
-def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(tmp_path):
+def test_the_command_line_exits_2_with_one_line_and_leaves_nothing_behind(tmp_path, monkeypatch):
     """The entry point itself, as a shell runs it (one case: the others run in-process above)."""
-    argv, extra = _argv("data-id-outside-vocabulary", tmp_path)
+    argv, extra = _argv("data-id-outside-vocabulary", tmp_path, monkeypatch)
     before = _files_under(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(REPO), HYDRA_FULL_ERROR="0", **extra)
     proc = subprocess.run([sys.executable, "-m", "odc_bench", *argv], cwd=tmp_path, env=env, capture_output=True,

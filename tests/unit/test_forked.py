@@ -84,7 +84,7 @@ def test_workers_leave_ctrl_c_to_this_process():
 def _state(pid: int) -> str | None:
     """The process's state letter (Z: a zombie), or None when it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return None
 

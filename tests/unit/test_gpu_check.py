@@ -58,7 +58,8 @@ def test_a_step_out_of_time_is_killed_with_the_processes_it_started_and_its_outp
     assert (tmp_path / "logs" / "hangs-a-rank.log").read_text().startswith("started")
     child = int(pid_file.read_text())
     for _ in range(50):  # killed, then reaped by init: gone within a moment
-        if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        stat = Path(f"/proc/{child}/stat")
+        if not stat.parent.exists() or "Z" in stat.read_text(encoding="utf-8").split()[2]:
             break
         time.sleep(0.1)
     else:

@@ -86,6 +86,7 @@ def test_a_chunk_holds_at_least_one_token():
         chunked_cross_entropy(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long), 0)
 
 
+@pytest.mark.usefixtures("cpu_compile")
 def test_the_compiled_chunk_math_compiles_once_for_microbatches_of_one_chunk_and_of_several():
     # The H200's compute profile compiled it twice: the first microbatch fit in one chunk, so its
     # labels' base had the logits' row count, a size Dynamo then held the next ones to.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,16 +49,19 @@ def normal(lines: list[str]) -> list[str]:
 
 
 def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="140", HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
+    # UTF-8 whatever the locale, as the page shows it (a Latin-1 terminal gets ASCII boxes); the
+    # interpreter quoted, for a clone under a folder with a space.
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="140", HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1",
+               PYTHONIOENCODING="utf-8")
     env.pop("TERM", None)
-    return subprocess.run(["bash", "-c", command.replace(".venv/bin/python", sys.executable)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(["bash", "-c", command.replace(".venv/bin/python", shlex.quote(sys.executable))], cwd=cwd,
+                          env=env, capture_output=True, encoding="utf-8", timeout=600)
 
 
 @pytest.mark.slow
 def test_the_tutorial_prints_what_it_shows_and_the_readme_excerpt_is_in_it(tmp_path):
     shutil.copytree(REPO / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("*.npy"))
-    text = TUTORIAL.read_text()
+    text = TUTORIAL.read_text(encoding="utf-8")
     actual: dict[str, list[str]] = {}
     for steps in blocks(text):
         for command, shown in steps:
@@ -77,8 +81,8 @@ def test_the_tutorial_prints_what_it_shows_and_the_readme_excerpt_is_in_it(tmp_p
             for command, _ in blocks(match.group(0))[0]:
                 lines += [f"$ {command}", *actual[command]]
             return "```console\n" + "\n".join(lines) + "\n```"
-        TUTORIAL.write_text(BLOCK.sub(fill, text))
-    (readme,) = [steps for steps in blocks(README.read_text()) if steps]
+        TUTORIAL.write_text(BLOCK.sub(fill, text), encoding="utf-8")
+    (readme,) = [steps for steps in blocks(README.read_text(encoding="utf-8")) if steps]
     for command, excerpt in readme:
         assert command in actual, "the README's what-if command is the tutorial's"
         missing = [line for line in normal(excerpt) if line and line != "..." and line not in actual[command]]

@@ -217,8 +217,10 @@ def test_worker_processes_give_the_verdict_to_the_bit_and_the_lengths_cache_is_w
         if jobs == "0":
             done = whatif(*args)
         else:
+            # UTF-8 as in this process's capture, whatever the locale: a Latin-1 terminal gets ASCII boxes.
             done = subprocess.run([sys.executable, "-m", "odc_bench.whatif", *args], cwd=tmp_path, capture_output=True,
-                                  text=True, timeout=300, env=dict(os.environ, COLUMNS="200", PYTHONPATH=str(REPO)))
+                                  encoding="utf-8", timeout=300,
+                                  env=dict(os.environ, COLUMNS="200", PYTHONPATH=str(REPO), PYTHONIOENCODING="utf-8"))
         assert done.returncode == 0, done.stderr
         outputs[jobs] = done.stdout.splitlines()[:-1]  # the last line names the folder and the time taken
         if jobs == "3":
@@ -317,7 +319,7 @@ def _long_tail(path: Path) -> Path:
     """3,000 samples from 200 to 60,000 tokens, Pareto-tailed: the trial of issue 46, where a sample per device
     leaves the cost model's bound a larger bubble than the simulated run's."""
     lengths = np.clip((np.random.default_rng(0).pareto(1.2, 3000) + 1) * 200, 200, 60000).astype(int)
-    path.write_text("\n".join(map(str, lengths)) + "\n")
+    path.write_text("\n".join(map(str, lengths)) + "\n", encoding="utf-8")
     return path
 
 
@@ -358,10 +360,10 @@ DOC_CASES = [
 def test_no_row_of_the_documented_verdicts_has_a_bubble_below_its_unavoidable_bubble(tmp_path, lengths, options):
     if lengths == "first1000":
         lengths = str(tmp_path / "my_lengths.jsonl")
-        Path(lengths).write_text("".join(EXAMPLE.read_text().splitlines(keepends=True)[:1000]))
+        Path(lengths).write_text("".join(EXAMPLE.read_text().splitlines(keepends=True)[:1000]), encoding="utf-8")
     elif lengths.endswith(".jsonl"):
         lengths = str(tmp_path / "lengths.jsonl")  # a copy: its lengths cache lands in the scratch folder
-        Path(lengths).write_text(EXAMPLE.read_text())
+        Path(lengths).write_text(EXAMPLE.read_text(), encoding="utf-8")
     _bubbles_ordered(answer(plan(Question(lengths=lengths, **options))))
 
 
@@ -473,7 +475,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, whatif, args, setup,
 def _stat(pid: int) -> list[str] | None:
     """/proc/PID/stat's fields after the name (state, parent, ...), or None when it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
     except OSError:
         return None
 

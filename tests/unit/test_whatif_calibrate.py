@@ -25,7 +25,7 @@ TRUTH = dict(matmul_efficiency=0.45, attention_efficiency=0.3, nic_efficiency=0.
 
 def _csv(path: Path, values: list[float], settings=SETTINGS) -> Path:
     path.write_text(HEADER + "".join(f"{m},{ln},{g},{n},{b},{v!r}\n" for (m, ln, g, n, b), v in
-                                     zip(settings, values, strict=True)))
+                                     zip(settings, values, strict=True)), encoding="utf-8")
     return path
 
 
