@@ -7,13 +7,24 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TORCH  ?= torch==2.13.0
+# The Python that creates .venv: make PYTHON=python3.12 demo where python3 is older than the floor.
+PYTHON ?= python3
+# pyproject.toml's requires-python, checked before anything is installed: an older python3
+# (Ubuntu 22.04's 3.10) installed torch and then failed in pip, leaving a .venv that failed again.
+PY_FLOOR := $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)"$$/\1/p' pyproject.toml)
+# $(1): a Python; $(2): what to do where it is older than the floor (one line, exit status 2).
+at_least_floor = $(1) -c 'import sys; ok = sys.version_info[:2] >= tuple(map(int, "$(PY_FLOOR)".split("."))); \
+	ok or print("make: %s is Python %s; odc-bench needs Python $(PY_FLOOR) or newer: %s" \
+	% (sys.argv[1], sys.version.split()[0], sys.argv[2]), file=sys.stderr); sys.exit(0 if ok else 2)' '$(1)' '$(2)'
 
 .PHONY: demo test test-fast figures figures-docs lint setup clean gpu-check gpu-wheels gpu-command
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	@if test -x $(PY); then $(call at_least_floor,$(PY),remove $(VENV) (rm -rf $(VENV)) and run make again with PYTHON set to a newer one (PYTHON=python$(PY_FLOOR))); \
+	else $(call at_least_floor,$(PYTHON),install a newer one and run make again with PYTHON set to it (PYTHON=python$(PY_FLOOR))); fi
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[dev]'

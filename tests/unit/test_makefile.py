@@ -1,0 +1,56 @@
+"""`make demo` and `make test` on a machine whose python3 is older than pyproject's
+requires-python (Ubuntu 22.04's 3.10): refused in one line before anything is installed, where
+pip installed torch and then refused the project, leaving a .venv that failed the same way on
+every later make. This machine's Python stands in for the old one: the floor is raised above it
+on make's command line."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def make_setup(venv: Path, *settings: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", "-C", str(REPO), "setup", f"VENV={venv}", f"PYTHON={sys.executable}",
+                           *settings], capture_output=True, text=True, timeout=60)
+
+
+def test_the_floor_is_pyprojects_requires_python():
+    floor = re.search(r'^requires-python = ">=([\d.]+)"$', (REPO / "pyproject.toml").read_text(encoding="utf-8"),
+                      flags=re.MULTILINE)
+    assert floor is not None
+    done = subprocess.run(["make", "-s", "-C", str(REPO), "-p", "-n", "setup"], capture_output=True, text=True,
+                          timeout=60)
+    assert f"PY_FLOOR := {floor[1]}" in done.stdout.splitlines()
+
+
+def test_an_older_python_is_refused_in_one_line_before_a_venv_is_made(tmp_path):
+    done = make_setup(tmp_path / "venv", "PY_FLOOR=99.0")
+    assert done.returncode == 2
+    said = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    version = sys.version.split()[0]
+    assert said == [f"make: {sys.executable} is Python {version}; odc-bench needs Python 99.0 or newer: install a "
+                    f"newer one and run make again with PYTHON set to it (PYTHON=python99.0)"], done.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_a_venv_of_an_older_python_is_refused_and_left_as_it_was(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    done = make_setup(venv, "PY_FLOOR=99.0")
+    assert done.returncode == 2
+    said = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    assert len(said) == 1 and said[0].startswith(f"make: {venv}/bin/python is Python "), done.stderr
+    assert said[0].endswith(f"remove {venv} (rm -rf {venv}) and run make again with PYTHON set to a newer one "
+                            f"(PYTHON=python99.0)")
+    assert sorted(p.name for p in venv.rglob("*")) == ["bin", "python"], "nothing installed into it"
