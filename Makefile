@@ -12,6 +12,17 @@ PYTHON ?= python3
 # pyproject.toml's requires-python, checked before anything is installed: an older python3
 # (Ubuntu 22.04's 3.10) installed torch and then failed in pip, leaving a .venv that failed again.
 PY_FLOOR := $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)"$$/\1/p' pyproject.toml)
+# A venv cannot move: its scripts name the interpreter by the path it was made at, so after the
+# clone was moved or renamed `make test` failed in "lint-imports: No such file or directory".
+# The stamp holds where it was made.
+MADE_AT := $(shell sed -n 1p '$(STAMP)' 2>/dev/null)
+ifneq ($(MADE_AT),)
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+ifneq ($(MADE_AT),$(shell cd '$(VENV)' && pwd -P))
+$(error $(VENV) was made at $(MADE_AT) and cannot move with the clone: remove it (rm -rf $(VENV)) and run make again)
+endif
+endif
+endif
 # $(1): a Python; $(2): what to do where it is older than the floor (one line, exit status 2).
 at_least_floor = $(1) -c 'import sys; ok = sys.version_info[:2] >= tuple(map(int, "$(PY_FLOOR)".split("."))); \
 	ok or print("make: %s is Python %s; odc-bench needs Python $(PY_FLOOR) or newer: %s" \
@@ -28,7 +39,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	(cd '$(VENV)' && pwd -P) > '$(STAMP)'
 
 demo: $(STAMP)
 	$(PY) -m odc_bench sweep=demo

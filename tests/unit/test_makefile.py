@@ -1,8 +1,9 @@
-"""`make demo` and `make test` on a machine whose python3 is older than pyproject's
-requires-python (Ubuntu 22.04's 3.10): refused in one line before anything is installed, where
-pip installed torch and then refused the project, leaving a .venv that failed the same way on
-every later make. This machine's Python stands in for the old one: the floor is raised above it
-on make's command line."""
+"""The set-up `make demo` and `make test` do, where it went wrong for new users: a python3
+older than pyproject's requires-python (Ubuntu 22.04's 3.10) is refused in one line before
+anything is installed, where pip installed torch and then refused the project, leaving a .venv
+that failed the same way on every later make (this machine's Python stands in for the old one:
+the floor is raised above it on make's command line); a .venv moved with its clone is refused
+in one line."""
 
 from __future__ import annotations
 
@@ -54,3 +55,24 @@ def test_a_venv_of_an_older_python_is_refused_and_left_as_it_was(tmp_path):
     assert said[0].endswith(f"remove {venv} (rm -rf {venv}) and run make again with PYTHON set to a newer one "
                             f"(PYTHON=python99.0)")
     assert sorted(p.name for p in venv.rglob("*")) == ["bin", "python"], "nothing installed into it"
+
+
+def test_a_venv_made_for_another_folder_is_refused_in_one_line_and_make_clean_is_not(tmp_path):
+    """A venv cannot move with its clone (its scripts name the interpreter by the path it was
+    made at): after a move, `make test` failed in "lint-imports: No such file or directory"."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed-stamp").write_text("/where/the clone was/.venv\n", encoding="utf-8")
+
+    def make(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "-s", "-C", str(REPO), *args, f"VENV={venv}"], capture_output=True, text=True,
+                              timeout=60)
+
+    done = make("lint")
+    assert done.returncode == 2
+    said = (f"{venv} was made at /where/the clone was/.venv and cannot move with the clone: remove it (rm -rf {venv}) "
+            f"and run make again.  Stop.\n")
+    assert re.fullmatch(rf"Makefile:\d+: \*\*\* {re.escape(said)}", done.stderr), done.stderr
+    assert make("-n", "clean").returncode == 0
+    (venv / ".installed-stamp").write_text(f"{venv.resolve()}\n", encoding="utf-8")
+    assert make("-n", "lint").returncode == 0, "where it was made"
