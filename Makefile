@@ -32,10 +32,15 @@ at_least_floor = $(1) -c 'import sys; ok = sys.version_info[:2] >= tuple(map(int
 
 setup: $(STAMP)
 
+# A venv left half made (Debian's python3 without python3-venv: no pip in it) failed every later
+# make in "No module named pip", also once python3-venv was installed: it is removed.
 $(STAMP): pyproject.toml
 	@if test -x $(PY); then $(call at_least_floor,$(PY),remove $(VENV) (rm -rf $(VENV)) and run make again with PYTHON set to a newer one (PYTHON=python$(PY_FLOOR))); \
 	else $(call at_least_floor,$(PYTHON),install a newer one and run make again with PYTHON set to it (PYTHON=python$(PY_FLOOR))); fi
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 2; }
+	@$(PY) -m pip --version > /dev/null 2>&1 || { echo "make: $(VENV) has no pip, which make installs with (a venv \
+	made without it, as uv venv makes them): add it ($(PY) -m ensurepip), or remove $(VENV) (rm -rf $(VENV)) and run \
+	make again" >&2; exit 2; }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[dev]'

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from odc_bench.config.compose import compose_run
 from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
 from odc_bench.files import atomic_write_text, missing_inputs, writable_file, writable_folder
 from odc_bench.plan.spec import resolve
-from odc_bench.provenance import REPO_ROOT
+from odc_bench.provenance import REPO_ROOT, git_commit
 from odc_bench.record.row import timing
 from odc_bench.sim import simulate
 from odc_bench.studies.pages import render
@@ -193,10 +192,8 @@ def main(argv: list[str] | None = None) -> None:
         rows += compare(label, [*base, *length, *extra], args.engines, calibration, args.results_dir, args.repeats)
     table = pd.DataFrame(rows)
     ratio = ratios(table)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                            text=True).stdout.strip()
     shown = calibration.relative_to(REPO_ROOT) if calibration.is_relative_to(REPO_ROOT) else calibration
-    provenance = {"machine": socket.gethostname(), "commit": commit, "time": time.strftime("%Y-%m-%d %H:%M"),
+    provenance = {"machine": socket.gethostname(), "commit": git_commit(), "time": time.strftime("%Y-%m-%d %H:%M"),
                   "calibration": str(shown), "samples_per_rank": args.samples_per_rank, "repeats": args.repeats,
                   "load_min": min(loads), "load_max": max(loads), "cores": os.cpu_count()}
     repeat = repeatability(repeated)

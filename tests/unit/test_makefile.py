@@ -2,8 +2,8 @@
 older than pyproject's requires-python (Ubuntu 22.04's 3.10) is refused in one line before
 anything is installed, where pip installed torch and then refused the project, leaving a .venv
 that failed the same way on every later make (this machine's Python stands in for the old one:
-the floor is raised above it on make's command line); a .venv moved with its clone is refused
-in one line."""
+the floor is raised above it on make's command line); a .venv moved with its clone, or one
+without pip, is refused in one line, and one make's python3 left half made is removed."""
 
 from __future__ import annotations
 
@@ -76,3 +76,25 @@ def test_a_venv_made_for_another_folder_is_refused_in_one_line_and_make_clean_is
     assert make("-n", "clean").returncode == 0
     (venv / ".installed-stamp").write_text(f"{venv.resolve()}\n", encoding="utf-8")
     assert make("-n", "lint").returncode == 0, "where it was made"
+
+
+def test_a_venv_that_fails_half_made_is_removed_and_one_without_pip_is_refused(tmp_path):
+    """Debian's python3 without python3-venv makes a venv without pip, then fails: that .venv
+    failed every later make in "No module named pip", even once python3-venv was installed."""
+    venv = tmp_path / "venv"
+    fails = tmp_path / "python3"  # a Python whose venv module fails as Debian's does, half way
+    fails.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && ln -s {sys.executable} '
+                     f'"$3/bin/python"; echo "ensurepip is not available" >&2; exit 1; fi\n'
+                     f'exec {sys.executable} "$@"\n', encoding="utf-8")
+    fails.chmod(0o755)
+    done = make_setup(venv, f"PYTHON={fails}")
+    assert done.returncode == 2 and "ensurepip is not available" in done.stderr, done.stderr
+    assert not venv.exists(), "the half-made venv removed"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    done = make_setup(venv)
+    assert done.returncode == 2
+    said = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    assert said == [f"make: {venv} has no pip, which make installs with (a venv made without it, as uv venv makes "
+                    f"them): add it ({venv}/bin/python -m ensurepip), or remove {venv} (rm -rf {venv}) and run make "
+                    f"again"], done.stderr
+    assert (venv / "bin" / "python").exists(), "a venv make did not make is left as it is"
