@@ -78,7 +78,7 @@ gpu-check:
 
 # What a GPU machine without package registries lacks, as wheels in .whl/ (ignored by git): carry
 # .whl there and install it with pip --target (docs/gpu.md gives the whole command).
-GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 submitit==1.5.4 hydra-submitit-launcher==1.2.0
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 submitit==1.5.4 hydra-submitit-launcher==1.2.0 joblib==1.6.0
 gpu-wheels: $(STAMP)
 	rm -rf .whl && $(PY) -m pip wheel -q --no-deps -w .whl $(GPU_WHEELS)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import platform
 import re
 import socket
@@ -57,6 +56,7 @@ from odc_bench.data.lengths import dataset_lengths, dataset_max_len
 from odc_bench.data.tokens import sample_tokens
 from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.files import atomic_write_text, writable_file
+from odc_bench.forked import usable_cpus
 from odc_bench.models.attention import Documents, kernel_for
 from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
 from odc_bench.plan.device import device_type_of, hardware_tag
@@ -217,7 +217,7 @@ def calibrate(config: RunConfig, repeats: int = 5, unit_shapes: str = "full",
     if unit_models and device.type != "cuda":
         raise ConfigError(f"{UNIT_MODELS_FLAG.rstrip('=')} times units with CUDA events, and this calibration runs on "
                           f"{device.type}; leave it out, or run on a GPU (device=cuda)")
-    threads = config.threads_per_rank or max(1, (os.cpu_count() or 1) // config.world_size)
+    threads = config.threads_per_rank or max(1, usable_cpus() // config.world_size)
     if device.type == "cpu":
         torch.set_num_threads(threads)
     started = time.monotonic()

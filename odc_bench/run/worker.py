@@ -25,6 +25,7 @@ import torch.distributed as dist
 from odc_bench.data.batches import on_device, packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
+from odc_bench.forked import usable_cpus
 from odc_bench.models.decoder import build_model, compile_dense
 from odc_bench.plan.identity import checkpoint_folder
 from odc_bench.plan.spec import Minibatch, RunSpec
@@ -58,10 +59,10 @@ class RankJob:
 
 
 def threads_per_rank(spec: RunSpec, ranks_on_host: int) -> int:
-    """CPU threads a rank computes with: the config's, the SLURM task's CPUs, or this host's
-    cores shared by its ranks."""
+    """CPU threads a rank computes with: the config's, the SLURM task's CPUs, or the CPUs this
+    process may use shared by the host's ranks."""
     return (spec.config.threads_per_rank or int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
-            or max(1, (os.cpu_count() or 1) // ranks_on_host))
+            or max(1, usable_cpus() // ranks_on_host))
 
 
 def rank_device(spec: RunSpec, local_rank: int) -> torch.device:

@@ -1,0 +1,55 @@
+"""The CPUs a run's ranks share: those the process may use, a container's CPU quota included.
+`docker run --cpus=N` shows every core of its host; counting them gave each rank threads for
+them all, which ran at about half the throughput (docs/reliability.md, "The CPUs a run may use")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from odc_bench.forked import usable_cpus
+from odc_bench.run import worker
+from tests.helpers import REPO, run_spec
+
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+def test_a_containers_cpu_quota_lowers_the_count(tmp_path):
+    """A process in a cgroup of half a CPU's time, seen from its own cgroup and mount namespaces
+    as a container sees its cgroup (the root of its own), counts one CPU."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a cgroup and namespaces of its own need root and util-linux's unshare")
+    if not (CPU_V1 / "cpu.cfs_quota_us").exists():
+        pytest.skip("this test sets a cgroup v1 CPU quota, and this machine has no cgroup v1 cpu hierarchy")
+    if usable_cpus() == 1:
+        pytest.skip("one CPU here already: a quota cannot lower the count")
+    group = CPU_V1 / f"odc-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        period = int((group / "cpu.cfs_period_us").read_text(encoding="utf-8"))
+        (group / "cpu.cfs_quota_us").write_text(str(period // 2), encoding="utf-8")
+        count = f"{sys.executable} -c 'from odc_bench.forked import usable_cpus; print(usable_cpus())'"
+        inside = (f"mount -t cgroup -o cpu cgroup {tmp_path} && mount --bind {tmp_path} {CPU_V1} && "
+                  f"grep -x 1:cpu:/ /proc/self/cgroup && exec {count}")
+        done = subprocess.run(["sh", "-c", f"echo $$ > {group}/cgroup.procs && exec unshare -C -m sh -c \"{inside}\""],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        group.rmdir()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1:cpu:/", "1"], "the process sees its cgroup as the root, and one CPU"
+
+
+def test_the_ranks_on_a_host_share_the_cpus_the_process_may_use(monkeypatch):
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.setattr(worker, "usable_cpus", lambda: 9)
+    spec = run_spec("world_size=2")
+    assert worker.threads_per_rank(spec, 2) == 4
+    assert worker.threads_per_rank(spec, 16) == 1, "at least one each"
+    assert worker.threads_per_rank(run_spec("world_size=2", "threads_per_rank=3"), 2) == 3
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "5")
+    assert worker.threads_per_rank(spec, 2) == 5
