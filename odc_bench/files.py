@@ -289,6 +289,25 @@ def name_too_long(path: Path) -> str | None:
     return None
 
 
+# A Unix socket's path holds 107 bytes (sun_path, its NUL besides), and multiprocessing's fork
+# server, which starts a run's local ranks, puts its socket two names below the temporary folder:
+# pymp-XXXXXXXX/listener-XXXXXXXX. A longer TMPDIR failed the run in "AF_UNIX path too long".
+SOCKET_PATH_MAX = 107
+FORKSERVER_SOCKET = "/pymp-XXXXXXXX/listener-XXXXXXXX"
+
+
+def tmpdir_too_long() -> str | None:
+    """Why the temporary folder cannot hold the fork server's socket, as one line, or None."""
+    folder = tempfile.gettempdir()
+    size = len(os.fsencode(folder + FORKSERVER_SOCKET))
+    if size <= SOCKET_PATH_MAX:
+        return None
+    return (f"the temporary folder {folder} ({len(os.fsencode(folder))} bytes, from TMPDIR) is too long for the socket "
+            f"that starts the local ranks, {len(FORKSERVER_SOCKET)} bytes below it, where a socket's path holds "
+            f"{SOCKET_PATH_MAX}: set TMPDIR to a folder of at most {SOCKET_PATH_MAX - len(FORKSERVER_SOCKET)} bytes "
+            f"(TMPDIR=/tmp)")
+
+
 def writable_folder(text: str) -> Path:
     """An output folder option's argparse type: the folder, or the one-line reason it cannot be
     written, before the command does any work (results_dir: check_results_dir). A leading ~ is

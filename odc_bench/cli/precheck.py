@@ -29,7 +29,7 @@ from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_param
 from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
-from odc_bench.files import folder_problem
+from odc_bench.files import folder_problem, tmpdir_too_long
 from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, check_combination
 from odc_bench.results.table import check_results_dir
@@ -171,6 +171,8 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
             from odc_bench.run.mpiexec import mpiexec_path
 
             mpiexec_path()
+        elif not config.simulated and (too_long := tmpdir_too_long()) is not None:
+            raise ConfigError(too_long)
 
 
 def precheck(argv: Sequence[str], planner: Planner) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch.multiprocessing as tmp
 
+from odc_bench.errors import ConfigError
+from odc_bench.files import tmpdir_too_long
 from odc_bench.plan.spec import RunSpec
 from odc_bench.run.launch import Entry, Progress, RankExit, last_line, launch
 from odc_bench.run.worker import RankJob, rank_entry
@@ -36,7 +38,10 @@ def _start_forkserver() -> None:
 
     Only this thread blocks it, and only while the server is spawned; the parent's handler stays.
     Ignoring the signal instead (SIG_IGN is inherited too) lost a Ctrl-C pressed during the spawn:
-    the command then ran on to its end. Blocked, it is handled by another thread or on unblocking."""
+    the command then ran on to its end. Blocked, it is handled by another thread or on unblocking.
+    ConfigError where the temporary folder is too long for the server's socket (files.py)."""
+    if (too_long := tmpdir_too_long()) is not None:
+        raise ConfigError(too_long)
     if threading.current_thread() is not threading.main_thread():
         multiprocessing.forkserver.ensure_running()
         return

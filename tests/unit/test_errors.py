@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,6 +58,12 @@ def _no_slurm(tmp: Path) -> dict[str, str]:
     """A PATH without SLURM's commands (nothing else of it is needed to check the command line)."""
     (tmp / "bin").mkdir()
     return {"PATH": str(tmp / "bin")}
+
+
+def _long_tmpdir(tmp: Path) -> dict[str, str]:
+    """A TMPDIR as some clusters set it, 80 bytes below the scratch folder."""
+    (tmp / ("t" * 80)).mkdir()
+    return {"TMPDIR": str(tmp / ("t" * 80))}
 
 
 def _profile(text: str) -> Callable[[Path], None]:
@@ -319,6 +326,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "results-dir-on-proc": (["results_dir=/proc/x"], "results_dir /proc/x is on proc (/proc), a pseudo-filesystem",
                             None),
     "results-dir-on-sys": (["results_dir=/sys/kernel/x"], "results_dir /sys/kernel/x is on sysfs (/sys)", None),
+    "tmpdir-too-long": ([], "bytes, from TMPDIR) is too long for the socket that starts the local ranks, 32 bytes "
+                        "below it, where a socket's path holds 107: set TMPDIR to a folder of at most 75 bytes "
+                        "(TMPDIR=/tmp)", _long_tmpdir),
     "results-dir-name-too-long": ([f"results_dir={{tmp}}/{'r' * 300}/sub"],
                                   "has a name of 300 bytes (rrrrrrrrrrrr...), over the 255 its file system takes; set "
                                   "results_dir to a folder with shorter names", None),
@@ -347,6 +357,8 @@ def _argv(case: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[s
         monkeypatch.setattr(plan_spec, "link_folders_split", lambda: [SPACED_LIB])
     overrides, _, setup = CASES[case]
     env = (setup(tmp) if setup is not None else None) or {}
+    if "TMPDIR" in env:
+        monkeypatch.setattr(tempfile, "tempdir", env["TMPDIR"])  # as Python takes it from TMPDIR, once
     argv = [o.format(tmp=tmp) for o in overrides]
     if not any(a.startswith("results_dir=") for a in argv):
         argv.append(f"results_dir={tmp / 'results'}")
@@ -378,7 +390,7 @@ def test_docs_list_exactly_the_cases_tested():
 
 @pytest.mark.parametrize("case", ["added-key", "compile-cannot-link", "lb-mini-on-collective", "data-not-json",
                                   "data-id-outside-vocabulary", "sample-over-memory", "runs-csv-other-schema-version",
-                                  "results-dir-on-sys"])
+                                  "results-dir-on-sys", "tmpdir-too-long"])
 def test_the_command_exits_2_with_one_line_and_leaves_nothing_behind(case, tmp_path, monkeypatch, capsys):
     """main() as `python -m odc_bench` runs it, in this process: the exit status, the one line on
     stderr, and no file written, no Hydra output folder either."""
@@ -780,3 +792,16 @@ def test_a_sweep_chosen_where_there_are_no_sweep_files_says_where_they_are(tmp_p
         f"sweeps/ folder, which an installed odc-bench does not carry); run from a checkout of the repository, or "
         f"set ODC_SWEEPS_DIR to a folder of sweep files\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_local_ranks_started_without_the_commands_check_meet_the_same_refusal(tmp_path, monkeypatch):
+    """The calibration and the studies start ranks with run_local, past the command's check: a
+    TMPDIR too long for the fork server's socket is refused there too, and leaves nothing in it."""
+    from odc_bench.run.local import run_local
+    from tests.helpers import run_spec
+
+    folder = Path(_long_tmpdir(tmp_path)["TMPDIR"])
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    with pytest.raises(ConfigError, match="is too long for the socket that starts the local ranks"):
+        run_local(run_spec("world_size=2", "num_minibatches=2", "warmup_minibatches=1"))
+    assert list(folder.iterdir()) == []
