@@ -24,7 +24,7 @@ endif
 endif
 endif
 # $(1): a Python; $(2): what to do where it is older than the floor (one line, exit status 2).
-at_least_floor = $(1) -c 'import sys; ok = sys.version_info[:2] >= tuple(map(int, "$(PY_FLOOR)".split("."))); \
+at_least_floor = '$(1)' -c 'import sys; ok = sys.version_info[:2] >= tuple(map(int, "$(PY_FLOOR)".split("."))); \
 	ok or print("make: %s is Python %s; odc-bench needs Python $(PY_FLOOR) or newer: %s" \
 	% (sys.argv[1], sys.version.split()[0], sys.argv[2]), file=sys.stderr); sys.exit(0 if ok else 2)' '$(1)' '$(2)'
 
@@ -37,7 +37,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@if test -x $(PY); then $(call at_least_floor,$(PY),remove $(VENV) (rm -rf $(VENV)) and run make again with PYTHON set to a newer one (PYTHON=python$(PY_FLOOR))); \
 	else $(call at_least_floor,$(PYTHON),install a newer one and run make again with PYTHON set to it (PYTHON=python$(PY_FLOOR))); fi
-	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 2; }
+	test -x $(PY) || '$(PYTHON)' -m venv $(VENV) || { rm -rf $(VENV); exit 2; }
 	@$(PY) -m pip --version > /dev/null 2>&1 || { echo "make: $(VENV) has no pip, which make installs with (a venv \
 	made without it, as uv venv makes them): add it ($(PY) -m ensurepip), or remove $(VENV) (rm -rf $(VENV)) and run \
 	make again" >&2; exit 2; }

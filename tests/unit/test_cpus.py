@@ -33,11 +33,17 @@ def test_a_containers_cpu_quota_lowers_the_count(tmp_path):
     try:
         period = int((group / "cpu.cfs_period_us").read_text(encoding="utf-8"))
         (group / "cpu.cfs_quota_us").write_text(str(period // 2), encoding="utf-8")
-        count = f"{sys.executable} -c 'from odc_bench.forked import usable_cpus; print(usable_cpus())'"
-        inside = (f"mount -t cgroup -o cpu cgroup {tmp_path} && mount --bind {tmp_path} {CPU_V1} && "
-                  f"grep -x 1:cpu:/ /proc/self/cgroup && exec {count}")
-        done = subprocess.run(["sh", "-c", f"echo $$ > {group}/cgroup.procs && exec unshare -C -m sh -c \"{inside}\""],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        # In a script of its own, the interpreter through the environment: its path may hold a space.
+        mount = tmp_path / "cgroup"
+        mount.mkdir()
+        inside = tmp_path / "inside.sh"
+        inside.write_text(f"mount -t cgroup -o cpu cgroup {mount} && mount --bind {mount} {CPU_V1} && "
+                          "grep -x 1:cpu:/ /proc/self/cgroup && "
+                          """exec "$PY" -c 'from odc_bench.forked import usable_cpus; print(usable_cpus())'\n""",
+                          encoding="utf-8")
+        done = subprocess.run(["sh", "-c", f"echo $$ > {group}/cgroup.procs && exec unshare -C -m sh {inside}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, PY=sys.executable))
     finally:
         group.rmdir()
     assert done.returncode == 0, done.stderr

@@ -8,6 +8,7 @@ without pip, is refused in one line, and one make's python3 left half made is re
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -83,9 +84,10 @@ def test_a_venv_that_fails_half_made_is_removed_and_one_without_pip_is_refused(t
     failed every later make in "No module named pip", even once python3-venv was installed."""
     venv = tmp_path / "venv"
     fails = tmp_path / "python3"  # a Python whose venv module fails as Debian's does, half way
-    fails.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && ln -s {sys.executable} '
-                     f'"$3/bin/python"; echo "ensurepip is not available" >&2; exit 1; fi\n'
-                     f'exec {sys.executable} "$@"\n', encoding="utf-8")
+    python = shlex.quote(sys.executable)
+    fails.write_text(f'#!/bin/sh\nif [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && ln -s {python} '
+                     f'"$3/bin/python"; echo "ensurepip is not available" >&2; exit 1; fi\nexec {python} "$@"\n',
+                     encoding="utf-8")
     fails.chmod(0o755)
     done = make_setup(venv, f"PYTHON={fails}")
     assert done.returncode == 2 and "ensurepip is not available" in done.stderr, done.stderr
