@@ -36,9 +36,8 @@ def usable_cpus() -> int:
     """The CPUs this process may use: those it may run on (its affinity: taskset, a SLURM
     allocation), and in a container no more than its CPU quota (`docker run --cpus=2` shows
     every core of the host): joblib's count, which reads both. A count of the host's cores
-    there gave each rank threads for them all, which ran at half the throughput
-    (docs/reliability.md)."""
-    from joblib import cpu_count  # 0.2 s to import: only where a count is needed
+    there gave each rank threads for them all, which ran far slower (docs/reliability.md)."""
+    from joblib import cpu_count  # slow to import: only where a count is needed
 
     return cpu_count()
 

@@ -171,7 +171,7 @@ class RunSpec:
                               "make CUDA_VISIBLE_DEVICES name GPUs that have it, or one GPU for the ranks to share")
 
     def check_compile(self) -> None:
-        """ConfigError, for ranks of this host on CPU with compile=true, where torch.compile's C++
+        """ConfigError, for a real run on CPU with compile=true, where torch.compile's C++
         build cannot link (plan/device.py link_folders_split): there every compiled part fell
         back to eager after tens of thousands of lines of compiler output, in a run recorded as
         compiled."""
