@@ -79,7 +79,7 @@ def no_room(error: OSError, path: Path) -> OSError:
     """`error` (ENOSPC or EDQUOT from writing `path`) in words that name the file and the room its
     file system has left: a write's own error names no file."""
     try:
-        fs = os.statvfs(_nearest_existing(path.absolute().parent))
+        fs = os.statvfs(nearest_existing(path.absolute().parent))
         room = f" ({size_label(fs.f_bavail * fs.f_frsize)} free of {size_label(fs.f_blocks * fs.f_frsize)} there)"
     except OSError:
         room = ""
@@ -87,7 +87,7 @@ def no_room(error: OSError, path: Path) -> OSError:
     return OSError(error.errno, f"cannot write {path}: {reason}{room}; free some space or write elsewhere")
 
 
-def _nearest_existing(path: Path) -> Path:
+def nearest_existing(path: Path) -> Path:
     """`path`, or the nearest folder above it that exists (a name too long exists nowhere)."""
     while not os.path.exists(path) and path != path.parent:
         path = path.parent
@@ -224,7 +224,7 @@ def _unescape(field: str) -> str:
 def filesystem_of(path: Path, mountinfo: Path = Path("/proc/self/mountinfo")) -> tuple[str, Path] | None:
     """The type and mount point of the file system that holds `path` (or would hold it: the
     nearest existing folder above it decides); None where the kernel does not say (not Linux)."""
-    existing = _nearest_existing(path.absolute())
+    existing = nearest_existing(path.absolute())
     try:
         lines = mountinfo.read_text(encoding="utf-8", errors="surrogateescape").splitlines()  # as os.fsdecode
     except OSError:
@@ -249,7 +249,7 @@ def folder_problem(folder: Path) -> tuple[str, str] | None:
         return too_long, "a folder with shorter names"
     if folder.exists() and not folder.is_dir():
         return "is not a directory", "a folder"
-    existing = _nearest_existing(folder)
+    existing = nearest_existing(folder)
     if not existing.is_dir():
         return f"cannot be created: {existing} is not a directory", "a folder"
     fs = filesystem_of(folder)
@@ -266,7 +266,7 @@ def locks_fail(folder: Path) -> str | None:
     on), or None: a probe file, unnamed or unlinked at once, locked and closed. Only a file system
     without locks is an answer; a folder that cannot be written is folder_problem's."""
     try:
-        with tempfile.TemporaryFile(dir=_nearest_existing(folder.absolute())) as probe:
+        with tempfile.TemporaryFile(dir=nearest_existing(folder.absolute())) as probe:
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno in NO_LOCKS:
@@ -279,7 +279,7 @@ def name_too_long(path: Path) -> str | None:
     bytes, the whole over PATH_MAX), or None: the kernel's ENAMETOOLONG came out of whatever
     first touched it, an input's check or an output's first write, as a traceback."""
     path = path.absolute()
-    existing = _nearest_existing(path)
+    existing = nearest_existing(path)
     name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
     for name in path.parts[1:]:
         if (size := len(os.fsencode(name))) > name_max:

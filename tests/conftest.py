@@ -31,14 +31,14 @@ os.environ.pop("PYTHONUNBUFFERED", None)
 
 @pytest.fixture(scope="session")
 def cpu_compile() -> None:
-    """Skips a test that torch.compiles on CPU where torch's C++ build cannot link, as in a clone
-    under a folder with a space, whose .venv holds torch (plan/device.py link_folders_split)."""
-    from odc_bench.plan.device import link_folders_split
+    """Skips a test that torch.compiles on CPU where torch cannot build or load that code: a clone
+    under a folder with a space, whose .venv holds torch, or a noexec temporary folder
+    (plan/device.py cpu_compile_problem)."""
+    from odc_bench.plan.device import cpu_compile_problem
 
-    split = link_folders_split()
-    if split:
-        pytest.skip(f"torch.compile cannot link on CPU here: torch's C++ build splits {split[0]!r} at its space "
-                    f"(pytorch/pytorch PR 191010)")
+    problem = cpu_compile_problem()
+    if problem is not None:
+        pytest.skip(f"torch.compile cannot build code for CPU here: {problem[0]}")
 
 
 @pytest.fixture
@@ -53,10 +53,11 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     one needs root, which CI has, so the test is skipped where it is not."""
     mounted: list[Path] = []
 
-    def mount(size: str) -> Path:
+    def mount(size: str, options: str = "") -> Path:  # options: more of mount's, "noexec"
         folder = tmp_path / f"tmpfs{len(mounted)}"
         folder.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}" + (f",{options}" if options else ""),
+                               "tmpfs", str(folder)],
                               capture_output=True, text=True)
         if done.returncode != 0:
             pytest.skip(f"mounting a tmpfs needs root: {done.stderr.strip()}")

@@ -6,12 +6,15 @@ torch is imported only where a real device is asked about: a simulated run never
 
 from __future__ import annotations
 
+import os
 import shlex
+from pathlib import Path
 
 from odc_bench.balancers.cost import device_tag
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
+from odc_bench.files import nearest_existing
 from odc_bench.models.memory import host_available_bytes
 
 
@@ -37,12 +40,11 @@ def gpus_without_peer_access(count: int) -> list[tuple[int, int]]:
             if i != j and not torch.cuda.can_device_access_peer(i, j)]
 
 
-def link_folders_split() -> list[str]:
-    """The library folders that torch.compile's C++ build for CPU (Inductor) hands the linker in
-    pieces: torch up to 2.13 at least writes them on its command line unquoted (pytorch/pytorch
-    PR 191010), so a torch or Python installed under a folder with a space cannot link what it
-    compiled. Read from torch's own builder, not from its version, so a torch that quotes them
-    passes; a builder this torch lacks (its internals moved) is taken as sound."""
+def _link_folders_split() -> list[str]:
+    """The library folders torch's C++ build writes on the linker's command line unquoted, where
+    the command line splits them: torch up to 2.13 at least (pytorch/pytorch PR 191010). Read
+    from torch's own builder, not its version, so a torch that quotes them passes; a builder this
+    torch lacks (its internals moved) is taken as sound."""
     try:
         from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions
 
@@ -53,6 +55,27 @@ def link_folders_split() -> list[str]:
         return []
     words = shlex.split(command)
     return [folder for folder in folders if f"-L{folder}" not in words]
+
+
+def cpu_compile_problem() -> tuple[str, str] | None:
+    """Why torch.compile cannot build and load code for CPU here (Inductor's C++), and what to
+    do, or None: a torch or Python installed under a folder with a space cannot link (the
+    folders are split); a cache folder on a file system mounted noexec (a hardened /tmp) cannot
+    load what was built ("failed to map segment from shared object")."""
+    split = _link_folders_split()
+    if split:
+        return (f"torch.compile's C++ build hands the linker {split[0]!r} unquoted, split at its space "
+                f"(pytorch/pytorch PR 191010), and cannot link",
+                "install Python and torch under folders without spaces (make setup puts .venv in the clone: clone "
+                "the project to such a folder)")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    if os.statvfs(nearest_existing(Path(cache).absolute())).f_flag & os.ST_NOEXEC:
+        return (f"torch.compile loads the code it builds from {cache}, on a file system mounted noexec, which "
+                f"refuses to load it",
+                "set TORCHINDUCTOR_CACHE_DIR (or TMPDIR) to a folder on one that is not")
+    return None
 
 
 def ranks_per_gpu(world_size: int, gpus: int) -> int:

@@ -43,9 +43,9 @@ from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_s
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import (
+    cpu_compile_problem,
     gpus_without_peer_access,
     hardware_tag,
-    link_folders_split,
     memory_limit,
     ranks_per_gpu,
     run_device,
@@ -171,18 +171,15 @@ class RunSpec:
                               "make CUDA_VISIBLE_DEVICES name GPUs that have it, or one GPU for the ranks to share")
 
     def check_compile(self) -> None:
-        """ConfigError, for a real run on CPU with compile=true, where torch.compile's C++
-        build cannot link (plan/device.py link_folders_split): there every compiled part fell
-        back to eager after tens of thousands of lines of compiler output, in a run recorded as
-        compiled."""
+        """ConfigError, for a real run on CPU with compile=true, where torch.compile cannot build or
+        load its code (plan/device.py cpu_compile_problem): there every compiled part fell back to
+        eager after tens of thousands of lines of compiler output, in a run recorded as compiled."""
         if self.config.simulated or self.device_type != "cpu" or not self.config.compiles("cpu"):
             return
-        split = link_folders_split()
-        if split:
-            raise ConfigError(f"compile=true on CPU, but torch.compile's C++ build hands the linker {split[0]!r} "
-                              f"unquoted, split at its space (pytorch/pytorch PR 191010), and cannot link; set "
-                              f"compile=false, or install Python and torch under folders without spaces (make "
-                              f"setup puts .venv in the clone: clone the project to such a folder)")
+        problem = cpu_compile_problem()
+        if problem is not None:
+            why, fix = problem
+            raise ConfigError(f"compile=true on CPU, but {why}; set compile=false, or {fix}")
 
     def check_fits(self) -> None:
         """ConfigError when the memory estimate is over the limit, for ranks of this host (a

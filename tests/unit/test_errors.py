@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.utils.cpp_extension
 from omegaconf import OmegaConf
 
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import CONF_DIR, options_with_key
 from odc_bench.errors import ConfigError, interrupt_within
-from odc_bench.plan import spec as plan_spec
 from odc_bench.plan.spec import Planner
 from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
 from tests.helpers import REPO, odc_bench
@@ -354,7 +354,7 @@ def _files_under(folder: Path) -> dict[str, tuple[int, int]]:
 def _argv(case: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], dict[str, str]]:
     """The case's command line, and the environment variables it needs."""
     if case == "compile-cannot-link":
-        monkeypatch.setattr(plan_spec, "link_folders_split", lambda: [SPACED_LIB])
+        monkeypatch.setattr(torch.utils.cpp_extension, "TORCH_LIB_PATH", SPACED_LIB)
     overrides, _, setup = CASES[case]
     env = (setup(tmp) if setup is not None else None) or {}
     if "TMPDIR" in env:
