@@ -22,17 +22,22 @@ from tests.helpers import REPO
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
+def make(*args: str) -> subprocess.CompletedProcess:
+    """make in the repository as a user's shell runs it: not as the sub-make of `make test`, whose
+    level and flags would reach it (its lines then say make[1])."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    return subprocess.run(["make", "-s", "-C", str(REPO), *args], capture_output=True, text=True, timeout=60, env=env)
+
+
 def make_setup(venv: Path, *settings: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-s", "-C", str(REPO), "setup", f"VENV={venv}", f"PYTHON={sys.executable}",
-                           *settings], capture_output=True, text=True, timeout=60)
+    return make("setup", f"VENV={venv}", f"PYTHON={sys.executable}", *settings)
 
 
 def test_the_floor_is_pyprojects_requires_python():
     floor = re.search(r'^requires-python = ">=([\d.]+)"$', (REPO / "pyproject.toml").read_text(encoding="utf-8"),
                       flags=re.MULTILINE)
     assert floor is not None
-    done = subprocess.run(["make", "-s", "-C", str(REPO), "-p", "-n", "setup"], capture_output=True, text=True,
-                          timeout=60)
+    done = make("-p", "-n", "setup")
     assert f"PY_FLOOR := {floor[1]}" in done.stdout.splitlines()
 
 
@@ -66,18 +71,17 @@ def test_a_venv_made_for_another_folder_is_refused_in_one_line_and_make_clean_is
     venv.mkdir()
     (venv / ".installed-stamp").write_text("/where/the clone was/.venv\n", encoding="utf-8")
 
-    def make(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["make", "-s", "-C", str(REPO), *args, f"VENV={venv}"], capture_output=True, text=True,
-                              timeout=60)
+    def in_venv(*args: str) -> subprocess.CompletedProcess:
+        return make(*args, f"VENV={venv}")
 
-    done = make("lint")
+    done = in_venv("lint")
     assert done.returncode == 2
     said = (f"{venv} was made at /where/the clone was/.venv and cannot move with the clone: remove it (rm -rf {venv}) "
             f"and run make again.  Stop.\n")
     assert re.fullmatch(rf"Makefile:\d+: \*\*\* {re.escape(said)}", done.stderr), done.stderr
-    assert make("-n", "clean").returncode == 0
+    assert in_venv("-n", "clean").returncode == 0
     (venv / ".installed-stamp").write_text(f"{venv.resolve()}\n", encoding="utf-8")
-    assert make("-n", "lint").returncode == 0, "where it was made"
+    assert in_venv("-n", "lint").returncode == 0, "where it was made"
 
 
 def test_a_venv_that_fails_half_made_is_removed_and_one_without_pip_is_refused(tmp_path):
