@@ -312,12 +312,22 @@ def test_array_parallelism_one_runs_a_sweeps_jobs_one_after_another(tmp_path):
     assert scripts and all("%1" in s.read_text() for s in scripts if "#SBATCH --array" in s.read_text())
 
 
-def _job_once_it_checkpointed(results: Path, after: int = -1) -> str:
-    """The SLURM job of the one run under way, once it has saved a checkpoint past step `after`."""
+def _held_env(hold: Path) -> dict[str, str]:
+    """The environment of a driver whose runs' ranks wait before each sample while `hold` exists
+    (tests/helpers/held_run): the tests below hold a run still while SLURM acts on it, so a short
+    run cannot end first however slowly squeue and scontrol answer under load."""
+    path = os.pathsep.join(filter(None, [str(REPO / "tests" / "helpers" / "held_run"), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path, ODC_TEST_HOLD=str(hold))
+
+
+def _job_held_once_it_checkpointed(results: Path, hold: Path, after: int = -1) -> str:
+    """The SLURM job of the one run under way, held (`hold` created) once it has saved a
+    checkpoint past step `after`."""
     deadline = time.monotonic() + 180
     while not list(results.glob("checkpoints/*/step-*[0-9]")) or _newest_step(results) <= after:
         assert time.monotonic() < deadline, "the run saved no checkpoint in 180 s"
         time.sleep(0.1)
+    hold.touch()
     return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()[0]
 
 
@@ -328,21 +338,22 @@ def test_a_job_preempted_and_then_at_its_time_limit_resumes_each_time_and_writes
     what a preemption with requeue does: SLURM kills its tasks. A job nearing its time limit is
     signalled (submitit's --signal=USR2@90), and submitit's hook requeues it. Each time the
     requeued job goes on from the run's newest checkpoint."""
-    results, sweep = tmp_path / "results", tmp_path / "multirun"
-    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", "-m", "hydra/launcher=slurm", "num_minibatches=200",
+    results, sweep, hold = tmp_path / "results", tmp_path / "multirun", tmp_path / "hold"
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", "-m", "hydra/launcher=slurm", "num_minibatches=20",
                              "checkpoint.every=2", "hydra.launcher.timeout_min=5", f"results_dir={results}",
                              f"hydra.sweep.dir={sweep}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_held_env(hold))
     try:
-        job_id = _job_once_it_checkpointed(results)
+        job_id = _job_held_once_it_checkpointed(results, hold)
         subprocess.run(["scontrol", "requeue", job_id], check=True)
         _requeued_then_started(job_id)
-        _job_once_it_checkpointed(results, after=_newest_step(results))
+        hold.unlink()
+        _job_held_once_it_checkpointed(results, hold, after=_newest_step(results))
         # A one-minute limit puts the job inside its warning window: slurmctld signals it at its
-        # next time-limit check (every 30 s), and the job must still be running then.
+        # next time-limit check (every 30 s); the held job is still running then.
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=1"], check=True)
         _requeued_then_started(job_id, within_s=90)
+        hold.unlink()
         out, err = proc.communicate(timeout=420)
     finally:
         if proc.poll() is None:
@@ -366,8 +377,8 @@ def _newest_step(results: Path) -> int:
 def _requeued_then_started(job_id: str, within_s: float = 10) -> None:
     """Wait for the job to be requeued, then start it at once with time to finish: SLURM holds a
     requeued job back for a while (its BeginTime), and root administers this test's cluster. Not
-    its five minutes back: on a loaded host the last attempt's 190 minibatches outlasted them,
-    SLURM's time-limit warning requeued it a third time, and the test timed out."""
+    its five minutes back: on a loaded host a last attempt once outlasted them, SLURM's time-limit
+    warning requeued it a third time, and the test timed out."""
     deadline = time.monotonic() + within_s
     while subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                          text=True).stdout.strip() != "PENDING":
@@ -379,17 +390,16 @@ def _requeued_then_started(job_id: str, within_s: float = 10) -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path):
-    results = tmp_path / "results"
+    results, hold = tmp_path / "results", tmp_path / "hold"
     # timeout_s: how long the survivors wait for the dead rank before naming it
-    # Enough minibatches after the first checkpoint for the kill to land mid-run on a loaded host
-    # (with 16 the run once ended before squeue and scontrol had answered, with 40 once too).
-    args = ["-m", "hydra/launcher=slurm", "num_minibatches=100", "checkpoint.every=2", "timeout_s=10",
+    args = ["-m", "hydra/launcher=slurm", "num_minibatches=20", "checkpoint.every=2", "timeout_s=10",
             f"results_dir={results}"]
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *args, f"hydra.sweep.dir={tmp_path / 'first'}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_held_env(hold))
     try:
-        job_id = _job_once_it_checkpointed(results)
+        # Held, so the kill lands mid-run: without the hold, runs of 16 and of 40 minibatches
+        # once ended before squeue and scontrol had answered.
+        job_id = _job_held_once_it_checkpointed(results, hold)
         pids = subprocess.run(["scontrol", "listpids", job_id], capture_output=True, text=True).stdout
         # PID JOBID STEPID LOCALID GLOBALID: rank 1 is the task with global id 1
         rank1 = [int(f[0]) for f in (line.split() for line in pids.splitlines()[1:]) if len(f) == 5 and f[4] == "1"]
@@ -397,6 +407,7 @@ def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path)
         for pid in rank1:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        hold.unlink()
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
