@@ -6,11 +6,15 @@ import sys
 # until the imports are done: torch's C extension imports numpy and swallows whatever that import
 # raises, a KeyboardInterrupt included, which left numpy half imported and the run going on (it
 # failed later with "module 'numpy' has no attribute 'matrix'"). A held Ctrl-C is raised on release.
+# torch and Triton are imported later, by the runs that need them, with Ctrl-C held the same way.
 try:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         from odc_bench.cli import interrupted, main
         from odc_bench.errors import ends_cleanly
+        from odc_bench.files import hold_interrupts_while_importing
+
+        hold_interrupts_while_importing("torch", "triton")
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 except KeyboardInterrupt:

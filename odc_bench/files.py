@@ -6,12 +6,16 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import importlib.abc
 import os
 import signal
+import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from odc_bench.errors import NO_LOCKS, NO_ROOM
 from odc_bench.sizes import size_label
@@ -130,6 +134,45 @@ def interrupts_deferred() -> Iterator[None]:
                 handler(taken, None)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(taken)
+
+
+class _HeldImports(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: a module of its packages is found by the finders after it, and its
+    loading (an extension's init included) runs under interrupts_deferred."""
+
+    def __init__(self, packages: frozenset[str]) -> None:
+        self.packages = packages
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if name.partition(".")[0] not in self.packages:
+            return None
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                # A file loader is this module's own (one per file found), so wrapping its
+                # methods leaves every other module's loading alone.
+                if isinstance(spec.loader, importlib.abc.FileLoader):
+                    for method in ("create_module", "exec_module"):
+                        setattr(spec.loader, method, _deferring(getattr(spec.loader, method)))
+                return spec
+        return None
+
+
+def _deferring(load: Callable[..., Any]) -> Callable[..., Any]:
+    def held(*args: Any) -> Any:
+        with interrupts_deferred():
+            return load(*args)
+    return held
+
+
+def hold_interrupts_while_importing(*packages: str) -> None:
+    """From now on, Ctrl-C (and what interrupts_deferred holds) that comes while a module of
+    `packages` loads is delivered once that import is done. torch's own initialisation runs
+    Python from C++ that may not throw: a KeyboardInterrupt raised there aborted the command
+    (`terminate called after throwing an instance of 'pybind11::error_already_set'`, SIGABRT),
+    leaving its cleanup undone; the commands import torch late, only when a run needs it."""
+    if not any(isinstance(f, _HeldImports) for f in sys.meta_path):
+        sys.meta_path.insert(0, _HeldImports(frozenset(packages)))
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import signal
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,34 @@ def test_ctrl_c_during_the_renames_is_raised_once_both_are_replaced(tmp_path, mo
         f.write_text("new figure")
     assert len(calls) == 2
     assert (table.read_text(), figure.read_text()) == ("new table", "new figure")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler is put back"
+
+
+def _package_interrupted_while_it_loads(folder: Path, name: str) -> Path:
+    """A package whose __init__ sends this process Ctrl-C and then imports the rest of it, which
+    touches the file returned."""
+    (folder / name).mkdir()
+    (folder / name / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n"
+                                               "from . import rest\n", encoding="utf-8")
+    ran = folder / f"{name}.ran"
+    (folder / name / "rest.py").write_text(f"import pathlib\npathlib.Path({str(ran)!r}).touch()\n", encoding="utf-8")
+    return ran
+
+
+def test_ctrl_c_while_a_held_package_loads_is_raised_once_its_code_has_run(tmp_path, monkeypatch):
+    """How torch is imported by the commands (odc_bench/__main__.py): a KeyboardInterrupt raised
+    inside its C++ initialisation aborted the interpreter. A package not named is not held."""
+    held, free = f"held_{uuid.uuid4().hex[:8]}", f"free_{uuid.uuid4().hex[:8]}"
+    held_ran, free_ran = (_package_interrupted_while_it_loads(tmp_path, n) for n in (held, free))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    files.hold_interrupts_while_importing(held)
+    with pytest.raises(KeyboardInterrupt):
+        importlib.import_module(held)
+    assert held_ran.exists(), "the held package's code ran to its end first"
+    with pytest.raises(KeyboardInterrupt):
+        importlib.import_module(free)
+    assert not free_ran.exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler is put back"
 
 
