@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from odc_bench.config.run import load
 from odc_bench.errors import ConfigError, ends_cleanly, fail
+from odc_bench.files import interrupts_live
 from odc_bench.jobs.train import run_training
 from odc_bench.plan.spec import Planner
 
@@ -34,7 +35,7 @@ class Job:
         # it a path under the job's output folder, a dataset not found or results written there.
         # The job runs in the launch folder; Hydra's own files are in the output folder already.
         launch = HydraConfig.get().runtime.cwd if HydraConfig.initialized() and HydraConfig.get().job.chdir else None
-        with ends_cleanly(), contextlib.chdir(launch) if launch else contextlib.nullcontext():
+        with interrupts_live(), ends_cleanly(), contextlib.chdir(launch) if launch else contextlib.nullcontext():
             return self._run(cfg)
 
     def _run(self, cfg: DictConfig) -> dict | list[dict] | None:

@@ -106,6 +106,11 @@ def _missing_folders(path: Path) -> list[Path]:
     return missing
 
 
+# The interrupts_deferred blocks open in the main thread, innermost last: each with the signals
+# it noted and the handlers it replaced.
+_holds: list[tuple[list[int], dict[signal.Signals, Any]]] = []
+
+
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Ctrl-C (SIGINT), and SIGTERM and SIGHUP where a Python handler makes them unwind like
@@ -120,20 +125,46 @@ def interrupts_deferred() -> Iterator[None]:
     noted: list[int] = []
     held = [signal.SIGINT] + [s for s in (signal.SIGTERM, signal.SIGHUP) if callable(signal.getsignal(s))]
     previous = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum)) for signum in held}
+    _holds.append((noted, previous))
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        _holds.pop()
         # Delivered whether the block ended well or not: a signal sent to the command's whole
         # process group also ends the fork server a block may be starting ranks from, and the
         # block's EOFError is then its echo, not what the command must end with.
-        for taken in dict.fromkeys(noted):  # each once, as the handler in place would have taken it
-            handler = previous[signal.Signals(taken)]
-            if callable(handler):
-                handler(taken, None)
-            elif handler == signal.SIG_DFL:
-                signal.raise_signal(taken)
+        _deliver(noted, previous)
+
+
+def _deliver(noted: list[int], previous: dict[signal.Signals, Any]) -> None:
+    """The handlers in `previous` back, then each signal `noted` once, as they would have taken it."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+    taken, noted[:] = list(dict.fromkeys(noted)), []
+    for number in taken:
+        handler = previous[signal.Signals(number)]
+        if callable(handler):
+            handler(number, None)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(number)
+
+
+@contextlib.contextmanager
+def interrupts_live() -> Iterator[None]:
+    """Inside an interrupts_deferred block, a block where its signals act as they did before it
+    (what it noted so far delivered first), held again after. The command line holds Ctrl-C while
+    Hydra's own code runs, and its jobs, sweeper and launcher run in such blocks."""
+    if not _holds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted, previous = _holds[-1]
+    noting = {signum: signal.getsignal(signum) for signum in previous}
+    try:
+        _deliver(noted, previous)
+        yield
+    finally:
+        for signum, handler in noting.items():
+            signal.signal(signum, handler)
 
 
 class _HeldImports(importlib.abc.MetaPathFinder):

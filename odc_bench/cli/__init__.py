@@ -15,6 +15,7 @@ from odc_bench.cli.help import text as help_text
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import register_chosen_sweep
 from odc_bench.errors import ConfigError, Stopped, fail, unwinding_on_signals
+from odc_bench.files import interrupts_deferred
 from odc_bench.plan.spec import Planner
 
 
@@ -70,7 +71,12 @@ def _run(args: list[str]) -> None:
         fail(e)
     with _command_line(args):
         try:
-            hydra_main(planner)
+            # Hydra's own code (composing the config, launching each job) runs with Ctrl-C held,
+            # the harness's (the jobs, the sweeper, the SLURM launcher) without (interrupts_live):
+            # OmegaConf interrupted mid-merge raised another error instead, which Hydra reported
+            # as the command's failure, status 1.
+            with interrupts_deferred():
+                hydra_main(planner)
         except KeyboardInterrupt as e:
             interrupted(str(e))
 

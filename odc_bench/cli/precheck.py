@@ -29,7 +29,7 @@ from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_param
 from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
-from odc_bench.files import folder_problem, tmpdir_too_long
+from odc_bench.files import folder_problem, interrupts_deferred, tmpdir_too_long
 from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, check_combination
 from odc_bench.results.table import check_results_dir
@@ -107,6 +107,13 @@ def _hydra(config_dir: str | None) -> Iterator[None]:
         yield
 
 
+def _compose(config_name: str, overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
+    """Hydra's compose with Ctrl-C held: OmegaConf interrupted mid-merge raised another error
+    instead, which the check took for bad input (cli/__init__.py holds it in Hydra's run too)."""
+    with interrupts_deferred():
+        return compose(config_name, overrides=overrides, return_hydra_config=return_hydra_config)
+
+
 def _is_group(name: str) -> bool:
     """Whether `name` is a config group (Hydra's loader knows its repository; the public type does not say)."""
     loader: Any = GlobalHydra.instance().config_loader()
@@ -120,7 +127,7 @@ def _refuse_added_keys(parsed: Sequence[Override], combination: list[str], confi
              and not _is_group(o.key_or_group)]
     if not added:
         return
-    base = compose(config_name, overrides=[c for c, o in zip(combination, parsed, strict=True) if o not in added])
+    base = _compose(config_name, overrides=[c for c, o in zip(combination, parsed, strict=True) if o not in added])
     for o in added:
         if OmegaConf.select(base, o.key_or_group, default=_ABSENT) is _ABSENT:
             raise ConfigError(f"unknown config key {o.key_or_group!r} (added by {o.input_line!r}); only keys the "
@@ -193,7 +200,7 @@ def precheck(argv: Sequence[str], planner: Planner) -> None:
             cannot_run: CombinationError | None = None
             for combination in combinations(overrides):
                 refuse_null_groups(combination)
-                cfg = compose(config_name, overrides=combination, return_hydra_config=True)
+                cfg = _compose(config_name, overrides=combination, return_hydra_config=True)
                 _refuse_added_keys(parsed, combination, config_name)
                 if info_only:
                     return

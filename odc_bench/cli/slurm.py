@@ -40,6 +40,7 @@ from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError, fail
+from odc_bench.files import interrupts_deferred, interrupts_live
 from odc_bench.jobs import progress
 from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, RunSpec
@@ -208,6 +209,10 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        with interrupts_live():  # Ctrl-C cancels what was submitted (cli/__init__.py holds it in Hydra's code)
+            return self._launch(job_overrides, initial_job_idx)
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         bar = progress.current()
@@ -220,7 +225,8 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         # again with it, a job is read back rather than planned twice.
         planner = self.task_function.planner if isinstance(self.task_function, Job) else Planner()
         for i, overrides in enumerate(job_overrides):
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with interrupts_deferred():  # OmegaConf interrupted mid-merge (cli/__init__.py)
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             job_cfg = copy.deepcopy(cfg)
             with open_dict(job_cfg):
                 del job_cfg["hydra"]

@@ -52,6 +52,7 @@ from odc_bench.cli.precheck import check_run, swept_values
 from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
+from odc_bench.files import interrupts_deferred, interrupts_live
 from odc_bench.jobs import progress
 from odc_bench.plan.spec import Planner, check_combination
 
@@ -128,7 +129,7 @@ class GridSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         # Inside the sweep: Hydra would report a closed stdout that its launcher's logging meets
         # as the sweep's failure, traceback and all.
-        with ends_cleanly():
+        with interrupts_live(), ends_cleanly():
             return self._sweep(arguments)
 
     def _sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
@@ -152,7 +153,8 @@ class GridSweeper(Sweeper):
         for batch in batches:  # a round is launched once the one before has finished
             size = self.max_batch_size or len(batch) or 1
             for first in range(0, len(batch), size):
-                returns.append(self.launcher.launch(batch[first:first + size], initial_job_idx=done + first))
+                with interrupts_deferred():  # Hydra's launcher composes each job (cli/__init__.py)
+                    returns.append(self.launcher.launch(batch[first:first + size], initial_job_idx=done + first))
             done += len(batch)
         progress.stop()  # the summary goes below the display, not through it
         failed = print_summary([r for batch in returns for r in batch], cannot_run, configs=len(jobs))
@@ -175,7 +177,8 @@ class GridSweeper(Sweeper):
         for job in jobs:
             try:
                 refuse_null_groups(job)
-                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+                with interrupts_deferred():  # OmegaConf interrupted mid-merge (cli/__init__.py)
+                    cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
             except COMPOSE_ERRORS as e:  # a later job's option (model=PATH, ...)
                 fail(ConfigError(f"{' '.join(job) or 'the sweep'}: {hydra_error_line(e)}"))
             except ConfigError as e:  # a config source's own check (odc_bench/config/model_source.py)
