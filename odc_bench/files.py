@@ -198,7 +198,8 @@ def _deferring(load: Callable[..., Any]) -> Callable[..., Any]:
 
 def hold_interrupts_while_importing(*packages: str) -> None:
     """From now on, Ctrl-C (and what interrupts_deferred holds) that comes while a module of
-    `packages` loads is delivered once that import is done. torch's own initialisation runs
+    `packages` loads is delivered as that module's code ends (the import then raises it, with no
+    C++ frame of the module's below it). torch's own initialisation runs
     Python from C++ that may not throw: a KeyboardInterrupt raised there aborted the command
     (`terminate called after throwing an instance of 'pybind11::error_already_set'`, SIGABRT),
     leaving its cleanup undone; the commands import torch late, only when a run needs it."""
