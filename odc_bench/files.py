@@ -171,8 +171,8 @@ class _HeldImports(importlib.abc.MetaPathFinder):
     """Finds nothing itself: a module of its packages is found by the finders after it, and its
     loading (an extension's init included) runs under interrupts_deferred."""
 
-    def __init__(self, packages: frozenset[str]) -> None:
-        self.packages = packages
+    def __init__(self) -> None:
+        self.packages: set[str] = set()
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
         if name.partition(".")[0] not in self.packages:
@@ -203,8 +203,11 @@ def hold_interrupts_while_importing(*packages: str) -> None:
     Python from C++ that may not throw: a KeyboardInterrupt raised there aborted the command
     (`terminate called after throwing an instance of 'pybind11::error_already_set'`, SIGABRT),
     leaving its cleanup undone; the commands import torch late, only when a run needs it."""
-    if not any(isinstance(f, _HeldImports) for f in sys.meta_path):
-        sys.meta_path.insert(0, _HeldImports(frozenset(packages)))
+    finder = next((f for f in sys.meta_path if isinstance(f, _HeldImports)), None)
+    if finder is None:
+        finder = _HeldImports()
+        sys.meta_path.insert(0, finder)
+    finder.packages.update(packages)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
