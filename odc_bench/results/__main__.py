@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     col = commands.add_parser("collect", help="merge runs.csv tables (searched recursively) into one tidy table")
     col.add_argument("dirs", nargs="+", type=Path, metavar="PATH", help="results folders or tables")
     col.add_argument("--out", type=writable_file, default="results/collected.csv",
-                     help="the merged CSV (default: %(default)s); a .parquet beside it when pyarrow is installed")
+                     help="the merged CSV (default: %(default)s); a .parquet beside it")
     cmp = commands.add_parser("compare", help="print every series of a table beside the collective baseline")
     cmp.add_argument("dirs", nargs="+", type=Path, metavar="PATH",
                      help="results folders (searched recursively) or tables, e.g. what `collect` wrote")

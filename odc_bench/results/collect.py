@@ -6,7 +6,6 @@ figures read it as they read a folder's."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from odc_bench.errors import TableError
-from odc_bench.files import atomic_paths, atomic_write_text
+from odc_bench.files import atomic_paths
 from odc_bench.results.table import check_table, read_table, table_paths
 
 
@@ -45,15 +44,12 @@ def merged(tables: Sequence[Path], relative_to: Path | None = None) -> pd.DataFr
 
 
 def collect(paths: Sequence[Path], out: Path) -> pd.DataFrame:
-    """Merge every runs.csv under `paths` into one table at `out` (and out.parquet with pyarrow),
+    """Merge every runs.csv under `paths` into one table at `out` and out.parquet beside it,
     every row kept (repeats and failures too). TableError for a table that is not this schema's."""
     if out.suffix == ".parquet":
         raise TableError(f"--out {out} names the .parquet; give the CSV's path (the .parquet goes beside it)")
     rows = merged(tables_under(paths), relative_to=out.parent)
     # Together or not at all: a Ctrl-C between the two would leave an earlier collect's rows in one.
-    if importlib.util.find_spec("pyarrow") is None:
-        atomic_write_text(out, rows.to_csv(index=False))
-        return rows
     with atomic_paths(out, out.with_suffix(".parquet")) as (csv, parquet):
         csv.write_text(rows.to_csv(index=False))
         rows.to_parquet(parquet, index=False)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from odc_bench.config.fields import require
 from odc_bench.errors import ConfigError, TableError
@@ -145,21 +147,33 @@ def append_rows(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> 
 TRACE_SUFFIX = ".csv.gz"
 
 
+# Level 6: as small as 9 on traces (their nanosecond times are what does not compress) and four
+# times as fast.
+GZIP_LEVEL = 6
+
+
 def compressed(csv: bytes) -> bytes:
     """A CSV's bytes gzipped without a timestamp or file name, so the same trace gives the same
-    file (a committed trace written again is no change). Level 6: as small as 9 on traces (their
-    nanosecond times are what does not compress) and four times as fast."""
-    return gzip.compress(csv, compresslevel=6, mtime=0)
+    file (a committed trace written again is no change)."""
+    return gzip.compress(csv, compresslevel=GZIP_LEVEL, mtime=0)
 
 
 def write_trace(path: Path, events: pd.DataFrame) -> None:
-    """The run's events at `path` (a TRACE_SUFFIX name), atomically."""
+    """The run's events at `path` (a TRACE_SUFFIX name), atomically, gzipped as compressed() does.
+
+    Arrow's CSV writer, not pandas': a simulated run at paper scale has millions of events, and
+    pandas spent most of such a run formatting their times (docs/simulator.md, "Speed"). Its CSV
+    reads back into the same frame; it quotes text and writes whole floats without ".0"."""
     # A trace has one writer, its run (a sweep never runs one config twice at once), so
     # temporaries of the same name were left by a killed attempt at this run.
     for stale in stale_temporaries(path):
         stale.unlink(missing_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(compressed(events.to_csv(index=False).encode()))
+    # Arrow wants one type a column; a column of Python objects is written as pandas would, as text.
+    text = {c: "string" for c in events.columns if events[c].dtype == object}
+    table = pa.Table.from_pandas(events.astype(text), preserve_index=False)
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0) as out:
+        pa_csv.write_csv(table, out, write_options=pa_csv.WriteOptions(quoting_style="needed"))
 
 
 def ok_runs(path: Path) -> dict[str, int]:
