@@ -20,20 +20,9 @@ from odc_bench.models.flops import train_flops
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import git_commit
 from odc_bench.record.metrics import minibatch_losses, summarize, summary
+from odc_bench.record.schema import SCHEMA_VERSION
 from odc_bench.sim import Simulation
 
-SCHEMA_VERSION = 7
-
-# The tidy columns every row has, in order (results/README.md defines each).
-COLUMNS = [
-    "run_id", "schema_version", "attempt", "status", "error", "timestamp", "commit", "host",
-    "backend", "engine", "balancer", "variant", "shard", "fetch", "staleness", "cost_model", "model", "dataset",
-    "world_size", "minibatch_size", "num_minibatches", "warmup_minibatches", "max_tokens", "packing_ratio",
-    "length_scale", "precision", "attention", "seed", "samples", "len_mean", "len_p50", "len_p99", "len_max",
-    "samples_per_s", "tokens_per_s", "mfu", "bubble_rate", "predicted_bubble_rate",
-    "compute_s", "sync_s", "peak_mem_mb", "heap_mb", "mem_estimate_mb", "mem_limit_mb", "wall_s",
-    "loss_first", "loss_last", "resumed_from", "requeues", "trace", "config",
-]
 MB = 2**20
 
 

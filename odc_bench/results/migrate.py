@@ -48,8 +48,9 @@ from odc_bench.errors import ConfigError, TableError
 from odc_bench.files import atomic_path, atomic_write_text, locked
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT
-from odc_bench.record.row import COLUMNS, MB, SCHEMA_VERSION
-from odc_bench.results.table import TEXT_COLUMNS, TRACE_SUFFIX, compressed, table_paths
+from odc_bench.record.row import MB
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
+from odc_bench.results.table import TEXT_DTYPES, TRACE_SUFFIX, compressed, table_paths
 
 HARDWARE_DIR = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
 
@@ -98,7 +99,7 @@ def series_from_config(engine: object, backend: object, config_yaml: object) -> 
 def migrate_table(path: Path) -> int:
     """Rewrite one runs.csv in this schema, atomically; return how many rows changed."""
     with locked(path):
-        table = pd.read_csv(path, dtype={**TEXT_COLUMNS, "schema_version": str})
+        table = pd.read_csv(path, dtype={**TEXT_DTYPES, "schema_version": str})
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
             return 0

@@ -26,7 +26,7 @@ from odc_bench.files import (
     locks_fail,
     stale_temporaries,
 )
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION, TEXT_COLUMNS
 
 
 def _some(names: Sequence[str], shown: int = 4) -> str:
@@ -102,13 +102,14 @@ def check_results_dir(results_dir: Path) -> None:
 
 # Hex strings that pandas would otherwise read as numbers ("310e538" is inf, "0123456" loses its 0)
 # and append_row would write back so.
-TEXT_COLUMNS = {"run_id": str, "commit": str}
+# Text stays text however it looks (record/schema.py).
+TEXT_DTYPES = dict.fromkeys(TEXT_COLUMNS, str)
 
 
 def read_table(path: Path) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
-    return pd.read_csv(path, dtype=TEXT_COLUMNS)
+    return pd.read_csv(path, dtype=TEXT_DTYPES)
 
 
 def append_row(path: Path, row: Mapping) -> int:
@@ -135,7 +136,10 @@ def append_rows(path: Path, rows: Sequence[Mapping], columns: Sequence[str]) -> 
         if set(row) != set(columns):
             raise ValueError(f"row columns {sorted(row)} differ from the table's {sorted(columns)}")
     with locked(path):
-        table = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=columns)
+        # Read as text, every column: the rows already there are written back as they were (a
+        # commit hash of digits keeps its leading zero, a run_id like 1e23... stays an id).
+        table = (pd.read_csv(path, dtype=str, keep_default_na=False) if path.exists()
+                 else pd.DataFrame(columns=columns))
         new = pd.DataFrame([{c: row[c] for c in columns} for row in rows], columns=columns)
         table = new if table.empty else pd.concat([table, new], ignore_index=True)
         atomic_write_text(path, table.to_csv(index=False))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from tests.helpers import with_series
 from tests.helpers.figures import write_runs
 

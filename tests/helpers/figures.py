@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from tests.helpers import with_series
 
 SERIES = [("collective", "local_sort"), ("collective", "lb_micro"), ("odc", "lb_micro"), ("odc", "lb_mini")]

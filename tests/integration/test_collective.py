@@ -7,7 +7,7 @@ import pytest
 
 from odc_bench.app import Job
 from odc_bench.plan.spec import Planner, resolve
-from odc_bench.record.row import COLUMNS
+from odc_bench.record.schema import COLUMNS
 from odc_bench.run import local
 from odc_bench.run.local import run_local
 from odc_bench.run.worker import RankJob, rank_entry

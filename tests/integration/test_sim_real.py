@@ -13,7 +13,8 @@ import pytest
 from odc_bench.calibrate.cpu_profile import fit
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import resolve
-from odc_bench.record.row import COLUMNS, timing
+from odc_bench.record.row import timing
+from odc_bench.record.schema import COLUMNS
 from odc_bench.sim.events import KIND_NAMES
 from tests.helpers import run_config, skip_if_overloaded
 

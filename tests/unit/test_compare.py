@@ -3,7 +3,7 @@ import pytest
 from rich.console import Console
 
 from odc_bench.errors import PairingError
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.__main__ import main as results_main
 from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.pairs import paired_ratios, summarize

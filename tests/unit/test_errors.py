@@ -25,7 +25,7 @@ from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import CONF_DIR, options_with_key
 from odc_bench.errors import ConfigError, interrupt_within
 from odc_bench.plan.spec import Planner
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from tests.helpers import REPO, odc_bench
 
 ERRORS_DOC = REPO / "docs" / "errors.md"

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from odc_bench.plan.identity import run_key
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.table import append_row, ok_runs, read_table
 
 
@@ -49,7 +49,7 @@ def test_run_key_ignores_results_dir_repeat_and_key_order():
 
 
 def test_hex_ids_that_look_like_numbers_survive_appends(tmp_path):
-    from odc_bench.record.row import COLUMNS
+    from odc_bench.record.schema import COLUMNS
     from odc_bench.results.table import append_row, read_table
 
     path = tmp_path / "runs.csv"
@@ -60,6 +60,41 @@ def test_hex_ids_that_look_like_numbers_survive_appends(tmp_path):
     table = read_table(path)
     assert list(table["commit"]) == ["310e538", "310e538"]
     assert list(table["run_id"]) == ["0123456789abcdef", "1234567890123456"]
+
+
+# Text of every text column that pandas would take for a number: digits with a leading zero, an
+# exponent, an integer, a hostname of digits.
+NUMBER_LIKE = {"model": "0007", "host": "10", "dataset": "1e3", "error": "137", "variant": "2"}
+
+
+def test_text_that_looks_like_a_number_stays_text_through_appends_collect_and_the_figures(tmp_path):
+    from odc_bench.results.collect import collect
+    from paper_figures.inputs import read_runs
+
+    ours, theirs = tmp_path / "ours" / "runs.csv", tmp_path / "theirs" / "runs.csv"
+    for run_id in ("a", "b"):  # the second append reads the first row back and writes it again
+        append_row(ours, {"run_id": run_id, "schema_version": SCHEMA_VERSION, "status": "ok", "engine": "odc",
+                          **NUMBER_LIKE})
+    append_row(theirs, {"run_id": "c", "schema_version": SCHEMA_VERSION, "status": "ok", "model": "tiny",
+                        "host": "vm", "dataset": "longalign", "error": "rank 1 died", "variant": "", "engine": "odc"})
+    table = read_table(ours)
+    for column, text in NUMBER_LIKE.items():
+        assert list(table[column]) == [text, text], column
+    rows = collect([tmp_path], tmp_path / "all.csv")  # 0007 beside tiny: a column of text, not of both
+    assert sorted(rows["model"]) == ["0007", "0007", "tiny"]
+    assert sorted(pd.read_parquet(tmp_path / "all.parquet")["model"]) == ["0007", "0007", "tiny"]
+    assert sorted(read_runs(tmp_path / "ours", [])["model"]) == ["0007", "0007"]
+
+
+def test_a_table_of_its_own_schema_is_written_back_as_it_was_read(tmp_path):
+    from odc_bench.results.table import append_rows
+
+    path, columns = tmp_path / "primitives.csv", ["run_id", "commit", "host", "seconds"]
+    first = {"run_id": "1e23456789012345", "commit": "0123456", "host": "007", "seconds": 0.1}
+    append_rows(path, [first], columns)
+    append_rows(path, [{**first, "run_id": "abc", "seconds": 0.25}], columns)
+    assert path.read_text(encoding="utf-8").splitlines() == [
+        "run_id,commit,host,seconds", "1e23456789012345,0123456,007,0.1", "abc,0123456,007,0.25"]
 
 
 def test_a_schema_2_table_is_refused_with_the_migration_and_migrates_to_zero_resumes(tmp_path):

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from odc_bench.studies.paper import scaling_table
 from paper_figures import fig10_acceleration, scaling
 from paper_figures.inputs import Skip, by_source, load

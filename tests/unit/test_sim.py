@@ -14,7 +14,7 @@ from odc_bench.config.backend import Recompute
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import train_flops
 from odc_bench.plan.spec import Planner, resolve
-from odc_bench.record.row import COLUMNS
+from odc_bench.record.schema import COLUMNS
 from odc_bench.sim import claimed, simulate
 from odc_bench.sim.hardware import EngineCosts, Network
 from odc_bench.sim.layout import Layout

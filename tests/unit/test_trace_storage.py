@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pandas as pd
 
-from odc_bench.record.row import COLUMNS, SCHEMA_VERSION
+from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.migrate import migrate_table
 from odc_bench.results.table import TRACE_SUFFIX, read_table, write_trace
 from paper_figures.inputs import read_trace
