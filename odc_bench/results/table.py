@@ -100,9 +100,8 @@ def check_results_dir(results_dir: Path) -> None:
     check_table(results_dir / "runs.csv")
 
 
-# Hex strings that pandas would otherwise read as numbers ("310e538" is inf, "0123456" loses its 0)
-# and append_row would write back so.
-# Text stays text however it looks (record/schema.py).
+# Every text column read as text (record/schema.py): pandas would read text that looks like a number
+# as one ("310e538" is inf, "0123456" loses its 0), and append_row would write it back so.
 TEXT_DTYPES = dict.fromkeys(TEXT_COLUMNS, str)
 
 
