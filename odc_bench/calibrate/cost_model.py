@@ -286,23 +286,49 @@ def shape_lengths(shape: str) -> list[int]:
     return [int(length) * (1024 if kilo else 1)] * int(count)
 
 
+def _seconds(value: object, column: str, where: str, optional: bool = False) -> float:
+    """A timing's milliseconds as seconds; ConfigError for one that is missing (unless `optional`:
+    NaN, a phase not timed), not a number, or not above zero, which the fit would drop unsaid."""
+    if optional and (value is None or (isinstance(value, float) and np.isnan(value))):
+        return float("nan")
+    try:
+        ms = float(cast(str, value))
+    except (TypeError, ValueError):
+        ms = float("nan")
+    if not (np.isfinite(ms) and ms > 0):
+        shown = "nothing" if isinstance(value, float) and np.isnan(value) else repr(value)
+        raise ConfigError(f"{where}: {column} must be a positive number of milliseconds, got {shown}; fix the "
+                          f"row or remove it")
+    return ms / 1e3
+
+
 def fit_timings(csv_path: Path, device_name: str) -> dict:
     """A compute calibration's units from unit timings measured elsewhere (module docstring)."""
     try:
-        table = pd.read_csv(csv_path, encoding="utf-8-sig")  # a byte-order mark, as a spreadsheet may save one
+        # A byte-order mark, as a spreadsheet may save one; names as text, however they look; only an
+        # empty cell is missing (a cell saying n/a is shown as it is when refused).
+        table = pd.read_csv(csv_path, encoding="utf-8-sig", dtype=dict.fromkeys(("model", "unit", "shape"), str),
+                            keep_default_na=False, na_values=[""])
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read unit timings {csv_path} ({e})") from None
     missing = {"model", "unit", "shape", "fwd_ms", "bwd_ms"} - set(table.columns)
     if missing:
         raise ConfigError(f"{csv_path} lacks the column(s) {', '.join(sorted(missing))}")
+    if table.empty:
+        raise ConfigError(f"{csv_path} holds no timings, only its header; give a row per unit and shape timed")
     try:
         models = {name: compose_run([f"model={name}"]).model for name in sorted(set(table["model"]))}
     except COMPOSE_ERRORS as e:
         raise ConfigError(f"{csv_path}: {hydra_error_line(e)}") from None
     rows = []
     for r in table.to_dict("records"):
-        rows.append(dict(model=r["model"], unit=r["unit"], doc_lens=shape_lengths(r["shape"]), fwd=r["fwd_ms"] / 1e3,
-                         bwd=r["bwd_ms"] / 1e3, bwd_recompute=r.get("bwd_recompute_ms", float("nan")) / 1e3))
+        where = f"{csv_path}, the row of {r['model']} {r['unit']} {r['shape']}"
+        if r["unit"] not in unit_fit.TERMS:
+            raise ConfigError(f"{where}: unit {r['unit']!r} is not a unit kind; the kinds are "
+                              f"{', '.join(unit_fit.TERMS)}")
+        rows.append(dict(model=r["model"], unit=r["unit"], doc_lens=shape_lengths(r["shape"]),
+                         fwd=_seconds(r["fwd_ms"], "fwd_ms", where), bwd=_seconds(r["bwd_ms"], "bwd_ms", where),
+                         bwd_recompute=_seconds(r.get("bwd_recompute_ms"), "bwd_recompute_ms", where, optional=True)))
     return dict(units_record(rows, models, device_name), provenance=dict(
         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=git_commit(), timings=str(csv_path),
         command=" ".join([Path(sys.executable).name, "-m", "odc_bench.calibrate.cost_model", *sys.argv[1:]])))

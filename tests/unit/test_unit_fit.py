@@ -4,6 +4,7 @@ the committed H100 seed, and a GPU profile that computes from it."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -133,6 +134,32 @@ def test_timings_of_an_unknown_model_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=f"{timings}: unknown model option 'nope'") as refused:
         fit_timings(timings, "NVIDIA H100 80GB HBM3")
     assert "\n" not in str(refused.value)
+
+
+HEADER = "model,unit,shape,fwd_ms,bwd_ms,bwd_recompute_ms\n"
+GOOD = "qwen2_7b,head,1x1k,2.2,3.1,\n"  # no recomputed backward: an empty cell, the phase not timed
+
+
+@pytest.mark.parametrize(("rows", "said"), [
+    ("qwen2_7b,layer,1x1k,,1.7,\n", "fwd_ms must be a positive number of milliseconds, got nothing"),
+    ("qwen2_7b,layer,1x1k,n/a,1.7,\n", "fwd_ms must be a positive number of milliseconds, got 'n/a'"),
+    ("qwen2_7b,layer,1x1k,1.2,-1.7,\n", "bwd_ms must be a positive number of milliseconds, got -1.7"),
+    ("qwen2_7b,layer,1x1k,0,1.7,\n", "fwd_ms must be a positive number of milliseconds, got 0"),
+    ('qwen2_7b,layer,1x1k,"1,234",1.7,\n', "fwd_ms must be a positive number of milliseconds, got '1,234'"),
+    ("qwen2_7b,layer,1x1k,1.2,1.7,-3\n", "bwd_recompute_ms must be a positive number of milliseconds, got -3"),
+    ("qwen2_7b,attn,1x1k,1.2,1.7,\n", "unit 'attn' is not a unit kind; the kinds are layer, head, embed"),
+    ("", "holds no timings, only its header"),
+], ids=["empty", "n/a", "negative", "zero", "thousands", "recompute", "unit", "no-rows"])
+def test_timings_the_fit_would_drop_or_misread_are_refused_in_one_line_naming_the_row(rows, said, tmp_path):
+    """The fit leaves out a phase's missing or non-positive times (a unit not timed with
+    recomputation); in the file, where the user gave them, they are a mistake to say."""
+    timings = tmp_path / "t.csv"
+    timings.write_text(HEADER + (GOOD + rows if rows else ""), encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(said)) as refused:
+        fit_timings(timings, "NVIDIA H100 80GB HBM3")
+    assert "\n" not in str(refused.value)
+    if rows:
+        assert f"{timings}, the row of qwen2_7b" in str(refused.value)
 
 
 class HostClock:
