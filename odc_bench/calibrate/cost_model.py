@@ -316,6 +316,10 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
         raise ConfigError(f"{csv_path} lacks the column(s) {', '.join(sorted(missing))}")
     if table.empty:
         raise ConfigError(f"{csv_path} holds no timings, only its header; give a row per unit and shape timed")
+    for column in ("model", "unit", "shape"):
+        if (empty := table[column].isna().to_numpy()).any():
+            raise ConfigError(f"{csv_path}: row {int(empty.argmax()) + 1} (after the header) has no {column}; fill it "
+                              f"in or remove the row")
     try:
         models = {name: compose_run([f"model={name}"]).model for name in sorted(set(table["model"]))}
     except COMPOSE_ERRORS as e:

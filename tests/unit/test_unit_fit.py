@@ -149,7 +149,9 @@ GOOD = "qwen2_7b,head,1x1k,2.2,3.1,\n"  # no recomputed backward: an empty cell,
     ("qwen2_7b,layer,1x1k,1.2,1.7,-3\n", "bwd_recompute_ms must be a positive number of milliseconds, got -3"),
     ("qwen2_7b,attn,1x1k,1.2,1.7,\n", "unit 'attn' is not a unit kind; the kinds are layer, head, embed"),
     ("", "holds no timings, only its header"),
-], ids=["empty", "n/a", "negative", "zero", "thousands", "recompute", "unit", "no-rows"])
+    (",layer,1x1k,1.2,1.7,\n", "row 2 (after the header) has no model"),
+    ("qwen2_7b,layer,,1.2,1.7,\n", "row 2 (after the header) has no shape"),
+], ids=["empty", "n/a", "negative", "zero", "thousands", "recompute", "unit", "no-rows", "no-model", "no-shape"])
 def test_timings_the_fit_would_drop_or_misread_are_refused_in_one_line_naming_the_row(rows, said, tmp_path):
     """The fit leaves out a phase's missing or non-positive times (a unit not timed with
     recomputation); in the file, where the user gave them, they are a mistake to say."""
@@ -158,7 +160,7 @@ def test_timings_the_fit_would_drop_or_misread_are_refused_in_one_line_naming_th
     with pytest.raises(ConfigError, match=re.escape(said)) as refused:
         fit_timings(timings, "NVIDIA H100 80GB HBM3")
     assert "\n" not in str(refused.value)
-    if rows:
+    if rows and "after the header" not in said:
         assert f"{timings}, the row of qwen2_7b" in str(refused.value)
 
 
