@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=writable_file, default=None, help="default: results/calibration/sim-<model>-cpu.json")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every calibration run, e.g. model=tiny")
     args = ap.parse_args(argv)
+    args.engines = list(dict.fromkeys(args.engines))  # an engine named twice is calibrated once
     base = ["num_minibatches=10", "warmup_minibatches=2", *args.overrides]
     try:  # the overrides checked before the first run, not in its traceback
         compose_run(base)

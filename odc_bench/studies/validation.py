@@ -163,9 +163,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="where the measured-against-predicted tables and their provenance go")
     ap.add_argument("--docs", type=writable_file, default=REPO_ROOT / "docs" / "simulator_validation.md",
                     help="the page written from them")
-    ap.add_argument("--only", nargs="*", default=None, help="labels of VALIDATION_RUNS to run (default: all)")
+    ap.add_argument("--only", nargs="+", default=None, choices=[label for label, _ in VALIDATION_RUNS],
+                    metavar="LABEL", help="the configs to run, by label (quoted: 'longalign mb1'; default: all)")
     ap.add_argument("--doc-only", action="store_true", help="write the page again from the files in --out")
     args = ap.parse_args(argv)
+    args.engines = list(dict.fromkeys(args.engines))  # an engine named twice is validated once
     if args.doc_only and (missing := missing_inputs(args.out, ["sim-cpu.csv", "sim-cpu-provenance.json"])):
         ap.error(f"--doc-only: {args.out} lacks {', '.join(missing)}; run {ap.prog} without it first")
     if args.doc_only:

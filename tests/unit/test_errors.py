@@ -669,6 +669,8 @@ def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
      "--doc-only: {t}/o lacks gpu-points.csv, gpu-ratios.csv, "),
     ("studies.validation", ["--doc-only", "--out", "{t}/o", "--docs", "{t}/v.md"],
      "--doc-only: {t}/o lacks sim-cpu.csv, sim-cpu-provenance.json; run "),
+    ("studies.validation", ["--only", "longalign", "--out", "{t}/o", "--results-dir", "{t}/r", "--docs", "{t}/v.md"],
+     "argument --only: invalid choice: 'longalign' (choose from 'longalign mb1', "),
     ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "model=nope"],
      "unknown model option 'nope'"),
     ("studies.staleness", ["{t}/none"], "no such folder or table: {t}/none"),

@@ -302,6 +302,35 @@ def test_validation_ratio_is_the_median_over_side_by_side_pairs():
     assert r["ratio_of_medians"] == 2.0 and r["predicted_ratio"] == 2.5 and r["error"] == 0.0
 
 
+
+def test_an_engine_named_twice_is_calibrated_and_validated_once(monkeypatch, tmp_path):
+    """`--engines odc odc` ran every calibration run twice, and the validation wrote each of its
+    rows twice."""
+    from odc_bench.calibrate import cpu_profile
+    from odc_bench.studies import validation
+
+    ran = []
+    for module in (cpu_profile, validation):
+        monkeypatch.setattr(module, "run_real", lambda overrides, _: ran.append(overrides[-1]) or (None, None))
+        monkeypatch.setattr(module, "fit", lambda runs: {"model": "tiny"})
+    monkeypatch.setattr(validation, "timing", lambda spec, events: {"samples_per_s": 1.0})
+
+    cpu_profile.main(["--results-dir", f"{tmp_path}/r", "--out", f"{tmp_path}/c.json", "--engines", "odc", "odc"])
+    assert ran == ["engine=odc"] * len(cpu_profile.DEFAULT_RUNS)
+
+    compared = []
+
+    def compare(label, overrides, engines, *_):
+        compared.append(engines)
+        raise InterruptedError  # the real runs are not this test's
+
+    monkeypatch.setattr(validation, "compare", compare)
+    ran.clear()
+    with pytest.raises(InterruptedError):
+        validation.main(["--only", "longalign mb1", "--engines", "odc", "collective", "odc", "--out", f"{tmp_path}/o",
+                         "--results-dir", f"{tmp_path}/v", "--docs", f"{tmp_path}/v.md"])
+    assert compared == [["odc", "collective"]] and ran == ["engine=odc", "engine=collective"] * 2
+
 def test_a_simulated_run_and_the_what_if_import_neither_torch_nor_scipy(tmp_path):
     """Importing torch (and scipy) cost a simulated run over a second and a half of its start-up
     (docs/simulator.md, Speed): a simulated run of the command line never loads them."""
