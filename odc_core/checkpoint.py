@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
-from torch.distributed.checkpoint.api import CheckpointException
 
 if TYPE_CHECKING:  # the engines import this module's flat_pieces
     from odc_core.engine.base import DataParallelEngine
+
+# DCP is imported where a checkpoint is read or written, not with this module: it loads DTensor
+# and sympy, about a second of every rank's start, which a run that never checkpoints (and an
+# ODC rank, which has no DTensor) would pay for nothing.
 
 _STEP = re.compile(r"step-(\d+)")
 
@@ -73,6 +74,8 @@ def damage(folder: str | os.PathLike[str]) -> str | None:
     """Why a complete checkpoint cannot be loaded, found without reading its data: its metadata
     cannot be read, or a file the metadata names is missing or shorter than it says; None when
     neither holds."""
+    import torch.distributed.checkpoint as dcp
+
     folder = Path(folder)
     try:
         metadata = dcp.FileSystemReader(folder).read_metadata()
@@ -105,6 +108,8 @@ def latest(root: str | os.PathLike[str]) -> Path | None:
 @contextlib.contextmanager
 def _dcp_errors(what: str, then: str = "") -> Iterator[None]:
     """DCP's CheckpointException as a CheckpointError: `what`, each rank's error line, `then`."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         yield
     except CheckpointException as e:
@@ -134,6 +139,8 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
         raise ValueError(f"keep must be at least 1 (the checkpoint just saved), or None to keep every one; got {keep}")
     root = Path(root)
     final, partial = root / f"step-{step}", root / f"step-{step}.partial"
+    import torch.distributed.checkpoint as dcp
+
     engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read
     if dist.get_rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -159,6 +166,8 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
 def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a checkpoint (of either engine, any world size) into a wrapped engine whose
     optimizer is configured, before its first minibatch; collective. Returns its `extra`."""
+    import torch.distributed.checkpoint as dcp
+
     folder = Path(folder)
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no .metadata); use latest(root)")
@@ -169,7 +178,7 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str
     # optimizer's param_groups (plain values only) into one key the checkpoint does not have.
     with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint {folder} cannot be loaded",
                                                  "move it away to resume from the one before"):
-        dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+        dcp.load(state, checkpoint_id=folder, planner=dcp.DefaultLoadPlanner(flatten_sharded_tensors=False))
     engine.load_sharded_state(state)
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
     return extra
@@ -191,6 +200,8 @@ def _start_absent_fresh(optim: dict[str, Any], folder: Path) -> None:
     """Leave out of the load, starting them fresh, the parameters the checkpoint has no optimizer
     state for: FSDP2 saves none for a parameter that never had a gradient, ODC one for every
     parameter that trains (docs/use_odc.md, "Frozen and unused parameters")."""
+    import torch.distributed.checkpoint as dcp
+
     prefix = "optim.state."
     stored = {key[len(prefix):].rsplit(".", 1)[0]
               for key in dcp.FileSystemReader(folder).read_metadata().state_dict_metadata if key.startswith(prefix)}

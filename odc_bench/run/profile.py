@@ -16,12 +16,15 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from odc_bench.files import atomic_path, atomic_write_text
+
+if TYPE_CHECKING:  # pandas is imported by the table alone: every rank imports this module
+    import pandas as pd
 
 ROWS = 40  # the table's operators: the heaviest, enough to name where a minibatch goes
 
@@ -83,6 +86,8 @@ def operator_table(events: list[dict], rows: int = ROWS) -> str:
     """Where the trace has device work, first how much of the profiled span the device was busy
     (a minibatch bound by its host leaves it idle most of the time), then the heaviest kernels by
     device time; the heaviest operators by self host time; with their calls and share, as text."""
+    import pandas as pd
+
     frame = pd.DataFrame([e for e in events if e.get("ph") == "X" and "dur" in e],
                          columns=["name", "cat", "ts", "dur", "pid", "tid"])
     sections = []
