@@ -20,6 +20,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -60,12 +61,15 @@ class Liveness:
     same store) by the heartbeat thread: a store client serialises its requests, so a long
     wait on one must not hold up the beats. `store_rank` is the rank whose process hosts
     the store (None: a launcher outside the ranks); when the store stops answering, it is
-    the one that is gone.
+    the one that is gone. `on_store_lost` is called, from the heartbeat thread, the moment a
+    beat finds the store gone: a rank busy waiting on a flag in shared memory would otherwise
+    learn it only at its timeout.
     """
 
     def __init__(self, store: dist.Store, beat_store: dist.Store, rank: int, world_size: int, timeout_s: float,
-                 store_rank: int | None = None) -> None:
+                 store_rank: int | None = None, on_store_lost: Callable[[], None] | None = None) -> None:
         self.store, self.rank, self.world_size, self.store_rank = store, rank, world_size, store_rank
+        self._on_store_lost = on_store_lost
         self.timeout_s = float(timeout_s)
         # A few beats per timeout; judging a peer takes three beats, so it adds little to a timeout.
         self.period = min(1.0, max(0.05, self.timeout_s / 10))
@@ -83,8 +87,10 @@ class Liveness:
         while True:
             try:
                 self._beat_store.add(key, 1)
-            except RuntimeError:
-                return  # the store is gone: the main thread finds out on its next request
+            except RuntimeError:  # the store is gone: the main thread finds out on its next request
+                if self._on_store_lost is not None and not self._stop.is_set():
+                    self._on_store_lost()
+                return
             if self._stop.wait(self.period):
                 return
 

@@ -9,6 +9,7 @@ on how samples are spread over ranks.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -111,8 +112,12 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
     timeout_s = config.timeout_s
     store = connect_store(job, world, timeout_s)
     # Connections of its own: a request the heap or gloo left pending on `store` cannot hold it up.
+    # A launcher that hosts the store and is gone (killed, or by the kernel for memory) reads no
+    # result and writes no row, and a wait on a peer that died with it would last timeout_s: the
+    # rank ends at once, by the SIGTERM its launcher would have sent (its segments removed).
+    lost = None if job.store_rank is not None else functools.partial(os.kill, os.getpid(), signal.SIGTERM)
     liveness = Liveness(connect_store(job, world, timeout_s), connect_store(job, world, timeout_s), rank, world,
-                        timeout_s, job.store_rank)
+                        timeout_s, job.store_rank, lost)
     recorder = trace.Recorder(rank)
     engine = None
     finished = False

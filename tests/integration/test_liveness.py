@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -86,6 +87,24 @@ def test_when_the_store_goes_its_host_is_named():
     assert str(lost).startswith("rank 0 is gone (it hosts the run's store, which stopped answering): timed out "
                                 "after 5.0s waiting for rank 0")
     me.stop(finished=False)
+
+
+def test_the_heartbeat_says_at_once_when_the_store_goes_and_not_after_stop():
+    """A rank polling a flag in shared memory learned that its launcher (and the store it hosts)
+    was gone only at its timeout; the heartbeat, which reaches the store every beat, tells it."""
+    server, lost = _store(), threading.Event()
+    me = Liveness(_client(server), _client(server), 1, 3, TIMEOUT_S, None, lost.set)
+    assert not lost.wait(3 * me.period), "the store answers: nothing is lost"
+    del server
+    assert lost.wait(TIMEOUT_S + 5 * me.period), "told within a few beats of the store's going"
+    me.stop(finished=False)
+
+    server, calls = _store(), []
+    me = Liveness(_client(server), _client(server), 1, 3, TIMEOUT_S, None, lambda: calls.append(1))
+    me.stop(finished=True)
+    del server
+    time.sleep(3 * me.period)
+    assert calls == [], "a rank that stopped beating is told nothing"
 
 
 @pytest.mark.parametrize(("store_rank", "message"), [

@@ -4,7 +4,6 @@ equivalence with a single process, and a rank killed mid-minibatch named with no
 import os
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 
 import pytest
 
@@ -14,6 +13,7 @@ from odc_bench.run.mpiexec import run_mpi
 from odc_core.transport.shm import process_start_time
 from tests.helpers import run_config
 from tests.helpers.mpi import requires_mpi
+from tests.helpers.processes import descendants
 from tests.helpers.reference import relative_error, train_single_process
 from tests.helpers.shm import left_behind
 from tests.integration.test_hybrid import HYBRID
@@ -63,23 +63,17 @@ def test_odc_hybrid_over_mpi_matches_a_single_process():
     reference, _ = train_single_process(spec)
     assert relative_error(params, reference) < 1e-5
 
-def _descendants(pid: int) -> list[int]:
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    return children + [d for c in children for d in _descendants(c)]
-
 
 def test_a_rank_killed_mid_minibatch_fails_the_mpi_run_by_name_and_leaves_nothing(results_dir, tmp_path,
                                                                                   sigkill_window):
     spec = resolve(run_config(*MPI, *SMALL))
     shm_before = set(os.listdir("/dev/shm"))
-    children_before = set(_descendants(os.getpid()))
+    children_before = set(descendants(os.getpid()))
     row = execute(spec, results_dir, launch=partial(run_mpi, entry=partial(killing_entry, str(tmp_path))))
     assert since_killed(tmp_path) < TIMEOUT_S + MARGIN_S
     assert row["status"] == "failed"
     assert row["error"] == "rank 1 died (killed by SIGKILL) after 1 of 3 minibatches"
     ranks = [(tmp_path / f"rank{r}").read_text().split() for r in range(2)]
     assert all(process_start_time(int(pid)) != int(start) for pid, start, _ in ranks), "no rank process is left"
-    assert set(_descendants(os.getpid())) <= children_before, "mpiexec and its proxies are gone"
+    assert set(descendants(os.getpid())) <= children_before, "mpiexec and its proxies are gone"
     assert not left_behind(shm_before), "nothing left in /dev/shm"

@@ -14,7 +14,6 @@ import signal
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from odc_bench.run.mpiexec import run_mpi_ranks
 from odc_core.primitives import ShardLayout, gather, scatter_accumulate
 from odc_core.transport.base import PeerTimeout
 from tests.helpers.mpi import requires_mpi
+from tests.helpers.processes import descendants
 from tests.helpers.pushes import push_integers
 from tests.helpers.shm import left_behind
 
@@ -239,7 +239,7 @@ def _victim_or_survivor(rank: int, world: int, store: dist.Store, name: str) -> 
 def test_a_sigkilled_rank_is_named_by_its_peers_and_nothing_is_left_behind():
     world = 3
     shm_before = set(os.listdir("/dev/shm"))
-    children_before = set(_descendants(os.getpid()))
+    children_before = set(descendants(os.getpid()))
     results = run_mpi_ranks(_victim_or_survivor, world, job(), timeout_s=60, tolerate_failures=True)
     victim = results[-1]
     assert isinstance(victim, RankExit) and victim.status == 128 + signal.SIGKILL and victim.error is None
@@ -248,12 +248,7 @@ def test_a_sigkilled_rank_is_named_by_its_peers_and_nothing_is_left_behind():
         for peer, message, waited in result["outcomes"]:
             assert peer == world - 1 and f"rank {world - 1}" in message and "gone" in message, message
             assert waited < 5
-    assert set(_descendants(os.getpid())) <= children_before, "a process was left"
+    assert set(descendants(os.getpid())) <= children_before, "a process was left"
     assert not left_behind(shm_before), "nothing left in /dev/shm"
 
 
-def _descendants(pid: int) -> list[int]:
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    return children + [d for c in children for d in _descendants(c)]

@@ -42,6 +42,7 @@ from odc_core.transport.shm import (
     sweep_stale_segments,
 )
 from tests.helpers import REPO, odc_bench, run_config
+from tests.helpers.processes import alive, descendants
 
 pytestmark = pytest.mark.slow
 
@@ -562,6 +563,46 @@ def test_a_hangup_stops_the_run_in_one_line_and_leaves_no_segment_or_rank(delay,
                                     "(finished runs' rows are kept)") and "Traceback" not in err
     assert not [name for name in list_segments() if name.startswith(ours)], "no shared memory left behind"
     assert not (tmp_path / "r" / "runs.csv").exists() or len(read_table(tmp_path / "r" / "runs.csv")) < 20
+
+
+def test_ranks_of_a_killed_command_end_at_once_and_leave_no_segment(tmp_path):
+    """The command SIGKILLed (by hand, or chosen by the kernel's out-of-memory killer) left an ODC
+    rank waiting out timeout_s on a peer that had died with it, its shared memory held: 2 minutes
+    at the default. The command hosts the run's store; its ranks end once it stops answering."""
+    timeout_s = 60.0  # a rank that waits it out fails the bound below
+    overrides = (*(o for o in SMALL if not o.startswith(("timeout_s=", "num_minibatches="))), "engine=odc",
+                 "num_minibatches=400", f"timeout_s={timeout_s}", f"seed={os.getpid()}",
+                 f"results_dir={tmp_path / 'r'}")
+    ours = f"odc-{resolve(run_config(*overrides)).run_id[:8]}_"
+    proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *overrides], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=tmp_path, start_new_session=True)
+    below: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not [name for name in list_segments() if name.startswith(ours)] and time.monotonic() < deadline:
+            assert proc.poll() is None, "the run ended before its ranks were under way"
+            time.sleep(0.1)
+        time.sleep(1.0)  # both ranks training
+        below = descendants(proc.pid)
+        assert len(below) >= 3, "the fork server and two ranks"
+        proc.kill()
+        proc.wait()
+        killed = time.monotonic()
+        while (alive(below) or [n for n in list_segments() if n.startswith(ours)]) and time.monotonic() < killed + 30:
+            time.sleep(0.1)
+        ended = time.monotonic() - killed
+        left, held = alive(below), [name for name in list_segments() if name.startswith(ours)]
+    finally:
+        for pid in alive(below):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        time.sleep(0.5)  # the killed ranks' segments are swept once their creators are gone
+        sweep_stale_segments()
+    assert not left, f"processes left running 30 s after their command was killed: {left}"
+    assert not held, "no shared memory left behind"
+    assert ended < timeout_s / 3, f"the ranks ended {ended:.1f} s after their command, not at once"
 
 
 def hold_a_heap(rank: int, world_size: int, store, job_id: str) -> None:
