@@ -135,12 +135,12 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     keep: once this checkpoint is complete, remove all but the newest `keep` complete checkpoints
     under root (by step; None keeps every one). Older ones go only after the new one is complete,
     so a crash mid-save still leaves the previous one."""
+    import torch.distributed.checkpoint as dcp
+
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be at least 1 (the checkpoint just saved), or None to keep every one; got {keep}")
     root = Path(root)
     final, partial = root / f"step-{step}", root / f"step-{step}.partial"
-    import torch.distributed.checkpoint as dcp
-
     engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read
     if dist.get_rank() == 0:
         root.mkdir(parents=True, exist_ok=True)

@@ -111,11 +111,11 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         torch.cuda.set_device(device)
     timeout_s = config.timeout_s
     store = connect_store(job, world, timeout_s)
-    # Connections of its own: a request the heap or gloo left pending on `store` cannot hold it up.
     # A launcher that hosts the store and is gone (killed, or by the kernel for memory) reads no
     # result and writes no row, and a wait on a peer that died with it would last timeout_s: the
     # rank ends at once, by the SIGTERM its launcher would have sent (its segments removed).
     lost = None if job.store_rank is not None else functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+    # Connections of its own: a request the heap or gloo left pending on `store` cannot hold it up.
     liveness = Liveness(connect_store(job, world, timeout_s), connect_store(job, world, timeout_s), rank, world,
                         timeout_s, job.store_rank, lost)
     recorder = trace.Recorder(rank)
