@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from odc_core.transport.shm import process_start_time
+
 
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (its children, theirs, ...); a process that ends while it is
@@ -18,13 +20,5 @@ def descendants(pid: int) -> list[int]:
 
 
 def alive(pids: list[int]) -> list[int]:
-    """The processes of `pids` that still run (a zombie, dead but not yet waited for, does not)."""
-    running = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if state != "Z":
-            running.append(pid)
-    return running
+    """The processes of `pids` still running (a zombie, dead but not yet waited for, is not)."""
+    return [pid for pid in pids if process_start_time(pid) is not None]
