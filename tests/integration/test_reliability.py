@@ -582,6 +582,7 @@ def test_ranks_of_a_killed_command_end_at_once_and_leave_no_segment(tmp_path):
         while not [name for name in list_segments() if name.startswith(ours)] and time.monotonic() < deadline:
             assert proc.poll() is None, "the run ended before its ranks were under way"
             time.sleep(0.1)
+        assert [name for name in list_segments() if name.startswith(ours)], "the ranks opened their heap"
         time.sleep(1.0)  # both ranks training
         below = descendants(proc.pid)
         assert len(below) >= 3, "the fork server and two ranks"
