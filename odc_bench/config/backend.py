@@ -95,25 +95,47 @@ def hardware_config(values: Mapping[str, Any]) -> HardwareConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class LocalBackendConfig:
+class Checkpointing:
+    """Activation checkpointing, the same keys on both backends: real ranks recompute what the
+    simulator charges for (models/checkpointing.py; docs/simulator.md, "Activation checkpointing")."""
+
+    # Activation checkpointing: backward recomputes each layer's forward (the paper's setting).
+    recompute: bool = False
+    # What recompute=true recomputes: every layer's whole forward (full); torchtitan's op-level
+    # selective checkpointing (op: every other matrix multiply, attention's output kept); or a
+    # share of the layers, recompute_blocks (blocks).
+    recompute_mode: Literal["full", "op", "blocks"] = "full"
+    recompute_blocks: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(0 < self.recompute_blocks <= 1,
+                f"backend.recompute_blocks must be a share of the layers in (0, 1], got {self.recompute_blocks}")
+
+    @property
+    def recomputed(self) -> Recompute:
+        if not self.recompute:
+            return Recompute(0.0, 0.0, 0.0)
+        if self.recompute_mode == "op":
+            # Memory: the matrix multiplies' and attention's outputs it keeps are most of a
+            # layer's activations, so it is estimated as keeping them all (an upper bound).
+            return Recompute(0.5, 0.0, 0.0)
+        share = 1.0 if self.recompute_mode == "full" else self.recompute_blocks
+        return Recompute(share, share, share)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalBackendConfig(Checkpointing):
     """Real ranks as processes of this host (or SLURM tasks, hydra/launcher=slurm)."""
 
     name: Literal["local"] = "local"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SimBackendConfig:
+class SimBackendConfig(Checkpointing):
     """The discrete-event simulator (docs/simulator.md)."""
 
     name: Literal["sim"] = "sim"
     hardware: HardwareConfig
-    # Activation checkpointing: backward recomputes each layer's forward (the paper's setting).
-    recompute: bool = False
-    # What recompute=true recomputes (docs/simulator.md, "Activation checkpointing"): every
-    # layer's whole forward (full); torchtitan's op-level selective checkpointing (op: every other
-    # matrix multiply, attention's output kept); or a share of the layers, recompute_blocks (blocks).
-    recompute_mode: Literal["full", "op", "blocks"] = "full"
-    recompute_blocks: float = 0.5
     # Bytes per parameter an ODC gather moves (the reference gathers fp32 master weights).
     odc_gather_bytes: int = 4
     # Fixed-point passes of the ODC contention model.
@@ -137,19 +159,7 @@ class SimBackendConfig:
         require(self.odc_internode_slowdown >= 1,
                 f"backend.odc_internode_slowdown must be at least 1 (1: ODC's transfers as fast as the collectives'), "
                 f"got {self.odc_internode_slowdown}")
-        require(0 < self.recompute_blocks <= 1,
-                f"backend.recompute_blocks must be a share of the layers in (0, 1], got {self.recompute_blocks}")
-
-    @property
-    def recomputed(self) -> Recompute:
-        if not self.recompute:
-            return Recompute(0.0, 0.0, 0.0)
-        if self.recompute_mode == "op":
-            # Memory: the matrix multiplies' and attention's outputs it keeps are most of a
-            # layer's activations, so it is estimated as keeping them all (an upper bound).
-            return Recompute(0.5, 0.0, 0.0)
-        share = 1.0 if self.recompute_mode == "full" else self.recompute_blocks
-        return Recompute(share, share, share)
+        Checkpointing.__post_init__(self)
 
 
 @dataclass(frozen=True)

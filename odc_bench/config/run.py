@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -9,7 +10,13 @@ from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from odc_bench.config.backend import BackendConfig, LocalBackendConfig, SimBackendConfig, hardware_config
+from odc_bench.config.backend import (
+    BackendConfig,
+    Checkpointing,
+    LocalBackendConfig,
+    SimBackendConfig,
+    hardware_config,
+)
 from odc_bench.config.balancer import BalancerConfig
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.config.engine import EngineConfig, engine_config
@@ -163,6 +170,10 @@ class RunConfig:
                 out[name] = value.to_dict()
             elif name in ("primitives", "compile") and value is None:
                 continue  # unset: a train run has no primitives; configs from before compile keep their keys
+            elif isinstance(value, LocalBackendConfig) and not value.recompute:
+                # Real runs from before activation checkpointing keep their keys.
+                unset = {f.name for f in dataclasses.fields(Checkpointing)}
+                out[name] = {k: v for k, v in as_dict(value).items() if k not in unset}
             elif hasattr(value, "__dataclass_fields__"):
                 out[name] = as_dict(value)
             else:

@@ -37,6 +37,7 @@ from torch import nn
 
 from odc_bench.config.model import ModelConfig
 from odc_bench.models.attention import Documents, attend, kernel_for
+from odc_bench.models.checkpointing import ContextFn, run_layer
 from odc_bench.models.loss import IGNORE, LossAndGrad, chunked_cross_entropy, loss_and_grad
 from odc_bench.models.memory import LOSS_CHUNK_TOKENS
 
@@ -198,6 +199,9 @@ class DecoderModel(nn.Module):
             self.head.lm_head.weight = self.embed.embed_tokens.weight
         # The attention kernels its forwards ran (attention.py), for the run's row.
         self.attention_kernels: set[str] = set()
+        # Activation checkpointing: the layers (by index) called through checkpoint, each with
+        # its context_fn (checkpointing.layer_contexts); none by default.
+        self.checkpointed: dict[int, ContextFn] = {}
 
     def named_units(self) -> list[tuple[str, nn.Module]]:
         """The sharding units, in execution order, as the config lists them (ModelConfig.units)."""
@@ -214,8 +218,8 @@ class DecoderModel(nn.Module):
         cos, sin = rope_tables(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         docs = Documents.of(doc_lens, x.device, kernel_for(x))
         self.attention_kernels.add(kernel_for(x))
-        for layer in self.layers:
-            x = layer(x, cos, sin, docs)
+        for i, layer in enumerate(self.layers):
+            x = run_layer(layer, self.checkpointed.get(i), x, cos, sin, docs)
         return self.head(x, labels)
 
 

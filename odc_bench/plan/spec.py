@@ -285,7 +285,7 @@ def shard_group(config: RunConfig) -> int:
 def rank_memory(config: RunConfig, device_type: str, tokens: int, longest: int) -> MemoryEstimate:
     """What a rank needs (models/memory.py) with a microbatch limit of `tokens`; on CPU ranks,
     whose attention holds the scores of a whole document, with `longest` its longest sample."""
-    recompute = config.backend.recomputed.layers if isinstance(config.backend, SimBackendConfig) else 0.0
+    recompute = config.backend.recomputed.layers
     on_cpu = not config.simulated and device_type == "cpu"
     return estimate(config.model, config.world_size, config.precision, tokens, recompute,
                     cpu_longest=longest if on_cpu else None, shard_over=shard_group(config),

@@ -16,6 +16,10 @@ the engine has wrapped the model, so that every engine's communication falls out
   input.
 The output itself is left as the unit made it: FSDP2 refuses to hook a view reliably, so no
 marker wraps it. The spans measure pure compute whichever engine wraps the model.
+
+A checkpointed unit's forward runs again inside its backward span (activation checkpointing,
+models/checkpointing.py): that recomputation is part of its backward, as the simulator charges
+it, so it opens no forward span of its own.
 """
 
 from __future__ import annotations
@@ -183,6 +187,9 @@ class Recorder:
         self._open[(unit, phase)] = self.now()
         self._sample_at_unit()
 
+    def in_backward(self, unit: str) -> bool:
+        return (unit, "bwd") in self._open
+
     def close(self, unit: str, phase: str) -> None:
         t0 = self._open.pop((unit, phase), None)
         if t0 is not None:
@@ -230,6 +237,8 @@ def instrument(recorder: Recorder, named_units: Sequence[tuple[str, nn.Module]])
 def _before_unit(recorder: Recorder, unit: str, _module: nn.Module, args: tuple) -> tuple | None:
     if not recorder.enabled:
         return None
+    if recorder.in_backward(unit):  # recomputed for its backward, whose span is open
+        return None
     recorder.open(unit, "fwd")
     x = args[0] if args else None
     timed_backward = torch.is_tensor(x) and x.requires_grad
@@ -238,12 +247,15 @@ def _before_unit(recorder: Recorder, unit: str, _module: nn.Module, args: tuple)
 
 
 def _forward_done(recorder: Recorder, unit: str, _module: nn.Module, _args: tuple, _output: object) -> None:
-    if recorder.enabled:
+    # A recomputation may stop before its end (torch's checkpoint stops once it has what
+    # backward needs), so no hook of it may leave state for the next forward to find.
+    if recorder.enabled and not recorder.in_backward(unit):
         recorder.close(unit, "fwd")
 
 
 def _mark_backward_start(recorder: Recorder, unit: str, _module: nn.Module, _args: tuple, output: object) -> None:
-    if recorder.enabled and recorder.timed_backward.get(unit) and torch.is_tensor(output) and output.requires_grad:
+    if (recorder.enabled and not recorder.in_backward(unit) and recorder.timed_backward.get(unit)
+            and torch.is_tensor(output) and output.requires_grad):
         output.register_hook(partial(_backward_starts, recorder, unit))
 
 

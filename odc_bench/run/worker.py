@@ -27,6 +27,7 @@ from odc_bench.data.batches import on_device, packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
 from odc_bench.forked import usable_cpus
+from odc_bench.models.checkpointing import layer_contexts
 from odc_bench.models.decoder import build_model, compile_dense
 from odc_bench.plan.identity import checkpoint_folder
 from odc_bench.plan.spec import Minibatch, RunSpec
@@ -133,6 +134,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                              config.engine.options)
         engine.trace, engine.clock = recorder.add, recorder.now
         model = build_model(config.model, config.seed, device)
+        model.checkpointed = layer_contexts(config.backend, config.model.num_layers)
         if config.compiles(device.type):
             compile_dense(model)
         wrapped = engine.wrap(model, model.units())
