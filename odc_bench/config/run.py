@@ -121,7 +121,8 @@ class RunConfig:
     # the run's key: it changes no metric.
     profile_minibatch: int | None = None
     # torch.compile of the decoder's dense parts (models/decoder.py compile_dense); null: on CUDA,
-    # where the decoder is launch-bound without it, and not on CPU, whose numbers predate it.
+    # where the decoder is launch-bound without it, unless op-level checkpointing runs the layers
+    # (compiles()), and not on CPU, whose numbers predate it.
     compile: bool | None = None
 
     def __post_init__(self) -> None:
@@ -152,14 +153,26 @@ class RunConfig:
                 f"raise warmup_minibatches to profile a later one")
         require(k is None or not self.simulated,
                 "profile_minibatch profiles a real run; backend=sim has no device to profile: drop it")
+        require(not (self.compile and self._op_checkpointing),
+                "compile=true and backend.recompute_mode=op do not run together: torch.compile's kernels write "
+                "into tensors that op-level checkpointing keeps for backward, which torch refuses; set "
+                "compile=false (compile=null leaves op-level checkpointed layers uncompiled) or "
+                "backend.recompute_mode=full or blocks")
 
     @property
     def simulated(self) -> bool:
         return self.backend.name == "sim"
 
+    @property
+    def _op_checkpointing(self) -> bool:
+        return not self.simulated and self.backend.recompute and self.backend.recompute_mode == "op"
+
     def compiles(self, device_type: str) -> bool:
-        """Whether a run on `device_type` compiles the decoder's dense parts."""
-        return device_type == "cuda" if self.compile is None else self.compile
+        """Whether a run on `device_type` compiles the decoder's dense parts: by default on CUDA,
+        unless op-level checkpointing (eager: see the check above) runs the layers."""
+        if self.compile is None:
+            return device_type == "cuda" and not self._op_checkpointing
+        return self.compile
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values laid out as in the YAML: the record of a run (its key and its row's config)."""

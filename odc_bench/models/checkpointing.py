@@ -13,6 +13,9 @@ pre-forward work in backward) and the trace counts the recomputation as backward
 - op: every layer, keeping the outputs of every other matrix multiply and of attention's
   kernel, as torchtitan's op-level selective checkpointing does; backward recomputes the rest.
   On CPU, where SDPA runs as several operators (models/attention.py), attention is recomputed too.
+  Its layers run eagerly: torch.compile's kernels write into tensors it keeps, which torch
+  refuses (config/run.py); torchtitan compiles the whole checkpointed block instead, which
+  would hide the layer from the hooks.
 """
 
 from __future__ import annotations

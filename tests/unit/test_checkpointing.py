@@ -116,3 +116,13 @@ def test_real_runs_without_checkpointing_keep_their_keys_and_with_it_get_others(
     assert plain == {"name": "local"}
     on = run_config("backend.recompute=true").to_dict()["backend"]
     assert on == {"name": "local", "recompute": True, "recompute_mode": "full", "recompute_blocks": 0.5}
+
+
+def test_op_level_checkpointing_leaves_the_layers_uncompiled_by_default():
+    """torch.compile's kernels write into the tensors op-level checkpointing keeps (torch: "Tensor
+    cached during selective activation checkpoint has been mutated"): compile=null, which
+    compiles on CUDA, leaves them eager under it, and only under it."""
+    assert run_config("backend.recompute=true").compiles("cuda")
+    assert not run_config("backend.recompute=true", "backend.recompute_mode=op").compiles("cuda")
+    assert run_config("backend.recompute=true", "backend.recompute_mode=op", "compile=false").compiles("cuda") is False
+    assert not run_config("backend.recompute=true").compiles("cpu")

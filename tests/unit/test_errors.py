@@ -156,6 +156,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     # torch's C++ build as it is under a folder with a space (tests/unit/test_compile_link.py)
     "compile-cannot-link": (["device=cpu", "compile=true"], "compile=true on CPU, but torch.compile's C++ build hands "
                             f"the linker {SPACED_LIB!r} unquoted, split at its space", None),
+    "compile-with-op-checkpointing": (["compile=true", "backend.recompute=true", "backend.recompute_mode=op"],
+                                      "compile=true and backend.recompute_mode=op do not run together", None),
+    "bad-recompute-blocks": (["backend.recompute_blocks=0"],
+                             "backend.recompute_blocks must be a share of the layers in (0, 1], got 0", None),
     "bad-engine-option": (["engine=odc", "engine.prefetch=sometimes"],
                           "engine.prefetch must be true or false, got 'sometimes'", None),
     "bad-engine-backend": (["engine.backend=tcp"], "engine.backend must be one of auto, shm, gloo, nccl, got 'tcp'",
