@@ -105,6 +105,8 @@ class Recorder:
     peak_bytes: int = 0
     # Units are timed only while this is set (the worker's measured loop).
     enabled: bool = False
+    # A minibatch under torch.profiler (run/profile.py): its host memory is not the run's.
+    profiling: bool = False
     # Per unit: whether its current forward's input carries a gradient (its backward is timed).
     timed_backward: dict[str, bool] = field(default_factory=dict)
     _open: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -159,6 +161,8 @@ class Recorder:
         self._anchor = self._new_anchor(device)
 
     def sample_memory(self) -> None:
+        if self.profiling and not self._cuda:
+            return  # the profiler's records live in the host's heap too
         if self._cuda:
             used = torch.cuda.max_memory_allocated() - self.baseline_bytes
         else:

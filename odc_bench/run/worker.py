@@ -129,6 +129,8 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         # NCCL communicator, which refuses two ranks on one device.
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout_s))
+        if config.profile_minibatch is not None:
+            profile.prepare(device)
         recorder.start(cuda=device.type == "cuda")
         engine = make_engine(config.engine.name, EngineContext(device, store, job.job_id, timeout_s, config.precision),
                              config.engine.options)
@@ -153,6 +155,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
                 continue
             recorder.minibatch, recorder.microbatch = k, -1
             profiler = profile.start(device) if k == config.profile_minibatch else None
+            recorder.profiling = profiler is not None
             t_mb = recorder.now()
             engine.begin_minibatch()
             loss_sum = torch.zeros((), device=device)
@@ -180,6 +183,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
             if profiler is not None:
                 profile.save(profiler, device, profile.folder(config.results_dir, spec.run_id), rank,
                              f"run {spec.run_id}, rank {rank}, minibatch {k}, commit {git_commit()}, device {device}")
+                profiler, recorder.profiling = None, False  # its records go with the garbage collected below
             collect_garbage_between_minibatches()
             recorder.add("gc", t2, recorder.now())
             every = config.checkpoint.every
