@@ -45,7 +45,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import noop_context_fn
 
 from odc_bench.balancers.cost import CALIBRATION_UNIT, calibration_path, load_calibration
 from odc_bench.config.compose import COMPOSE_ERRORS, compose_run, hydra_error_line
@@ -58,6 +58,7 @@ from odc_bench.errors import CommandParser, ConfigError, command_name, ends_clea
 from odc_bench.files import atomic_write_text, writable_file
 from odc_bench.forked import usable_cpus
 from odc_bench.models.attention import Documents, kernel_for
+from odc_bench.models.checkpointing import run_layer
 from odc_bench.models.decoder import DecoderLayer, DecoderModel, build_model, compile_dense, rope_tables
 from odc_bench.plan.device import device_type_of, hardware_tag
 from odc_bench.provenance import git_commit
@@ -178,8 +179,7 @@ def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int, clock: D
     docs = Documents.of(doc_lens, device, kernel_for(x))
     embed = _forward_backward(lambda: model.embed(ids), repeats, clock)
     fwd, bwd = _forward_backward(lambda: layer(x, cos, sin, docs), repeats, clock)
-    _, recomputed = _forward_backward(lambda: checkpoint(layer, x, cos, sin, docs, use_reentrant=False), repeats,
-                                      clock)
+    _, recomputed = _forward_backward(lambda: run_layer(layer, noop_context_fn, x, cos, sin, docs), repeats, clock)
     head = _forward_backward(lambda: model.head(x, labels), repeats, clock)
     model.zero_grad(set_to_none=True)
     return [dict(model=cfg.name, unit="embed", doc_lens=doc_lens, fwd=embed[0], bwd=embed[1]),

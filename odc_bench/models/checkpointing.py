@@ -33,12 +33,14 @@ ContextFn = Callable[[], Any]
 
 _MATMULS = frozenset({"aten::mm", "aten::addmm"})
 # One fused attention kernel's forward, whichever path ran it (attention.py: varlen on CUDA,
-# per-document SDPA's flash, efficient or cuDNN kernels on 4-D tensors).
+# per-document SDPA's flash, efficient or cuDNN kernels on 4-D tensors). torch's varlen custom
+# op has had more than one namespace (torch_attn, torch_nn_attention): matched by its own name.
 _ATTENTION = frozenset({
-    "torch_attn::_varlen_attn", "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
+    "aten::_flash_attention_forward", "aten::_efficient_attention_forward",
     "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
 })
+_VARLEN = "::_varlen_attn"
 
 
 def checkpointed_layers(num_layers: int, share: float) -> frozenset[int]:
@@ -56,7 +58,7 @@ def _op_policy() -> Callable[..., CheckpointPolicy]:
 
     def policy(ctx: Any, op: Any, *_args: Any, **_kwargs: Any) -> CheckpointPolicy:
         name = op._schema.name
-        if name in _ATTENTION:
+        if name in _ATTENTION or name.endswith(_VARLEN):
             return CheckpointPolicy.MUST_SAVE
         if name in _MATMULS:
             seen[ctx.is_recompute] += 1

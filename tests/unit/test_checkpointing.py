@@ -126,3 +126,27 @@ def test_op_level_checkpointing_leaves_the_layers_uncompiled_by_default():
     assert not run_config("backend.recompute=true", "backend.recompute_mode=op").compiles("cuda")
     assert run_config("backend.recompute=true", "backend.recompute_mode=op", "compile=false").compiles("cuda") is False
     assert not run_config("backend.recompute=true").compiles("cpu")
+
+
+def test_op_mode_keeps_every_attention_kernels_output_and_every_other_matmuls():
+    """The kernels CPU runs never call (varlen under either of the namespaces torch has given
+    it, SDPA's fused kernels) are kept by name; the forward and its recomputation count matrix
+    multiplies apart, so both keep the same ones."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from odc_bench.models.checkpointing import _op_policy
+
+    def op(name):
+        return SimpleNamespace(_schema=SimpleNamespace(name=name))
+
+    policy = _op_policy()
+    for recompute in (False, True):
+        ctx = SimpleNamespace(is_recompute=recompute)
+        for name in ("torch_attn::_varlen_attn", "torch_nn_attention::_varlen_attn",
+                     "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention"):
+            assert policy(ctx, op(name)) is CheckpointPolicy.MUST_SAVE, name
+        kept = [policy(ctx, op(name)) is CheckpointPolicy.MUST_SAVE for name in ("aten::mm", "aten::addmm") * 3]
+        assert kept == [True, False] * 3
+        assert policy(ctx, op("aten::mul")) is CheckpointPolicy.PREFER_RECOMPUTE
