@@ -112,3 +112,45 @@ def test_a_microbatch_and_its_document_offsets_reach_the_gpu_without_waiting_for
     for key, value in packed_batch(docs).items():
         assert torch.equal(batch[key].cpu(), value) if torch.is_tensor(value) else batch[key] == value
     assert offsets is not None and offsets.tolist() == [0, 299, 306]
+
+
+@pytest.mark.skipif(varlen_function() is None, reason="this torch has no torch.nn.attention.varlen")
+def test_every_checkpointing_mode_trains_as_without_it_and_op_mode_keeps_the_varlen_output():
+    """On CUDA in bf16 (varlen attention, fused projections): the gradients of each
+    backend.recompute_mode are those without checkpointing, full recomputes every layer's
+    attention in backward and op recomputes none (it keeps the varlen op's output, whatever
+    namespace this torch gives the op)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from odc_bench.config.backend import LocalBackendConfig
+    from odc_bench.data.batches import on_device, packed_batch
+    from odc_bench.data.tokens import sample_tokens
+    from odc_bench.models.checkpointing import layer_contexts
+    from odc_bench.models.decoder import build_model
+
+    class Attention(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += func._schema.name.endswith("::_varlen_attn")
+            return func(*args, **(kwargs or {}))
+
+    cfg = run_config("model=tiny").model
+    batch = on_device(packed_batch([sample_tokens(0, i, n, cfg.vocab_size) for i, n in enumerate([700, 90, 300])]),
+                      torch.device("cuda"))
+    modes = {"none": LocalBackendConfig(), "full": LocalBackendConfig(recompute=True),
+             "op": LocalBackendConfig(recompute=True, recompute_mode="op")}
+    grads, recomputed = {}, {}
+    for mode, checkpointing in modes.items():
+        model = build_model(cfg, 0, torch.device("cuda")).to(torch.bfloat16)
+        model.checkpointed = layer_contexts(checkpointing, cfg.num_layers)
+        loss = model(**batch)
+        with Attention() as attention:
+            loss.backward()
+        assert model.attention_kernels == {"varlen"}
+        grads[mode] = {n: p.grad.float() for n, p in model.named_parameters()}
+        recomputed[mode] = attention.calls
+    assert recomputed == {"none": 0, "full": cfg.num_layers, "op": 0}
+    for mode in ("full", "op"):
+        for name, grad in grads["none"].items():
+            torch.testing.assert_close(grads[mode][name], grad, atol=1e-3, rtol=1e-2, msg=f"{mode}: {name}")
