@@ -218,9 +218,12 @@ def main(argv: list[str] | None = None) -> None:
     args.engines = list(dict.fromkeys(args.engines))  # an engine named twice is calibrated once
     base = ["num_minibatches=10", "warmup_minibatches=2", *args.overrides]
     try:  # the overrides checked before the first run, not in its traceback
-        compose_run(base)
+        composed = compose_run(base)
     except COMPOSE_ERRORS as e:
         fail(ConfigError(hydra_error_line(e)), ap.prog)
+    if composed.backend.recompute:
+        fail(ConfigError("the CPU profile is fitted on runs without activation checkpointing, which the simulator "
+                         "adds to it (backend.recompute in a simulated run): drop backend.recompute=true"), ap.prog)
     runs: dict[str, list] = {}
     for extra in DEFAULT_RUNS:
         for engine in args.engines:  # engines interleaved, so both see the same machine load

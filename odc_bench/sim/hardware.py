@@ -355,11 +355,19 @@ class CalibratedProfile:
         return tuple(float(k) for k in self.data.get("knots", ()))
 
     def compute_table(self, layout: Layout, recompute: Recompute) -> np.ndarray:
-        """One fit for every engine (see odc_bench.calibrate.cpu_profile): shape (6, 3 + knots)."""
-        if recompute.any:
-            raise ConfigError("the calibrated CPU profile has no activation checkpointing; set backend.recompute=false")
+        """One fit for every engine (see odc_bench.calibrate.cpu_profile): shape (6, 3 + knots).
+        Activation checkpointing (full or blocks) adds to a layer's backward its share of the
+        layer's fitted forward, every term of it: a checkpointed layer runs its whole forward
+        again, its fixed cost per unit included, as real CPU ranks do (models/checkpointing.py)."""
         comp = self.data["compute"]
-        return np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
+        table = np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
+        if recompute.matmul != recompute.attention:
+            raise ConfigError("the calibrated CPU profile models backend.recompute_mode=full and blocks, not op: on "
+                              "CPU op-level checkpointing recomputes attention too (SDPA runs there as several "
+                              "operators), which op's shares leave out; set backend.recompute_mode=full or blocks")
+        layer = KINDS.index("layer") * len(PHASES)
+        table[layer + PHASES.index("bwd")] += recompute.matmul * table[layer + PHASES.index("fwd")]
+        return table
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
                      odc_gather_bytes: int, shard: str = "full", fetch: str = "owner",

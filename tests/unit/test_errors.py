@@ -677,6 +677,8 @@ def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
      "argument --only: invalid choice: 'longalign' (choose from 'longalign mb1', "),
     ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "model=nope"],
      "unknown model option 'nope'"),
+    ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "backend.recompute=true"],
+     "the CPU profile is fitted on runs without activation checkpointing, which the simulator adds to it"),
     ("studies.staleness", ["{t}/none"], "no such folder or table: {t}/none"),
 ])
 def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, tmp_path, capsys):

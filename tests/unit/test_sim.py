@@ -234,6 +234,25 @@ def test_each_checkpointing_mode_recomputes_its_share_of_a_layers_forward(mode, 
     assert here == {1.0: full, 0.0: none}[layers] if layers in (0.0, 1.0) else full < here < none
 
 
+@pytest.mark.parametrize("mode, share", [("full", 1.0), ("blocks", 0.25)])
+def test_the_calibrated_cpu_profile_adds_a_layers_fitted_forward_to_its_backward(mode, share):
+    """A real CPU rank runs a checkpointed layer's whole forward again in its backward: the
+    calibrated profile charges the checkpointed share of the fitted forward, every term of it."""
+    from odc_bench.sim.hardware import load_profile
+
+    config = run_config("backend=sim", "backend/hardware=cpu", "backend.recompute=true",
+                        f"backend.recompute_mode={mode}", "backend.recompute_blocks=0.25")
+    profile = load_profile(config.backend.hardware, config.model.name)
+    layout = Layout(config.model)
+    plain = profile.compute_table(layout, NONE)
+    table = profile.compute_table(layout, config.backend.recomputed)
+    assert table[3] == pytest.approx(plain[3] + share * plain[2])  # the layer's backward (row 3) and forward
+    assert np.delete(table, 3, axis=0) == pytest.approx(np.delete(plain, 3, axis=0))
+    with pytest.raises(ConfigError, match=r"^the calibrated CPU profile models backend.recompute_mode=full and "
+                                          r"blocks, not op: on CPU op-level checkpointing recomputes attention too"):
+        profile.compute_table(layout, Recompute(0.5, 0.0, 0.0))
+
+
 def test_the_reference_transports_slowdown_divides_only_odcs_bandwidth_across_nodes():
     from odc_bench.sim.hardware import load_profile
 
