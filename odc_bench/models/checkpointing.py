@@ -91,4 +91,3 @@ def run_layer(layer: torch.nn.Module, context_fn: ContextFn | None, *args: Any) 
     # No operator of a layer draws random numbers: saving and restoring the RNG's state around
     # each recomputation would cost host time on CUDA for nothing.
     return checkpoint(layer, *args, use_reentrant=False, context_fn=context_fn, preserve_rng_state=False)
-

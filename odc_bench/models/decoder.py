@@ -9,7 +9,9 @@ with the sum of squared document lengths, not the square of the packed length.
 
 The sharding units (`named_units`) are the embeddings, each decoder layer and the head (final
 norm, LM head and the loss, so the loss's compute belongs to a unit). Engines and the
-per-rank trace attach to the units from outside, through module hooks. Inside a layer, the
+per-rank trace attach to the units from outside, through module hooks; activation
+checkpointing (checkpointing.py) calls the layers it names through torch.utils.checkpoint, so
+those hooks run again when backward recomputes a layer. Inside a layer, the
 work before attention (norm, q/k/v, rotary) and after it (output projection, MLP, residuals)
 are methods of their own: on CUDA `compile_dense` compiles them, leaving the attention call,
 whose documents change every microbatch, outside the compiled code.

@@ -37,8 +37,7 @@ def folder(results_dir: str, run_id: str) -> Path:
 def prepare(device: torch.device) -> None:
     """What profiling allocates once and keeps for the life of the process, done before a rank
     takes its memory baseline, so that its peak counts none of it: the profiler's first start
-    and stop (25 MB of host memory on this machine's CPU) and pandas, which the table imports
-    (12 MB)."""
+    and stop, and pandas, which the table imports (their sizes: docs/configuration.md)."""
     import pandas  # noqa: F401
 
     start(device).stop()
