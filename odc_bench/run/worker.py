@@ -101,6 +101,18 @@ def connect_store(job: RankJob, world_size: int, timeout_s: float) -> dist.TCPSt
                            f"({one_line(e)})") from None
 
 
+def load_before_baseline(profiling: bool, device: torch.device) -> None:
+    """Load what a rank keeps for the rest of its life before it takes its memory baseline, so
+    that its peak counts what training holds, however the rank was started: Dynamo, which
+    torch's optimizers import at their first parameter group (the fork server preloads it for
+    forked ranks; MPI ranks and SLURM tasks import it themselves), and, when it profiles, what
+    profiling loads (profile.prepare)."""
+    import torch._dynamo  # noqa: F401
+
+    if profiling:
+        profile.prepare(device)
+
+
 def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
     """Train this rank's share of the run. When a peer died, the error names it (see liveness.py)."""
     spec, config = job.spec, job.spec.config
@@ -129,8 +141,7 @@ def run_rank(rank: int, job: RankJob, local_rank: int | None = None) -> None:
         # NCCL communicator, which refuses two ranks on one device.
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout_s))
-        if config.profile_minibatch is not None:
-            profile.prepare(device)
+        load_before_baseline(config.profile_minibatch is not None, device)
         recorder.start(cuda=device.type == "cuda")
         engine = make_engine(config.engine.name, EngineContext(device, store, job.job_id, timeout_s, config.precision),
                              config.engine.options)

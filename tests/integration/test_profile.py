@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -42,6 +44,22 @@ def test_the_profilers_host_memory_is_not_the_runs_peak(tmp_path):
         peaks[name] = [r["peak_bytes"] for r in sorted(results, key=lambda r: r["rank"])]
     for plain, profiled in zip(peaks["plain"], peaks["profiled"], strict=True):
         assert profiled == pytest.approx(plain, rel=0.1), peaks
+
+
+def test_what_a_rank_loads_for_good_is_loaded_before_its_memory_baseline():
+    """Building the optimizer imports Dynamo, which the fork server preloads for forked ranks but
+    MPI ranks and SLURM tasks import themselves: a rank loads it before its memory baseline, so
+    the same run's peak does not depend on how its ranks were started (an MPI rank's counted
+    Dynamo's heap, a forked rank's did not)."""
+    code = ("import gc, torch\n"
+            "from odc_bench.run.trace import heap_in_use_bytes\n"
+            "from odc_bench.run.worker import load_before_baseline\n"
+            "load_before_baseline(False, torch.device('cpu'))\n"
+            "gc.collect(); before = heap_in_use_bytes()\n"
+            "torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))])\n"
+            "gc.collect(); print(heap_in_use_bytes() - before)\n")
+    grown = int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    assert grown < 1 << 20, f"building an optimizer after the baseline allocated {grown / 2**20:.1f} MiB"
 
 
 def test_profiling_changes_no_run_key():
