@@ -5,6 +5,7 @@ the same gradients, and that the trace counts a recomputation as its unit's back
 from __future__ import annotations
 
 import copy
+import gc
 from collections import Counter
 
 import pytest
@@ -60,9 +61,14 @@ def _train_step(mode: str) -> tuple[dict[str, torch.Tensor], Counter, int, int]:
     for i, layer in enumerate(model.layers):
         layer.register_forward_pre_hook(lambda _m, _a, i=i: calls.update([i]))
     batch = _batch()
-    before = heap_in_use_bytes()
-    loss = model(**batch)
-    held = heap_in_use_bytes() - before
+    gc.collect()
+    gc.disable()  # no other test's garbage freed in between: the bytes held are the forward's
+    try:
+        before = heap_in_use_bytes()
+        loss = model(**batch)
+        held = heap_in_use_bytes() - before
+    finally:
+        gc.enable()
     with _Matmuls() as matmuls:
         loss.backward()
     return {n: p.grad for n, p in model.named_parameters()}, calls, held, matmuls.count
