@@ -73,6 +73,34 @@ def engine_variants(table: pd.DataFrame) -> pd.Series:
 LAYOUTS = {"": "full sharding", "hybrid": "hybrid sharding", "nearest": "topology-aware fetch"}
 
 
+# A config as the results hold it, parsed by libyaml where this PyYAML has it (a table holds
+# hundreds of configs).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def checkpointing(table: pd.DataFrame) -> pd.Series:
+    """Each row's activation checkpointing (backend.recompute), read from its config: "" when
+    off, else its mode, "full", "op" or "blocks 0.25". A run with it does other work than one
+    without: they are different workloads, compared apart (before, `results compare` took runs
+    with and without it for repeats of one series)."""
+    if table.empty or "config" not in table:
+        return pd.Series("", dtype=str, index=table.index)
+    names: dict[str, str] = {}
+
+    def name(config: object) -> str:
+        if not isinstance(config, str):
+            return ""
+        if config not in names:
+            loaded = yaml.load(config, Loader=_LOADER)
+            backend = (loaded.get("backend") if isinstance(loaded, dict) else None) or {}
+            mode = str(backend.get("recompute_mode", "full"))
+            names[config] = ("" if not backend.get("recompute") else
+                             f"blocks {float(backend.get('recompute_blocks', 0.5)):g}" if mode == "blocks" else mode)
+        return names[config]
+
+    return table["config"].map(name).astype(str)
+
+
 def _fetches_on_demand(engine: object) -> bool:
     spec = ENGINES.get(str(engine))
     return spec is not None and spec.simulated_as == "odc"

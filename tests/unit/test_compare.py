@@ -61,6 +61,27 @@ def test_fsdp2_on_two_process_groups_is_two_series_and_the_shared_memory_one_is_
     assert "collective[gloo]+local_sort" in console.export_text(), "the group is printed, not eaten as markup"
 
 
+def test_runs_with_and_without_activation_checkpointing_are_compared_apart():
+    """They computed different work: before, a run with it and one without were two runs of one
+    series, their median a mixture of both."""
+    on = "backend:\n  name: local\n  recompute: true\n  recompute_mode: blocks\n  recompute_blocks: 0.25\n"
+    off = "backend:\n  name: sim\n  recompute: false\n  recompute_mode: full\n"
+    table = pd.DataFrame([
+        _row("a", "collective", "local_sort", 10.0), _row("b", "odc", "local_sort", 15.0) | {"config": off},
+        _row("c", "collective", "local_sort", 4.0) | {"config": on},
+        _row("d", "odc", "local_sort", 5.0) | {"config": on},
+    ])
+    rows = comparison(table)
+    assert sorted(rows["checkpointing"]) == ["", "", "blocks 0.25", "blocks 0.25"]
+    assert (rows["runs"] == 1).all()
+    assert sorted(rows.loc[rows.engine == "odc", "speedup"]) == pytest.approx([1.25, 1.5])
+    console = Console(record=True, width=160)
+    print_comparison(rows, console)
+    text = " ".join(console.export_text().split())  # titles wrap
+    assert "minibatch 1/rank (local, activation checkpointing blocks 0.25); speedup vs collective+local_sort" in text
+    assert "minibatch 1/rank (local); speedup vs collective+local_sort" in text
+
+
 def test_one_process_group_is_not_named():
     table = pd.DataFrame([_row("a", "collective", "local_sort", 5.0, group="shm"), _row("b", "odc", "local_sort", 6.0)])
     assert set(comparison(table)["series"]) == {"collective+local_sort", "odc+local_sort"}
