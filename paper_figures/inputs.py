@@ -26,7 +26,7 @@ import pandas as pd
 
 from odc_bench.data.real import read_lengths as read_source
 from odc_bench.data.real import source_name
-from odc_bench.results.series import in_layout, known_engines, layouts
+from odc_bench.results.series import checkpointing, in_layout, known_engines, layouts
 from odc_bench.results.table import TEXT_DTYPES
 
 SCRATCH = "local"
@@ -141,8 +141,9 @@ def load(root: Path, lengths_files: list[Path] = (), fmt: LengthsFormat = Length
 
 def by_source(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """One table per source; a source that mixes backends (real and simulated) is split by
-    backend, and one that mixes shard layouts (series.layouts: full, hybrid sharding,
-    topology-aware fetch) by layout, each with its baselines (series.in_layout)."""
+    backend, one that mixes shard layouts (series.layouts: full, hybrid sharding,
+    topology-aware fetch) by layout, each with its baselines (series.in_layout), and one that
+    mixes activation checkpointing modes (series.checkpointing) by mode."""
     out: dict[str, pd.DataFrame] = {}
     for source, part in table.groupby("source", sort=True):
         backends = part["backend"].dropna().unique() if "backend" in part else []
@@ -150,11 +151,16 @@ def by_source(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
             else {str(source): part}
         for name, sub in parts.items():
             present = sorted(set(layouts(sub)))
-            if len(present) > 1:
-                for value in present:
-                    out[f"{name}-{value or 'full'}"] = sub[in_layout(sub, value)]
-            else:
-                out[name] = sub
+            split = ({f"{name}-{value or 'full'}": sub[in_layout(sub, value)] for value in present}
+                     if len(present) > 1 else {name: sub})
+            for named, rows in split.items():
+                modes = checkpointing(rows)
+                if modes.nunique() > 1:
+                    for mode in sorted(set(modes)):
+                        out[f"{named}-{'recompute-' + mode.replace(' ', '-') if mode else 'no-recompute'}"] = \
+                            rows[modes == mode]
+                else:
+                    out[named] = rows
     return out
 
 

@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
+from odc_bench.results.series import layouts
 from odc_bench.studies.paper import scaling_table
 from paper_figures import fig10_acceleration, scaling
 from paper_figures.inputs import Skip, by_source, load
@@ -91,6 +92,19 @@ def test_the_other_figures_draw_each_layout_apart_with_its_baseline(root):
     assert kinds["sim_scaling-nearest"] == {"collective-full", "odc-nearest"}
     out = fig10_acceleration.render(load(root))
     assert not any(isinstance(v, Skip) for k, v in out.items() if "sim_scaling" in k)
+
+
+def test_runs_with_and_without_activation_checkpointing_are_drawn_apart(root):
+    """A source holding runs of both is two figures' worth, as two layouts are: drawn together,
+    a series' points mixed runs that did different work."""
+    runs = load(root).runs
+    runs = runs[layouts(runs) == ""].copy()
+    on = runs["run_id"].str.startswith("odc") | (runs.index % 2 == 0)
+    runs.loc[on, "config"] = "backend:\n  name: sim\n  recompute: true\n  recompute_mode: full\n"
+    parts = by_source(runs)
+    assert sorted(parts) == ["sim_scaling-no-recompute", "sim_scaling-recompute-full"]
+    assert set(parts["sim_scaling-recompute-full"]["run_id"]) == set(runs.loc[on, "run_id"])
+    assert set(parts["sim_scaling-no-recompute"]["run_id"]) == set(runs.loc[~on, "run_id"])
 
 
 def test_the_scaling_table_marks_settings_over_memory(root):
