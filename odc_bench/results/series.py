@@ -91,7 +91,10 @@ def checkpointing(table: pd.DataFrame) -> pd.Series:
         if not isinstance(config, str):
             return ""
         if config not in names:
-            loaded = yaml.load(config, Loader=_LOADER)
+            try:
+                loaded = yaml.load(config, Loader=_LOADER)
+            except yaml.YAMLError:  # a config cell cut short: the row is read as without it
+                loaded = None
             backend = (loaded.get("backend") if isinstance(loaded, dict) else None) or {}
             mode = str(backend.get("recompute_mode", "full"))
             names[config] = ("" if not backend.get("recompute") else

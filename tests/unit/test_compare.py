@@ -80,6 +80,8 @@ def test_runs_with_and_without_activation_checkpointing_are_compared_apart():
     text = " ".join(console.export_text().split())  # titles wrap
     assert "minibatch 1/rank (local, activation checkpointing blocks 0.25); speedup vs collective+local_sort" in text
     assert "minibatch 1/rank (local); speedup vs collective+local_sort" in text
+    cut = table.assign(config=table["config"].where(table["config"].isna(), "backend: {name: local, recompute"))
+    assert set(comparison(cut)["checkpointing"]) == {""}, "a config cell cut short is read as without it"
 
 
 def test_one_process_group_is_not_named():
