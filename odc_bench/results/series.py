@@ -73,35 +73,18 @@ def engine_variants(table: pd.DataFrame) -> pd.Series:
 LAYOUTS = {"": "full sharding", "hybrid": "hybrid sharding", "nearest": "topology-aware fetch"}
 
 
-# A config as the results hold it, parsed by libyaml where this PyYAML has it (a table holds
-# hundreds of configs).
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def checkpointing(table: pd.DataFrame) -> pd.Series:
     """Each row's activation checkpointing (backend.recompute), read from its config: "" when
     off, else its mode, "full", "op" or "blocks 0.25". A run with it does other work than one
     without: they are different workloads, compared apart (before, `results compare` took runs
     with and without it for repeats of one series)."""
-    if table.empty or "config" not in table:
-        return pd.Series("", dtype=str, index=table.index)
-    names: dict[str, str] = {}
-
-    def name(config: object) -> str:
-        if not isinstance(config, str):
+    def name(backend: object) -> str:
+        if not isinstance(backend, dict) or not backend.get("recompute"):
             return ""
-        if config not in names:
-            try:
-                loaded = yaml.load(config, Loader=_LOADER)
-            except yaml.YAMLError:  # a config cell cut short: the row is read as without it
-                loaded = None
-            backend = (loaded.get("backend") if isinstance(loaded, dict) else None) or {}
-            mode = str(backend.get("recompute_mode", "full"))
-            names[config] = ("" if not backend.get("recompute") else
-                             f"blocks {float(backend.get('recompute_blocks', 0.5)):g}" if mode == "blocks" else mode)
-        return names[config]
+        mode = str(backend.get("recompute_mode", "full"))
+        return f"blocks {float(backend.get('recompute_blocks', 0.5)):g}" if mode == "blocks" else mode
 
-    return table["config"].map(name).astype(str)
+    return config_value(table, "backend").map(name).astype(str)
 
 
 def _fetches_on_demand(engine: object) -> bool:
@@ -154,9 +137,14 @@ def series_names(table: pd.DataFrame, variants: pd.Series | None = None, pretty:
     return table["engine"] + ("[" + shown + "]").where(shown != "", "") + "+" + table["balancer"]
 
 
+# A config as the results hold it, parsed by libyaml where this PyYAML has it (a table holds
+# hundreds of configs).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def config_value(table: pd.DataFrame, path: str) -> pd.Series:
     """Each row's value of a dotted config key (`dataset.loader`), read from its `config` column;
-    None where the row has no config or the key is absent."""
+    None where the row has no config, a config cut short, or the key is absent."""
     if table.empty or "config" not in table:
         return pd.Series([None] * len(table), index=table.index, dtype=object)
     parsed: dict[str, object] = {}
@@ -165,7 +153,10 @@ def config_value(table: pd.DataFrame, path: str) -> pd.Series:
         if not isinstance(config, str):
             return None
         if config not in parsed:
-            value: object = yaml.safe_load(config) or {}
+            try:
+                value: object = yaml.load(config, Loader=_LOADER) or {}
+            except yaml.YAMLError:
+                value = {}
             for part in path.split("."):
                 value = value.get(part) if isinstance(value, dict) else None
             parsed[config] = value
