@@ -29,7 +29,6 @@ from pathlib import PurePath
 import pandas as pd
 from matplotlib.figure import Figure
 
-from odc_bench.config.engine import ENGINES
 from odc_bench.data.chain import entropy_rate
 from odc_bench.results.series import SETTING, config_value
 from paper_figures.inputs import NO_RUNS, Inputs, Skip, by_source, read_trace, with_traces
@@ -64,28 +63,10 @@ def loss_curve(trace: pd.DataFrame) -> pd.DataFrame:
                          "time": [end[k] - start for k in steps]})
 
 
-def _options(runs: pd.DataFrame, section: str, owner: str, shown: frozenset[str] = frozenset()) -> pd.Series:
-    """`key=value, ...` of the `section` options (engine, balancer.options) that differ between
-    runs of the same `owner` (engine, balancer), but those in `shown` (already in the series
-    name); "" where none do."""
-    values = config_value(runs, section).map(lambda v: v if isinstance(v, dict) else {})
-    out = pd.Series("", index=runs.index, dtype=object)
-    for _, idx in runs.groupby(owner).groups.items():
-        opts = values.loc[idx]
-        keys = sorted({k for d in opts for k in d if k != "name" and k not in shown})
-        differ = [k for k in keys if len({repr(d.get(k)) for d in opts}) > 1]
-        out.loc[idx] = opts.map(lambda d, differ=differ: ", ".join(f"{k}={d.get(k)}" for k in differ))
-    return out
-
-
 def label(runs: pd.DataFrame) -> pd.Series:
-    """Series labels: engine + balancer, and the options that tell this setting's runs apart."""
-    base = with_series(runs)["series"]
-    # The engine's series option (ODC's staleness) is in the series name already.
-    named = frozenset(spec.series_option for spec in ENGINES.values() if spec.series_option)
-    extra = _options(runs, "engine", "engine", named).str.cat(_options(runs, "balancer.options", "balancer"),
-                                                       sep=", ").str.strip(", ")
-    return base.where(extra == "", base + " [" + extra + "]")
+    """Series labels: engine + balancer, and the options that tell this setting's runs apart
+    (results/series.py series_names)."""
+    return with_series(runs)["series"]
 
 
 # The token sources whose loss curves say something, and what each setting's title says of them.

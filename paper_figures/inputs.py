@@ -18,6 +18,7 @@ format the what-if reads (odc_bench.data.real.read_lengths), each named for its 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import pandas as pd
 
 from odc_bench.data.real import read_lengths as read_source
 from odc_bench.data.real import source_name
-from odc_bench.results.series import checkpointing, in_layout, known_engines, layouts
+from odc_bench.results.series import in_layout, known_engines, layouts, with_workload
 from odc_bench.results.table import TEXT_DTYPES
 
 SCRATCH = "local"
@@ -95,7 +96,7 @@ def read_runs(root: Path, notes: list[str]) -> pd.DataFrame:
         table, other = known_engines(table)
         if other:
             notes.append(f"{path}: runs of engine(s) {', '.join(other)} left out (not an engine of this harness)")
-        frames.append(table.assign(source=_source_name(root, path.parent), table_dir=str(path.parent)))
+        frames.append(with_workload(table).assign(source=_source_name(root, path.parent), table_dir=str(path.parent)))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -143,7 +144,8 @@ def by_source(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """One table per source; a source that mixes backends (real and simulated) is split by
     backend, one that mixes shard layouts (series.layouts: full, hybrid sharding,
     topology-aware fetch) by layout, each with its baselines (series.in_layout), and one that
-    mixes activation checkpointing modes (series.checkpointing) by mode."""
+    mixes workloads told apart by their configs alone (series.DERIVED: activation checkpointing
+    modes, the overrides such as the simulated hardware) by them."""
     out: dict[str, pd.DataFrame] = {}
     for source, part in table.groupby("source", sort=True):
         backends = part["backend"].dropna().unique() if "backend" in part else []
@@ -154,13 +156,21 @@ def by_source(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
             split = ({f"{name}-{value or 'full'}": sub[in_layout(sub, value)] for value in present}
                      if len(present) > 1 else {name: sub})
             for named, rows in split.items():
-                modes = checkpointing(rows)
-                if modes.nunique() > 1:
-                    for mode in sorted(set(modes)):
-                        out[f"{named}-{'recompute-' + mode.replace(' ', '-') if mode else 'no-recompute'}"] = \
-                            rows[modes == mode]
-                else:
-                    out[named] = rows
+                out.update(_by_derived(named, with_workload(rows)))
+    return out
+
+
+def _by_derived(name: str, rows: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """`rows` split by checkpointing mode (`-recompute-full`, `-no-recompute`) and overrides
+    (`-backend-hardware-h100`), each named by what tells it apart."""
+    modes, overrides = rows["checkpointing"].nunique() > 1, rows["overrides"].nunique() > 1
+    if not (modes or overrides):
+        return {name: rows}
+    out = {}
+    for (mode, override), sub in rows.groupby(["checkpointing", "overrides"], sort=True):
+        parts = [f"recompute-{mode.replace(' ', '-')}" if mode else "no-recompute"] if modes else []
+        parts += [re.sub(r"[^A-Za-z0-9.]+", "-", override).strip("-") or "default"] if overrides else []
+        out[f"{name}-{'-'.join(parts)}"] = sub
     return out
 
 

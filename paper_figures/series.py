@@ -12,7 +12,14 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.colors import to_rgb
 
-from odc_bench.results.series import BALANCER_LABELS, ENGINE_LABELS, HEADLINE_BASELINE, SETTING, series_names
+from odc_bench.results.series import (
+    BALANCER_LABELS,
+    ENGINE_LABELS,
+    HEADLINE_BASELINE,
+    SETTING,
+    series_names,
+    with_cost_models,
+)
 
 ENGINE_NAMES = ENGINE_LABELS
 BALANCER_NAMES = BALANCER_LABELS
@@ -36,15 +43,8 @@ def label_series(runs: pd.DataFrame) -> pd.Series:
     several (FSDP2 on shared memory and on gloo are different baselines), and the cost model
     where one series ran under several."""
     if {"config", "backend"} <= set(runs.columns):
-        base = series_names(runs, pretty=True)
-    else:
-        base = (runs["engine"].map(lambda v: _name(v, ENGINE_NAMES)) + " + "
-                + runs["balancer"].map(lambda v: _name(v, BALANCER_NAMES)))
-    if "cost_model" not in runs:
-        return base
-    costs = runs["cost_model"].fillna("none").astype(str)
-    several = costs.groupby(base).transform("nunique") > 1
-    return base.where(~several, base + " (" + costs + ")")
+        return series_names(runs, pretty=True)
+    return with_cost_models(series_root(runs), runs)
 
 
 def series_root(runs: pd.DataFrame) -> pd.Series:
@@ -143,6 +143,10 @@ def describe_setting(row: pd.Series) -> str:
              f"minibatch {int(row.get('minibatch_size'))}", f"packing {row.get('packing_ratio'):g}"]
     if pd.notna(row.get("max_tokens")):
         parts.append(f"max tokens {int(row.get('max_tokens'))}")
+    if isinstance(row.get("checkpointing"), str) and row.get("checkpointing"):
+        parts.append(f"activation checkpointing {row.get('checkpointing')}")
+    if isinstance(row.get("overrides"), str) and row.get("overrides"):
+        parts.append(str(row.get("overrides")))
     return ", ".join(parts)
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pandas as pd
 
-from odc_bench.results.series import is_rl
+from odc_bench.results.series import DERIVED, is_rl
 from paper_figures.fig10_acceleration import acceleration
 from paper_figures.fig11_bandwidth import OP_NAMES
 from paper_figures.inputs import NO_RUNS, Inputs, Skip, by_source
@@ -89,7 +89,9 @@ def table_acceleration(runs: pd.DataFrame) -> str:
     table = acceleration(runs)
     if table.empty:
         raise Skip(f"no odc run shares a setting with a {BASELINE_LABEL} run")
-    cols = [c for c in SETTING if c in table and c not in ("num_minibatches", "warmup_minibatches")]
+    # What sets a workload apart only in its config (series.DERIVED) is a column where it does.
+    cols = [c for c in SETTING if c in table and c not in ("num_minibatches", "warmup_minibatches")
+            and not (c in DERIVED and (table[c].fillna("") == "").all())]
     table = table[cols + ["series", "samples_per_s", "baseline_samples_per_s", "acceleration"]]
     table = table.rename(columns={"baseline_samples_per_s": f"{BASELINE_LABEL} samples/s",
                                   "acceleration": "acceleration (%)"})

@@ -21,16 +21,16 @@ from odc_bench.results.series import (
     BASELINE_BALANCERS,
     LAYOUTS,
     WORKLOAD,
-    checkpointing,
+    balancer_options,
+    engine_options,
     engine_variants,
     is_baseline_engine,
     layouts,
     series_names,
     variant_rank,
+    with_workload,
 )
 from odc_bench.results.split import COMPUTE_NOTE, PARTS, per_sample, saving
-
-WORKLOADS = [*WORKLOAD, "checkpointing"]
 
 
 def comparison(table: pd.DataFrame) -> pd.DataFrame:
@@ -39,18 +39,21 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return pd.DataFrame()
-    # Runs of another shard layout (hybrid sharding, topology-aware fetch) or with activation
-    # checkpointing are another workload.
-    ok = ok.assign(variant=engine_variants(ok), layout=layouts(ok), checkpointing=checkpointing(ok))
+    # Runs of another shard layout (hybrid sharding, topology-aware fetch) are another workload;
+    # engine and balancer options and cost models that differ between runs make series of their own.
+    ok = with_workload(ok)
+    ok = ok.assign(variant=engine_variants(ok), layout=layouts(ok), engine_options=engine_options(ok),
+                   balancer_options=balancer_options(ok))
     ok = pd.concat([ok, per_sample(ok)], axis=1)
-    means = (ok.groupby([*WORKLOADS, "layout", "engine", "variant", "balancer"], dropna=False)
+    means = (ok.groupby([*WORKLOAD, "layout", "engine", "variant", "engine_options", "balancer", "balancer_options",
+                         "cost_model"], dropna=False)
              .agg(runs=("run_id", "size"), samples_per_s=("samples_per_s", "median"),
                   slowest=("samples_per_s", "min"), fastest=("samples_per_s", "max"),
                   bubble_rate=("bubble_rate", "mean"), predicted_bubble_rate=("predicted_bubble_rate", "mean"),
                   peak_mem_mb=("peak_mem_mb", "mean"), **{p: (p, "median") for p in PARTS})
              .reset_index())
     parts = []
-    for _, workload in means.groupby(WORKLOADS, dropna=False):
+    for _, workload in means.groupby(WORKLOAD, dropna=False):
         for layout in sorted(set(workload["layout"])):
             # Topology-aware fetch is on-demand fetching's option: the baseline runs without it.
             own = workload["layout"] == layout
@@ -92,9 +95,10 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
     if rows.empty:
         console.print("no successful runs to compare")
         return
-    for _, group in rows.groupby([*WORKLOADS, "layout"], dropna=False):
+    for _, group in rows.groupby([*WORKLOAD, "layout"], dropna=False):
         first = group.iloc[0]
-        layout = f", {LAYOUTS[first.layout]}" if first.layout else ""
+        layout = f", {first.overrides}" if first.overrides else ""
+        layout += f", {LAYOUTS[first.layout]}" if first.layout else ""
         layout += f", activation checkpointing {first.checkpointing}" if first.checkpointing else ""
         baseline = first.get("baseline")
         baseline = baseline if isinstance(baseline, str) else "no collective baseline"

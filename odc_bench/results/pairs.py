@@ -21,15 +21,19 @@ from rich.table import Table
 from seaborn.algorithms import bootstrap
 
 from odc_bench.errors import PairingError
-from odc_bench.results.series import SETTING, engine_variants
+from odc_bench.results.series import SETTING, balancer_options, engine_options, engine_variants, with_workload
 
-# A pair: the same setting, balancer and repeat of the two series, in one results folder.
-KEY = [*SETTING, "balancer", "attempt"]
+# A pair: the same setting, balancer (with its options and cost model) and repeat of the two series, in
+# one results folder.
+KEY = [*SETTING, "balancer", "balancer_options", "cost_model", "attempt"]
 
 
 def _labels(table: pd.DataFrame) -> pd.Series:
-    variants = engine_variants(table)
-    return table["engine"] + ("[" + variants + "]").where(variants != "", "")
+    """`engine[variant, options]`: the variant and the engine options that differ between its runs."""
+    inner = [", ".join(p for p in parts if p) for parts in zip(engine_variants(table), engine_options(table),
+                                                                   strict=True)]
+    return pd.Series([f"{e}[{i}]" if i else e for e, i in zip(table["engine"], inner, strict=True)],
+                     index=table.index, dtype=object)
 
 
 def _pick(table: pd.DataFrame, labels: pd.Series, series: str) -> pd.DataFrame:
@@ -46,6 +50,7 @@ def paired_ratios(tables: Mapping[str, pd.DataFrame], engine: str, baseline: str
         ok = table[table["status"] == "ok"].drop_duplicates(subset=["run_id"], keep="last")
         if ok.empty:
             continue
+        ok = with_workload(ok).assign(balancer_options=balancer_options(ok))
         labels = _labels(ok)
         sides = []
         for series, column in ((engine, "engine_samples_per_s"), (baseline, "baseline_samples_per_s")):

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, layouts
+from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, SETTING, layouts, with_workload
 
 ODC, BASELINE = HEADLINE_ODC, HEADLINE_BASELINE
 # What stays fixed along one line besides the layout and the device count.
-KEYS = ["backend", "model", "dataset", "minibatch_size", "max_tokens", "packing_ratio", "length_scale", "precision",
-        "num_minibatches", "warmup_minibatches", "seed"]
+KEYS = [c for c in SETTING if c != "world_size"]
 
 
 def acceleration(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per layout, setting and device count with an ODC + LB-Mini run and its baseline:
     `acceleration` (%), both throughputs, and `fits`."""
-    runs = runs.assign(layout=layouts(runs))
+    runs = with_workload(runs).assign(layout=layouts(runs))
     keys = [k for k in KEYS if k in runs] + ["world_size"]
     limit = runs["mem_limit_mb"] if "mem_limit_mb" in runs else pd.Series(float("nan"), index=runs.index)
     estimate = runs["mem_estimate_mb"] if "mem_estimate_mb" in runs else pd.Series(0.0, index=runs.index)

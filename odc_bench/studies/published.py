@@ -37,7 +37,7 @@ from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
-from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, SETTING
+from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, SETTING, with_workload
 from odc_bench.sim import simulate
 from odc_bench.studies.pages import render
 from odc_bench.whatif.answer import compose_config
@@ -264,7 +264,7 @@ def profile_file(hardware: GpuHardwareConfig, points: int) -> str:
 
 def headline_speedups(runs: pd.DataFrame) -> pd.Series:
     """ODC + LB-Mini over Collective + LB-Micro (results/series.py's headline pair) per setting."""
-    ok = runs[runs["status"] == "ok"]
+    ok = with_workload(runs[runs["status"] == "ok"])
     keys = [c for c in SETTING if c in ok]
     rate = ok.groupby([*keys, "engine", "balancer"], dropna=False)["samples_per_s"].mean()
     ours = rate.xs(HEADLINE_ODC, level=["engine", "balancer"])

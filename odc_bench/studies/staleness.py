@@ -29,7 +29,7 @@ from odc_bench.errors import CommandParser, ConfigError, command_name, ends_clea
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.results.collect import merged, tables_under
-from odc_bench.results.series import HEADLINE_BASELINE, SETTING, WORKLOAD
+from odc_bench.results.series import HEADLINE_BASELINE, SETTING, WORKLOAD, with_workload
 from odc_bench.sim import simulate
 
 BASELINE = HEADLINE_BASELINE
@@ -55,7 +55,8 @@ def side_by_side(runs: pd.DataFrame, calibration: str | None = None) -> pd.DataF
     """One row per ODC run that has an ODC staleness-0 partner (same set, same balancer; the
     partner itself included): its measured and predicted speedup over it, and over Collective +
     LB-Micro where that ran."""
-    ok = runs[runs["status"] == "ok"].assign(staleness=runs["staleness"].fillna(0).astype(int).astype(str))
+    ok = with_workload(runs[runs["status"] == "ok"])
+    ok = ok.assign(staleness=ok["staleness"].fillna(0).astype(int).astype(str))
     ok = ok.assign(predicted=[predicted_time(c) for c in ok["config"]])
     if calibration is not None:
         ok = ok.assign(simulated=[simulated_speed(c, calibration) if b == "local" else float("nan")

@@ -1,5 +1,6 @@
 import pandas as pd
 import pytest
+import yaml
 from rich.console import Console
 
 from odc_bench.errors import PairingError
@@ -7,16 +8,16 @@ from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.__main__ import main as results_main
 from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.pairs import paired_ratios, summarize
-from odc_bench.results.series import WORKLOAD
+from odc_bench.results.series import WORKLOAD_COLUMNS
 from odc_bench.results.split import saving as split_of
 
 
 def _row(run_id, engine, balancer, samples_per_s, status="ok", dataset="longalign", seed=0, group=None):
-    workload = dict.fromkeys(WORKLOAD, 1) | {"backend": "local", "model": "tiny", "dataset": dataset}
+    workload = dict.fromkeys(WORKLOAD_COLUMNS, 1) | {"backend": "local", "model": "tiny", "dataset": dataset}
     return workload | dict(run_id=run_id, attempt=0, engine=engine, balancer=balancer, seed=seed, status=status,
                            variant=group or "", shard="full", fetch="owner" if engine == "odc" else "", staleness=0,
                            samples_per_s=samples_per_s, bubble_rate=0.1, predicted_bubble_rate=0.05,
-                           peak_mem_mb=100.0, config=None)
+                           peak_mem_mb=100.0, cost_model="linear", config=None)
 
 
 def test_speedups_are_against_collective_lb_micro_with_seeds_averaged():
@@ -65,7 +66,7 @@ def test_runs_with_and_without_activation_checkpointing_are_compared_apart():
     """They computed different work: before, a run with it and one without were two runs of one
     series, their median a mixture of both."""
     on = "backend:\n  name: local\n  recompute: true\n  recompute_mode: blocks\n  recompute_blocks: 0.25\n"
-    off = "backend:\n  name: sim\n  recompute: false\n  recompute_mode: full\n"
+    off = "backend:\n  name: local\n  recompute: false\n  recompute_mode: full\n"
     table = pd.DataFrame([
         _row("a", "collective", "local_sort", 10.0), _row("b", "odc", "local_sort", 15.0) | {"config": off},
         _row("c", "collective", "local_sort", 4.0) | {"config": on},
@@ -216,3 +217,81 @@ def test_the_split_is_given_only_where_the_speedups_range_excludes_1():
     text = _printed(noisy.reset_index()).replace("\n", " ")
     assert "within noise" in text
     assert "compute: the units' forward and backward seconds. Both engines run the same model" in text
+
+
+def _config(hardware="h100", engine="odc", prefetch=True, compile_=None, hidden=128, nic=400):
+    """A row's config text with the keys these tests vary (the rest as a run records them)."""
+    values = {"world_size": 2, "seed": 0, "results_dir": "results/x", "model": {"name": "tiny", "hidden_size": hidden},
+              "engine": {"name": engine, **({"prefetch": prefetch, "staleness": 0} if engine == "odc" else
+                                            {"backend": "shm"})},
+              "balancer": {"name": "local_sort", "cost_model": "quadratic"},
+              "backend": {"name": "sim", "hardware": {"name": hardware, "nic_gbps": nic}}}
+    if compile_ is not None:
+        values["compile"] = compile_
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+def test_runs_of_one_named_workload_that_their_configs_tell_apart_are_compared_apart():
+    """Runs simulated on two hardware profiles (or with another NIC, a model reshaped under its
+    name, compile on and off) are different workloads: before, they were repeats of one series,
+    their median a mixture."""
+    table = pd.DataFrame([
+        _row("a", "collective", "local_sort", 10.0) | {"config": _config("h100", "collective")},
+        _row("b", "odc", "local_sort", 15.0) | {"config": _config("h100")},
+        _row("c", "collective", "local_sort", 4.0) | {"config": _config("a100", "collective")},
+        _row("d", "odc", "local_sort", 5.0) | {"config": _config("a100")},
+        _row("e", "collective", "local_sort", 2.0) | {"config": _config("a100", "collective", nic=100)},
+        _row("f", "odc", "local_sort", 3.0) | {"config": _config("a100", nic=100)},
+    ])
+    rows = comparison(table)
+    assert (rows["runs"] == 1).all()
+    assert sorted(set(rows["overrides"])) == ["backend/hardware=a100, backend.hardware.nic_gbps=100",
+                                              "backend/hardware=a100, backend.hardware.nic_gbps=400",
+                                              "backend/hardware=h100"]
+    assert sorted(rows.loc[rows.engine == "odc", "speedup"]) == pytest.approx([1.25, 1.5, 1.5])
+    console = Console(record=True, width=200)
+    print_comparison(rows, console)
+    text = " ".join(console.export_text().split())
+    assert "minibatch 1/rank (local, backend/hardware=h100); speedup vs collective+local_sort" in text
+    # a model's shape under one name, and compile set against left unset (its record leaves it out)
+    real = pd.DataFrame([
+        _row("g", "odc", "local_sort", 1.0) | {"config": _config(hidden=128)},
+        _row("h", "odc", "local_sort", 2.0) | {"config": _config(hidden=96)},
+        _row("i", "odc", "local_sort", 3.0) | {"config": _config(hidden=96, compile_=False)},
+    ])
+    assert sorted(comparison(real)["overrides"]) == ["compile=false, model.hidden_size=96",
+                                                     "compile=null, model.hidden_size=128",
+                                                     "compile=null, model.hidden_size=96"]
+    # a row from before a key existed is the same workload as one that holds it
+    older = _config().replace("  nic_gbps: 400\n", "")
+    assert "nic_gbps" not in older
+    drift = pd.DataFrame([_row("j", "odc", "local_sort", 1.0) | {"config": older},
+                          _row("k", "odc", "local_sort", 3.0) | {"config": _config()}])
+    assert comparison(drift)[["overrides", "runs"]].values.tolist() == [["", 2]]
+
+
+def test_engine_options_that_differ_between_runs_are_series_of_their_own():
+    """ODC with and without prefetch beside one baseline: two series, each against it; before,
+    one series of two runs."""
+    table = pd.DataFrame([
+        _row("a", "collective", "local_sort", 10.0) | {"config": _config(engine="collective")},
+        _row("b", "odc", "local_sort", 15.0) | {"config": _config(prefetch=True)},
+        _row("c", "odc", "local_sort", 12.0) | {"config": _config(prefetch=False)},
+    ])
+    rows = comparison(table).set_index("series")
+    assert rows.loc["odc[prefetch=true]+local_sort", "speedup"] == pytest.approx(1.5)
+    assert rows.loc["odc[prefetch=false]+local_sort", "speedup"] == pytest.approx(1.2)
+    assert rows.loc["collective+local_sort", "runs"] == 1
+    with pytest.raises(PairingError, match=r"name one of odc\[prefetch=false\], odc\[prefetch=true\]"):
+        paired_ratios({"prefetch": table}, "odc", "collective")
+    pairs = paired_ratios({"prefetch": table}, "odc[prefetch=false]", "collective")
+    assert pairs["ratio"].tolist() == pytest.approx([1.2])
+
+
+def test_a_balancer_under_two_cost_models_is_two_series():
+    table = pd.DataFrame([_row("a", "collective", "lb_micro", 10.0),
+                          _row("b", "odc", "lb_mini", 12.0) | {"cost_model": "linear"},
+                          _row("c", "odc", "lb_mini", 14.0) | {"cost_model": "calibrated:tiny-cpu"}])
+    rows = comparison(table).set_index("series")
+    assert rows.loc["odc+lb_mini (linear)", "speedup"] == pytest.approx(1.2)
+    assert rows.loc["odc+lb_mini (calibrated:tiny-cpu)", "speedup"] == pytest.approx(1.4)

@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
-from odc_bench.results.series import layouts
+from odc_bench.results.scaling import acceleration
+from odc_bench.results.series import DERIVED, layouts
 from odc_bench.studies.paper import scaling_table
 from paper_figures import fig10_acceleration, scaling
 from paper_figures.inputs import Skip, by_source, load
@@ -101,7 +102,7 @@ def test_runs_with_and_without_activation_checkpointing_are_drawn_apart(root):
     runs = runs[layouts(runs) == ""].copy()
     on = runs["run_id"].str.startswith("odc") | (runs.index % 2 == 0)
     runs.loc[on, "config"] = "backend:\n  name: sim\n  recompute: true\n  recompute_mode: full\n"
-    parts = by_source(runs)
+    parts = by_source(runs.drop(columns=DERIVED))  # read again from the configs changed here
     assert sorted(parts) == ["sim_scaling-no-recompute", "sim_scaling-recompute-full"]
     assert set(parts["sim_scaling-recompute-full"]["run_id"]) == set(runs.loc[on, "run_id"])
     assert set(parts["sim_scaling-no-recompute"]["run_id"]) == set(runs.loc[~on, "run_id"])
@@ -126,3 +127,30 @@ def test_results_compare_sets_each_layout_against_its_own_baseline(root):
     odc = rows[(rows["engine"] == "odc") & (rows["model"] == "small") & (rows["world_size"] == 32)].set_index("layout")
     for layout, key in (("", "full"), ("hybrid", "hybrid"), ("nearest", "nearest")):
         assert odc.loc[layout, "speedup"] == pytest.approx(1 + expected(key, 32) / 100)
+
+
+def test_runs_on_two_hardware_profiles_are_accelerations_of_their_own(tmp_path):
+    """A study simulated on two GPUs: each ODC run against the baseline on its own GPU, drawn
+    apart. Before, every ODC run met every baseline run of its setting (an A100 ODC run over an
+    H100 baseline) and one figure mixed both."""
+    rows = []
+    for hardware, scale in (("a100", 1.0), ("h100", 3.0)):
+        for e, layout in [("collective", "full"), ("odc", "full"), ("odc", "nearest")]:
+            for w in WORLDS:
+                r = row(e, layout, w, "small")
+                config = yaml.safe_load(r["config"])
+                config["backend"]["hardware"] = {"name": hardware, "peak_tflops": 312 * scale}
+                rows.append(r | {"run_id": f"{r['run_id']}-{hardware}", "config": yaml.safe_dump(config),
+                                 "samples_per_s": r["samples_per_s"] * (scale if e == "odc" else 1.0)})
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    found = acceleration(table)
+    assert len(found) == 2 * 2 * len(WORLDS), "one row per profile, layout and device count"
+    a100 = found[found["overrides"] == "backend/hardware=a100"]
+    assert sorted(a100["acceleration"]) == pytest.approx(sorted(expected(layout, w) for layout in ("full", "nearest")
+                                                                for w in WORLDS))
+    (tmp_path / "sim_scaling").mkdir()
+    table.to_csv(tmp_path / "sim_scaling" / "runs.csv", index=False)
+    parts = by_source(load(tmp_path).runs)
+    assert sorted(parts) == ["sim_scaling-full-backend-hardware-a100", "sim_scaling-full-backend-hardware-h100",
+                             "sim_scaling-nearest-backend-hardware-a100", "sim_scaling-nearest-backend-hardware-h100"]
+    assert set(parts["sim_scaling-full-backend-hardware-h100"]["run_id"].str[-4:]) == {"h100"}
