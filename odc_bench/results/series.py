@@ -300,11 +300,11 @@ def _options(table: pd.DataFrame, section: str, owner: str, skip: tuple[str, ...
 
 def engine_options(table: pd.DataFrame) -> pd.Series:
     """Each row's `key=value, ...` of its engine's options whose values differ between the table's
-    runs of that engine (ODC with and without prefetch, over shm and over MPI), but the name, the
-    series option (the variant) and the layout's keys (layouts): series of their own, each run of
-    the engine named with them."""
+    runs of that engine (ODC with and without prefetch, over shm and over MPI, hybrid sharding over
+    nodes of 2 and of 4 ranks), but the name, the series option (the variant) and the shard layout
+    (layouts): series of their own, each run of the engine named with them."""
     named = tuple({spec.series_option for spec in ENGINES.values() if spec.series_option})
-    return _options(table, "engine", "engine", ("name", "shard", "ranks_per_node", *named))
+    return _options(table, "engine", "engine", ("name", "shard", *named))
 
 
 def balancer_options(table: pd.DataFrame) -> pd.Series:

@@ -286,6 +286,15 @@ def test_engine_options_that_differ_between_runs_are_series_of_their_own():
         paired_ratios({"prefetch": table}, "odc", "collective")
     pairs = paired_ratios({"prefetch": table}, "odc[prefetch=false]", "collective")
     assert pairs["ratio"].tolist() == pytest.approx([1.2])
+    # hybrid sharding over emulated nodes of 2 and of 4 ranks
+    hybrid = [yaml.safe_load(_config()) for _ in range(2)]
+    for config, per_node in zip(hybrid, (2, 4), strict=True):
+        config["engine"].update(shard="hybrid", ranks_per_node=per_node)
+    table = pd.DataFrame([_row(f"h{i}", "odc", "local_sort", 10.0 + i) | {"config": yaml.safe_dump(c),
+                                                                           "shard": "hybrid"}
+                          for i, c in enumerate(hybrid)])
+    assert sorted(comparison(table)["series"]) == ["odc[ranks_per_node=2]+local_sort",
+                                                   "odc[ranks_per_node=4]+local_sort"]
 
 
 def test_a_balancer_under_two_cost_models_is_two_series():
