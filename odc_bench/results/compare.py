@@ -21,6 +21,7 @@ from odc_bench.results.series import (
     BASELINE_BALANCERS,
     LAYOUTS,
     WORKLOAD,
+    WORKLOAD_COLUMNS,
     balancer_options,
     engine_options,
     engine_variants,
@@ -77,6 +78,8 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
 
 
 NOISE = "within noise"
+# The workload's columns every table's title names.
+TITLED = ("model", "dataset", "world_size", "minibatch_size", "backend")
 
 
 def saved(row: pd.Series, baseline: pd.Series) -> str:
@@ -95,9 +98,13 @@ def print_comparison(rows: pd.DataFrame, console: Console | None = None) -> None
     if rows.empty:
         console.print("no successful runs to compare")
         return
+    # Columns of the workload the title does not always show, where the tables' workloads differ in them.
+    untitled = [c for c in WORKLOAD_COLUMNS if c not in TITLED and rows[c].astype(str).nunique() > 1]
     for _, group in rows.groupby([*WORKLOAD, "layout"], dropna=False):
         first = group.iloc[0]
-        layout = f", {first.overrides}" if first.overrides else ""
+        layout = "".join(f", {c}={first[c]:g}" if isinstance(first[c], float) else f", {c}={first[c]}"
+                         for c in untitled)
+        layout += f", {first.overrides}" if first.overrides else ""
         layout += f", {LAYOUTS[first.layout]}" if first.layout else ""
         layout += f", activation checkpointing {first.checkpointing}" if first.checkpointing else ""
         baseline = first.get("baseline")

@@ -85,6 +85,16 @@ def test_runs_with_and_without_activation_checkpointing_are_compared_apart():
     assert set(comparison(cut)["checkpointing"]) == {""}, "a config cell cut short is read as without it"
 
 
+def test_a_title_names_the_workload_columns_its_tables_differ_in():
+    """Runs in fp32 and in bf16 are two tables: before, their titles were the same."""
+    table = pd.DataFrame([_row("a", "odc", "local_sort", 1.0) | {"precision": "fp32"},
+                          _row("b", "odc", "local_sort", 2.0) | {"precision": "bf16"}])
+    console = Console(record=True, width=200)
+    print_comparison(comparison(table), console)
+    text = console.export_text()
+    assert "minibatch 1/rank (local, precision=bf16)" in text and "minibatch 1/rank (local, precision=fp32)" in text
+
+
 def test_one_process_group_is_not_named():
     table = pd.DataFrame([_row("a", "collective", "local_sort", 5.0, group="shm"), _row("b", "odc", "local_sort", 6.0)])
     assert set(comparison(table)["series"]) == {"collective+local_sort", "odc+local_sort"}
