@@ -15,6 +15,8 @@ directly.
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 import yaml
 
@@ -163,25 +165,22 @@ def series_names(table: pd.DataFrame, variants: pd.Series | None = None, pretty:
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed(config: str) -> dict:
+    """A config's text as a dict (shared between callers: never changed); {} for one cut short."""
+    try:
+        value = yaml.load(config, Loader=_LOADER)
+    except yaml.YAMLError:
+        value = None
+    return value if isinstance(value, dict) else {}
+
+
 def configs(table: pd.DataFrame) -> pd.Series:
     """Each row's config as a dict, parsed once per distinct text; {} where the row has no config
     or a config cut short."""
     if table.empty or "config" not in table:
         return pd.Series([{}] * len(table), index=table.index, dtype=object)
-    parsed: dict[str, dict] = {}
-
-    def parse(config: object) -> dict:
-        if not isinstance(config, str):
-            return {}
-        if config not in parsed:
-            try:
-                value = yaml.load(config, Loader=_LOADER)
-            except yaml.YAMLError:
-                value = None
-            parsed[config] = value if isinstance(value, dict) else {}
-        return parsed[config]
-
-    return table["config"].map(parse).astype(object)
+    return table["config"].map(lambda c: _parsed(c) if isinstance(c, str) else {}).astype(object)
 
 
 def config_value(table: pd.DataFrame, path: str) -> pd.Series:
