@@ -232,6 +232,11 @@ def _line_sample(path: Path, n: int, line: str, field: str | None, first: bool) 
             raise DataError(f"{where} has no key {field!r}; set dataset.field to one of "
                             f"{', '.join(sorted(value))}")
         value = value[field]
+    elif field is not None:
+        # A key that names nothing in the file would be a setting silently ignored.
+        kind = {int: "a token count", list: "a list of token ids"}.get(type(value), f"a JSON {type(value).__name__}")
+        raise DataError(f"{where} is {kind}, not an object holding the key dataset.field ({field!r}); unset "
+                        f"dataset.field for a file of bare counts or ids")
     return _sample(value, where)
 
 

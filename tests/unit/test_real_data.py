@@ -31,6 +31,17 @@ def test_jsonl_objects_need_the_field(tmp_path):
         load_lengths("jsonl", str(src), field="length", cache_dir=str(tmp_path / "c2"))
 
 
+def test_a_field_that_names_nothing_in_a_file_of_counts_or_ids_is_refused(tmp_path):
+    """Before, dataset.field on a file of bare counts was ignored without a word."""
+    src = write_jsonl(tmp_path / "d.jsonl", [120, 7, {"n": 5}])
+    with pytest.raises(DataError, match=r"line 1 is a token count, not an object holding the key dataset.field "
+                                        r"\('n'\); unset dataset.field"):
+        load_lengths("jsonl", str(src), field="n")
+    ids = write_jsonl(tmp_path / "e.jsonl", [[1, 2, 3]])
+    with pytest.raises(DataError, match="line 1 is a list of token ids, not an object"):
+        load_lengths("jsonl", str(ids), field="input_ids")
+
+
 def test_lengths_are_cached_next_to_the_source_once_accepted_and_reused(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "c.jsonl", [10, 20, 30])
     assert load_lengths("jsonl", str(src)).tolist() == [10, 20, 30]
