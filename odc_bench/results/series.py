@@ -250,14 +250,15 @@ def differing(configs: pd.Series, skip: tuple[str, ...] = ()) -> pd.Series:
 
 
 # Config keys that do not set one workload apart from another, or that other columns key on: the
-# series (engine and balancer: engine_options, balancer_options), the seed, where results and
-# checkpoints go, waits and repeats, the profiled warm-up minibatch, the simulator's trace file,
+# series (engine and balancer: engine_options, balancer_options), the seed, where results,
+# checkpoints and lengths caches go, waits and repeats, the profiled warm-up minibatch, the simulator's trace file,
 # the layout (backend.odc_fetch: layouts), checkpointing (its own column), max_tokens (the row's
 # column holds the value it resolved to), and the token ids' source (dataset.tokens: the same
 # work on other ids; the loss curves key on it themselves, paper_figures/convergence.py).
 NOT_WORKLOAD = ("engine", "balancer", "seed", "results_dir", "repeat", "timeout_s", "deadline_s", "checkpoint",
                 "profile_minibatch", "backend.write_trace", "backend.odc_fetch", "backend.recompute",
-                "backend.recompute_mode", "backend.recompute_blocks", "max_tokens", "dataset.tokens")
+                "backend.recompute_mode", "backend.recompute_blocks", "max_tokens", "dataset.tokens",
+                "dataset.cache_dir")
 
 
 # Keys a run's record leaves out while unset (config/run.py to_dict): absent, they hold their default.
