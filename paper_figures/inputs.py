@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from odc_bench.data.real import UnusedFieldError, source_name
 from odc_bench.data.real import read_lengths as read_source
-from odc_bench.data.real import source_name
 from odc_bench.results.series import in_layout, known_engines, layouts, with_workload
 from odc_bench.results.table import TEXT_DTYPES
 
@@ -122,8 +122,15 @@ def read_lengths(root: Path, extra: list[Path] = (), fmt: LengthsFormat = Length
     """Each real dataset's usable lengths by the data's name: caches in `lengths/` folders below the root, and
     `extra` sources in any format the what-if reads (DataError when one cannot be read)."""
     files = (sorted(root.rglob("lengths/*.npy")) if root.is_dir() else []) + list(extra)
-    return {source_name(p): read_source(p, field=fmt.field, tokenizer=fmt.tokenizer, text_field=fmt.text_field)
-            for p in files}
+    return {source_name(p): _read_source(p, fmt) for p in files}
+
+
+def _read_source(path: Path, fmt: LengthsFormat) -> np.ndarray:
+    try:
+        return read_source(path, field=fmt.field, tokenizer=fmt.tokenizer, text_field=fmt.text_field)
+    except UnusedFieldError:
+        # One --field serves every --lengths file: it names the key of those of objects, not this one's.
+        return read_source(path, tokenizer=fmt.tokenizer, text_field=fmt.text_field)
 
 
 def load(root: Path, lengths_files: list[Path] = (), fmt: LengthsFormat = LengthsFormat()) -> Inputs:

@@ -215,6 +215,10 @@ def jsonl_line(path: Path, sample: int) -> int:
     return next(n for k, (n, _) in enumerate(_jsonl_lines(path)) if k == sample)
 
 
+class UnusedFieldError(DataError):
+    """A field was given for a JSONL file whose lines are not objects: it names no key there."""
+
+
 def _line_sample(path: Path, n: int, line: str, field: str | None, first: bool) -> tuple[int, list[int] | None]:
     where = f"{path} line {n}"
     try:
@@ -235,7 +239,7 @@ def _line_sample(path: Path, n: int, line: str, field: str | None, first: bool) 
     elif field is not None:
         # A key that names nothing in the file would be a setting silently ignored.
         kind = {int: "a token count", list: "a list of token ids"}.get(type(value), f"a JSON {type(value).__name__}")
-        raise DataError(f"{where} is {kind}, not an object holding the key dataset.field ({field!r}); unset "
+        raise UnusedFieldError(f"{where} is {kind}, not an object holding the key dataset.field ({field!r}); unset "
                         f"dataset.field for a file of bare counts or ids")
     return _sample(value, where)
 
