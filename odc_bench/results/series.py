@@ -261,6 +261,11 @@ NOT_WORKLOAD = ("engine", "balancer", "seed", "results_dir", "repeat", "timeout_
                 "dataset.cache_dir")
 
 
+# Keys of a real run's ranks that a simulated run takes and does nothing with (studies/validation.py
+# gives its real and simulated runs the same threads_per_rank).
+NOT_SIMULATED = ("threads_per_rank", "compile", "device")
+
+
 # Keys a run's record leaves out while unset (config/run.py to_dict): absent, they hold their default.
 UNSET = {"compile": RunConfig.__dataclass_fields__["compile"].default}
 
@@ -276,7 +281,8 @@ def overrides(table: pd.DataFrame) -> pd.Series:
     parsed = configs(table).map(lambda c: {**UNSET, **c} if c else c)
     keys = [c for c in WORKLOAD_COLUMNS if c in table]
     for _, part in (table.groupby(keys, dropna=False) if keys else [(None, table)]):
-        out.loc[part.index] = differing(parsed.loc[part.index], NOT_WORKLOAD)
+        simulated = "backend" in part and (part["backend"] == "sim").all()
+        out.loc[part.index] = differing(parsed.loc[part.index], NOT_WORKLOAD + (NOT_SIMULATED if simulated else ()))
     return out
 
 

@@ -278,6 +278,11 @@ def test_runs_of_one_named_workload_that_their_configs_tell_apart_are_compared_a
     drift = pd.DataFrame([_row("j", "odc", "local_sort", 1.0) | {"config": older},
                           _row("k", "odc", "local_sort", 3.0) | {"config": _config()}])
     assert comparison(drift)[["overrides", "runs"]].values.tolist() == [["", 2]]
+    # nor, for a simulated run, the real ranks' threads, compile and device, which it does not use
+    sim = [yaml.safe_load(_config()) | extra for extra in ({}, {"threads_per_rank": 1, "compile": True})]
+    simulated = pd.DataFrame([_row(f"s{i}", "odc", "local_sort", 1.0) | {"config": yaml.safe_dump(c), "backend": "sim"}
+                              for i, c in enumerate(sim)])
+    assert comparison(simulated)[["overrides", "runs"]].values.tolist() == [["", 2]]
     # nor do where its results and lengths caches went, or its seed (repeats)
     moved = yaml.safe_load(_config()) | {"results_dir": "elsewhere", "seed": 3, "dataset": {"cache_dir": "/tmp/c"}}
     drift.loc[1, "config"] = yaml.safe_dump(moved)
