@@ -29,7 +29,7 @@ from odc_bench.errors import CommandParser, ConfigError, command_name, ends_clea
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.results.collect import merged, tables_under
-from odc_bench.results.series import HEADLINE_BASELINE, SETTING, WORKLOAD, with_workload
+from odc_bench.results.series import DERIVED, HEADLINE_BASELINE, SETTING, WORKLOAD, with_workload
 from odc_bench.sim import simulate
 
 BASELINE = HEADLINE_BASELINE
@@ -93,6 +93,13 @@ def _spread(values: pd.Series) -> str:
     return f"{values.median():.3f} ({values.min():.3f}-{values.max():.3f})"
 
 
+def _named(key: str, value: object) -> str:
+    """A workload's value as the summary names it: the derived columns as they read, others as key=value."""
+    if key in DERIVED:
+        return f"activation checkpointing {value}" if key == "checkpointing" and value else str(value or "")
+    return f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+
+
 def summary(pairs: pd.DataFrame) -> str:
     """The Markdown table: per workload and series, medians over the sets with their ranges."""
     simulated = "simulated" in pairs
@@ -104,15 +111,19 @@ def summary(pairs: pd.DataFrame) -> str:
     keys = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_tokens", "packing_ratio", "balancer",
             "staleness"]
     rest = [k for k in WORKLOAD if k not in keys]  # the same in every row of a sweep; kept apart all the same
-    for (backend, model, dataset, world, minibatch, max_tokens, packing, balancer, staleness, *_), g in pairs.groupby(
-            [*keys, *rest], sort=True, dropna=False):
+    # Those of them that rows alike in the table's columns differ in, named beside the series.
+    alike = pairs.groupby(keys, dropna=False)
+    shown = [k for k in rest if (alike[k].nunique(dropna=False) > 1).any()]
+    for (backend, model, dataset, world, minibatch, max_tokens, packing, balancer, staleness, *others), g in \
+            pairs.groupby([*keys, *rest], sort=True, dropna=False):
+        apart = ", ".join(_named(k, v) for k, v in zip(rest, others, strict=True) if k in shown and _named(k, v))
         gain = g["predicted"].median() - 1
         # No share of a gain the model does not predict.
         reached = f"{(g['measured'].median() - 1) / gain:.0%}" if gain > 0.001 else "-"
         has_base = "over_collective" in g and g["over_collective"].notna().any()
         lines.append(
             f"| {backend} | {model} | {dataset} | {world} | {minibatch} | {max_tokens} | {packing:g} "
-            f"| odc s={staleness} + {balancer} | {len(g)} "
+            f"| odc s={staleness} + {balancer}{f' ({apart})' if apart else ''} | {len(g)} "
             f"| {g['base_bubble'].median():.1%} -> {g['bubble_rate'].median():.1%} | {_spread(g['measured'])} "
             f"| {_spread(g['predicted'])} | {reached} "
             f"{'| ' + _spread(g['simulated']) + ' ' if simulated else ''}"

@@ -22,7 +22,8 @@ from odc_bench.balancers.quality import (
 )
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import resolve
-from odc_bench.results.series import engine_variants, series_names
+from odc_bench.results.series import WORKLOAD, engine_variants, series_names
+from odc_bench.studies.staleness import summary
 from odc_bench.tools.balancer_report import plan_quality
 from tests.helpers import run_config, with_series
 
@@ -191,3 +192,17 @@ def test_staleness_tells_odc_series_apart_in_real_and_simulated_rows():
                           row("collective", "sim", backend="nccl")])
     assert list(engine_variants(table)) == ["0", "1", "2", "0", ""]
     assert list(series_names(table))[:3] == ["odc[0]+lb_carry", "odc[1]+lb_carry", "odc[2]+lb_carry"]
+
+
+def test_the_staleness_summary_names_what_its_rows_differ_in_beyond_its_columns():
+    """Sets in fp32 and in bf16 are two rows of the summary: before, they read alike."""
+    base = dict.fromkeys(WORKLOAD, "") | dict(backend="local", model="tiny", dataset="longalign", world_size=2,
+                                              minibatch_size=4, max_tokens=1024, packing_ratio=1.0,
+                                              length_scale=0.015625, num_minibatches=8, warmup_minibatches=2)
+    pairs = pd.DataFrame([base | dict(precision=p, seed=0, balancer="lb_carry", staleness="1", bubble_rate=0.1,
+                                      measured=m, predicted=1.1, base_bubble=0.2) for p, m in (("fp32", 1.05),
+                                                                                            ("bf16", 1.08))])
+    rows = [line for line in summary(pairs).splitlines() if line.startswith("| local")]
+    assert len(rows) == 2
+    assert any("odc s=1 + lb_carry (precision=bf16) | 1 " in r and "1.080" in r for r in rows)
+    assert any("odc s=1 + lb_carry (precision=fp32) | 1 " in r and "1.050" in r for r in rows)
