@@ -239,8 +239,8 @@ def _line_sample(path: Path, n: int, line: str, field: str | None, first: bool) 
     elif field is not None:
         # A key that names nothing in the file would be a setting silently ignored.
         kind = {int: "a token count", list: "a list of token ids"}.get(type(value), f"a JSON {type(value).__name__}")
-        raise UnusedFieldError(f"{where} is {kind}, not an object holding the key dataset.field ({field!r}); unset "
-                        f"dataset.field for a file of bare counts or ids")
+        raise UnusedFieldError(f"{where} is {kind}, not an object holding the key dataset.field ({field!r}); "
+                               f"unset dataset.field for a file of bare counts or ids")
     return _sample(value, where)
 
 
