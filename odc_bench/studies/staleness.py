@@ -29,7 +29,15 @@ from odc_bench.errors import CommandParser, ConfigError, command_name, ends_clea
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.results.collect import merged, tables_under
-from odc_bench.results.series import DERIVED, HEADLINE_BASELINE, SETTING, WORKLOAD, with_workload
+from odc_bench.results.series import (
+    DERIVED,
+    HEADLINE_BASELINE,
+    SETTING,
+    WORKLOAD,
+    balancer_options,
+    engine_options,
+    with_workload,
+)
 from odc_bench.sim import simulate
 
 BASELINE = HEADLINE_BASELINE
@@ -52,11 +60,12 @@ def simulated_speed(config_yaml: str, calibration: str) -> float:
 
 
 def side_by_side(runs: pd.DataFrame, calibration: str | None = None) -> pd.DataFrame:
-    """One row per ODC run that has an ODC staleness-0 partner (same set, same balancer; the
-    partner itself included): its measured and predicted speedup over it, and over Collective +
-    LB-Micro where that ran."""
+    """One row per ODC run that has an ODC staleness-0 partner (same set, same balancer, same
+    engine and balancer options; the partner itself included): its measured and predicted speedup
+    over it, and over Collective + LB-Micro where that ran."""
     ok = with_workload(runs[runs["status"] == "ok"])
-    ok = ok.assign(staleness=ok["staleness"].fillna(0).astype(int).astype(str))
+    options = [", ".join(o for o in pair if o) for pair in zip(engine_options(ok), balancer_options(ok), strict=True)]
+    ok = ok.assign(staleness=ok["staleness"].fillna(0).astype(int).astype(str), options=options)
     ok = ok.assign(predicted=[predicted_time(c) for c in ok["config"]])
     if calibration is not None:
         ok = ok.assign(simulated=[simulated_speed(c, calibration) if b == "local" else float("nan")
@@ -67,11 +76,12 @@ def side_by_side(runs: pd.DataFrame, calibration: str | None = None) -> pd.DataF
         odc = group[group["engine"] == "odc"]
         collective = group[(group["engine"] == BASELINE[0]) & (group["balancer"] == BASELINE[1])]
         for _, run in odc.iterrows():
-            base = odc[(odc["balancer"] == run["balancer"]) & (odc["staleness"] == "0")]
+            base = odc[(odc["balancer"] == run["balancer"]) & (odc["staleness"] == "0")
+                       & (odc["options"] == run["options"])]
             if base.empty:
                 continue
             b = base.iloc[0]
-            row = dict(run[[*WORKLOAD, "seed", "balancer", "staleness", "bubble_rate"]],
+            row = dict(run[[*WORKLOAD, "seed", "balancer", "options", "staleness", "bubble_rate"]],
                        measured=run["samples_per_s"] / b["samples_per_s"], predicted=b["predicted"] / run["predicted"],
                        base_bubble=b["bubble_rate"])
             if calibration is not None:
@@ -95,7 +105,7 @@ def _spread(values: pd.Series) -> str:
 
 def _named(key: str, value: object) -> str:
     """A workload's value as the summary names it: the derived columns as they read, others as key=value."""
-    if key in DERIVED:
+    if key in (*DERIVED, "options"):
         return f"activation checkpointing {value}" if key == "checkpointing" and value else str(value or "")
     return f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
 
@@ -110,10 +120,12 @@ def summary(pairs: pd.DataFrame) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if simulated else "")]
     keys = ["backend", "model", "dataset", "world_size", "minibatch_size", "max_tokens", "packing_ratio", "balancer",
             "staleness"]
-    rest = [k for k in WORKLOAD if k not in keys]  # the same in every row of a sweep; kept apart all the same
+    # The same in every row of a sweep; kept apart all the same. The engine and balancer options
+    # that differ between runs (side_by_side's `options`) are always named.
+    rest = [k for k in [*WORKLOAD, "options"] if k not in keys and k in pairs]
     # Those of them that rows alike in the table's columns differ in, named beside the series.
     alike = pairs.groupby(keys, dropna=False)
-    shown = [k for k in rest if (alike[k].nunique(dropna=False) > 1).any()]
+    shown = [k for k in rest if k == "options" or (alike[k].nunique(dropna=False) > 1).any()]
     for (backend, model, dataset, world, minibatch, max_tokens, packing, balancer, staleness, *others), g in \
             pairs.groupby([*keys, *rest], sort=True, dropna=False):
         apart = ", ".join(_named(k, v) for k, v in zip(rest, others, strict=True) if k in shown and _named(k, v))

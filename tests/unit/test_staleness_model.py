@@ -22,8 +22,8 @@ from odc_bench.balancers.quality import (
 )
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import resolve
-from odc_bench.results.series import WORKLOAD, engine_variants, series_names
-from odc_bench.studies.staleness import summary
+from odc_bench.results.series import WORKLOAD, WORKLOAD_COLUMNS, engine_variants, series_names
+from odc_bench.studies.staleness import side_by_side, summary
 from odc_bench.tools.balancer_report import plan_quality
 from tests.helpers import run_config, with_series
 
@@ -206,3 +206,21 @@ def test_the_staleness_summary_names_what_its_rows_differ_in_beyond_its_columns(
     assert len(rows) == 2
     assert any("odc s=1 + lb_carry (precision=bf16) | 1 " in r and "1.080" in r for r in rows)
     assert any("odc s=1 + lb_carry (precision=fp32) | 1 " in r and "1.050" in r for r in rows)
+
+
+def test_a_stale_run_is_set_against_the_synchronous_run_of_its_own_engine_options():
+    """ODC with and without prefetch, each at s = 0 and 1: each s = 1 run over the s = 0 run
+    with its own prefetch. Before, both were set against whichever s = 0 run came first."""
+    rows = []
+    for staleness, prefetch, speed in ((0, True, 10.0), (0, False, 8.0), (1, True, 11.0), (1, False, 9.6)):
+        config = run_config("backend=sim", "engine=odc", f"engine.staleness={staleness}",
+                            f"engine.prefetch={str(prefetch).lower()}", "balancer=lb_carry", "num_minibatches=4",
+                            "warmup_minibatches=1")
+        rows.append(dict.fromkeys(WORKLOAD_COLUMNS, 1) | dict(
+            backend="sim", model="tiny", dataset="longalign", engine="odc", balancer="lb_carry", staleness=staleness,
+            seed=0, attempt=0, status="ok", samples_per_s=speed, bubble_rate=0.1,
+            config=yaml.safe_dump(config.to_dict(), sort_keys=False)))
+    pairs = side_by_side(pd.DataFrame(rows))
+    stale = pairs[pairs["staleness"] == "1"].set_index("options")["measured"]
+    assert stale.to_dict() == pytest.approx({"prefetch=true": 1.1, "prefetch=false": 1.2})
+    assert "odc s=1 + lb_carry (prefetch=false)" in summary(pairs)
