@@ -58,7 +58,9 @@ from odc_bench.errors import DataError
 from odc_bench.files import atomic_path, name_too_long
 
 LOADERS = ("jsonl", "hf_disk")
-CACHE_VERSION = 1
+# Bumped when the readers refuse what they once read, so that no cache of such a read is served:
+# 2, a dataset.field on a file of bare counts or ids.
+CACHE_VERSION = 2
 # Ids are kept as int32 (4 bytes a token beside the data); no vocabulary comes near its limit.
 ID_LIMIT = 2**31
 

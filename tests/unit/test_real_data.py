@@ -42,6 +42,21 @@ def test_a_field_that_names_nothing_in_a_file_of_counts_or_ids_is_refused(tmp_pa
         load_lengths("jsonl", str(ids), field="input_ids")
 
 
+def test_a_cache_of_a_read_the_reader_now_refuses_is_not_served(tmp_path, monkeypatch):
+    """Before, a lengths cache written while dataset.field on a file of bare counts was ignored
+    went on being read, so the refusal above never came for that file."""
+    src = write_jsonl(tmp_path / "d.jsonl", [120, 7, 5])
+    reader = real.jsonl_samples
+    with monkeypatch.context() as old:  # the reader and cache of before the refusal
+        old.setattr(real, "CACHE_VERSION", 1)
+        old.setattr(real, "jsonl_samples", lambda path, field: reader(path, None))
+        assert load_lengths("jsonl", str(src), field="n").tolist() == [120, 7, 5]
+        write_pending_caches()
+    assert list(tmp_path.glob("d.jsonl.lengths-*.npy"))
+    with pytest.raises(DataError, match="line 1 is a token count, not an object holding the key dataset.field"):
+        load_lengths("jsonl", str(src), field="n")
+
+
 def test_lengths_are_cached_next_to_the_source_once_accepted_and_reused(tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "c.jsonl", [10, 20, 30])
     assert load_lengths("jsonl", str(src)).tolist() == [10, 20, 30]
