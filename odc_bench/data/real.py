@@ -59,10 +59,13 @@ from odc_bench.files import atomic_path, name_too_long
 
 LOADERS = ("jsonl", "hf_disk")
 # Bumped when the readers refuse what they once read, so that no cache of such a read is served:
-# 2, a dataset.field on a file of bare counts or ids.
+# 2, a dataset.field on a file of bare counts or ids, and counts of COUNT_LIMIT or more.
 CACHE_VERSION = 2
 # Ids are kept as int32 (4 bytes a token beside the data); no vocabulary comes near its limit.
 ID_LIMIT = 2**31
+# No model takes a sequence of 2^31 tokens, so a count that large is some other number (a byte
+# count, a timestamp) under the field's name; below it a count's square (attention's cost) fits int64.
+COUNT_LIMIT = 2**31
 
 
 _FORMAT = "one JSON value per line: a token count, a list of token ids, or an object holding either (dataset.field)"
@@ -88,6 +91,9 @@ def _sample(value: object, where: str) -> tuple[int, list[int] | None]:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise DataError(f"{where}: negative token count {value}")
+        if value >= COUNT_LIMIT:
+            raise DataError(f"{where}: a token count of {value} is beyond any sequence a model takes (counts are "
+                            f"below {COUNT_LIMIT}); check that the value is a sample's token count")
         return value, None
     if isinstance(value, list):
         bad = next((i for i, v in enumerate(value) if type(v) is not int or v < 0), None)
@@ -550,6 +556,10 @@ def read_lengths(path: Path, *, field: str | None = None, text_field: str | None
         if counts.ndim != 1 or counts.dtype.kind not in "iu":
             raise DataError(f"{path} holds a {counts.ndim}-D {counts.dtype} array, not token counts; give a 1-D "
                             f"integer array")
+        if counts.size and (counts.min() < 0 or counts.max() >= COUNT_LIMIT):
+            bad = counts.min() if counts.min() < 0 else counts.max()
+            raise DataError(f"{path} holds a token count of {bad}; counts are 0 to {COUNT_LIMIT - 1}: give an array of "
+                            f"samples' token counts")
         lengths = counts.astype(np.int64)
         if not (lengths >= 2).any():
             raise DataError(f"{path} has no sample of at least 2 tokens")

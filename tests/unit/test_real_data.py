@@ -103,6 +103,11 @@ def test_cache_dir_option_keeps_the_source_folder_clean(tmp_path):
     ("12\ntrue\n", r"line 2: expected a token count or a list of token ids, got true$"),
     ("12\n512.5\n", r"line 2: a token count is a whole number, got 512.5$"),
     ("12\nNaN\n", r"line 2: a token count is a whole number, got nan$"),
+    # Before, beyond int64 a traceback (OverflowError); a float's, too.
+    ("12\n99999999999999999999999\n", r"line 2: a token count of 99999999999999999999999 is beyond any sequence"),
+    ("12\n1e30\n", r"line 2: a token count of 1000000000000000019884624838656 is beyond any sequence"),
+    ("12\n2147483648\n", r"line 2: a token count of 2147483648 is beyond any sequence a model takes \(counts are "
+                          r"below 2147483648\)"),
 ])
 def test_corrupt_jsonl_names_the_line(tmp_path, lines, message):
     src = tmp_path / "bad.jsonl"
@@ -110,6 +115,15 @@ def test_corrupt_jsonl_names_the_line(tmp_path, lines, message):
     with pytest.raises(DataError, match=message):
         load_lengths("jsonl", str(src))
     assert not list(tmp_path.glob("*.npy")), "nothing cached from a bad file"
+
+
+@pytest.mark.parametrize("counts", [np.array([12, 2**63 + 5], dtype=np.uint64), np.array([12, -4, 40])])
+def test_a_lengths_array_of_counts_no_sample_has_is_refused(tmp_path, counts):
+    """Before, such counts were dropped without a word (uint64 past int64's range turned negative,
+    and negative ones fell under the 2-token minimum) and the rest read as the whole data."""
+    np.save(tmp_path / "mine.npy", counts)
+    with pytest.raises(DataError, match=r"mine.npy holds a token count of -?\d+; counts are 0 to 2147483647"):
+        real.read_lengths(tmp_path / "mine.npy")
 
 
 def test_whole_numbers_written_as_floats_are_counts(tmp_path):
