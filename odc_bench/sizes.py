@@ -1,4 +1,5 @@
-"""A size in bytes as the primitives' table, figure 11 and the messages about free space label it."""
+"""A size in bytes as the primitives' table, figure 11 and the messages about free space label it,
+and the memory this host has available."""
 
 from __future__ import annotations
 
@@ -11,3 +12,9 @@ def size_label(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.4g} {unit}"
     return f"{n:.4g} B"
+
+
+def host_available_bytes() -> int:
+    """This host's available memory (the kernel's MemAvailable), which local ranks share."""
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) * 1024

@@ -74,5 +74,10 @@ class ModelConfig:
         return [("embed", "embed"), *((f"layer{i}", "layer") for i in range(self.num_layers)), ("head", "head")]
 
     @property
+    def unit_counts(self) -> dict[str, int]:
+        """How many units of each kind `units` lists, without listing them."""
+        return {"embed": 1, "layer": self.num_layers, "head": 1}
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads

@@ -13,6 +13,21 @@ from odc_bench.config.fields import require
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
 from odc_bench.data.real import load_lengths
 from odc_bench.data.rl import group_minibatches, grpo_lengths, grpo_max_len
+from odc_bench.sizes import host_available_bytes, size_label
+
+# What each sample of a drawn pool takes at the least while it is drawn (the profiles and GRPO
+# hold a few arrays of the pool at once; tests/unit/test_profiles.py checks that none takes less):
+# a pool whose least is over this host's memory is refused before numpy's allocation fails.
+POOL_SAMPLE_BYTES = 24
+
+
+def require_room(count: int, bytes_each: int, what: str, fix: str) -> None:
+    """ConfigError, one line, when `count` items of at least `bytes_each` bytes each are more than
+    this host's available memory: their allocation would end in a traceback, or a list of them
+    would grow until the kernel kills the process."""
+    need, have = count * bytes_each, host_available_bytes()
+    require(need <= have, f"{what} takes at least {size_label(need)} of memory, more than the {size_label(have)} this "
+                          f"host has available; {fix}")
 
 
 def dataset_lengths(ds: DatasetConfig, seed: int) -> np.ndarray:
@@ -20,9 +35,15 @@ def dataset_lengths(ds: DatasetConfig, seed: int) -> np.ndarray:
     if ds.loader == "profile":
         require(ds.profile in PROFILES,
                 f"unknown dataset profile {ds.profile!r}; choose one of {', '.join(sorted(PROFILES))}")
+        count = ds.num_samples or PROFILES[str(ds.profile)].num_samples
+        require_room(count, POOL_SAMPLE_BYTES, f"a pool of dataset.num_samples={count} samples",
+                     "lower dataset.num_samples")
         return profile_lengths(str(ds.profile), ds.length_scale, seed, ds.num_samples)
     if ds.loader == "grpo":
         assert ds.grpo is not None, "DatasetConfig refuses loader=grpo without its section"
+        g, prompts = ds.grpo.group_size, ds.grpo.num_prompts
+        require_room(prompts * g, POOL_SAMPLE_BYTES, f"a pool of dataset.grpo.num_prompts x group_size = {prompts} x "
+                     f"{g} samples", "lower dataset.grpo.num_prompts or dataset.grpo.group_size")
         return grpo_lengths(seed, ds.grpo, ds.length_scale)
     raw = load_lengths(ds.loader, ds.path, field=ds.field, text_field=ds.text_field, tokenizer=ds.tokenizer,
                        split=ds.split, cache_dir=ds.cache_dir)

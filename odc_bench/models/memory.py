@@ -44,15 +44,20 @@ MOMENT_BYTES = 8
 LOSS_CHUNK_TOKENS = 4096
 
 
-def unit_params(cfg: ModelConfig) -> list[int]:
-    """Parameters of every unit (embed, each layer, head): what FSDP shards, gathers and reduces."""
+def kind_params(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters of one unit of each kind (embed, layer, head): what FSDP shards, gathers and reduces."""
     kv = cfg.num_kv_heads * cfg.head_dim
     biases = cfg.hidden_size + 2 * kv if cfg.arch.qkv_bias else 0
     layer = layer_linear_params(cfg) + biases + 2 * cfg.hidden_size  # two norms
     embed = cfg.vocab_size * cfg.hidden_size
     # Tied embeddings: the head's projection is the embedding matrix, held (and counted) once.
     head = (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size) + cfg.hidden_size
-    per_kind = {"embed": embed, "layer": layer, "head": head}
+    return {"embed": embed, "layer": layer, "head": head}
+
+
+def unit_params(cfg: ModelConfig) -> list[int]:
+    """Parameters of every unit, in the order of cfg.units."""
+    per_kind = kind_params(cfg)
     return [per_kind[kind] for _, kind in cfg.units]
 
 
@@ -92,12 +97,13 @@ def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
     (stale-synchronous ODC keeps staleness + 1; AdamW's moments stay one).
     `compute_shard_copy`: whether the engine keeps that bf16 copy (registry.EngineSpec)."""
     itemsize = 2 if precision == "bf16" else 4
-    units = unit_params(cfg)
+    # By kind, not unit by unit: a model's size is checked before anything lists its layers.
+    per_kind, count = kind_params(cfg), cfg.unit_counts
     group = world_size if shard_over is None else shard_over
     slotted = OWNED_BYTES - MOMENT_BYTES + (itemsize if itemsize < 4 and compute_shard_copy else 0)
     owned_per_param = MOMENT_BYTES + version_slots * slotted
-    owned = sum(-(-p // group) for p in units) * owned_per_param
-    working = 3 * max(units) * itemsize
+    owned = sum(count[kind] * -(-p // group) for kind, p in per_kind.items()) * owned_per_param
+    working = 3 * max(per_kind.values()) * itemsize
     layer = layer_activation_bytes(cfg, max_tokens, itemsize, cpu_longest)
     hidden = max_tokens * cfg.hidden_size * itemsize
     # `recompute`: the share of layers checkpointed, which keep only their input; one layer's
@@ -108,8 +114,3 @@ def estimate(cfg: ModelConfig, world_size: int, precision: str, max_tokens: int,
     inputs = max_tokens * 3 * 8  # token ids, positions and labels, int64
     return MemoryEstimate(owned=owned, working=working, activations=round(layers + head + inputs))
 
-
-def host_available_bytes() -> int:
-    """This host's available memory (the kernel's MemAvailable), which local ranks share."""
-    with open("/proc/meminfo", encoding="utf-8") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:")) * 1024

@@ -15,7 +15,7 @@ from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.files import nearest_existing
-from odc_bench.models.memory import host_available_bytes
+from odc_bench.sizes import host_available_bytes
 
 
 def cuda_available() -> bool:

@@ -39,7 +39,7 @@ from odc_bench.config.model import ModelConfig
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.ids import resolve_tokens
-from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples
+from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples, require_room
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import (
@@ -57,6 +57,12 @@ from odc_bench.sums import left_sum
 from odc_core.engine.registry import shard_group_size
 
 GB = 2**30
+# What a drawn sample takes at the least once planned (its id and length in lists, its share of
+# the plans) and a unit in the simulator (its costs and positions, by microbatch shape);
+# tests/unit/test_sim_memory.py checks that neither takes less. A run that would need more than
+# this host holds is refused before planning or simulating grows until the kernel kills it.
+PLANNED_SAMPLE_BYTES = 128
+SIMULATED_UNIT_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -385,6 +391,12 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
         lengths = dataset_lengths(config.dataset, config.seed)
         # the simulator makes no tokens: only a run that trains needs ids its model can embed
         dataset = resolve_tokens(dataset, config.model.vocab_size, check_ids=not config.simulated)
+    require_room(config.num_minibatches * world * per_rank, PLANNED_SAMPLE_BYTES,
+                 f"planning num_minibatches={config.num_minibatches} minibatches of world_size x minibatch_size = "
+                 f"{world * per_rank} samples", "lower num_minibatches")
+    if config.simulated:
+        require_room(sum(config.model.unit_counts.values()), SIMULATED_UNIT_BYTES,
+                     f"simulating model.num_layers={config.model.num_layers} layers", "lower model.num_layers")
     drawn = minibatch_samples(config.dataset, len(lengths), world * per_rank, config.num_minibatches, config.seed)
     max_tokens = config.max_tokens
     if max_tokens is None:

@@ -19,13 +19,14 @@ from odc_bench.balancers.schedule import list_schedule
 from odc_bench.config.backend import CalibratedHardwareConfig, SimBackendConfig
 from odc_bench.errors import ConfigError
 from odc_bench.forked import first_here, usable_cpus
-from odc_bench.models.memory import estimate, host_available_bytes
+from odc_bench.models.memory import estimate
 from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import totals, trace_frame
 from odc_bench.sim.hardware import EngineCosts, calibration_path, load_profile
 from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.stale import StaleTimeline, stale_odc, stale_totals, stale_trace
 from odc_bench.sim.timeline import Timeline, collective, concatenated, odc
+from odc_bench.sizes import host_available_bytes
 
 # ODC timelines of fewer (minibatch, rank) pairs than this are computed in one process: below
 # it, forking a worker and sending its share back costs about what the split saves.

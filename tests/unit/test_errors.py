@@ -259,6 +259,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                            _jsonl("".join(f"{100 + i}\n" for i in range(20)) + "5000000\n")),
     "max-tokens-over-memory": (["max_tokens=2000000"], "lower max_tokens (to ", None),
     "model-over-memory": (["model=qwen2_32b"], "the model alone does not fit: use a smaller model or add ranks", None),
+    "draw-over-host-memory": (["backend=sim", "num_minibatches=9999999999999"],
+                              "planning num_minibatches=9999999999999 minibatches of world_size x minibatch_size = 8 "
+                              "samples takes at least", None),
     # data
     "unknown-profile": (["dataset.profile=nosuch"], "unknown dataset profile 'nosuch'", None),
     "data-path-unset": (["dataset=jsonl"], "dataset=jsonl needs dataset.path", None),

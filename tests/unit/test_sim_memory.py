@@ -1,11 +1,20 @@
 """A simulated run over the simulated device's memory runs and says so in its row; a local run
-over this host's memory is still refused before anything is written."""
+over this host's memory is still refused before anything is written; so is a run whose draw,
+plans or simulation this host cannot hold."""
+
+import tracemalloc
+from functools import partial
 
 import pandas as pd
 import pytest
 
+from odc_bench.data.lengths import POOL_SAMPLE_BYTES
+from odc_bench.data.profiles import PROFILES, profile_lengths
+from odc_bench.data.rl import AIME, grpo_lengths
 from odc_bench.errors import ConfigError
 from odc_bench.jobs.train import run_training
+from odc_bench.plan.spec import PLANNED_SAMPLE_BYTES, SIMULATED_UNIT_BYTES, resolve
+from odc_bench.sim import simulate
 from tests.helpers import run_config
 
 # 1.5B on 8 A100s at packing ratio 8: 512K tokens per microbatch, about 97 GiB by the estimate.
@@ -26,3 +35,46 @@ def test_a_local_run_over_this_hosts_memory_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="a rank would need about"):
         run_training(config)
     assert not (tmp_path / "runs.csv").exists()
+
+
+HUGE = 10**20
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (("backend=sim", f"dataset.num_samples={HUGE}"), "a pool of dataset.num_samples="),
+    (("backend=sim", "dataset=grpo", f"dataset.grpo.num_prompts={HUGE}"), "a pool of dataset.grpo.num_prompts x"),
+    (("backend=sim", "dataset=grpo", f"dataset.grpo.group_size={HUGE}"), "a pool of dataset.grpo.num_prompts x"),
+    (("backend=sim", f"num_minibatches={HUGE}"), f"planning num_minibatches={HUGE} minibatches"),
+    (("backend=sim", f"model.num_layers={HUGE}"), f"simulating model.num_layers={HUGE} layers"),
+    ((f"model.num_layers={HUGE}",), "the model alone does not fit"),
+])
+def test_a_size_no_host_holds_is_refused_in_one_line_before_it_is_drawn_planned_or_listed(overrides, said):
+    """Before, numpy's allocation error ended the command in a traceback, and a model's layers were
+    listed one by one until the kernel killed the process."""
+    with pytest.raises(ConfigError, match=said) as refused:
+        resolve(run_config(*overrides)).check_fits()
+    assert "\n" not in str(refused.value)
+
+
+def _peak(work) -> int:
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_least_the_host_check_counts_is_no_more_than_a_draw_a_plan_and_a_simulation_take():
+    """The check refuses what cannot fit, never what can: each item's bytes it counts are at
+    most what the smallest runs take per item (a minibatch of one sample, one rank)."""
+    n = 20_000
+    for name in PROFILES:
+        assert _peak(partial(profile_lengths, name, 1.0, 0, n)) >= n * POOL_SAMPLE_BYTES, name
+    assert _peak(partial(grpo_lengths, 0, num_prompts=n // AIME.group_size)) >= n * POOL_SAMPLE_BYTES
+    small = ("backend=sim", "world_size=1", "minibatch_size=1", "warmup_minibatches=0", "backend.write_trace=false")
+    few, many = (run_config(*small, f"num_minibatches={count}") for count in (100, 2100))
+    assert _peak(partial(resolve, many)) - _peak(partial(resolve, few)) >= 2000 * PLANNED_SAMPLE_BYTES
+    few, many = (resolve(run_config(*small, "num_minibatches=1", f"model.num_layers={layers}")) for layers in (50, 450))
+    assert _peak(partial(simulate, many, trace=False)) - _peak(partial(simulate, few, trace=False)) >= \
+        400 * SIMULATED_UNIT_BYTES
