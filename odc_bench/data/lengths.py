@@ -11,7 +11,7 @@ import numpy as np
 from odc_bench.config.dataset import DatasetConfig
 from odc_bench.config.fields import require
 from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
-from odc_bench.data.real import load_lengths
+from odc_bench.data.real import COUNT_LIMIT, load_lengths
 from odc_bench.data.rl import group_minibatches, grpo_lengths, grpo_max_len
 from odc_bench.sizes import host_available_bytes, size_label
 
@@ -30,6 +30,14 @@ def require_room(count: int, bytes_each: int, what: str, fix: str) -> None:
                           f"host has available; {fix}")
 
 
+def _require_scaled_counts(longest: int, scale: float) -> None:
+    """ConfigError, one line, when the scale makes a sample as long as no sample can be (the token
+    count readers' limit), where the scaled counts overflowed int64 or float."""
+    top = longest * scale
+    require(top < COUNT_LIMIT, f"dataset.length_scale={scale} makes samples of up to {top:.4g} tokens, beyond any "
+                               f"sequence a model takes (counts are below {COUNT_LIMIT}); lower dataset.length_scale")
+
+
 def dataset_lengths(ds: DatasetConfig, seed: int) -> np.ndarray:
     """The pool's sample lengths, scaled by dataset.length_scale; DataError/ConfigError when unusable."""
     if ds.loader == "profile":
@@ -38,15 +46,18 @@ def dataset_lengths(ds: DatasetConfig, seed: int) -> np.ndarray:
         count = ds.num_samples or PROFILES[str(ds.profile)].num_samples
         require_room(count, POOL_SAMPLE_BYTES, f"a pool of dataset.num_samples={count} samples",
                      "lower dataset.num_samples")
+        _require_scaled_counts(PROFILES[str(ds.profile)].max_len, ds.length_scale)
         return profile_lengths(str(ds.profile), ds.length_scale, seed, ds.num_samples)
     if ds.loader == "grpo":
         assert ds.grpo is not None, "DatasetConfig refuses loader=grpo without its section"
         g, prompts = ds.grpo.group_size, ds.grpo.num_prompts
         require_room(prompts * g, POOL_SAMPLE_BYTES, f"a pool of dataset.grpo.num_prompts x group_size = {prompts} x "
                      f"{g} samples", "lower dataset.grpo.num_prompts or dataset.grpo.group_size")
+        _require_scaled_counts(grpo_max_len(ds.grpo), ds.length_scale)
         return grpo_lengths(seed, ds.grpo, ds.length_scale)
     raw = load_lengths(ds.loader, ds.path, field=ds.field, text_field=ds.text_field, tokenizer=ds.tokenizer,
                        split=ds.split, cache_dir=ds.cache_dir)
+    _require_scaled_counts(int(raw[:ds.num_samples].max()), ds.length_scale)
     return np.maximum(2, np.rint(raw[:ds.num_samples] * ds.length_scale)).astype(np.int64)
 
 

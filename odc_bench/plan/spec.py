@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.ids import resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples, require_room
+from odc_bench.data.real import COUNT_LIMIT
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import (
@@ -398,10 +400,14 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
         require_room(sum(config.model.unit_counts.values()), SIMULATED_UNIT_BYTES,
                      f"simulating model.num_layers={config.model.num_layers} layers", "lower model.num_layers")
     drawn = minibatch_samples(config.dataset, len(lengths), world * per_rank, config.num_minibatches, config.seed)
-    max_tokens = config.max_tokens
+    max_tokens, key, how = config.max_tokens, "max_tokens", "max_tokens"
     if max_tokens is None:
         max_tokens = int(dataset_max_len(config.dataset, lengths) * config.packing_ratio)
+        key, how = "packing_ratio", f"the longest sample x packing_ratio={config.packing_ratio}"
     require(max_tokens >= 2, f"max_tokens must be null or an integer >= 2, got {max_tokens}")
+    shown = max_tokens if max_tokens < 10**20 else f"{Decimal(max_tokens):.3e}"  # packing_ratio=1e300: 300 digits
+    require(max_tokens < COUNT_LIMIT, f"a microbatch limit of {shown} tokens ({how}) is beyond what any device holds "
+                                      f"(limits are below {COUNT_LIMIT}); lower {key}")
 
     resolved = replace(config, max_tokens=max_tokens, engine=engine, dataset=dataset)
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"

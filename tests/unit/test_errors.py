@@ -258,6 +258,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                            "a sample of 5000000 tokens cannot fit, samples up to about",
                            _jsonl("".join(f"{100 + i}\n" for i in range(20)) + "5000000\n")),
     "max-tokens-over-memory": (["max_tokens=2000000"], "lower max_tokens (to ", None),
+    "scale-beyond-any-sequence": (["dataset.length_scale=1e300"],
+                                  "dataset.length_scale=1e+300 makes samples of up to 6.554e+304 tokens, beyond any "
+                                  "sequence a model takes", None),
     "model-over-memory": (["model=qwen2_32b"], "the model alone does not fit: use a smaller model or add ranks", None),
     "draw-over-host-memory": (["backend=sim", "num_minibatches=9999999999999"],
                               "planning num_minibatches=9999999999999 minibatches of world_size x minibatch_size = 8 "

@@ -15,7 +15,7 @@ from odc_bench.errors import ConfigError
 from odc_bench.jobs.train import run_training
 from odc_bench.plan.spec import PLANNED_SAMPLE_BYTES, SIMULATED_UNIT_BYTES, resolve
 from odc_bench.sim import simulate
-from tests.helpers import run_config
+from tests.helpers import REPO, run_config
 
 # 1.5B on 8 A100s at packing ratio 8: 512K tokens per microbatch, about 97 GiB by the estimate.
 OVER = ("backend=sim", "backend/hardware=a100", "precision=bf16", "backend.recompute=true", "model=qwen2_1p5b",
@@ -54,6 +54,25 @@ def test_a_size_no_host_holds_is_refused_in_one_line_before_it_is_drawn_planned_
     with pytest.raises(ConfigError, match=said) as refused:
         resolve(run_config(*overrides)).check_fits()
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (("dataset.length_scale=1e300",),
+     r"dataset.length_scale=1e\+300 makes samples of up to 6.554e\+304 tokens, beyond"),
+    (("dataset=grpo", "minibatch_size=8", "dataset.length_scale=1e15"),
+     "dataset.length_scale=1000000000000000.0 makes"),
+    (("dataset=jsonl", f"dataset.path={REPO / 'examples/lengths.jsonl'}", "dataset.length_scale=1e300"),
+     "beyond any sequence"),
+    (("packing_ratio=1e300",),
+     r"a microbatch limit of 1.024e\+303 tokens \(the longest sample x packing_ratio=1e\+300\) is beyond what any "
+     r"device holds \(limits are below 2147483648\); lower packing_ratio"),
+    (("max_tokens=2147483648",), r"limit of 2147483648 tokens \(max_tokens\) is beyond .*; lower max_tokens$"),
+])
+def test_a_sample_or_microbatch_longer_than_any_sequence_is_refused_in_one_line(overrides, said):
+    """Before, a scale past int64 ended in a traceback (OverflowError) or wrapped round (max_tokens
+    "got -9223372036854775808"), and one short of it simulated samples of 10^19 tokens."""
+    with pytest.raises(ConfigError, match=said):
+        resolve(run_config("backend=sim", *overrides))
 
 
 def _peak(work) -> int:
