@@ -393,9 +393,10 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
         lengths = dataset_lengths(config.dataset, config.seed)
         # the simulator makes no tokens: only a run that trains needs ids its model can embed
         dataset = resolve_tokens(dataset, config.model.vocab_size, check_ids=not config.simulated)
-    require_room(config.num_minibatches * world * per_rank, PLANNED_SAMPLE_BYTES,
-                 f"planning num_minibatches={config.num_minibatches} minibatches of world_size x minibatch_size = "
-                 f"{world * per_rank} samples", "lower num_minibatches")
+    if len(lengths) >= world * per_rank:  # else minibatch_samples names the pool as too small for one minibatch
+        require_room(config.num_minibatches * world * per_rank, PLANNED_SAMPLE_BYTES,
+                     f"planning num_minibatches={config.num_minibatches} minibatches of world_size x minibatch_size = "
+                     f"{world * per_rank} samples", "lower num_minibatches")
     if config.simulated:
         require_room(sum(config.model.unit_counts.values()), SIMULATED_UNIT_BYTES,
                      f"simulating model.num_layers={config.model.num_layers} layers", "lower model.num_layers")

@@ -45,6 +45,8 @@ HUGE = 10**20
     (("backend=sim", "dataset=grpo", f"dataset.grpo.num_prompts={HUGE}"), "a pool of dataset.grpo.num_prompts x"),
     (("backend=sim", "dataset=grpo", f"dataset.grpo.group_size={HUGE}"), "a pool of dataset.grpo.num_prompts x"),
     (("backend=sim", f"num_minibatches={HUGE}"), f"planning num_minibatches={HUGE} minibatches"),
+    # More ranks than samples: the pool is what to name.
+    (("backend=sim", f"world_size={HUGE}"), "the dataset has 10000 usable samples, fewer than one minibatch"),
     (("backend=sim", f"model.num_layers={HUGE}"), f"simulating model.num_layers={HUGE} layers"),
     ((f"model.num_layers={HUGE}",), "the model alone does not fit"),
 ])
