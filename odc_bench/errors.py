@@ -13,11 +13,12 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import signal
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -110,6 +111,15 @@ def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
     """End the command for bad input: the one-line message on stderr, exit status 2."""
     print(f"{prog}: error: {error}", file=sys.stderr)
     sys.exit(2)
+
+
+def in_options(message: str, options: Sequence[tuple[str, str]]) -> str:
+    """An error of the harness as a command that sets its keys from options says it: each
+    (key, option) pair's key, and `key=value`, named by the option (`option value`)."""
+    for key, option in options:
+        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])=", f"{option} ", message)
+        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])", option, message)
+    return message
 
 
 def _user_path(text: str) -> Path:

@@ -6,6 +6,8 @@ permutation of the pool read in order, or, for GRPO, whole groups (data/rl.py).
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import numpy as np
 
 from odc_bench.config.dataset import DatasetConfig
@@ -15,10 +17,13 @@ from odc_bench.data.real import COUNT_LIMIT, load_lengths
 from odc_bench.data.rl import group_minibatches, grpo_lengths, grpo_max_len
 from odc_bench.sizes import host_available_bytes, size_label
 
-# What each sample of a drawn pool takes at the least while it is drawn (the profiles and GRPO
-# hold a few arrays of the pool at once; tests/unit/test_profiles.py checks that none takes less):
-# a pool whose least is over this host's memory is refused before numpy's allocation fails.
+# What each sample takes at the least while a pool is drawn (the profiles and GRPO hold a few
+# arrays of the pool at once), and once drawn into a minibatch and planned (its id and length in
+# lists, its share of the plans); tests/unit/test_sim_memory.py checks that neither takes less.
+# A size whose least is over this host's memory is refused before numpy's allocation fails or a
+# list grows until the kernel kills the process.
 POOL_SAMPLE_BYTES = 24
+DRAWN_SAMPLE_BYTES = 128
 
 
 def require_room(count: int, bytes_each: int, what: str, fix: str) -> None:
@@ -71,6 +76,20 @@ def dataset_max_len(ds: DatasetConfig, lengths: np.ndarray) -> int:
     return int(lengths.max())
 
 
+def microbatch_limit(ds: DatasetConfig, lengths: np.ndarray, max_tokens: int | None, packing_ratio: float) -> int:
+    """The microbatch token limit: max_tokens, or the dataset's longest sample x packing_ratio (the
+    paper's default); ConfigError, one line, for one below 2 or as long as no device holds."""
+    key, how = "max_tokens", "max_tokens"
+    if max_tokens is None:
+        max_tokens = int(dataset_max_len(ds, lengths) * packing_ratio)
+        key, how = "packing_ratio", f"the longest sample x packing_ratio={packing_ratio}"
+    require(max_tokens >= 2, f"max_tokens must be null or an integer >= 2, got {max_tokens}")
+    shown = max_tokens if max_tokens < 10**20 else f"{Decimal(max_tokens):.3e}"  # packing_ratio=1e300: 300 digits
+    require(max_tokens < COUNT_LIMIT, f"a microbatch limit of {shown} tokens ({how}) is beyond what any device holds "
+                                      f"(limits are below {COUNT_LIMIT}); lower {key}")
+    return max_tokens
+
+
 def reuse_note(pool_size: int, drawn: int) -> str:
     """How often a run's draws reuse each sample of its pool, or "" when none is drawn twice."""
     if drawn <= pool_size:
@@ -80,7 +99,8 @@ def reuse_note(pool_size: int, drawn: int) -> str:
 
 def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_minibatches: int,
                       seed: int) -> list[list[int]]:
-    """Sample ids of each minibatch; ConfigError when a minibatch cannot be drawn from the pool.
+    """Sample ids of each minibatch; ConfigError when a minibatch cannot be drawn from the pool, or
+    the draws are more than this host's memory holds.
 
     A seeded permutation of the pool, read in order and wrapping around; for GRPO whole groups
     (a PPO minibatch is prompts x G, GRPO's advantages being normalised within a group).
@@ -95,6 +115,7 @@ def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_m
         require(global_size // g <= prompts,
                 f"a minibatch of {global_size} samples needs {global_size // g} prompts, more than "
                 f"dataset.grpo.num_prompts={prompts}; raise dataset.grpo.num_prompts or lower minibatch_size")
+        _require_draw_room(global_size, num_minibatches)
         return group_minibatches(prompts, g, global_size // g, num_minibatches, seed)
     more = (f"raise dataset.num_samples to at least {global_size} (the profile's pool)" if ds.loader == "profile" else
             f"give data with at least {global_size} samples (dataset.num_samples only takes the first N of them, it "
@@ -103,5 +124,11 @@ def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_m
             f"the dataset has {pool_size} usable sample{'s' * (pool_size != 1)}, fewer than one minibatch of "
             f"world_size x minibatch_size = {global_size}; lower minibatch_size or world_size until their product "
             f"is at most {pool_size}, or {more}")
+    _require_draw_room(global_size, num_minibatches)
     order = np.random.default_rng(seed + 1).permutation(pool_size)
     return order[np.arange(num_minibatches * global_size) % pool_size].reshape(num_minibatches, global_size).tolist()
+
+
+def _require_draw_room(global_size: int, num_minibatches: int) -> None:
+    require_room(num_minibatches * global_size, DRAWN_SAMPLE_BYTES, f"planning num_minibatches={num_minibatches} "
+                 f"minibatches of world_size x minibatch_size = {global_size} samples", "lower num_minibatches")

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -40,8 +39,7 @@ from odc_bench.config.model import ModelConfig
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
 from odc_bench.data.ids import resolve_tokens
-from odc_bench.data.lengths import dataset_lengths, dataset_max_len, minibatch_samples, require_room
-from odc_bench.data.real import COUNT_LIMIT
+from odc_bench.data.lengths import dataset_lengths, microbatch_limit, minibatch_samples, require_room
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
 from odc_bench.plan.device import (
@@ -59,11 +57,9 @@ from odc_bench.sums import left_sum
 from odc_core.engine.registry import shard_group_size
 
 GB = 2**30
-# What a drawn sample takes at the least once planned (its id and length in lists, its share of
-# the plans) and a unit in the simulator (its costs and positions, by microbatch shape);
-# tests/unit/test_sim_memory.py checks that neither takes less. A run that would need more than
-# this host holds is refused before planning or simulating grows until the kernel kills it.
-PLANNED_SAMPLE_BYTES = 128
+# What a unit takes at the least in the simulator (its costs and positions, by microbatch shape;
+# tests/unit/test_sim_memory.py checks that none takes less): a model of more layers than this
+# host holds is refused before the simulator lists them until the kernel kills the process.
 SIMULATED_UNIT_BYTES = 128
 
 
@@ -393,22 +389,11 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
         lengths = dataset_lengths(config.dataset, config.seed)
         # the simulator makes no tokens: only a run that trains needs ids its model can embed
         dataset = resolve_tokens(dataset, config.model.vocab_size, check_ids=not config.simulated)
-    if len(lengths) >= world * per_rank:  # else minibatch_samples names the pool as too small for one minibatch
-        require_room(config.num_minibatches * world * per_rank, PLANNED_SAMPLE_BYTES,
-                     f"planning num_minibatches={config.num_minibatches} minibatches of world_size x minibatch_size = "
-                     f"{world * per_rank} samples", "lower num_minibatches")
     if config.simulated:
         require_room(sum(config.model.unit_counts.values()), SIMULATED_UNIT_BYTES,
                      f"simulating model.num_layers={config.model.num_layers} layers", "lower model.num_layers")
     drawn = minibatch_samples(config.dataset, len(lengths), world * per_rank, config.num_minibatches, config.seed)
-    max_tokens, key, how = config.max_tokens, "max_tokens", "max_tokens"
-    if max_tokens is None:
-        max_tokens = int(dataset_max_len(config.dataset, lengths) * config.packing_ratio)
-        key, how = "packing_ratio", f"the longest sample x packing_ratio={config.packing_ratio}"
-    require(max_tokens >= 2, f"max_tokens must be null or an integer >= 2, got {max_tokens}")
-    shown = max_tokens if max_tokens < 10**20 else f"{Decimal(max_tokens):.3e}"  # packing_ratio=1e300: 300 digits
-    require(max_tokens < COUNT_LIMIT, f"a microbatch limit of {shown} tokens ({how}) is beyond what any device holds "
-                                      f"(limits are below {COUNT_LIMIT}); lower {key}")
+    max_tokens = microbatch_limit(config.dataset, lengths, config.max_tokens, config.packing_ratio)
 
     resolved = replace(config, max_tokens=max_tokens, engine=engine, dataset=dataset)
     semantics = "collective" if engine.spec.equal_microbatch_counts else "odc"

@@ -41,9 +41,19 @@ from odc_bench.balancers.quality import (
 )
 from odc_bench.balancers.registry import BALANCERS, plan_minibatch
 from odc_bench.config.dataset import DatasetConfig
-from odc_bench.data.lengths import minibatch_samples
-from odc_bench.data.profiles import PROFILES, profile_lengths, profile_max_len
-from odc_bench.errors import CommandParser, command_name, ends_cleanly, nonnegative_int, positive_float, positive_int
+from odc_bench.data.lengths import dataset_lengths, microbatch_limit, minibatch_samples
+from odc_bench.data.profiles import PROFILES
+from odc_bench.errors import (
+    CommandParser,
+    ConfigError,
+    command_name,
+    ends_cleanly,
+    fail,
+    in_options,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,12 @@ class BalancerQuality:
     @property
     def over_bound(self) -> float:
         return self.time / self.bound - 1.0
+
+
+# The run's keys this command sets from its options: an error names the option.
+OPTIONS = (("world_size", "--world-size"), ("minibatch_size", "--minibatch-size"),
+           ("num_minibatches", "--num-minibatches"), ("dataset.length_scale", "--length-scale"),
+           ("packing_ratio", "--packing-ratio"))
 
 
 def parse_cost(spec: str) -> CostModel:
@@ -77,11 +93,11 @@ def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size
     with `staleness` > 0 also timed as stale-synchronous ODC (semantics `odc s=N`)."""
     cost = cost or quadratic("1p5b")
     plan_cost = plan_cost or cost
-    lengths = profile_lengths(profile, length_scale, seed)
-    max_tokens = int(profile_max_len(profile, length_scale) * packing_ratio)
+    dataset = DatasetConfig(name=profile, profile=profile, length_scale=length_scale)
+    lengths = dataset_lengths(dataset, seed)
+    max_tokens = microbatch_limit(dataset, lengths, None, packing_ratio)
     batches = [[int(lengths[i]) for i in ids]
-               for ids in minibatch_samples(DatasetConfig(name=profile, profile=profile), len(lengths),
-                                            world_size * minibatch_size, num_minibatches, seed)]
+               for ids in minibatch_samples(dataset, len(lengths), world_size * minibatch_size, num_minibatches, seed)]
     rows = []
     for name, spec in BALANCERS.items():
         preds: dict[str, list[Prediction]] = {s: [] for s in SEMANTICS}
@@ -142,8 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cost = parse_cost(args.cost)
     plan_cost = parse_cost(args.plan_cost) if args.plan_cost else cost
-    rows = plan_quality(args.profile, args.world_size, args.minibatch_size, args.num_minibatches, cost, plan_cost,
-                        args.packing_ratio, args.length_scale, args.seed, args.staleness)
+    try:
+        rows = plan_quality(args.profile, args.world_size, args.minibatch_size, args.num_minibatches, cost, plan_cost,
+                            args.packing_ratio, args.length_scale, args.seed, args.staleness)
+    except ConfigError as e:
+        fail(ConfigError(in_options(str(e), OPTIONS)), parser.prog)
     print(f"{args.profile} x{args.length_scale:g}, {args.world_size} ranks, minibatch {args.minibatch_size} per rank, "
           f"{args.num_minibatches} minibatches, packing ratio {args.packing_ratio:g}; planned with {plan_cost.label}, "
           f"scored with {cost.label}; times summed over minibatches")

@@ -12,7 +12,6 @@ it (docs/staleness.md); beyond the paper, so they stand beside the verdict, not 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_m
 from odc_bench.config.hub import hub_hint
 from odc_bench.data.profiles import PROFILES
 from odc_bench.data.real import loader_for
-from odc_bench.errors import ConfigError
+from odc_bench.errors import ConfigError, in_options
 from odc_bench.files import name_too_long
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.results.series import BASELINE_BALANCERS
@@ -93,10 +92,7 @@ DERIVED = (("backend.hardware.gpus_per_node", "--devices-per-node"), ("gpus_per_
 
 def in_user_terms(message: str) -> str:
     """An error of the harness, with every key the what-if derived named by the what-if's option."""
-    for key, option in DERIVED:
-        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])=", f"{option} ", message)
-        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w])", option, message)
-    return message
+    return in_options(message, DERIVED)
 
 
 def _profile_kind(path: Path) -> object:

@@ -618,6 +618,26 @@ def test_a_tool_run_as_a_module_names_itself_and_its_counts_are_counts(argv, sai
     assert err.startswith(f"python -m odc_bench.tools.balancer_report: error: argument {said} (see ")
 
 
+@pytest.mark.parametrize("argv,said", [
+    (["--world-size", "99999"], "fewer than one minibatch of --world-size x --minibatch-size = 399996; lower "
+                                "--minibatch-size or --world-size"),
+    (["--length-scale", "1e300"], "--length-scale 1e+300 makes samples of up to 6.554e+304 tokens"),
+    (["--packing-ratio", "1e300"], "(the longest sample x --packing-ratio 1e+300) is beyond what any device holds"),
+    (["--num-minibatches", "9999999999999"], "planning --num-minibatches 9999999999999 minibatches of --world-size x "
+                                             "--minibatch-size = 32 samples takes at least"),
+])
+def test_a_tools_sizes_that_cannot_be_planned_are_one_line_naming_its_options(argv, said, capsys):
+    """Before, the pool's refusal was a ConfigError traceback, and the sizes past int64 or this
+    host's memory an OverflowError's or numpy's allocation error."""
+    from odc_bench.tools import balancer_report
+
+    with pytest.raises(SystemExit) as stop:
+        balancer_report.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("python -m odc_bench.tools.balancer_report: error: ") and said in err
+
+
 @pytest.mark.parametrize("tool,argv,said", [
     ("checkpoint_cost", ["--model", "nope"], "unknown model option 'nope'; choose one of "),
     ("optimizer_step", ["--model", "qwen2_32b"], "a rank would need about "),

@@ -8,12 +8,12 @@ from functools import partial
 import pandas as pd
 import pytest
 
-from odc_bench.data.lengths import POOL_SAMPLE_BYTES
+from odc_bench.data.lengths import DRAWN_SAMPLE_BYTES, POOL_SAMPLE_BYTES
 from odc_bench.data.profiles import PROFILES, profile_lengths
 from odc_bench.data.rl import AIME, grpo_lengths
 from odc_bench.errors import ConfigError
 from odc_bench.jobs.train import run_training
-from odc_bench.plan.spec import PLANNED_SAMPLE_BYTES, SIMULATED_UNIT_BYTES, resolve
+from odc_bench.plan.spec import SIMULATED_UNIT_BYTES, resolve
 from odc_bench.sim import simulate
 from tests.helpers import REPO, run_config
 
@@ -95,7 +95,7 @@ def test_the_least_the_host_check_counts_is_no_more_than_a_draw_a_plan_and_a_sim
     assert _peak(partial(grpo_lengths, 0, num_prompts=n // AIME.group_size)) >= n * POOL_SAMPLE_BYTES
     small = ("backend=sim", "world_size=1", "minibatch_size=1", "warmup_minibatches=0", "backend.write_trace=false")
     few, many = (run_config(*small, f"num_minibatches={count}") for count in (100, 2100))
-    assert _peak(partial(resolve, many)) - _peak(partial(resolve, few)) >= 2000 * PLANNED_SAMPLE_BYTES
+    assert _peak(partial(resolve, many)) - _peak(partial(resolve, few)) >= 2000 * DRAWN_SAMPLE_BYTES
     few, many = (resolve(run_config(*small, "num_minibatches=1", f"model.num_layers={layers}")) for layers in (50, 450))
     assert _peak(partial(simulate, many, trace=False)) - _peak(partial(simulate, few, trace=False)) >= \
         400 * SIMULATED_UNIT_BYTES
