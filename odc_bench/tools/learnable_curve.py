@@ -20,6 +20,8 @@ from odc_bench.data.chain import entropy_rate
 from odc_bench.data.learnable import learnable_tokens
 from odc_bench.errors import CommandParser, command_name, ends_cleanly, nonnegative_int, positive_int
 from odc_bench.models.decoder import DecoderModel, init_weights
+from odc_bench.models.memory import estimate
+from odc_bench.sizes import host_available_bytes, size_label
 
 TINY = compose_run(["model=tiny"]).model
 
@@ -56,6 +58,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.min_len > args.max_len:
         parser.error(f"--min-len ({args.min_len}) must be at most --max-len ({args.max_len})")
+    # One process on this host, the harness's model on CPU: the run's memory check, for a step's
+    # longest microbatch (before, a torch allocation error deep in the first step).
+    need, have = estimate(TINY, 1, "fp32", args.docs * args.max_len, cpu_longest=args.max_len).total, \
+        host_available_bytes()
+    if need > have:
+        parser.error(f"a step of --docs {args.docs} documents of up to --max-len {args.max_len} tokens would need "
+                     f"about {size_label(need)}, more than the {size_label(have)} this host has available; lower "
+                     f"--docs or --max-len")
     torch.set_num_threads(1)
     losses = train_curve(args.steps, args.docs, args.min_len, args.max_len, args.seed)
     half = math.log(TINY.vocab_size) / 2

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from odc_bench.config.compose import compose_run, string_override
-from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
+from odc_bench.config.compose import COMPOSE_ERRORS, compose_run, hydra_error_line, string_override
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail, in_options, positive_int
 from odc_bench.plan.spec import plan_digest, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
@@ -163,7 +163,13 @@ def main(argv: list[str] | None = None) -> None:
                     help="run the commands N rounds and print each one's median and range (default: 1)")
     args = ap.parse_args(argv)
     if args.stages:
-        stages(args.ranks, args.minibatches, args.commands)
+        try:
+            stages(args.ranks, args.minibatches, args.commands)
+        except COMPOSE_ERRORS as e:
+            fail(ConfigError(hydra_error_line(e)), ap.prog)
+        except ConfigError as e:
+            fail(ConfigError(in_options(str(e), (("world_size", "--ranks"), ("num_minibatches", "--minibatches")))),
+                 ap.prog)
         return
     unknown = sorted(set(args.commands) - set(commands(Path("."))))
     if unknown:

@@ -7,6 +7,7 @@ and the line on stderr, and one as a real command line.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import signal
@@ -636,6 +637,24 @@ def test_a_tools_sizes_that_cannot_be_planned_are_one_line_naming_its_options(ar
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1
     assert err.startswith("python -m odc_bench.tools.balancer_report: error: ") and said in err
+
+
+@pytest.mark.parametrize("tool,argv,said", [
+    ("learnable_curve", ["--max-len", "200000"],
+     "a step of --docs 4 documents of up to --max-len 200000 tokens would need about"),
+    ("sim_bench", ["--stages", "nosuch=1"], "unknown config key 'nosuch'"),
+    ("sim_bench", ["--stages", "--ranks", "8", "--minibatches", "99999999999999"],
+     "planning --minibatches 99999999999999 minibatches of --ranks x minibatch_size = 32 samples takes at least"),
+])
+def test_a_side_tools_input_it_cannot_run_is_one_line(tool, argv, said, monkeypatch, capsys):
+    """Before: a torch allocation error in the first step, a Hydra error's or a ConfigError's traceback."""
+    module = importlib.import_module(f"odc_bench.tools.{tool}")
+    monkeypatch.setattr(sys, "argv", [tool, *argv])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"python -m odc_bench.tools.{tool}: error: ") and said in err
 
 
 @pytest.mark.parametrize("tool,argv,said", [
