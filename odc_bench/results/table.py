@@ -74,6 +74,22 @@ def check_table(path: Path) -> None:
     if versions - {str(SCHEMA_VERSION)}:
         raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}, this code writes "
                          f"{SCHEMA_VERSION}; {fix}")
+    if (text := text_in_numbers(table)) is not None:
+        raise TableError(f"{path}: {text}; correct or remove that row, or {fix}")
+
+
+def text_in_numbers(table: pd.DataFrame) -> str | None:
+    """Where a column of numbers holds text (a table edited by hand, a cell cut short), said with
+    its row's run_id, or None: read on, it failed the results commands in a TypeError traceback."""
+    for column in (c for c in COLUMNS if c not in TEXT_COLUMNS and c in table):
+        values = table[column]
+        if pd.api.types.is_numeric_dtype(values):
+            continue
+        bad = values[pd.to_numeric(values, errors="coerce").isna() & values.notna()]
+        if not bad.empty:
+            run = table.loc[bad.index[0], "run_id"] if "run_id" in table else bad.index[0]
+            return f"the row of run {run} holds {bad.iloc[0]!r} in column {column}, which holds numbers"
+    return None
 
 
 def check_results_dir(results_dir: Path) -> None:

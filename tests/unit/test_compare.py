@@ -323,3 +323,24 @@ def test_a_balancer_under_two_cost_models_is_two_series():
     rows = comparison(table).set_index("series")
     assert rows.loc["odc+lb_mini (linear)", "speedup"] == pytest.approx(1.2)
     assert rows.loc["odc+lb_mini (calibrated:tiny-cpu)", "speedup"] == pytest.approx(1.4)
+
+
+def test_a_table_with_text_in_a_column_of_numbers_is_refused_in_one_line_and_the_figures_leave_it_out(tmp_path,
+                                                                                                      capsys):
+    """Before, compare and pairs ended in a TypeError traceback (str / float) and the figures drew the rest."""
+    from paper_figures.inputs import read_runs
+
+    (tmp_path / "r").mkdir()
+    rows = [_row("a", "collective", "lb_micro", 10.0), _row("b", "odc", "lb_mini", "fast")]
+    pd.DataFrame(rows).assign(schema_version=SCHEMA_VERSION).reindex(columns=COLUMNS).to_csv(
+        tmp_path / "r" / "runs.csv", index=False)
+    for command in ("compare", "pairs"):
+        assert results_main([command, str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith("runs.csv: the row of run b holds 'fast' in column samples_per_s, which holds numbers; "
+                            "correct or remove that row, or move it away or set results_dir to another folder")
+        assert "\n" not in err
+    notes: list[str] = []
+    assert read_runs(tmp_path, notes).empty
+    assert notes == [f"{tmp_path / 'r' / 'runs.csv'} left out: the row of run b holds 'fast' in column samples_per_s, "
+                     f"which holds numbers"]

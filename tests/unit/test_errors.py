@@ -109,6 +109,9 @@ def _hub_with_a_damaged_shard(tmp: Path) -> None:
 HEADER = ",".join(COLUMNS)
 OTHER_VERSION = SCHEMA_VERSION + 1
 ROW_OTHER = ",".join(str(OTHER_VERSION) if c == "schema_version" else "x" for c in COLUMNS)
+# A row of this schema whose samples_per_s holds text (every other column empty or its run's id).
+ROW_TEXT_IN_NUMBERS = ",".join({"run_id": "abc", "schema_version": str(SCHEMA_VERSION),
+                                "samples_per_s": "fast"}.get(c, "") for c in COLUMNS)
 
 # case -> (command line, the message it must give, set-up of the files it names, which may return
 # environment variables the case needs)
@@ -360,6 +363,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "runs-csv-other-schema-version": ([], f"holds rows of schema_version {OTHER_VERSION}, this code writes "
                                           f"{SCHEMA_VERSION}", _runs_csv(f"{HEADER}\n{ROW_OTHER}\n")),
     "runs-csv-not-csv": ([], "is not a readable results table", _runs_csv('a,b\n"unterminated\n')),
+    "runs-csv-text-in-numbers": ([], "runs.csv: the row of run abc holds 'fast' in column samples_per_s, which "
+                                     "holds numbers; correct or remove that row",
+                                 _runs_csv(f"{HEADER}\n{ROW_TEXT_IN_NUMBERS}\n")),
 }
 
 
