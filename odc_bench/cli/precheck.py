@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,12 @@ from hydra._internal.utils import create_automatic_config_search_path
 from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, ValueType
+from hydra.core.override_parser.types import Override, RangeSweep, ValueType
 from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_parameters
 from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
+from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.files import folder_problem, interrupts_deferred, tmpdir_too_long
@@ -34,6 +36,7 @@ from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, check_combination
 from odc_bench.results.table import check_results_dir
 from odc_bench.sim import check_hardware
+from odc_bench.sizes import host_available_bytes, size_label
 
 CONF_MODULE = "odc_bench.conf"
 _STOCK_SUBMITIT = "hydra_plugins.hydra_submitit_launcher."
@@ -47,12 +50,40 @@ def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
         yield list(combination)
 
 
+# What a run of a sweep takes at the least while the sweep lists them (its overrides in a list;
+# tests/unit/test_sweeps.py checks that none takes less): a sweep of more runs than this host can
+# list is refused before the listing grows until the kernel kills the command, which said nothing.
+SWEEP_JOB_BYTES = 256
+
+
+def require_listable(runs: int, what: str) -> None:
+    """ConfigError, one line, when a sweep of `runs` runs is more than this host's memory can list."""
+    need, have = runs * SWEEP_JOB_BYTES, host_available_bytes()
+    require(need <= have, f"{what} makes {runs:,} runs, more than this host can list (at least {size_label(need)} of "
+                          f"memory, where it has {size_label(have)} available); sweep fewer values")
+
+
+def _range_length(override: Override) -> int | None:
+    """How many values a range(...) sweep lists, counted without listing them; None for another sweep
+    (a list of values is as long as the command line that typed it) or a range Hydra refuses."""
+    sweep = override.value()
+    if not isinstance(sweep, RangeSweep) or sweep.start is None or sweep.stop is None or not sweep.step:
+        return None
+    start, stop, step = sweep.start, sweep.stop, sweep.step
+    if isinstance(start, int) and isinstance(stop, int) and isinstance(step, int):
+        return len(range(start, stop, step))
+    return max(0, math.ceil((stop - start) / step))
+
+
 def swept_values(override: Override) -> list[str]:
     """A swept key's overrides, one per value; ConfigError where a grid cannot list any (an
-    interval, which only an optimising sweeper samples; a range with none in it)."""
+    interval, which only an optimising sweeper samples; a range with none in it) or more than
+    this host can (require_listable)."""
     if override.value_type == ValueType.INTERVAL_SWEEP:
         raise ConfigError(f"{override.input_line!r} is an interval, which a grid sweep cannot list; give the values "
                           f"(a,b,c) or range(start,stop,step)")
+    if (length := _range_length(override)) is not None:
+        require_listable(length, repr(override.input_line))
     values = [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
     if not values:
         raise ConfigError(f"{override.input_line!r} gives no values, so the sweep would have no runs; give it at "

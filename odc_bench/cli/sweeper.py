@@ -31,6 +31,7 @@ the runs executed (locally or on SLURM).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.app import Job
 from odc_bench.cli.outcomes import print_summary
-from odc_bench.cli.precheck import check_run, swept_values
+from odc_bench.cli.precheck import check_run, require_listable, swept_values
 from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
@@ -81,9 +82,9 @@ def expand_jobs(params: Mapping[str, Any] | None, grids: Sequence[Mapping[str, A
     for grid in grids or [{}]:
         own = _by_key(parser, [_as_override(k, v) for k, v in grid.items()])
         merged = {**common, **own, **cli}
-        for override in merged.values():  # one that lists nothing, here or on the command line
-            if override.is_sweep_override():
-                swept_values(override)
+        # One that lists nothing, here or on the command line, or more than this host can.
+        counts = [len(swept_values(o)) if o.is_sweep_override() else 1 for o in merged.values()]
+        require_listable(len(jobs) + math.prod(counts), "every combination of its values")
         for job in BasicSweeper.split_arguments(list(merged.values()), None)[0]:
             key = frozenset(job)
             if key not in seen and not any(partial <= key for partial in dropped):

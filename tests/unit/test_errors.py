@@ -141,6 +141,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "sweep-without-multirun": (["world_size=1,2"], "'world_size=1,2' lists several values; add --multirun", None),
     "sweep-of-no-values": (["--multirun", "seed=range(0,0)"], "'seed=range(0,0)' gives no values, so the sweep would "
                            "have no runs; give it at least one", None),
+    "sweep-beyond-this-host": (["--multirun", "seed=range(0,1000000000000000)"],
+                               "'seed=range(0,1000000000000000)' makes 1,000,000,000,000,000 runs, more than this "
+                               "host can list", None),
     "sweep-of-an-interval": (["--multirun", "seed=interval(0,1)"], "'seed=interval(0,1)' is an interval, which a grid "
                              "sweep cannot list", None),
     # values

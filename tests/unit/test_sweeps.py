@@ -1,10 +1,12 @@
 """Every sweep file composes, expands to the jobs its experiment needs, and each job resolves."""
 
 import re
+import tracemalloc
 
 import pytest
 from omegaconf import OmegaConf
 
+from odc_bench.cli.precheck import SWEEP_JOB_BYTES
 from odc_bench.cli.sweeper import expand_jobs, interleave, sweep_jobs
 from odc_bench.plan.spec import resolve
 from odc_bench.results.table import read_table
@@ -368,3 +370,38 @@ def test_a_group_set_to_null_in_a_later_run_stops_the_sweep_before_any_run(tmp_p
     assert err.startswith("odc_bench: error: model=null ") and ": model=null names no model option; choose one of " \
         "llama2_7b, " in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("overrides,said", [
+    (("seed=range(0,1000000000000000)",), "odc_bench: error: 'seed=range(0,1000000000000000)' makes "
+                                          "1,000,000,000,000,000 runs, more than this host can list"),
+    (("seed=range(0,100000)", "model.num_layers=range(1,100001)"),
+     "odc_bench: error: the sweep: every combination of its values makes 10,000,000,000 runs, more than this host "
+     "can list"),
+])
+def test_a_sweep_of_more_runs_than_this_host_can_list_is_refused_in_one_line(overrides, said, tmp_path, sweep):
+    """Before, the command listed them, saying nothing, until the kernel killed it."""
+    status, _, err = sweep(*overrides, *SIM_SWEEP, f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 2 and err.startswith(said) and err.endswith("; sweep fewer values\n") and err.count("\n") == 1
+    assert not (tmp_path / "r").exists() and not (tmp_path / "m").exists()
+
+
+def test_the_least_a_listed_run_takes_is_no_more_than_a_sweep_of_one_key_takes_per_run():
+    """The check refuses what cannot be listed, never what can."""
+    tracemalloc.start()
+    try:
+        expand_jobs({"seed": "range(0,20000)"})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak >= 20000 * SWEEP_JOB_BYTES
+
+
+@pytest.mark.parametrize("override", ["seed=range(0,10,3)", "x=range(0.0,1.0,0.1)", "x=range(5,0,-1)",
+                                      "x=range(0,10,-1)", "x=range(0.5,3)", "x=shuffle(range(0,7))", "x=range(3)"])
+def test_a_ranges_length_is_counted_as_hydra_lists_it(override):
+    from odc_bench.cli.precheck import _range_length
+    from odc_bench.config.compose import overrides_parser
+
+    parsed = overrides_parser().parse_overrides([override])[0]
+    assert _range_length(parsed) == len(list(parsed.sweep_string_iterator()))
