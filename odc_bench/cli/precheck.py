@@ -56,11 +56,11 @@ def combinations(overrides: Sequence[str]) -> Iterator[list[str]]:
 SWEEP_JOB_BYTES = 256
 
 
-def require_listable(runs: int, what: str) -> None:
+def require_listable(runs: int, what: str, fix: str = "sweep fewer values") -> None:
     """ConfigError, one line, when a sweep of `runs` runs is more than this host's memory can list."""
     need, have = runs * SWEEP_JOB_BYTES, host_available_bytes()
-    require(need <= have, f"{what} makes {runs:,} runs, more than this host can list (at least {size_label(need)} of "
-                          f"memory, where it has {size_label(have)} available); sweep fewer values")
+    require(need <= have, f"{what} {runs:,} runs, more than this host can list (at least {size_label(need)} of "
+                          f"memory, where it has {size_label(have)} available); {fix}")
 
 
 def _range_length(override: Override) -> int | None:
@@ -83,7 +83,7 @@ def swept_values(override: Override) -> list[str]:
         raise ConfigError(f"{override.input_line!r} is an interval, which a grid sweep cannot list; give the values "
                           f"(a,b,c) or range(start,stop,step)")
     if (length := _range_length(override)) is not None:
-        require_listable(length, repr(override.input_line))
+        require_listable(length, f"{override.input_line!r} makes")
     values = [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
     if not values:
         raise ConfigError(f"{override.input_line!r} gives no values, so the sweep would have no runs; give it at "

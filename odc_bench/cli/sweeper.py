@@ -84,7 +84,7 @@ def expand_jobs(params: Mapping[str, Any] | None, grids: Sequence[Mapping[str, A
         merged = {**common, **own, **cli}
         # One that lists nothing, here or on the command line, or more than this host can.
         counts = [len(swept_values(o)) if o.is_sweep_override() else 1 for o in merged.values()]
-        require_listable(len(jobs) + math.prod(counts), "every combination of its values")
+        require_listable(len(jobs) + math.prod(counts), "every combination of its values makes")
         for job in BasicSweeper.split_arguments(list(merged.values()), None)[0]:
             key = frozenset(job)
             if key not in seen and not any(partial <= key for partial in dropped):
@@ -142,7 +142,15 @@ class GridSweeper(Sweeper):
         runnable, cannot_run = self._runnable(expanded)
         jobs = [job for job, _ in runnable]
         repeats = [repeat for _, repeat in runnable]
-        batches = interleave(jobs, repeats) if self.interleave and max(repeats, default=1) > 1 else [jobs]
+        if self.interleave and max(repeats, default=1) > 1:
+            try:
+                require_listable(sum(repeats), "its repeats, in rounds, are", "lower repeat, or set "
+                                 "hydra.sweeper.interleave=false to run each config's repeats back to back")
+            except ConfigError as e:
+                fail(ConfigError(f"the sweep: {e}"))
+            batches = interleave(jobs, repeats)
+        else:
+            batches = [jobs]
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
