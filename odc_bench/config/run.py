@@ -139,6 +139,10 @@ class RunConfig:
                 f"warmup_minibatches ({self.warmup_minibatches}) must be below num_minibatches "
                 f"({self.num_minibatches})")
         require(self.timeout_s > 0, f"timeout_s must be a positive number of seconds, got {self.timeout_s}")
+        # torch's TCPStore, which every local, SLURM and MPI run's ranks meet through, fails on
+        # longer ones (an OverflowError, or its socket timing out at once).
+        require(self.timeout_s < 2**31, f"timeout_s must be below 2**31 seconds (about 68 years), got "
+                                        f"{self.timeout_s}; a rank that stops answering is named after it")
         require(self.deadline_s is None or self.deadline_s > 0,
                 f"deadline_s must be a positive number of seconds or null, got {self.deadline_s}")
         require(self.threads_per_rank is None or self.threads_per_rank >= 1,

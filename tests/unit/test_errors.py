@@ -155,6 +155,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                         "warmup_minibatches (2) must be below num_minibatches (2)", None),
     "bad-precision": (["precision=fp16"], "precision must be one of fp32, bf16, got 'fp16'", None),
     "bad-timeout": (["timeout_s=0"], "timeout_s must be a positive number of seconds, got 0", None),
+    "timeout-too-long": (["timeout_s=1e15"],
+                         "timeout_s must be below 2**31 seconds (about 68 years), got 1000000000000000.0", None),
     "bad-deadline": (["deadline_s=-5"], "deadline_s must be a positive number of seconds or null", None),
     "bad-device": (["device=tpu"], "device must be one of auto, cpu, cuda, got 'tpu'", None),
     "no-cuda": (["device=cuda"], "device=cuda but no CUDA device is visible", None),
