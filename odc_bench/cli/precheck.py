@@ -32,6 +32,7 @@ from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.files import folder_problem, interrupts_deferred, tmpdir_too_long
+from odc_bench.forked import usable_cpus
 from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, check_combination
 from odc_bench.results.table import check_results_dir
@@ -202,9 +203,14 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
     if on_slurm:
         job_parameters(cfg, spec)
         check_slurm_available()
-    else:  # ranks of this host: their memory is this host's
+    else:  # ranks of this host: their memory and CPUs are this host's
         spec.check_devices()
         spec.check_fits()
+        threads = config.threads_per_rank
+        if not config.simulated and threads is not None and threads > (cpus := usable_cpus()):
+            # More threads than CPUs is never faster, and past the OS's limit a rank failed to start them.
+            raise ConfigError(f"threads_per_rank={threads} is more threads than the {cpus} CPUs this command may use; "
+                              f"set threads_per_rank to at most {cpus}, or null (the CPUs split among the ranks)")
         if uses_mpi(spec):
             from odc_bench.run.mpiexec import mpiexec_path
 

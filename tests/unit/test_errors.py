@@ -161,6 +161,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-device": (["device=tpu"], "device must be one of auto, cpu, cuda, got 'tpu'", None),
     "no-cuda": (["device=cuda"], "device=cuda but no CUDA device is visible", None),
     "bad-threads": (["threads_per_rank=0"], "threads_per_rank must be null or a positive integer", None),
+    "threads-beyond-the-cpus": (["threads_per_rank=99999999999"],
+                                "threads_per_rank=99999999999 is more threads than the ", None),
     "bad-compile": (["compile=maybe"], "compile must be true or false or null, got 'maybe'", None),
     # torch's C++ build as it is under a folder with a space (tests/unit/test_compile_link.py)
     "compile-cannot-link": (["device=cpu", "compile=true"], "compile=true on CPU, but torch.compile's C++ build hands "
