@@ -60,9 +60,8 @@ def main() -> None:
         parser.error(f"--min-len ({args.min_len}) must be at most --max-len ({args.max_len})")
     # One process on this host, the harness's model on CPU: the run's memory check, for a step's
     # longest microbatch (before, a torch allocation error deep in the first step).
-    need, have = estimate(TINY, 1, "fp32", args.docs * args.max_len, cpu_longest=args.max_len).total, \
-        host_available_bytes()
-    if need > have:
+    need = estimate(TINY, 1, "fp32", args.docs * args.max_len, cpu_longest=args.max_len).total
+    if need > (have := host_available_bytes()):
         parser.error(f"a step of --docs {args.docs} documents of up to --max-len {args.max_len} tokens would need "
                      f"about {size_label(need)}, more than the {size_label(have)} this host has available; lower "
                      f"--docs or --max-len")

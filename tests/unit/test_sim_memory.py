@@ -2,6 +2,7 @@
 over this host's memory is still refused before anything is written; so is a run whose draw,
 plans or simulation this host cannot hold."""
 
+import os
 import tracemalloc
 from functools import partial
 
@@ -99,3 +100,15 @@ def test_the_least_the_host_check_counts_is_no_more_than_a_draw_a_plan_and_a_sim
     few, many = (resolve(run_config(*small, "num_minibatches=1", f"model.num_layers={layers}")) for layers in (50, 450))
     assert _peak(partial(simulate, many, trace=False)) - _peak(partial(simulate, few, trace=False)) >= \
         400 * SIMULATED_UNIT_BYTES
+
+
+def test_the_host_checks_run_where_there_is_no_proc_meminfo(tmp_path, monkeypatch):
+    """The what-if and the simulator run on macOS too, which has no /proc/meminfo: there the
+    checks count the host's physical memory."""
+    from odc_bench import sizes
+
+    monkeypatch.setattr(sizes, "MEMINFO", tmp_path / "meminfo")
+    assert sizes.host_available_bytes() == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert resolve(run_config("backend=sim")).world_size == 2
+    (tmp_path / "meminfo").write_text("MemTotal:       1000 kB\n")  # a kernel before MemAvailable (3.14)
+    assert sizes.host_available_bytes() == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
