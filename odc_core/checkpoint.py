@@ -262,8 +262,10 @@ def flat_pieces(name: str, shape: torch.Size, flat: torch.Tensor, flat_lo: int, 
     from torch.distributed._shard.sharded_tensor.metadata import TensorProperties
 
     metadata, local = [], []
-    for owner, lo, hi in ranges:
-        for offsets, sizes, start, end in boxes(tuple(shape), lo, hi):
+    # A parameter without elements: a ShardedTensor needs a shard, so rank 0 holds it whole.
+    pieces = [(r, boxes(tuple(shape), lo, hi)) for r, lo, hi in ranges] or [(0, [((0,) * len(shape), shape, 0, 0)])]
+    for owner, owned in pieces:
+        for offsets, sizes, start, end in owned:
             md = ShardMetadata(shard_offsets=list(offsets), shard_sizes=list(sizes), placement=f"rank:{owner}/cpu")
             metadata.append(md)
             if owner == rank:

@@ -100,3 +100,18 @@ def test_a_wrapped_models_parameters_read_nan_between_uses_and_training_is_uncha
     assert runs[True].keys() == runs[False].keys()
     assert all(torch.equal(runs[True][n], runs[False][n]) for n in runs[False])
     assert not any(torch.isnan(t).any() for t in runs[True].values())
+
+
+def test_a_units_repr_reads_nothing_of_its_freed_buffer(one_rank_group):
+    """pytest prints the arguments of a failing hook, a unit among them: the dataclass's repr
+    printed its freed flat buffer and crashed the process (SIGSEGV) instead of showing the error."""
+    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                              "fp32"))
+    try:
+        model = Net()
+        engine.wrap(model, list(model.layers))
+        assert [repr(unit) for unit in engine.units] == [
+            f"FlatUnit(u{i}: layers.{i}.0.weight, layers.{i}.0.bias, layers.{i}.1.weight, layers.{i}.1.bias; 28 "
+            f"elements over 1 owners, sharded, backward idle)" for i in range(2)]
+    finally:
+        engine.close()

@@ -281,3 +281,57 @@ def test_a_schedule_that_steps_on_a_metric_is_refused_and_the_loop_may_step_it(e
         assert [g["lr"] for g in engine.optimizer.param_groups] == [0.025] * len(engine.optimizer.param_groups)
     finally:
         engine.close()
+
+
+class LayerWithoutElements(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.none = nn.Parameter(torch.zeros(0, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + self.none.sum()
+
+
+class WithoutElements(nn.Module):
+    """Parameters of zero elements, used in the forward: one beside a unit's others, and the
+    root's only one (a placeholder some models keep to find their device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = LayerWithoutElements()
+        self.none = nn.Parameter(torch.zeros(3, 0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x).square().sum() + self.none.sum()
+
+
+def test_parameters_without_elements_train_and_checkpoint_on_odc(one_rank_group, tmp_path):
+    """Before, a group of such parameters alone (here the root's) failed at wrap() ("ShardLayout
+    needs numel >= 1"), and get_state_dict() or a checkpoint of any of them failed in
+    ShardedTensor's "shards_metadata must not be empty!"."""
+    from odc_core import checkpoint, get_state_dict
+
+    torch.manual_seed(0)
+    model = WithoutElements()
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine("odc", one_rank_group)
+    again = one_rank_engine("odc", one_rank_group)
+    try:
+        engine.wrap(model, [model.layer])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        trains_like_one_process(engine, model, reference, [torch.randn(3, 4) for _ in range(2)])
+        for full in (False, True):
+            model_sd, optim_sd = get_state_dict(engine, full=full)
+            assert (model_sd["none"].shape, model_sd["layer.none"].shape) == ((3, 0), (0, 4))
+            assert {"none", "layer.none"} <= set(optim_sd["state"])
+        saved = engine.full_parameters()
+        folder = checkpoint.save(engine, tmp_path, 2)
+        copied = WithoutElements()
+        again.wrap(copied, [copied.layer])
+        again.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        checkpoint.load(again, folder)
+        loaded = again.full_parameters()
+        assert all(torch.equal(loaded[name], p) for name, p in saved.items()) and loaded.keys() == saved.keys()
+    finally:
+        engine.close()
+        again.close()

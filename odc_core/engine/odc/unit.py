@@ -65,7 +65,7 @@ class Piece:
     frozen: bool = False
 
 
-@dataclass
+@dataclass(repr=False)
 class FlatUnit:
     """One flat group of parameters: a unit's, or several units' that share a parameter."""
 
@@ -95,6 +95,12 @@ class FlatUnit:
     inputs_pending: int = 0
     # Whether the parameters hold placeholders (hide()) rather than their views of `full`.
     hidden: bool = False
+
+    def __repr__(self) -> str:
+        # Not the dataclass's field by field: printing `full` while its storage is freed reads
+        # memory it no longer has and crashed the process (pytest prints a failing hook's unit).
+        return (f"FlatUnit({self.name}: {', '.join(self.names)}; {self.layout.numel} elements over "
+                f"{self.layout.world_size} owners, {self.storage.name.lower()}, backward {self.backward.name.lower()})")
 
     def materialize(self) -> torch.Tensor:
         """Allocate the flat buffer's storage, the parameters views of it again; a view to
@@ -212,8 +218,10 @@ def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list
                reduce_dtype: torch.dtype = torch.float32, device: torch.device) -> FlatUnit:
     """Allocate a group's heap buffers (collective over the ranks), put this rank's shard of
     the parameters in version slot 0, and make the parameters views of a freed flat buffer."""
-    numel = sum(p.numel() for p in params)
-    layout = ShardLayout(numel, owners)
+    # A group whose parameters hold no elements (a zero-size placeholder parameter, the root's
+    # only one) is laid out as one element of padding per owner: no transport allocates an
+    # empty buffer, and the parameters stay in the engine's state dicts and full parameters.
+    layout = ShardLayout(max(1, sum(p.numel() for p in params)), owners)
     name = f"u{index}"
     master = [heap.alloc(buffer_name("master", name, j), layout.shard_numel, torch.float32) for j in range(slots)]
     shadow = None
