@@ -137,13 +137,16 @@ class CollectiveEngine:
                              f"reduce-scatter; build it with sparse=False, or use engine odc")
         mesh = self._mesh()
         mp = _fsdp2_policy(self.policy)
-        # Units that share a parameter (tied embeddings) are not sharded on their own: FSDP2 allows
+        # Units that share a parameter (tied embeddings), with each other or with the root's own
+        # modules (`model.w = model.layers[0].weight`), are not sharded on their own: FSDP2 allows
         # a parameter in one group only, so the shared one falls to the root's group with the rest
         # of those units' parameters, gathered for the whole forward and backward.
         # Inner units first, as FSDP2 needs (fully_shard of an outer module takes the parameters no
         # inner one has taken): a unit listed before a unit inside it (a layer, then its MLP)
         # failed in the first forward, "got mixed torch.Tensor and DTensor".
-        for unit in _inner_first([units[g[0]] for g in sharing_groups(unit_parameters(units)) if len(g) == 1]):
+        holders = [*units, model]
+        alone = [holders[g[0]] for g in sharing_groups(unit_parameters(holders)) if len(g) == 1 and g[0] < len(units)]
+        for unit in _inner_first(alone):
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         for module in (*units, model):

@@ -41,16 +41,25 @@ def check_units(model: nn.Module, units: Iterable[object]) -> list[nn.Module]:
 
 
 def unit_parameters(units: Sequence[nn.Module]) -> list[list[nn.Parameter]]:
-    """Each unit's own parameters, in module order, each once per unit."""
-    positions = {id(m): i for i, m in enumerate(units)}
+    """Each unit's own parameters, in module order, each once per unit: those registered in its
+    modules that are not inside another unit. A parameter also registered outside the unit that
+    holds it (`model.w = model.layers[0].weight`) is held by both, as FSDP2 sees it."""
+    listed = {id(m) for m in units}
     held: list[list[nn.Parameter]] = []
-    for i, module in enumerate(units):
-        inner: set[int] = set()
-        for sub in module.modules():
-            j = positions.get(id(sub))
-            if j is not None and j != i:
-                inner.update(id(p) for p in sub.parameters())
-        held.append([p for p in module.parameters() if id(p) not in inner])
+    for module in units:
+        params: dict[int, nn.Parameter] = {}
+        seen: set[int] = set()
+        todo = [module]
+        while todo:
+            sub = todo.pop(0)  # in module order, as module.parameters() lists them
+            if id(sub) in seen or (sub is not module and id(sub) in listed):
+                continue
+            seen.add(id(sub))
+            for p in sub._parameters.values():
+                if p is not None:
+                    params.setdefault(id(p), p)
+            todo[:0] = [child for child in sub._modules.values() if child is not None]
+        held.append(list(params.values()))
     return held
 
 

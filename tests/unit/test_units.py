@@ -129,6 +129,37 @@ def test_a_weight_used_outside_its_modules_forward_trains_when_the_root_holds_it
         engine.close()
 
 
+class TiedByAttribute(nn.Module):
+    """A unit's weight registered on the root too, and used there as well as in the unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.out = nn.Linear(8, 8)
+        self.w = self.block[0].weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(x)
+        return self.out(h + nn.functional.linear(h, self.w)).square().mean()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_units_parameter_the_root_registers_too_trains_like_one_process(engine_name, one_rank_group):
+    """The unit shares it with the root, so the root holds it: before, FSDP2 refused the model at
+    wrap() ("shared with a parameter already managed by another FSDP group") and ODC failed in
+    the first forward that used it outside the unit ("setStorage: ... out of bounds")."""
+    torch.manual_seed(0)
+    model = TiedByAttribute()
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, [model.block, model.out])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        trains_like_one_process(engine, model, reference, [torch.randn(3, 8) for _ in range(3)])
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
     model = Net()

@@ -195,8 +195,7 @@ def flat_groups(model: nn.Module, units: list[nn.Module]) -> tuple[list[nn.Modul
     group its modules' positions and its parameters, each parameter once. Units sharing a
     parameter (tied embeddings) share one group (sharing.py)."""
     modules = list(units)
-    inside = {id(p) for u in modules for p in u.parameters()}
-    if all(u is not model for u in modules) and any(id(p) not in inside for p in model.parameters()):
+    if all(u is not model for u in modules) and unit_parameters([*modules, model])[-1]:
         modules.append(model)
     held = unit_parameters(modules)
     seen: set[int] = set()
