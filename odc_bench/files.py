@@ -82,13 +82,18 @@ def atomic_paths(*paths: Path) -> Iterator[tuple[Path, ...]]:
 def no_room(error: OSError, path: Path) -> OSError:
     """`error` (ENOSPC or EDQUOT from writing `path`) in words that name the file and the room its
     file system has left: a write's own error names no file."""
+    reason = (error.strerror or "no space left").lower()
+    return OSError(error.errno, f"cannot write {path}: {reason}{room_left(path)}; free some space or write elsewhere")
+
+
+def room_left(path: Path) -> str:
+    """` (<free> free of <size> there)` for the file system `path` would be written to; empty where
+    it cannot be read."""
     try:
         fs = os.statvfs(nearest_existing(path.absolute().parent))
-        room = f" ({size_label(fs.f_bavail * fs.f_frsize)} free of {size_label(fs.f_blocks * fs.f_frsize)} there)"
     except OSError:
-        room = ""
-    reason = (error.strerror or "no space left").lower()
-    return OSError(error.errno, f"cannot write {path}: {reason}{room}; free some space or write elsewhere")
+        return ""
+    return f" ({size_label(fs.f_bavail * fs.f_frsize)} free of {size_label(fs.f_blocks * fs.f_frsize)} there)"
 
 
 def nearest_existing(path: Path) -> Path:

@@ -54,8 +54,8 @@ from typing import IO, Any
 import numpy as np
 
 from odc_bench.config.hub import hub_hint
-from odc_bench.errors import DataError
-from odc_bench.files import atomic_path, name_too_long
+from odc_bench.errors import NO_ROOM, DataError
+from odc_bench.files import atomic_path, name_too_long, room_left
 
 LOADERS = ("jsonl", "hf_disk")
 # Bumped when the readers refuse what they once read, so that no cache of such a read is served:
@@ -401,9 +401,18 @@ def cache_key(source: Path, options: dict, extra: Path | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+class _Writes:
+    """A file numpy writes through its write(), in chunks: to a real file numpy writes with
+    tofile(), whose short write on a full disk raises an OSError without its errno ("8000
+    requested and 496 written"), which then read as no reason at all."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.write = f.write
+
+
 def _atomic_save(path: Path, array: np.ndarray) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, array)
+        np.save(_Writes(f), array)
 
 
 # (lengths, ids) this process read whose cache files are not written yet, by their paths.
@@ -449,8 +458,10 @@ def write_pending_caches() -> None:
                     if stale != path:
                         stale.unlink(missing_ok=True)
             except OSError as e:
-                raise DataError(f"cannot write the {kind} cache {path} ({e.strerror}); set dataset.cache_dir to a "
-                                f"writable directory") from None
+                why = (f"no space left on device{room_left(path)}; free some space, or set dataset.cache_dir to "
+                       f"another folder" if e.errno in NO_ROOM
+                       else f"{e.strerror or e}; set dataset.cache_dir to a writable directory")
+                raise DataError(f"cannot write the {kind} cache {path}: {why}") from None
         del _pending[paths]
 
 

@@ -2,6 +2,9 @@ import bz2
 import gzip
 import lzma
 import os
+import re
+import resource
+import signal
 
 import numpy as np
 import pytest
@@ -70,6 +73,27 @@ def test_lengths_are_cached_next_to_the_source_once_accepted_and_reused(tmp_path
 
     monkeypatch.setattr(real, "jsonl_samples", no_reading)
     assert load_lengths("jsonl", str(src)).tolist() == [10, 20, 30]
+
+
+def test_a_cache_that_cannot_be_written_says_why(tmp_path, monkeypatch):
+    """numpy writes a real file with tofile(), whose short write raised an OSError without its
+    errno: the refusal read "cannot write the lengths cache ... (None)" on a full disk. Here the
+    process's file size limit cuts the write short instead."""
+    monkeypatch.setattr(real, "_pending", {})
+    src = write_jsonl(tmp_path / "big.jsonl", list(range(2, 3000)))
+    load_lengths("jsonl", str(src))
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal's kill
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+        with pytest.raises(DataError) as refused:
+            write_pending_caches()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert re.fullmatch(r"cannot write the lengths cache \S+/big\.jsonl\.lengths-\w+\.npy: File too large; set "
+                        r"dataset\.cache_dir to a writable directory", str(refused.value)), str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"], "no cache, whole or in part"
 
 
 def test_cache_is_invalidated_when_the_source_changes(tmp_path):
