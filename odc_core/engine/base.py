@@ -74,6 +74,9 @@ class MixedPrecision:
         raise ValueError(f"precision must be fp32, bf16 or an odc_core.MixedPrecision, got {precision!r}")
 
 
+JOB_ID_LIMIT = 128
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """Where an engine runs and how it reaches its peers; torch.distributed is initialised."""
@@ -85,6 +88,17 @@ class EngineContext:
     timeout_s: float
     # fp32, bf16 (bf16 compute, fp32 master weights and gradient reduction), or a MixedPrecision.
     precision: str | MixedPrecision
+
+    def __post_init__(self) -> None:
+        # The id goes into every shared-memory segment's file name, which the OS caps at 255 bytes
+        # with the rank, pid and buffer beside it: a longer one failed in the first allocation,
+        # "File name too long".
+        if not isinstance(self.job_id, str):
+            raise TypeError(f"EngineContext's job_id must be a str, got {type(self.job_id).__name__} {self.job_id!r}")
+        if len(self.job_id.encode()) > JOB_ID_LIMIT:
+            raise ValueError(f"EngineContext's job_id names the engine's shared memory and holds up to {JOB_ID_LIMIT} "
+                             f"bytes, got {len(self.job_id.encode())} ({self.job_id[:40]!r}...); give a shorter id, or "
+                             f"let engine_context() make one")
 
     @property
     def policy(self) -> MixedPrecision:

@@ -146,6 +146,19 @@ def test_an_engine_context_it_cannot_use_is_refused_in_one_line(kwargs, said, on
     assert said in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_an_engine_context_whose_job_id_no_segment_name_holds_is_refused_in_one_line(one_rank_group):
+    """Before, an id of 300 characters failed in the engine's first allocation, "[Errno 36] File
+    name too long: '/dev/shm/odc-xxx...", and an int in job_tag's re.sub."""
+    from odc_core import EngineContext
+
+    EngineContext(torch.device("cpu"), one_rank_group, "x" * 128, 30.0, "fp32")
+    with pytest.raises(ValueError, match=r"^EngineContext's job_id names the engine's shared memory and holds up to "
+                                         r"128 bytes, got 300 \('x{40}'\.\.\.\); give a shorter id"):
+        EngineContext(torch.device("cpu"), one_rank_group, "x" * 300, 30.0, "fp32")
+    with pytest.raises(TypeError, match=r"^EngineContext's job_id must be a str, got int 7$"):
+        EngineContext(torch.device("cpu"), one_rank_group, 7, 30.0, "fp32")  # type: ignore[arg-type]
+
+
 def test_an_engine_context_takes_a_device_by_name(one_rank_group):
     from odc_core import engine_context
 
