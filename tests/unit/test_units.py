@@ -160,6 +160,52 @@ def test_a_units_parameter_the_root_registers_too_trains_like_one_process(engine
         engine.close()
 
 
+class LayerUsingItsMlpsWeight(nn.Module):
+    """A layer whose forward uses its MLP's weight beside the MLP, registered on it too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.norm = nn.LayerNorm(4)
+        self.w = self.mlp[0].weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.mlp(x) + x @ self.w)
+
+
+class LayersUsingTheirMlpsWeights(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(LayerUsingItsMlpsWeight() for _ in range(2))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).square().mean()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_nested_units_sharing_a_parameter_train_like_one_process(engine_name, one_rank_group):
+    """The layer and its MLP, both units, share the weight: one group on ODC, gathered until the
+    layer's forward (which ends after the MLP's) is over; before, ODC freed it as the MLP's forward
+    ended ("data is not allocated yet") and FSDP2 refused the model at wrap()."""
+    torch.manual_seed(0)
+    model = LayersUsingTheirMlpsWeights()
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, [*(unit for layer in model.layers for unit in (layer, layer.mlp)), model.head])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        trains_like_one_process(engine, model, reference, [torch.randn(3, 4) for _ in range(3)])
+        with torch.no_grad():  # an evaluation forward frees each group once its outer unit is done
+            model(torch.randn(3, 4))
+        if engine_name == "odc":
+            assert [unit.storage.name for unit in engine.units] == ["SHARDED"] * 3
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
     model = Net()

@@ -260,6 +260,7 @@ class OdcEngine:
             # may still hold its gathered parameters or a prefetch of them: the next minibatch
             # reads a newer version.
             unit.backward = Backward.IDLE
+            unit.forwards_open, unit.last_ran = 0, False  # a forward an exception cut short
             if unit.storage is not Storage.SHARDED:
                 self.fetcher.ensure(unit)
                 unit.free()

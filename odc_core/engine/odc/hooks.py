@@ -68,6 +68,7 @@ class UnitHooks:
     def pre_forward(self, unit: FlatUnit, pos: int, args: tuple, kwargs: dict):
         self.versions.serve()
         self.fetcher.ensure(unit)
+        unit.forwards_open += 1
         following = self._group_at(pos + 1)
         if following is not None and following is not unit:
             self.fetcher.prefetch(following)
@@ -93,14 +94,21 @@ class UnitHooks:
         return x.to(self.compute_dtype) if x.is_floating_point() else x
 
     def post_forward(self, unit: FlatUnit, pos: int, output: object) -> None:
-        # A group stays gathered until its last unit's forward; the last unit's backward starts
-        # at once, so it stays gathered for that too.
+        # A group stays gathered until its last unit's forward, and while any unit of it is still
+        # inside its forward (units that nest and share a parameter: a layer using its MLP's
+        # weight, whose forward ends first); the last unit's backward starts at once, so it stays
+        # gathered for that too.
+        unit.forwards_open = max(0, unit.forwards_open - 1)
+        unit.last_ran = unit.last_ran or pos == unit.modules[-1]
+        done = unit.last_ran and not unit.forwards_open
+        if done:
+            unit.last_ran = False
         if not torch.is_grad_enabled():  # no backward follows (evaluation)
-            if pos == unit.modules[-1]:
+            if done:
                 unit.free()
                 unit.hide()
             return
-        if pos == unit.modules[-1] and pos + 1 < len(self.modules):
+        if done and pos + 1 < len(self.modules):
             unit.free()
         # Every output that carries a gradient (transformers' layers return tuples): the first
         # of them whose gradient arrives starts the group's backward.

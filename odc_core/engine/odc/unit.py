@@ -95,6 +95,10 @@ class FlatUnit:
     inputs_pending: int = 0
     # Whether the parameters hold placeholders (hide()) rather than their views of `full`.
     hidden: bool = False
+    # Its units inside their forward now, and whether its last unit's forward has run since the
+    # group was last freed after a forward (hooks.py's post_forward).
+    forwards_open: int = 0
+    last_ran: bool = False
 
     def __repr__(self) -> str:
         # Not the dataclass's field by field: printing `full` while its storage is freed reads
