@@ -196,6 +196,15 @@ class OptimizerStep:
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be a number > 0 or None, got {max_grad_norm!r}")
         optimizer = factory(params)
+        mine = {id(p) for g in params for p in (g["params"] if isinstance(g, dict) else [g])}
+        foreign = sum(id(p) not in mine for g in optimizer.param_groups for p in g["params"])
+        if foreign:
+            # Such an optimizer steps tensors no engine reads: on ODC the model's own parameters are
+            # views of freed buffers, and training changed nothing, without a word.
+            raise ValueError(f"the optimizer factory built {type(optimizer).__name__} over {foreign} tensors it was "
+                             f"not given; build it over its argument, configure_optimizer(lambda params: "
+                             f"torch.optim.AdamW(params)), not model.parameters(): the engine steps the parameters "
+                             f"it gives the factory")
         given = [g for g in params if isinstance(g, dict)]
         for group, options in zip(optimizer.param_groups, given, strict=False):
             unknown = sorted(set(options) - set(optimizer.defaults) - {"params", "lr_scale"})

@@ -335,6 +335,32 @@ def test_odc_refuses_an_optimizer_that_steps_a_parameter_by_its_shape_and_takes_
 
 
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_an_optimizer_over_tensors_the_factory_was_not_given_is_refused_and_one_over_them_trains(engine_name,
+                                                                                               one_rank_group):
+    """Before, ODC took AdamW(model.parameters()) (its parameters are views of freed buffers, not
+    what it steps) and trained nothing without a word; both engines took an optimizer over other
+    tensors. FSDP2's model.parameters() are the shards it gives the factory: accepted there."""
+    torch.manual_seed(0)
+    model = Nested()
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    refused = [lambda params: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)]
+    if engine_name == "odc":
+        refused.append(lambda params: torch.optim.SGD(model.parameters(), lr=0.1))
+    try:
+        engine.wrap(model, [model.layer, model.head])
+        for factory in refused:
+            with pytest.raises(ValueError, match=r"^the optimizer factory built SGD over \d+ tensors it was not given; "
+                                                 r"build it over its argument"):
+                engine.configure_optimizer(factory)
+        sharded = engine_name == "collective"
+        engine.configure_optimizer(lambda params: torch.optim.SGD(model.parameters() if sharded else params, lr=0.1))
+        trains_like_one_process(engine, model, reference, [torch.randn(3, 4) for _ in range(2)])
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_schedule_that_steps_on_a_metric_is_refused_and_the_loop_may_step_it(engine_name, one_rank_group):
     """The engines step a schedule after every optimizer step, without an argument: ReduceLROnPlateau
     failed there (missing 'metrics'), after the step had been taken."""
