@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import operator
 import os
 import pickle
 import re
@@ -139,6 +140,12 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
 
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be at least 1 (the checkpoint just saved), or None to keep every one; got {keep}")
+    # latest() finds step-<N> by its whole number: a checkpoint saved as step-3.0 or step--1 was
+    # written and never found, so a resume started again from the first step.
+    if isinstance(step, bool) or not hasattr(step, "__index__") or operator.index(step) < 0:
+        raise ValueError(f"a checkpoint's step must be a whole number >= 0 (latest() finds the newest by it), got "
+                         f"{step!r}")
+    step = operator.index(step)
     root = Path(root)
     final, partial = root / f"step-{step}", root / f"step-{step}.partial"
     engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read

@@ -103,3 +103,20 @@ def test_an_exit_that_lands_mid_save_stays_an_exit(engine, tmp_path, monkeypatch
         checkpoint.save(engine, tmp_path, 3)
     assert raised.value.args == cut.args
     assert not (tmp_path / "step-3").exists()
+
+
+@pytest.mark.parametrize("step", [3.0, -1, "x", True, "../up"])
+def test_a_step_latest_could_not_find_is_refused_before_anything_is_written(engine, tmp_path, step):
+    """Before, such a checkpoint was written (step-3.0, step--1, step-x, step-True, or outside the
+    root) and latest() never found it: a resume started again from the first step."""
+    with pytest.raises(ValueError, match=r"^a checkpoint's step must be a whole number >= 0 \(latest\(\) finds the "
+                                         r"newest by it\), got "):
+        checkpoint.save(engine, tmp_path / "root", step)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_step_of_any_integer_type_is_found_by_latest(engine, tmp_path):
+    import numpy as np
+
+    assert checkpoint.latest(tmp_path) is None
+    assert checkpoint.save(engine, tmp_path, np.int64(4)) == tmp_path / "step-4" == checkpoint.latest(tmp_path)
