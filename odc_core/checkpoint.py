@@ -170,11 +170,14 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     return final
 
 
-def load(engine: DataParallelEngine, folder: str | os.PathLike[str]) -> dict[str, Any]:
+def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> dict[str, Any]:
     """Load a checkpoint (of either engine, any world size) into a wrapped engine whose
     optimizer is configured, before its first minibatch; collective. Returns its `extra`."""
     import torch.distributed.checkpoint as dcp
 
+    if folder is None:  # load(engine, latest(root)) where root holds no complete checkpoint
+        raise FileNotFoundError("no checkpoint to load: latest(root) found none under root; start from the model "
+                                "as it is, or give the root the checkpoints were saved in")
     folder = Path(folder)
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no .metadata); use latest(root)")

@@ -120,3 +120,9 @@ def test_a_step_of_any_integer_type_is_found_by_latest(engine, tmp_path):
 
     assert checkpoint.latest(tmp_path) is None
     assert checkpoint.save(engine, tmp_path, np.int64(4)) == tmp_path / "step-4" == checkpoint.latest(tmp_path)
+
+
+def test_loading_what_latest_found_under_an_empty_root_says_so(engine, tmp_path):
+    """Before: TypeError, "argument should be a str or an os.PathLike object ..., not 'NoneType'"."""
+    with pytest.raises(FileNotFoundError, match=r"^no checkpoint to load: latest\(root\) found none under root; "):
+        checkpoint.load(engine, checkpoint.latest(tmp_path))
