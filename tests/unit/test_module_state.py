@@ -115,3 +115,39 @@ def test_a_units_repr_reads_nothing_of_its_freed_buffer(one_rank_group):
             f"elements over 1 owners, sharded, backward idle)" for i in range(2)]
     finally:
         engine.close()
+
+
+def test_a_state_dict_of_another_model_is_refused_in_one_line_and_loads_nothing(one_rank_group):
+    """Before, ODC's set_state_dict took a key the model has not without a word, and a tensor of
+    another shape by the slice its shards' boxes cut from it (FSDP2's strict load refuses both)."""
+    torch.manual_seed(0)
+    model = Net()
+    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                              "fp32"))
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1))
+        engine.begin_minibatch()
+        model(torch.ones(2, 4)).backward()
+        engine.finish_minibatch()
+        weights, optim = get_state_dict(engine, full=True)
+        before = engine.full_parameters()
+        taller = torch.zeros(8, 4)
+        moved = {name: w + 1 for name, w in weights.items()}  # loaded, each would show
+        for given, said in [
+            (({**moved, "layers.2.0.weight": taller}, optim), r"^the model state dict has 'layers.2.0.weight', which "
+                                                                r"the model has not; load a state dict of this model$"),
+            (({**moved, "layers.1.0.weight": taller}, optim), r"^layers.1.0.weight: the state dict holds a tensor of "
+                                                                r"shape \(8, 4\) where the model's has shape \(4, 4\)"),
+            ((moved, {**optim, "state": {**optim["state"], "layers.0.1.bias": {
+                **optim["state"]["layers.0.1.bias"], "exp_avg": torch.zeros(5)}}}),
+             r"^layers.0.1.bias exp_avg: the state dict holds a tensor of shape \(5,\) where the model's has shape "
+             r"\(4,\)")]:
+            with pytest.raises(ValueError, match=said):
+                set_state_dict(engine, *given)
+        after = engine.full_parameters()
+        assert all(torch.equal(after[n], p) for n, p in before.items()), "a refused state dict loads nothing"
+        set_state_dict(engine, moved, optim)
+        assert all(torch.equal(engine.full_parameters()[n], p + 1) for n, p in before.items())
+    finally:
+        engine.close()

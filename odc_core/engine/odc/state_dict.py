@@ -184,12 +184,23 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
     assert engine.model is not None
     aliases = _aliases(engine.model)
     names = {alias: group for group in aliases.values() for alias in group}
-    model: dict[str, Any] = {}
-    for key, view in target["model"].items():
-        given = next((model_sd[n] for n in names.get(key, [key]) if n in model_sd), None)
-        if given is None:
+    unexpected = [key for key in model_sd if key not in target["model"] and key not in names]
+    if unexpected:  # torch's strict loading, which FSDP2's set_state_dict applies, refuses them too
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise ValueError(f"the model state dict has {unexpected[0]!r}{more}, which the model has not; load a state "
+                         f"dict of this model")
+    weights = {}
+    for key in target["model"]:
+        weights[key] = next((model_sd[n] for n in names.get(key, [key]) if n in model_sd), None)
+        if weights[key] is None:
             raise ValueError(f"the model state dict has no {key!r}")
-        model[key] = _fill(view, given, key)
+    # Every shape before any copy: a refusal loads nothing.
+    for key, view in target["model"].items():
+        _check_shape(view, weights[key], key)
+    for name, views in target["optim"]["state"].items():
+        for key, view in views.items() if name in optim_sd["state"] else ():
+            _check_shape(view, optim_sd["state"][name][key], f"{name} {key}")
+    model = {key: _fill(view, weights[key], key) for key, view in target["model"].items()}
     state: dict[str, Any] = {}
     for name, views in target["optim"]["state"].items():
         given = optim_sd["state"].get(name)
@@ -200,6 +211,20 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
             continue
         state[name] = {key: _fill(view, given[key], f"{name} {key}") for key, view in views.items()}
     load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}})
+
+
+def _check_shape(view: Any, given: Any, what: str) -> None:
+    """A one-line error where `given` cannot fill a ShardedTensor view: the boxes of its shards
+    would take a slice of a larger tensor, or fail in a smaller one."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    if not isinstance(view, ShardedTensor):
+        return
+    shape = given.size() if isinstance(given, ShardedTensor | torch.Tensor) else None
+    if shape is None or tuple(shape) != tuple(view.size()):
+        held = f"a tensor of shape {tuple(shape)}" if shape is not None else f"a {type(given).__name__}"
+        raise ValueError(f"{what}: the state dict holds {held} where the model's has shape {tuple(view.size())}; "
+                         f"load a state dict of this model")
 
 
 def _fill(view: Any, given: Any, what: str) -> Any:
