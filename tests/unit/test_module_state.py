@@ -30,17 +30,24 @@ class Net(nn.Module):
         return self.scale * x.sum()
 
 
+def _odc(store):  # type: ignore[no-untyped-def]
+    return make_engine("odc", EngineContext(torch.device("cpu"), store, uuid.uuid4().hex[:8], 30.0, "fp32"))
+
+
+def _trained_once(engine, model: Net, factory) -> None:  # type: ignore[no-untyped-def]
+    engine.wrap(model, list(model.layers))
+    engine.configure_optimizer(factory)
+    engine.begin_minibatch()
+    model(torch.ones(2, 4)).backward()
+    engine.finish_minibatch()
+
+
 def test_the_wrapped_models_own_state_calls_are_refused_and_odc_cores_work(one_rank_group):
     torch.manual_seed(0)
     model = Net()
-    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
-                                              "fp32"))
+    engine = _odc(one_rank_group)
     try:
-        engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
-        engine.begin_minibatch()
-        model(torch.ones(2, 4)).backward()
-        engine.finish_minibatch()
+        _trained_once(engine, model, partial(torch.optim.SGD, lr=0.1))
         engine.drain()
         for call in (model.state_dict, model.layers[1].state_dict, model.layers[0][0].state_dict):
             with pytest.raises(RuntimeError) as refused:
@@ -89,8 +96,7 @@ def test_a_wrapped_models_parameters_read_nan_between_uses_and_training_is_uncha
         torch.manual_seed(0)
         model = Net()
         shapes = [p.shape for p in model.parameters()]
-        engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
-                                                  "fp32"))
+        engine = _odc(one_rank_group)
         try:
             runs[read_between] = _train(model, engine, read_between)
         finally:
@@ -105,8 +111,7 @@ def test_a_wrapped_models_parameters_read_nan_between_uses_and_training_is_uncha
 def test_a_units_repr_reads_nothing_of_its_freed_buffer(one_rank_group):
     """pytest prints the arguments of a failing hook, a unit among them: the dataclass's repr
     printed its freed flat buffer and crashed the process (SIGSEGV) instead of showing the error."""
-    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
-                                              "fp32"))
+    engine = _odc(one_rank_group)
     try:
         model = Net()
         engine.wrap(model, list(model.layers))
@@ -122,14 +127,9 @@ def test_a_state_dict_of_another_model_is_refused_in_one_line_and_loads_nothing(
     another shape by the slice its shards' boxes cut from it (FSDP2's strict load refuses both)."""
     torch.manual_seed(0)
     model = Net()
-    engine = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
-                                              "fp32"))
+    engine = _odc(one_rank_group)
     try:
-        engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1))
-        engine.begin_minibatch()
-        model(torch.ones(2, 4)).backward()
-        engine.finish_minibatch()
+        _trained_once(engine, model, partial(torch.optim.AdamW, lr=0.1))
         weights, optim = get_state_dict(engine, full=True)
         before = engine.full_parameters()
         taller = torch.zeros(8, 4)
