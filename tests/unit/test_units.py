@@ -206,6 +206,40 @@ def test_nested_units_sharing_a_parameter_train_like_one_process(engine_name, on
         engine.close()
 
 
+class Checkpointed(nn.Module):
+    """Layers called through torch.utils.checkpoint, without reentry (its recomputation stops
+    early, so the layer's forward hook does not run then)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4)) for _ in range(3))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        return self.head(x).square().mean()
+
+
+def test_odc_frees_each_checkpointed_unit_after_its_forward_in_every_microbatch(one_rank_group):
+    """The forward bookkeeping of nested groups counted the recomputation's forward, whose end
+    never came: from the second microbatch on, every unit stayed gathered through the forward."""
+    model = Checkpointed()
+    engine = one_rank_engine("odc", one_rank_group)
+    try:
+        engine.wrap(model, [*model.layers, model.head])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        engine.begin_minibatch()
+        for _ in range(3):
+            loss = model(torch.randn(2, 4))
+            # The head, last, stays gathered for the backward that starts at once.
+            assert [unit.storage.name for unit in engine.units] == ["SHARDED"] * 3 + ["GATHERED"]
+            loss.backward()
+        engine.finish_minibatch()
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
     model = Net()

@@ -68,7 +68,8 @@ class UnitHooks:
     def pre_forward(self, unit: FlatUnit, pos: int, args: tuple, kwargs: dict):
         self.versions.serve()
         self.fetcher.ensure(unit)
-        unit.forwards_open += 1
+        if unit.backward is not Backward.RUNNING:  # not a recomputation inside its backward
+            unit.forwards_open += 1
         following = self._group_at(pos + 1)
         if following is not None and following is not unit:
             self.fetcher.prefetch(following)
@@ -98,11 +99,16 @@ class UnitHooks:
         # inside its forward (units that nest and share a parameter: a layer using its MLP's
         # weight, whose forward ends first); the last unit's backward starts at once, so it stays
         # gathered for that too.
-        unit.forwards_open = max(0, unit.forwards_open - 1)
-        unit.last_ran = unit.last_ran or pos == unit.modules[-1]
-        done = unit.last_ran and not unit.forwards_open
-        if done:
-            unit.last_ran = False
+        if unit.backward is Backward.RUNNING:
+            # A recomputation (activation checkpointing) inside the group's backward, not counted:
+            # one that stops early (torch's default) never reaches this hook.
+            done = pos == unit.modules[-1]
+        else:
+            unit.forwards_open = max(0, unit.forwards_open - 1)
+            unit.last_ran = unit.last_ran or pos == unit.modules[-1]
+            done = unit.last_ran and not unit.forwards_open
+            if done:
+                unit.last_ran = False
         if not torch.is_grad_enabled():  # no backward follows (evaluation)
             if done:
                 unit.free()
