@@ -73,7 +73,11 @@ class DataTokens:
     def __call__(self, seed: int, sample_index: int, length: int, vocab_size: int) -> torch.Tensor:
         if length != self.lengths[sample_index]:
             raise ValueError(f"sample {sample_index} has {self.lengths[sample_index]} ids, asked for {length}")
-        start = int(self.starts[sample_index])
         import torch  # here: resolving a run's dataset never needs it, only a rank reading ids
 
-        return torch.from_numpy(np.array(self.ids[start:start + length], dtype=np.int64))
+        return torch.from_numpy(np.array(self.sample(sample_index), dtype=np.int64))
+
+    def sample(self, sample_index: int) -> np.ndarray:
+        """The usable sample's ids, as the source stores them (a view of the ids file)."""
+        start = int(self.starts[sample_index])
+        return self.ids[start:start + int(self.lengths[sample_index])]

@@ -3,7 +3,8 @@
 The key names a run in the results table (a sweep re-run skips what the table holds) and its
 checkpoint folder (only a re-run of the same config resumes from it). It hashes the run's
 whole resolved config but where results go, how often to repeat it, how it is checkpointed
-and which warm-up minibatch is profiled, none of which changes what it measures.
+and which warm-up minibatch is profiled, none of which changes what it measures; and, for a
+real source (a file or folder the config only names), the samples the run draws from it.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from odc_bench.config.run import RunConfig
 from odc_bench.data.profiles import PROFILES
@@ -30,20 +33,47 @@ def run_key(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def keyed_config(config: RunConfig) -> dict[str, Any]:
+# Sources the config names by path only (data/real.py): their contents can change under one config.
+REAL_LOADERS = frozenset({"jsonl", "hf_disk"})
+
+
+def keyed_config(config: RunConfig, drawn: str | None = None) -> dict[str, Any]:
     """What a run's key hashes: its config and, for a length profile, the profile's definition,
     which lives in code (data/profiles.py): a profile refitted later (LongAlign's floor moved
     from 1K to 8K once) draws other lengths under the same config, so its runs get other keys
-    and a re-run sweep does not take old rows for new ones."""
+    and a re-run sweep does not take old rows for new ones. A real source's `drawn` digest
+    (drawn_digest) does the same for a data file rewritten under its name."""
     keyed = config.to_dict()
     if config.dataset.loader == "profile" and config.dataset.profile in PROFILES:
         keyed["dataset"] = {**keyed["dataset"], "profile_definition": asdict(PROFILES[config.dataset.profile])}
+    if drawn is not None:
+        keyed["dataset"] = {**keyed["dataset"], "drawn": drawn}
     return keyed
 
 
-def config_key(config: RunConfig) -> str:
-    """The key of a resolved run config."""
-    return run_key(keyed_config(config))
+def config_key(config: RunConfig, drawn: str | None = None) -> str:
+    """The key of a resolved run config (and of what it draws from a real source: keyed_config)."""
+    return run_key(keyed_config(config, drawn))
+
+
+def drawn_digest(minibatches: Sequence[tuple[Sequence[int], Sequence[int]]],
+                 ids_of: Callable[[int], np.ndarray] | None = None) -> str:
+    """A digest of the samples a run draws: each minibatch's sample indices and lengths, and the
+    token ids of each sample (`ids_of(index)`) where the run trains on the source's own.
+
+    What the samples are, not the file's size or time: a copy of the data (another disk, a
+    checkout) keeps its runs' keys, and data rewritten under the same name (a filter fixed, a new
+    tokenizer) gets new ones, where before a re-run sweep skipped its runs as done and kept the
+    rows of the old data. Only the drawn samples: a change elsewhere in the source changes nothing
+    a run measures."""
+    digest = hashlib.sha256()
+    for sample_ids, lengths in minibatches:
+        digest.update(np.asarray(sample_ids, dtype=np.int64).tobytes())
+        digest.update(np.asarray(lengths, dtype=np.int64).tobytes())
+        if ids_of is not None:
+            for sample in sample_ids:
+                digest.update(np.ascontiguousarray(ids_of(sample), dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def checkpoint_folder(config: RunConfig, run_id: str) -> Path:

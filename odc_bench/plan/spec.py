@@ -38,7 +38,7 @@ from odc_bench.config.fields import require
 from odc_bench.config.model import ModelConfig
 from odc_bench.config.run import RunConfig
 from odc_bench.data.batches import labelled_tokens
-from odc_bench.data.ids import resolve_tokens
+from odc_bench.data.ids import DataTokens, resolve_tokens
 from odc_bench.data.lengths import dataset_lengths, microbatch_limit, minibatch_samples, require_room
 from odc_bench.errors import CombinationError, ConfigError
 from odc_bench.models.memory import MemoryEstimate, estimate
@@ -51,7 +51,7 @@ from odc_bench.plan.device import (
     run_device,
     visible_gpus,
 )
-from odc_bench.plan.identity import config_key
+from odc_bench.plan.identity import REAL_LOADERS, config_key, drawn_digest
 from odc_bench.plan.plans import Plans, no_cycle_collection
 from odc_bench.sums import left_sum
 from odc_core.engine.registry import shard_group_size
@@ -314,6 +314,16 @@ def _plan_key(config: RunConfig, device_type: str, remote: bool) -> str:
     return json.dumps([config.to_dict(), device_type, stamps], sort_keys=True, default=str)
 
 
+def _drawn(config: RunConfig, minibatches: list[Minibatch]) -> str | None:
+    """The digest of what a run draws from a real source, which its key hashes (plan/identity.py);
+    None for lengths the config itself determines (a profile, GRPO's draws). The ids count where
+    the ranks train on them: a simulation's time depends on the lengths alone."""
+    if config.dataset.loader not in REAL_LOADERS:
+        return None
+    ids_of = DataTokens(config.dataset).sample if config.dataset.tokens == "data" and not config.simulated else None
+    return drawn_digest([(mb.sample_ids, mb.lengths) for mb in minibatches], ids_of)
+
+
 class Planner:
     """Resolves runs (RunConfig -> RunSpec) for the runs of one command, keeping what it planned
     (plan/plans.py: each minibatch planned once) and the run just resolved (same config, same
@@ -429,6 +439,6 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
             prediction = predict(plan, lens, world, max_tokens, cost, semantics, costs)
             minibatches.append(Minibatch(ids, lens, plan, prediction, queue))
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
-    return RunSpec(resolved, config_key(resolved), device_type, cost, options,
+    return RunSpec(resolved, config_key(resolved, _drawn(resolved, minibatches)), device_type, cost, options,
                    rank_memory(resolved, device_type, max_tokens, longest),
                    None if remote else memory_limit(config, device_type), minibatches, len(lengths))

@@ -32,6 +32,11 @@ was), empty for simulated rows.
 Schema 6 -> 7 stores traces gzipped: a row's trace `traces/X.csv` becomes `traces/X.csv.gz`,
 the same bytes compressed (results/table.py's `compressed`), and the .csv is removed once the
 table names the .csv.gz. A trace that is missing stays named as it was.
+
+Within schema 7, the key of a run of real data (dataset=jsonl or hf_disk) hashes the samples it
+draws too (plan/identity.py, since 2026-12-06): such a row, of any schema from 2, gets the key
+of its config where planning it again draws the lengths the row recorded, as in 4 -> 5; where
+the data changed since, the row keeps its key and a re-run sweep measures the run again.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from odc_bench.config.engine import ENGINES
 from odc_bench.config.run import run_config
 from odc_bench.errors import ConfigError, TableError
 from odc_bench.files import atomic_path, atomic_write_text, locked
+from odc_bench.plan.identity import REAL_LOADERS
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import MB
@@ -101,16 +107,22 @@ def migrate_table(path: Path) -> int:
     with locked(path):
         table = pd.read_csv(path, dtype={**TEXT_DTYPES, "schema_version": str})
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
-        if versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS:
+        current = versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS
+        real = pd.Series([_of_real_data(c) for c in table["config"]], index=table.index, dtype=bool) \
+            if "config" in table else pd.Series(False, index=table.index)
+        if current and not real.any():
             return 0
         if versions - {"1", "2", "3", "4", "5", "6", str(SCHEMA_VERSION)}:
             raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
                              f"migrates schemas 1 to 6")
         old = table["schema_version"] == "1" if "schema_version" in table else pd.Series(True, index=table.index)
-        keyed_before = ~old & ~table["schema_version"].isin(["5", "6", str(SCHEMA_VERSION)]) \
+        keyed_before = ~old & (~table["schema_version"].isin(["5", "6", str(SCHEMA_VERSION)]) | real) \
             if "schema_version" in table else ~old
         if keyed_before.any():
-            table.loc[keyed_before, "run_id"] = _rekeyed(table.loc[keyed_before])
+            keys = _rekeyed(table.loc[keyed_before])
+            if current and list(table.loc[keyed_before, "run_id"]) == keys:
+                return 0
+            table.loc[keyed_before, "run_id"] = keys
             table["attempt"] = table.groupby("run_id").cumcount()
         if old.any():
             added = pd.DataFrame([_recomputed(c) for c in table.loc[old, "config"]], index=table.index[old])
@@ -154,9 +166,19 @@ def _compressed_traces(folder: Path, traces: pd.Series) -> tuple[list[object], l
     return names, replaced
 
 
+def _of_real_data(config_yaml: object) -> bool:
+    """Whether a row's config draws from a real source, whose samples its key hashes."""
+    try:
+        config = yaml.safe_load(str(config_yaml)) if isinstance(config_yaml, str) else None
+    except yaml.YAMLError:
+        return False
+    dataset = config.get("dataset") if isinstance(config, dict) else None
+    return isinstance(dataset, dict) and dataset.get("loader") in REAL_LOADERS
+
+
 def _rekeyed(rows: pd.DataFrame) -> list[str]:
     """Each row's key under its config now, where planning the config again draws the lengths
-    the row recorded; its own key elsewhere (schema 4 -> 5)."""
+    the row recorded; its own key elsewhere (schema 4 -> 5, and rows of real data since)."""
     lengths = ["samples", "len_mean", "len_p50", "len_p99", "len_max"]
     planned: dict[str, tuple[str, dict[str, float]] | None] = {}
     keys = []

@@ -154,6 +154,30 @@ def test_a_refitted_length_profile_gives_its_runs_new_keys(monkeypatch):
     assert after.config == before.config and after.run_id != before.run_id
 
 
+def test_data_rewritten_under_its_name_gives_its_runs_new_keys_and_a_copy_keeps_them(tmp_path):
+    """The key named the data by its path alone: with max_tokens set (so the resolved config did
+    not move with the lengths), a re-run sweep over rewritten data skipped its runs as done and
+    kept the old data's rows."""
+    data = tmp_path / "d.jsonl"
+    overrides = ("dataset=jsonl", f"dataset.path={data}", "max_tokens=4096", "minibatch_size=2", "num_minibatches=3")
+
+    def key(lines: list[object], *more: str) -> tuple[str, object]:
+        write_jsonl(data, lines)
+        spec = resolve(run_config(*overrides, *more))
+        return spec.run_id, spec.config
+
+    counts = [300 + 40 * i for i in range(64)]
+    first, config = key(counts)
+    assert key(list(counts)) == (first, config), "the same samples written again (a copy, a new time) keep the key"
+    rewritten = key([n + 10 for n in counts])
+    assert rewritten[1] == config and rewritten[0] != first
+    ids = [[i % 7 + 1] * n for i, n in enumerate(counts)]
+    trained = key(ids, "dataset.tokens=data")[0]
+    assert key([[i % 5 + 1] * n for i, n in enumerate(counts)], "dataset.tokens=data")[0] != trained, \
+        "the same lengths with other ids train on other tokens"
+    assert key(ids, "dataset.tokens=data")[0] == trained
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=40))
 def test_a_string_setting_reaches_hydra_intact_whatever_it_holds(value):

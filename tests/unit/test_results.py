@@ -1,4 +1,5 @@
 import multiprocessing
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -116,6 +117,32 @@ def test_a_schema_2_table_is_refused_with_the_migration_and_migrates_to_zero_res
     assert list(table["resumed_from"]) == [0, 0] and list(table["requeues"]) == [0, 0]
     assert list(table["samples_per_s"]) == [1.5, 2.25] and list(table["run_id"]) == ["a", "b"]
     assert migrate_table(path) == 0  # already this schema
+
+
+def test_migrate_gives_a_row_of_real_data_its_key_where_its_data_is_unchanged(tmp_path):
+    """A run of real data is keyed by the samples it draws too (plan/identity.py): a row keyed
+    before that gets its config's key now while its data is the same; a row whose data changed
+    since keeps its own, so a re-run sweep measures that run again."""
+    from odc_bench.plan.spec import resolve
+    from odc_bench.record.row import base_row
+    from odc_bench.results.migrate import migrate_table
+    from tests.helpers import run_config
+    from tests.helpers.real_data import write_jsonl
+
+    def row(data: Path, counts: list[int]) -> tuple[dict, str]:
+        write_jsonl(data, counts)
+        spec = resolve(run_config("backend=sim", "dataset=jsonl", f"dataset.path={data}", "max_tokens=4096",
+                                  "minibatch_size=2", "num_minibatches=3"))
+        return {**{c: "" for c in COLUMNS}, **base_row(spec), "status": "ok", "run_id": "0ld0000000000000"}, spec.run_id
+
+    kept, key = row(tmp_path / "kept.jsonl", [300 + 40 * i for i in range(64)])
+    changed, _ = row(tmp_path / "changed.jsonl", [300 + 40 * i for i in range(64)])
+    write_jsonl(tmp_path / "changed.jsonl", [300 + 20 * i for i in range(64)])
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([kept, {**changed, "run_id": "0ld1111111111111"}], columns=COLUMNS).to_csv(path, index=False)
+    assert migrate_table(path) == 2
+    assert list(pd.read_csv(path, dtype=str)["run_id"]) == [key, "0ld1111111111111"]
+    assert migrate_table(path) == 0
 
 
 def test_the_migration_a_refusal_names_migrates_the_table_whatever_its_name(tmp_path, capsys):
