@@ -2,9 +2,10 @@
 
 The key names a run in the results table (a sweep re-run skips what the table holds) and its
 checkpoint folder (only a re-run of the same config resumes from it). It hashes the run's
-whole resolved config but where results go, how often to repeat it, how it is checkpointed
-and which warm-up minibatch is profiled, none of which changes what it measures; and, for a
-real source (a file or folder the config only names), the samples the run draws from it.
+whole resolved config but where results go, how often to repeat it, how it is checkpointed,
+which warm-up minibatch is profiled and how long it may wait or run, none of which changes what
+it measures; and, for a real source (a file or folder the config only names), the samples the
+run draws from it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def run_key(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+# Limits that end a run that hangs or overruns, and change nothing a run that ends measures: keyed
+# at the values config.yaml gives them whatever a run's are, so that a sweep re-run with a longer
+# timeout_s to rerun what timed out skips the runs already ok (they were keyed by their values,
+# so such a re-run measured every run again), and rows recorded at these values keep their keys.
+GUARDS: dict[str, object] = {"timeout_s": 120, "deadline_s": None}
 # Sources the config names by path only (data/real.py): their contents can change under one config.
 REAL_LOADERS = frozenset({"jsonl", "hf_disk"})
 
@@ -43,7 +49,7 @@ def keyed_config(config: RunConfig, drawn: str | None = None) -> dict[str, Any]:
     from 1K to 8K once) draws other lengths under the same config, so its runs get other keys
     and a re-run sweep does not take old rows for new ones. A real source's `drawn` digest
     (drawn_digest) does the same for a data file rewritten under its name."""
-    keyed = config.to_dict()
+    keyed = {**config.to_dict(), **GUARDS}
     if config.dataset.loader == "profile" and config.dataset.profile in PROFILES:
         keyed["dataset"] = {**keyed["dataset"], "profile_definition": asdict(PROFILES[config.dataset.profile])}
     if drawn is not None:

@@ -33,14 +33,16 @@ Schema 6 -> 7 stores traces gzipped: a row's trace `traces/X.csv` becomes `trace
 the same bytes compressed (results/table.py's `compressed`), and the .csv is removed once the
 table names the .csv.gz. A trace that is missing stays named as it was.
 
-Within schema 7, the key of a run of real data (dataset=jsonl or hf_disk) hashes the samples it
-draws too (plan/identity.py, since 2026-12-06): such a row, of any schema from 2, gets the key
-of its config where planning it again draws the lengths the row recorded, as in 4 -> 5; where
-the data changed since, the row keeps its key and a re-run sweep measures the run again.
+Within schema 7, since 2026-12-06, the key of a run of real data (dataset=jsonl or hf_disk)
+hashes the samples it draws too, and no key hashes timeout_s or deadline_s (plan/identity.py):
+such a row (real data, or those limits at other values than config.yaml's), of any schema from
+2, gets the key of its config where planning it again draws the lengths the row recorded, as in
+4 -> 5; where the data changed since, the row keeps its key and a re-run measures the run again.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,7 @@ from odc_bench.config.engine import ENGINES
 from odc_bench.config.run import run_config
 from odc_bench.errors import ConfigError, TableError
 from odc_bench.files import atomic_path, atomic_write_text, locked
-from odc_bench.plan.identity import REAL_LOADERS
+from odc_bench.plan.identity import GUARDS, REAL_LOADERS
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import MB
@@ -108,15 +110,15 @@ def migrate_table(path: Path) -> int:
         table = pd.read_csv(path, dtype={**TEXT_DTYPES, "schema_version": str})
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         current = versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS
-        real = pd.Series([_of_real_data(c) for c in table["config"]], index=table.index, dtype=bool) \
+        rekeyable = pd.Series([_keyed_otherwise_before(c) for c in table["config"]], index=table.index, dtype=bool) \
             if "config" in table else pd.Series(False, index=table.index)
-        if current and not real.any():
+        if current and not rekeyable.any():
             return 0
         if versions - {"1", "2", "3", "4", "5", "6", str(SCHEMA_VERSION)}:
             raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}; this code "
                              f"migrates schemas 1 to 6")
         old = table["schema_version"] == "1" if "schema_version" in table else pd.Series(True, index=table.index)
-        keyed_before = ~old & (~table["schema_version"].isin(["5", "6", str(SCHEMA_VERSION)]) | real) \
+        keyed_before = ~old & (~table["schema_version"].isin(["5", "6", str(SCHEMA_VERSION)]) | rekeyable) \
             if "schema_version" in table else ~old
         if keyed_before.any():
             keys = _rekeyed(table.loc[keyed_before])
@@ -166,14 +168,19 @@ def _compressed_traces(folder: Path, traces: pd.Series) -> tuple[list[object], l
     return names, replaced
 
 
-def _of_real_data(config_yaml: object) -> bool:
-    """Whether a row's config draws from a real source, whose samples its key hashes."""
+def _keyed_otherwise_before(config_yaml: object) -> bool:
+    """Whether a row's key may be one its config no longer has since 2026-12-06: it draws from a
+    real source, whose samples the key hashes now, or has limits the key no longer hashes."""
     try:
         config = yaml.safe_load(str(config_yaml)) if isinstance(config_yaml, str) else None
     except yaml.YAMLError:
         return False
-    dataset = config.get("dataset") if isinstance(config, dict) else None
-    return isinstance(dataset, dict) and dataset.get("loader") in REAL_LOADERS
+    if not isinstance(config, dict):
+        return False
+    dataset = config.get("dataset")
+    real = isinstance(dataset, dict) and dataset.get("loader") in REAL_LOADERS
+    # as the key's JSON writes them: 120.0 was keyed apart from 120
+    return real or any(key in config and json.dumps(config[key]) != json.dumps(value) for key, value in GUARDS.items())
 
 
 def _rekeyed(rows: pd.DataFrame) -> list[str]:

@@ -154,6 +154,18 @@ def test_a_refitted_length_profile_gives_its_runs_new_keys(monkeypatch):
     assert after.config == before.config and after.run_id != before.run_id
 
 
+def test_the_limits_on_waiting_and_running_leave_the_key_as_config_yaml_gives_them():
+    """timeout_s and deadline_s change nothing a run that ends measures: a sweep re-run with a
+    longer timeout_s, to rerun what timed out, measured every run again under new keys."""
+    from odc_bench.plan.identity import GUARDS
+
+    assert {key: run_config().to_dict()[key] for key in GUARDS} == GUARDS, "rows at the defaults keep their keys"
+    keys = {resolve(run_config(*limits)).run_id for limits in [(), ("timeout_s=600",), ("timeout_s=120.0",),
+                                                                  ("deadline_s=3600", "timeout_s=30")]}
+    assert len(keys) == 1
+    assert resolve(run_config("seed=1")).run_id not in keys
+
+
 def test_data_rewritten_under_its_name_gives_its_runs_new_keys_and_a_copy_keeps_them(tmp_path):
     """The key named the data by its path alone: with max_tokens set (so the resolved config did
     not move with the lengths), a re-run sweep over rewritten data skipped its runs as done and

@@ -120,28 +120,31 @@ def test_a_schema_2_table_is_refused_with_the_migration_and_migrates_to_zero_res
 
 
 def test_migrate_gives_a_row_of_real_data_its_key_where_its_data_is_unchanged(tmp_path):
-    """A run of real data is keyed by the samples it draws too (plan/identity.py): a row keyed
-    before that gets its config's key now while its data is the same; a row whose data changed
-    since keeps its own, so a re-run sweep measures that run again."""
+    """A run of real data is keyed by the samples it draws too, and no run by its timeout_s
+    (plan/identity.py): a row keyed before that gets its config's key now while its data is the
+    same; a row whose data changed since keeps its own, so a re-run sweep measures that run again."""
     from odc_bench.plan.spec import resolve
     from odc_bench.record.row import base_row
     from odc_bench.results.migrate import migrate_table
     from tests.helpers import run_config
     from tests.helpers.real_data import write_jsonl
 
-    def row(data: Path, counts: list[int]) -> tuple[dict, str]:
-        write_jsonl(data, counts)
-        spec = resolve(run_config("backend=sim", "dataset=jsonl", f"dataset.path={data}", "max_tokens=4096",
-                                  "minibatch_size=2", "num_minibatches=3"))
-        return {**{c: "" for c in COLUMNS}, **base_row(spec), "status": "ok", "run_id": "0ld0000000000000"}, spec.run_id
+    def row(run_id: str, *overrides: str) -> tuple[dict, str]:
+        spec = resolve(run_config("backend=sim", "minibatch_size=2", "num_minibatches=3", *overrides))
+        return {**{c: "" for c in COLUMNS}, **base_row(spec), "status": "ok", "run_id": run_id}, spec.run_id
 
-    kept, key = row(tmp_path / "kept.jsonl", [300 + 40 * i for i in range(64)])
-    changed, _ = row(tmp_path / "changed.jsonl", [300 + 40 * i for i in range(64)])
+    def real(data: Path) -> tuple[str, ...]:
+        written = write_jsonl(data, [300 + 40 * i for i in range(64)])
+        return "dataset=jsonl", f"dataset.path={written}", "max_tokens=4096"
+
+    kept, key = row("0ld0000000000000", *real(tmp_path / "kept.jsonl"))
+    changed, _ = row("0ld1111111111111", *real(tmp_path / "changed.jsonl"))
     write_jsonl(tmp_path / "changed.jsonl", [300 + 20 * i for i in range(64)])
+    waited, waited_key = row("0ld2222222222222", "timeout_s=600")
     path = tmp_path / "runs.csv"
-    pd.DataFrame([kept, {**changed, "run_id": "0ld1111111111111"}], columns=COLUMNS).to_csv(path, index=False)
-    assert migrate_table(path) == 2
-    assert list(pd.read_csv(path, dtype=str)["run_id"]) == [key, "0ld1111111111111"]
+    pd.DataFrame([kept, changed, waited], columns=COLUMNS).to_csv(path, index=False)
+    assert migrate_table(path) == 3
+    assert list(pd.read_csv(path, dtype=str)["run_id"]) == [key, "0ld1111111111111", waited_key]
     assert migrate_table(path) == 0
 
 
