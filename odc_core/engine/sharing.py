@@ -21,6 +21,9 @@ def check_units(model: nn.Module, units: Iterable[object]) -> list[nn.Module]:
     inside = {id(m) for m in model.modules()}
     first: dict[int, int] = {}
     checked: list[nn.Module] = []
+    if not isinstance(units, Iterable):  # a module alone, or None: Python's "object is not iterable" said neither
+        raise TypeError(f"units is a {type(units).__name__}, not a list of modules: list the modules to shard by "
+                        f"([model.head] for one module, [] for the model as one unit)")
     for i, unit in enumerate(units):
         if not isinstance(unit, nn.Module):
             raise TypeError(f"units[{i}] is a {type(unit).__name__}, not a module: list the modules to shard "

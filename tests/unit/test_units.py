@@ -35,6 +35,9 @@ REFUSED = {
                      "units[2] (Sequential) is units[0] again: list each module once"),
     "never called": (lambda m: [m.layers, m.head], ValueError,
                      "units[0] (ModuleList) has no forward, so the model never calls it: list the modules it holds"),
+    "a module alone": (lambda m: m.head, TypeError, "units is a Linear, not a list of modules: list the modules to "
+                                                    "shard by ([model.head] for one module, [] for the model as one"),
+    "none": (lambda m: None, TypeError, "units is a NoneType, not a list of modules"),
 }
 
 
