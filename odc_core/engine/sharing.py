@@ -21,7 +21,10 @@ def check_units(model: nn.Module, units: Iterable[object]) -> list[nn.Module]:
     inside = {id(m) for m in model.modules()}
     first: dict[int, int] = {}
     checked: list[nn.Module] = []
-    if not isinstance(units, Iterable):  # a module alone, or None: Python's "object is not iterable" said neither
+    # A module alone, or None: Python's "object is not iterable" said neither. A module with a
+    # forward that iterates (nn.Sequential) would have given its children as the units.
+    called = isinstance(units, nn.Module) and type(units).forward is not nn.Module.forward
+    if called or not isinstance(units, Iterable):
         raise TypeError(f"units is a {type(units).__name__}, not a list of modules: list the modules to shard by "
                         f"([model.head] for one module, [] for the model as one unit)")
     for i, unit in enumerate(units):

@@ -38,6 +38,7 @@ REFUSED = {
     "a module alone": (lambda m: m.head, TypeError, "units is a Linear, not a list of modules: list the modules to "
                                                     "shard by ([model.head] for one module, [] for the model as one"),
     "none": (lambda m: None, TypeError, "units is a NoneType, not a list of modules"),
+    "a sequential alone": (lambda m: m.layers[0], TypeError, "units is a Sequential, not a list of modules"),
 }
 
 
