@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any, Protocol
 
 import torch
@@ -193,9 +194,13 @@ class OptimizerStep:
     def build(cls, params: list[Any], factory: OptimizerFactory, scheduler: SchedulerFactory | None,
               max_grad_norm: float | None) -> OptimizerStep:
         """`params`: a list of parameters, or group dicts (group_options' groups with their params)."""
-        if max_grad_norm is not None and not max_grad_norm > 0:
+        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, Real)
+                                          or not max_grad_norm > 0):
             raise ValueError(f"max_grad_norm must be a number > 0 or None, got {max_grad_norm!r}")
         optimizer = factory(params)
+        if not isinstance(optimizer, torch.optim.Optimizer):  # a factory without its return: None
+            raise TypeError(f"the optimizer factory returned {type(optimizer).__name__}, not a torch.optim optimizer: "
+                            f"return the one it builds over its argument, lambda params: torch.optim.AdamW(params)")
         mine = {id(p) for g in params for p in (g["params"] if isinstance(g, dict) else [g])}
         foreign = sum(id(p) not in mine for g in optimizer.param_groups for p in g["params"])
         if foreign:
@@ -214,6 +219,11 @@ class OptimizerStep:
             if "lr_scale" in options:
                 group["lr"] = group["lr"] * options["lr_scale"]
         schedule = scheduler(optimizer) if scheduler is not None else None
+        if scheduler is not None and not callable(getattr(schedule, "step", None)):
+            # None (a factory without its return) trained on at the first rate without a word
+            raise TypeError(f"the scheduler factory returned {type(schedule).__name__}, not an LR scheduler: return "
+                            f"the one it builds over its argument, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, "
+                            f"...), or leave scheduler unset")
         if isinstance(schedule, torch.optim.lr_scheduler.ReduceLROnPlateau):
             # The engine steps the schedule after every optimizer step, with no argument: this one
             # wants the metric it watches, and failed there after the step it followed was taken.

@@ -398,6 +398,39 @@ def test_an_optimizer_over_tensors_the_factory_was_not_given_is_refused_and_one_
         engine.close()
 
 
+# configure_optimizer's arguments a factory without its return (None) or a slip gives, the refusal's start
+FORGOTTEN = {
+    "optimizer None": (dict(factory=lambda params: None), TypeError,
+                       "the optimizer factory returned NoneType, not a torch.optim optimizer: return the one"),
+    "scheduler None": (dict(scheduler=lambda opt: None), TypeError,
+                       "the scheduler factory returned NoneType, not an LR scheduler: return the one it builds"),
+    "norm as text": (dict(max_grad_norm="1.0"), ValueError, "max_grad_norm must be a number > 0 or None, got '1.0'"),
+}
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("case", sorted(FORGOTTEN))
+def test_a_factory_that_returns_nothing_is_refused_in_one_line_and_a_good_one_trains(case, engine_name,
+                                                                                   one_rank_group):
+    """Before, a scheduler factory returning None trained on at the first rate without a word, and
+    the other two failed in Python's AttributeError or TypeError, deep in the engine."""
+    arguments, error, message = FORGOTTEN[case]
+    arguments = {"factory": lambda params: torch.optim.SGD(params, lr=0.1), **arguments}
+    torch.manual_seed(0)
+    model = Nested()
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, [model.layer, model.head])
+        with pytest.raises(error) as refused:
+            engine.configure_optimizer(arguments.pop("factory"), **arguments)
+        assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        trains_like_one_process(engine, model, reference, [torch.randn(3, 4) for _ in range(2)])
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_schedule_that_steps_on_a_metric_is_refused_and_the_loop_may_step_it(engine_name, one_rank_group):
     """The engines step a schedule after every optimizer step, without an argument: ReduceLROnPlateau
