@@ -53,14 +53,27 @@ if TYPE_CHECKING:  # the engines import this module's flat_pieces
 # ODC rank, which has no DTensor) would pay for nothing.
 
 _STEP = re.compile(r"step-(\d+)")
+_REPLACED = ".replaced"  # a complete checkpoint a save of its step again replaces, until it is done
 
 
-def _complete(root: Path) -> list[Path]:
-    """The complete checkpoints under root, oldest (lowest step) first."""
+def complete(root: str | os.PathLike[str]) -> list[Path]:
+    """The complete checkpoints under root, oldest (lowest step) first: step-N, or step-N.replaced
+    where a save of step N again was cut short between its two renames (save())."""
+    root = Path(root)
     if not root.is_dir():
         return []
-    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.fullmatch(p.name)) and p.is_dir()]
+    folders = {p.name: p for p in root.iterdir() if p.is_dir()}
+    steps = [(int(m.group(1)), p) for name, p in folders.items() if (m := _STEP.fullmatch(name.removesuffix(_REPLACED)))
+             and (name == m.group(0) or m.group(0) not in folders)]
     return [p for _, p in sorted(steps)]
+
+
+def step_of(folder: str | os.PathLike[str]) -> int:
+    """The step of a complete checkpoint (one complete() or latest() gives)."""
+    m = _STEP.fullmatch(Path(folder).name.removesuffix(_REPLACED))
+    if m is None:
+        raise ValueError(f"{folder} is not a checkpoint folder (step-N)")
+    return int(m.group(1))
 
 
 class CheckpointError(RuntimeError):
@@ -97,7 +110,7 @@ def damage(folder: str | os.PathLike[str]) -> str | None:
 def latest(root: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint under root (the highest step) that damage() finds nothing
     wrong with, or None; each newer one skipped for damage is named in a DamagedCheckpointWarning."""
-    for folder in reversed(_complete(Path(root))):
+    for folder in reversed(complete(root)):
         why = damage(folder)
         if why is None:
             return folder
@@ -153,7 +166,9 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob("step-*.partial"):
             shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)
+        for replaced in root.glob(f"step-*{_REPLACED}"):  # a save's last moment cut short: its new one stands
+            if (root / replaced.name.removesuffix(_REPLACED)).is_dir():
+                shutil.rmtree(replaced, ignore_errors=True)
     dist.barrier()
     # One pickled object: DCP would flatten a dict of plain values on save but not on load.
     state = {**engine.sharded_state(), "extra": io.BytesIO(pickle.dumps(dict(extra or {})))}
@@ -161,10 +176,17 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
         dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written
     if dist.get_rank() == 0:
+        # A checkpoint of this step saved before (a run that saves again the step it resumed
+        # from) goes only now that the new one is complete: removed before the save, as it was,
+        # a save that failed left neither, and latest() the one before or none.
+        replaced = root / f"{final.name}{_REPLACED}"
+        if final.is_dir():
+            final.rename(replaced)
         partial.rename(final)
         _fsync_dir(root)
+        shutil.rmtree(replaced, ignore_errors=True)
         if keep is not None:
-            for old in _complete(root)[:-keep]:
+            for old in complete(root)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final

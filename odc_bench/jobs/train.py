@@ -81,8 +81,8 @@ def execute(spec: RunSpec, results_dir: Path, launch: Launcher | None = None, re
         for warning in damaged:
             progress.say(f"run {spec.run_id}: {warning.message}")
         if found is not None:
-            progress.say(f"run {spec.run_id}: resumed from minibatch {_step(found)} of {len(spec.minibatches)}, "
-                         f"checkpoint {found.name} ({folder})")
+            progress.say(f"run {spec.run_id}: resumed from minibatch {checkpoint.step_of(found)} of "
+                         f"{len(spec.minibatches)}, checkpoint {found.name} ({folder})")
     try:
         results = (launch or default_launcher(repeat_index))(spec)
     except RunFailed as e:
@@ -116,11 +116,6 @@ def _publish(results_dir: Path, trace: tuple[Path, pd.DataFrame] | None, row: di
         raise
 
 
-def _step(checkpoint_path: Path) -> int:
-    """The minibatch a harness checkpoint resumes from: its step (worker.save numbers them so)."""
-    return int(checkpoint_path.name.removeprefix("step-"))
-
-
 def kept_checkpoints(folder: Path, resumes: bool = True) -> str:
     """What a stopped run leaves, for the Ctrl-C line: its checkpoints, where, and whether the same
     command resumes from them (checkpoint.resume=auto); empty when it has none."""
@@ -131,9 +126,9 @@ def kept_checkpoints(folder: Path, resumes: bool = True) -> str:
         newest = checkpoint.latest(folder)
     if newest is None:
         return ""
-    steps = sorted((p.name for p in folder.glob("step-*") if p.is_dir() and not p.name.endswith(".partial")),
-                   key=lambda name: int(name.removeprefix("step-")))
-    then = (f"the same command resumes it from minibatch {_step(newest)}" if resumes else
+    steps = [p.name for p in checkpoint.complete(folder)]
+    # the minibatch a harness checkpoint resumes from is its step (worker.save numbers them so)
+    then = (f"the same command resumes it from minibatch {checkpoint.step_of(newest)}" if resumes else
             "checkpoint.resume=never: the same command starts again from minibatch 0")
     several = len(steps) > 1
     return (f"the run under way was stopped and wrote no row; its checkpoint{'s' * several} "

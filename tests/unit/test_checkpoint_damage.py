@@ -90,6 +90,30 @@ def test_a_save_dcp_cannot_write_is_refused_in_one_line(engine, tmp_path):
     assert not (tmp_path / "step-3").exists()
 
 
+def test_a_failed_save_of_a_step_saved_before_leaves_the_one_saved_before(engine, tmp_path, monkeypatch):
+    """A run that saves again the step it resumed from: the save removed the complete checkpoint
+    of that step before writing, so a save that failed left neither, and latest() the one before
+    (or none). Now the old one goes once the new one is complete."""
+    _, second = _saved(engine, tmp_path)
+    with monkeypatch.context() as failing:
+        failing.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", _no_room)
+        with pytest.raises(checkpoint.CheckpointError):
+            checkpoint.save(engine, tmp_path, 2, {"at": "again"})
+    assert checkpoint.latest(tmp_path) == second and checkpoint.load(engine, second) == {"at": 2}
+    assert checkpoint.save(engine, tmp_path, 2, {"at": "again"}, keep=1) == second
+    assert checkpoint.complete(tmp_path) == [second] and checkpoint.load(engine, second) == {"at": "again"}
+    # cut short between its two renames: the replaced one is found until the next save is done
+    second.rename(tmp_path / "step-2.replaced")
+    found = checkpoint.latest(tmp_path)
+    assert found == tmp_path / "step-2.replaced" and checkpoint.step_of(found) == 2
+    assert checkpoint.save(engine, tmp_path, 3, keep=1) == checkpoint.latest(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["step-3"]
+
+
+def _no_room(*args: object, **kwargs: object) -> None:
+    raise OSError(28, "No space left on device")
+
+
 @pytest.mark.parametrize("cut", [SystemExit(-1), KeyboardInterrupt()], ids=["exit", "ctrl-c"])
 def test_an_exit_that_lands_mid_save_stays_an_exit(engine, tmp_path, monkeypatch, cut):
     """submitit's time-limit handler exits the task it requeues (SystemExit(-1)); DCP wraps what
