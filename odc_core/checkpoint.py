@@ -159,6 +159,7 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
         raise ValueError(f"a checkpoint's step must be a whole number >= 0 (latest() finds the newest by it), got "
                          f"{step!r}")
     step = operator.index(step)
+    engine.between_minibatches("checkpoint.save")
     root = Path(root)
     final, partial = root / f"step-{step}", root / f"step-{step}.partial"
     engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read
@@ -203,6 +204,7 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     folder = Path(folder)
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no .metadata); use latest(root)")
+    engine.between_minibatches("checkpoint.load")
     state = {**engine.sharded_state(for_load=True), "extra": io.BytesIO()}
     if "optim" in state:
         _start_absent_fresh(state["optim"]["state"], folder)

@@ -20,6 +20,7 @@ def get_state_dict(engine: DataParallelEngine, *, full: bool = False) -> tuple[d
 
     The FSDP2 counterpart: torch.distributed.checkpoint.state_dict.get_state_dict(model,
     optimizer, options=StateDictOptions(full_state_dict=full))."""
+    engine.between_minibatches("get_state_dict")
     return engine.state_dict(full)
 
 
@@ -32,4 +33,5 @@ def set_state_dict(engine: DataParallelEngine, model_state_dict: dict[str, Any],
 
     The FSDP2 counterpart: set_state_dict(model, optimizer, model_state_dict=...,
     optim_state_dict=..., options=StateDictOptions(full_state_dict=...))."""
+    engine.between_minibatches("set_state_dict")
     engine.load_state_dict(model_state_dict, optim_state_dict)

@@ -177,6 +177,13 @@ class DataParallelEngine(Protocol):
         """Load state dicts as torch's set_state_dict does, full or sharded; collective, between minibatches."""
         ...
 
+    def between_minibatches(self, call: str) -> None:
+        """A one-line RuntimeError naming `call` when a minibatch is open or the engine is closed:
+        what reads or loads the whole state (drain, full_parameters, the state dicts, checkpoint
+        save and load) waits on ODC for every step begun, the open minibatch's too, which never
+        comes, and on FSDP2 would read a state between two steps' gradients."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -266,7 +273,8 @@ def group_options(named: Sequence[tuple[str, nn.Parameter]],
 def check_order(call: str, open_minibatch: int | None, closed: bool) -> None:
     """A one-line error for a protocol call out of order: the engine closed, `begin_minibatch`
     while a minibatch is open, `finish_minibatch` while none is (an ODC rank would wait for a
-    version no owner will publish; FSDP2 would step on whatever gradients there are)."""
+    version no owner will publish; FSDP2 would step on whatever gradients there are), any other
+    call while one is open (between_minibatches)."""
     if closed:
         raise RuntimeError(f"{call}() after close(): the engine freed its shards; make another engine")
     if call == "begin_minibatch" and open_minibatch is not None:
@@ -275,6 +283,9 @@ def check_order(call: str, open_minibatch: int | None, closed: bool) -> None:
     if call == "finish_minibatch" and open_minibatch is None:
         raise RuntimeError("finish_minibatch() with no minibatch open: call begin_minibatch() before its "
                            "microbatches")
+    if call not in ("begin_minibatch", "finish_minibatch") and open_minibatch is not None:
+        raise RuntimeError(f"{call}() while minibatch {open_minibatch} is open: call it between minibatches, after "
+                           f"finish_minibatch()")
 
 
 # What an ODC engine leaves in its parameters between uses: one NaN per device and dtype, seen

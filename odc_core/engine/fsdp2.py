@@ -219,7 +219,11 @@ class CollectiveEngine:
         return norm
 
     def drain(self) -> None:
-        """Nothing to do: every step ran in finish_minibatch."""
+        """Nothing to wait for: every step ran in finish_minibatch."""
+        self.between_minibatches("drain")
+
+    def between_minibatches(self, call: str) -> None:
+        check_order(call, self._minibatch if self._inside else None, self._closed)
 
     def _emit(self, kind: str, t0: Any) -> None:
         if self.trace is not None:
@@ -230,6 +234,7 @@ class CollectiveEngine:
                            "microbatch count; use engine=odc")
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
+        self.between_minibatches("full_parameters")
         assert self.model is not None
         # fully_shard made every parameter a DTensor sharded over the ranks (and replicated across nodes).
         return {n: cast(DTensor, p).full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
@@ -241,6 +246,7 @@ class CollectiveEngine:
 
     def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
         """The model's and optimizer's state dicts as DCP's get_state_dict gives them (DTensors)."""
+        self.between_minibatches("sharded_state")
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         if self.model is None:
@@ -252,6 +258,7 @@ class CollectiveEngine:
         """After DCP has loaded every key of sharded_state(for_load=True) but the optimizer state
         of parameters the checkpoint has none for (odc_core/checkpoint.py): those start fresh,
         as they would in a new optimizer; torch's strict check would refuse them."""
+        self.between_minibatches("load_sharded_state")
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         assert self.model is not None
@@ -260,6 +267,7 @@ class CollectiveEngine:
 
     def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """torch's get_state_dict of the model and optimizer: DTensors, or with `full` whole tensors."""
+        self.between_minibatches("state_dict")
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         if self.model is None:
@@ -268,6 +276,7 @@ class CollectiveEngine:
 
     def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
         """torch's set_state_dict: sharded (DTensors) or full state dicts, by what they hold."""
+        self.between_minibatches("load_state_dict")
         from torch.distributed._shard.sharded_tensor import ShardedTensor
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 

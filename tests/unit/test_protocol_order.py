@@ -5,15 +5,17 @@ forward (after close()); FSDP2 stepped on whatever gradients there were (finish_
 with no minibatch open) or raised a bare AssertionError."""
 
 import re
+import time
 import uuid
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from odc_core import DataParallelEngine
+from odc_core import DataParallelEngine, checkpoint, get_state_dict, set_state_dict
 from odc_core.engine.base import EngineContext
 from odc_core.engine.build import make_engine
 
@@ -60,6 +62,18 @@ CASES: dict[str, tuple[Callable[[DataParallelEngine, Net], None], str]] = {
     "finish unopened": (_finish_unopened, "finish_minibatch() with no minibatch open: call begin_minibatch() "),
     "wrap again": (_wrap_again, "wrap() was called already: an engine shards one model, once; make another engine"),
     "after close": (_after_close, "begin_minibatch() after close(): the engine freed its shards; make another engine"),
+}
+
+
+# What reads or loads the whole state, called inside a minibatch: on ODC each waited timeout_s
+# for the open minibatch's own step (PeerTimeout naming rank 0, the only rank).
+INSIDE: dict[str, Callable[[DataParallelEngine, Path], object]] = {
+    "drain": lambda engine, _: engine.drain(),
+    "full_parameters": lambda engine, _: engine.full_parameters(),
+    "get_state_dict": lambda engine, _: get_state_dict(engine),
+    "set_state_dict": lambda engine, _: set_state_dict(engine, {}, {}),
+    "checkpoint.save": lambda engine, saved: checkpoint.save(engine, saved.parent, 1),
+    "checkpoint.load": lambda engine, saved: checkpoint.load(engine, saved),
 }
 
 
@@ -180,3 +194,27 @@ def test_options_built_by_hand_hold_the_types_they_declare(engine, options, said
 
     with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
         engine_spec(engine).options(**options)
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("call", sorted(INSIDE))
+def test_a_call_on_the_whole_state_inside_a_minibatch_is_one_line_and_the_minibatch_goes_on(call, engine_name,
+                                                                                            one_rank_group, tmp_path):
+    model = Net()
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        saved = checkpoint.save(engine, tmp_path, 0)
+        engine.begin_minibatch()
+        _microbatch(model)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError) as refused:
+            INSIDE[call](engine, saved)
+        assert time.monotonic() - started < 5, "refused at once, not after the engine's timeout"
+        engine.finish_minibatch()
+        assert set(engine.full_parameters()) == {n for n, _ in model.named_parameters()}
+    finally:
+        engine.close()
+    assert str(refused.value) == f"{call}() while minibatch 0 is open: call it between minibatches, after " \
+                                 f"finish_minibatch()"

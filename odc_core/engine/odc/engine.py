@@ -269,7 +269,11 @@ class OdcEngine:
 
     def drain(self) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far."""
+        self.between_minibatches("drain")
         self.versions.drain()
+
+    def between_minibatches(self, call: str) -> None:
+        check_order(call, self.minibatch if self.versions.inside else None, self.versions.closing.is_set())
 
     def claim(self) -> int:
         return self.versions.claim()
@@ -284,18 +288,22 @@ class OdcEngine:
     # ---- outside minibatches (state_dict.py) -------------------------------------------
     @_collective
     def full_parameters(self) -> dict[str, torch.Tensor]:
+        self.between_minibatches("full_parameters")
         return state_dict.full_parameters(self)
 
     @_collective
     def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+        self.between_minibatches("sharded_state")
         return state_dict.sharded_state(self, for_load)
 
     @_collective
     def load_sharded_state(self, state: dict[str, Any]) -> None:
+        self.between_minibatches("load_sharded_state")
         state_dict.load_sharded_state(self, state)
 
     @_collective
     def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+        self.between_minibatches("state_dict")
         if full:
             return state_dict.full_state(self)
         state = state_dict.sharded_state(self)
@@ -303,6 +311,7 @@ class OdcEngine:
 
     @_collective
     def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+        self.between_minibatches("load_state_dict")
         state_dict.set_state(self, model_state_dict, optim_state_dict)
 
     def close(self) -> None:
