@@ -208,7 +208,13 @@ class ShmProcessGroup(dist.ProcessGroup):
                 break
             waited = time.monotonic() - started
             if waited > self.timeout_s:
-                raise PeerTimeout(pending[0], f"arrival at {what} #{seq}", self.timeout_s)
+                # Where the peer got to: alive and short of this collective, it waits in another
+                # call, as when ranks run different units (a branch one rank takes): FSDP2 needs
+                # every rank to run every unit's collectives, in one order.
+                reached = heap.load(_ARRIVED, pending[0], 0)
+                raise PeerTimeout(pending[0], f"arrival at {what} #{seq} (it reached #{reached} of this group's "
+                                              f"collectives; every rank must run the same collectives, the same "
+                                              f"units, in the same order)", self.timeout_s)
             if waited < _SPIN_S:
                 os.sched_yield()
             else:

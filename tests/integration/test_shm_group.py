@@ -3,6 +3,7 @@ semantics, timeouts naming the missing rank."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from datetime import timedelta
@@ -127,6 +128,11 @@ def test_a_late_rank_holds_everyone_and_a_missing_one_is_named():
             assert r["first_s"] >= 0.4
     for r in results[:2]:
         assert r["peer"] == 2 and "rank 2" in r["error"] and "reduce_scatter" in r["error"]
+        # where the missing rank got to: one collective short of this one
+        assert re.search(r"reduce_scatter #(\d+) \(it reached #(\d+) of this group's collectives; every rank must run "
+                         r"the same collectives", r["error"]), r["error"]
+        waited, reached = map(int, re.search(r"#(\d+) \(it reached #(\d+)", r["error"]).groups())
+        assert reached == waited - 1
     assert "error" not in results[2]
 
 
