@@ -160,6 +160,11 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
                          f"{step!r}")
     step = operator.index(step)
     engine.between_minibatches("checkpoint.save")
+    try:  # before anything is written: a lambda or an open file in it failed once the save was under way
+        extra_bytes = pickle.dumps(dict(extra or {}))
+    except Exception as e:  # pickle raises PicklingError, AttributeError or TypeError by what it meets
+        raise ValueError(f"a checkpoint's extra must pickle, and it does not ({type(e).__name__}: {e}); keep plain "
+                         f"values in it (numbers, strings, tensors, state dicts)") from None
     root = Path(root)
     final, partial = root / f"step-{step}", root / f"step-{step}.partial"
     engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read
@@ -172,7 +177,7 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
                 shutil.rmtree(replaced, ignore_errors=True)
     dist.barrier()
     # One pickled object: DCP would flatten a dict of plain values on save but not on load.
-    state = {**engine.sharded_state(), "extra": io.BytesIO(pickle.dumps(dict(extra or {})))}
+    state = {**engine.sharded_state(), "extra": io.BytesIO(extra_bytes)}
     with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
         dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written

@@ -110,6 +110,13 @@ def test_a_failed_save_of_a_step_saved_before_leaves_the_one_saved_before(engine
     assert [p.name for p in tmp_path.iterdir()] == ["step-3"]
 
 
+def test_an_extra_that_does_not_pickle_is_refused_before_anything_is_written(engine, tmp_path):
+    with pytest.raises(ValueError, match=r"^a checkpoint's extra must pickle, and it does not \((AttributeError|"
+                                         r"PicklingError|TypeError): .*; keep plain values in it"):
+        checkpoint.save(engine, tmp_path / "root", 1, {"schedule": lambda step: 0.1})
+    assert list(tmp_path.iterdir()) == []
+
+
 def _no_room(*args: object, **kwargs: object) -> None:
     raise OSError(28, "No space left on device")
 
