@@ -28,7 +28,7 @@ import pandas as pd
 from odc_bench.data.real import UnusedFieldError, source_name
 from odc_bench.data.real import read_lengths as read_source
 from odc_bench.results.series import in_layout, known_engines, layouts, with_workload
-from odc_bench.results.table import TEXT_DTYPES, text_in_numbers
+from odc_bench.results.table import TEXT_DTYPES, repeated_header, text_in_numbers
 
 SCRATCH = "local"
 # Columns the figures cannot do without; a table lacking any is left out with a note.
@@ -77,7 +77,7 @@ def _read(path: Path, required: list[str], notes: list[str]) -> pd.DataFrame | N
     if missing:
         notes.append(f"{path} left out: it lacks the column(s) {', '.join(missing)}")
         return None
-    if (text := text_in_numbers(table)) is not None:
+    if (text := repeated_header(table) or text_in_numbers(table)) is not None:
         notes.append(f"{path} left out: {text}")
         return None
     return table if not table.empty else None

@@ -70,12 +70,25 @@ def check_table(path: Path) -> None:
                                            f"unexpected {_some(extra)}" if extra else "") if part)
         raise TableError(f"{path} does not have the columns of results schema version {SCHEMA_VERSION} "
                          f"({diff or 'same columns in another order'}); {fix}")
+    if (header := repeated_header(table)) is not None:
+        raise TableError(f"{path}: {header}")
     versions = set(table["schema_version"].dropna())
     if versions - {str(SCHEMA_VERSION)}:
         raise TableError(f"{path} holds rows of schema_version {', '.join(sorted(versions))}, this code writes "
                          f"{SCHEMA_VERSION}; {fix}")
     if (text := text_in_numbers(table)) is not None:
         raise TableError(f"{path}: {text}; correct or remove that row, or {fix}")
+
+
+def repeated_header(table: pd.DataFrame) -> str | None:
+    """Where the table holds its header again as a row, as tables joined with `cat` do, said with
+    what to do, or None: read on, that row was one of a schema named "schema_version"."""
+    header = pd.Series(table.columns.astype(str), index=table.columns)
+    rows = table.index[table.astype(str).eq(header, axis=1).all(axis=1)]
+    if not len(rows):
+        return None
+    return (f"it holds its header again as its row {int(rows[0]) + 1} (after the header), as tables joined with cat "
+            f"do; merge tables with `python -m odc_bench.results collect DIR... --out FILE`, or remove that line")
 
 
 def text_in_numbers(table: pd.DataFrame) -> str | None:

@@ -112,6 +112,7 @@ ROW_OTHER = ",".join(str(OTHER_VERSION) if c == "schema_version" else "x" for c 
 # A row of this schema whose samples_per_s holds text (every other column empty or its run's id).
 ROW_TEXT_IN_NUMBERS = ",".join({"run_id": "abc", "schema_version": str(SCHEMA_VERSION),
                                 "samples_per_s": "fast"}.get(c, "") for c in COLUMNS)
+ROW_OK = ",".join({"run_id": "abc", "schema_version": str(SCHEMA_VERSION), "status": "ok"}.get(c, "") for c in COLUMNS)
 
 # case -> (command line, the message it must give, set-up of the files it names, which may return
 # environment variables the case needs)
@@ -373,6 +374,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "runs-csv-text-in-numbers": ([], "runs.csv: the row of run abc holds 'fast' in column samples_per_s, which "
                                      "holds numbers; correct or remove that row",
                                  _runs_csv(f"{HEADER}\n{ROW_TEXT_IN_NUMBERS}\n")),
+    "runs-csv-joined-with-cat": ([], "runs.csv: it holds its header again as its row 2 (after the header), as tables "
+                                     "joined with cat do; merge tables with `python -m odc_bench.results collect DIR... "
+                                     "--out FILE`, or remove that line",
+                                 _runs_csv(f"{HEADER}\n{ROW_OK}\n{HEADER}\n{ROW_OK}\n")),
 }
 
 

@@ -222,3 +222,20 @@ def test_compile_left_at_null_keeps_the_key_and_a_choice_makes_its_own():
     assert config_key(default) == config_key(unset) and config_key(default) not in keys and len(keys) == 2
     assert (default.compiles("cuda"), default.compiles("cpu")) == (True, False)
     assert not run_config("compile=false").compiles("cuda") and run_config("compile=true").compiles("cpu")
+
+
+def test_tables_joined_with_cat_are_refused_in_one_line_naming_the_repeated_header(tmp_path):
+    from odc_bench.errors import TableError
+    from odc_bench.results.migrate import migrate_table
+    from odc_bench.results.table import check_table
+
+    path = tmp_path / "runs.csv"
+    append_row(path, {"run_id": "a", "status": "ok", "config": "model:\n  name: tiny\n"})
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text + text, encoding="utf-8")
+    for call in (check_table, migrate_table):
+        with pytest.raises(TableError, match=r": it holds its header again as its row 2 .* joined with cat"):
+            call(path)
+    with pytest.raises(TableError, match="joined with cat"):
+        append_row(path, {"run_id": "b", "status": "ok"})
+    assert path.read_text(encoding="utf-8") == text + text
