@@ -375,8 +375,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                      "holds numbers; correct or remove that row",
                                  _runs_csv(f"{HEADER}\n{ROW_TEXT_IN_NUMBERS}\n")),
     "runs-csv-joined-with-cat": ([], "runs.csv: it holds its header again as its row 2 (after the header), as tables "
-                                     "joined with cat do; merge tables with `python -m odc_bench.results collect DIR... "
-                                     "--out FILE`, or remove that line",
+                                     "joined with cat do; merge tables with `python -m odc_bench.results collect "
+                                     "DIR... --out FILE`, or remove that line",
                                  _runs_csv(f"{HEADER}\n{ROW_OK}\n{HEADER}\n{ROW_OK}\n")),
 }
 
