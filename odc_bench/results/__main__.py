@@ -61,13 +61,16 @@ def _run(args: argparse.Namespace) -> int:
         for path, rows in migrate(args.dirs).items():
             print(f"{path}: {f'{rows} rows migrated' if rows else 'already in this schema'}")
         return 0
+    notes: list[str] = []
     if args.command == "collect":
-        rows = collect(args.dirs, args.out)
+        rows = collect(args.dirs, args.out, notes)
+        _print_notes(notes)
         print(f"{len(rows)} runs ({int((rows['status'] == 'ok').sum())} ok) -> {args.out}")
         return 0
     tables = tables_under(args.dirs)
     if args.command == "compare":
-        rows = comparison(merged(tables))
+        rows = comparison(merged(tables, notes=notes))
+        _print_notes(notes)
         if rows.empty:
             raise TableError(f"no successful run in {', '.join(map(str, args.dirs))} to compare")
         print_comparison(rows)
@@ -76,6 +79,11 @@ def _run(args: argparse.Namespace) -> int:
                           args.engine, args.baseline)
     print_pairs(pairs, args.engine, args.baseline)
     return 0
+
+
+def _print_notes(notes: list[str]) -> None:
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,26 @@ def test_what_collect_writes_is_a_results_table_every_command_reads(tmp_path, ca
     assert len(pd.read_csv(tmp_path / "again.csv")) == 4
 
 
+def test_a_row_another_table_holds_too_is_one_measurement_and_said(tmp_path, capsys):
+    import shutil
+
+    local, cluster = _tables(tmp_path)
+    # A simulated run's repeats within one second: equal rows of one table, each a repeat.
+    for _ in range(2):
+        append_row(local / "runs.csv", _row("s", "ok", "2026-01-01T13:00:00", samples_per_s=5.0))
+    shutil.copytree(local, tmp_path / "backup")  # a copy of a folder beside it
+    notes: list[str] = []
+    rows = collect([tmp_path], tmp_path / "merged" / "all.csv", notes)
+    assert len(rows) == 6, "the copy's rows counted once, each repeat kept"
+    assert list(rows["run_id"]).count("s") == 2
+    assert len(notes) == 1 and notes[0].startswith("4 row(s) of ") and "(a copy): each counted once" in notes[0]
+    # A collected table beside the folders it came from: its attempts are renumbered, its rows the same.
+    assert main(["compare", str(tmp_path), str(tmp_path / "merged" / "all.csv")]) == 0
+    assert "are also in another table" in capsys.readouterr().err
+    again = collect([tmp_path / "merged" / "all.csv", local, cluster], tmp_path / "again.csv")
+    assert len(again) == 6
+
+
 @pytest.mark.slow
 def test_collect_cli_writes_the_table(tmp_path):
     append_row(tmp_path / "r" / "runs.csv", _row("a", "ok", "2026-01-01T10:00:00"))
