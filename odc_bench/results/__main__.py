@@ -16,7 +16,7 @@ from pathlib import Path
 
 from odc_bench.errors import CommandParser, PairingError, TableError, ends_cleanly
 from odc_bench.files import writable_file
-from odc_bench.results.collect import collect, merged, tables_under
+from odc_bench.results.collect import collect, merged, tables_under, without_copies
 from odc_bench.results.compare import comparison, print_comparison
 from odc_bench.results.migrate import migrate
 from odc_bench.results.pairs import paired_ratios, print_pairs
@@ -75,8 +75,11 @@ def _run(args: argparse.Namespace) -> int:
             raise TableError(f"no successful run in {', '.join(map(str, args.dirs))} to compare")
         print_comparison(rows)
         return 0
-    pairs = paired_ratios({str(t.parent if t.name == "runs.csv" else t): read_table(t) for t in tables},
-                          args.engine, args.baseline)
+    # A copied folder's pairs would count twice, and narrow the interval for nothing.
+    frames = without_copies([read_table(t) for t in tables], tables, notes)
+    _print_notes(notes)
+    folders = [str(t.parent if t.name == "runs.csv" else t) for t in tables]
+    pairs = paired_ratios(dict(zip(folders, frames, strict=True)), args.engine, args.baseline)
     print_pairs(pairs, args.engine, args.baseline)
     return 0
 

@@ -28,39 +28,46 @@ def tables_under(paths: Sequence[Path]) -> list[Path]:
 def merged(tables: Sequence[Path], relative_to: Path | None = None, notes: list[str] | None = None) -> pd.DataFrame:
     """The rows of the tables, every repeat kept, ordered by time, then run and host; a run's
     `attempt` is its place among the run's rows across all of them. Trace paths are rewritten
-    relative to `relative_to` (else made absolute).
-
-    A row found again in another table (a copy of a results folder beside it, or a collected
-    table beside the folders it came from) is one measurement: kept once, and said in `notes`."""
+    relative to `relative_to` (else made absolute). A row found again in another table is kept
+    once (without_copies)."""
     frames = []
-    for i, table_path in enumerate(tables):
+    for table_path in tables:
         frame = read_table(table_path)
         base = relative_to.resolve() if relative_to is not None else None
         frame["trace"] = [(os.path.relpath(table_path.parent / t, base) if base is not None
                            else str(table_path.parent / t)) if isinstance(t, str) and t else t
                           for t in frame["trace"]]
-        frames.append(frame.assign(_table=i))
+        frames.append(frame)
+    frames = without_copies(frames, tables, notes)
     rows = pd.concat([f for f in frames if not f.empty] or frames, ignore_index=True)
-    rows = _without_copies(rows, tables, notes)
     rows = rows.sort_values(["timestamp", "run_id", "host", "attempt"], kind="stable").reset_index(drop=True)
     rows["attempt"] = rows.groupby("run_id").cumcount()
     return rows
 
 
-def _without_copies(rows: pd.DataFrame, tables: Sequence[Path], notes: list[str] | None) -> pd.DataFrame:
-    """`rows` (with `_table`, the index of each row's table) with each row that another table holds
-    too kept once, and without `_table`. Rows are equal in every column but the trace's path and the
+def without_copies(frames: Sequence[pd.DataFrame], tables: Sequence[Path],
+                   notes: list[str] | None = None) -> list[pd.DataFrame]:
+    """The tables' rows (`frames`, read from `tables`) without those an earlier table holds too: a
+    copy of a results folder beside it, or a collected table given with the folders it came from,
+    is one measurement, not a repeat. Rows are equal in every column but the trace's path and the
     attempt (a collected table numbers attempts across its folders). A table's own equal rows (the
-    repeats of a simulated run, deterministic, within one second) stay as many as the table that has
-    most of them holds."""
+    repeats of a simulated run, deterministic, within one second) stay as many as the table that
+    has most of them holds. Each table that lost rows is named in `notes`."""
+    if not frames:
+        return []
+    rows = pd.concat([f.assign(_table=i) for i, f in enumerate(frames)], ignore_index=True)
     same = [c for c in rows.columns if c not in ("trace", "attempt", "_table")]
     # The n-th of a table's rows equal to one another matches the n-th of another table's.
     nth = rows.groupby([*same, "_table"], dropna=False, sort=False).cumcount()
     copies = rows.assign(_nth=nth).duplicated([*same, "_nth"])
-    if copies.any() and notes is not None:
-        for i, n in rows.loc[copies, "_table"].value_counts(sort=False).sort_index().items():
-            notes.append(f"{n} row(s) of {tables[int(i)]} are also in another table (a copy): each counted once")
-    return rows.loc[~copies].drop(columns="_table")
+    kept = []
+    for i, frame in enumerate(frames):
+        mine = copies[rows["_table"] == i].to_numpy()
+        if mine.any() and notes is not None:
+            notes.append(f"{int(mine.sum())} row(s) of {tables[i]} are also in another table (a copy): each counted "
+                         f"once")
+        kept.append(frame.loc[~mine])
+    return kept
 
 
 def collect(paths: Sequence[Path], out: Path, notes: list[str] | None = None) -> pd.DataFrame:

@@ -1,3 +1,5 @@
+import shutil
+
 import pandas as pd
 import pytest
 import yaml
@@ -153,6 +155,12 @@ def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one
     out = capsys.readouterr().out
     assert "median 1.000 over 3 pairs" in out and "median 1.025 over 4 pairs in 2 results folders" in out
     assert "odc the slower in 1 of 4 pairs" in out
+    # A copy of a folder beside it: its pairs are the same ones, not more of them.
+    shutil.copytree(tmp_path / "a", tmp_path / "a-backup")
+    assert results_main(["pairs", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "median 1.025 over 4 pairs in 2 results folders" in captured.out
+    assert "3 row(s) of " not in captured.err and "6 row(s) of " in captured.err and "(a copy)" in captured.err
     assert results_main(["pairs", str(tmp_path / "a"), "--engine", "odc_lockstep"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("python -m odc_bench.results: error: no workload and seed ran as both odc_lockstep and "
