@@ -228,6 +228,11 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
                 mpiexec_path()
         if config.simulated:
             check_hardware(spec)
+            # Answered anyway (a sweep at paper scale holds configs that do not fit), but not
+            # without a word: its throughput is what the GPUs would reach with memory enough.
+            if (problem := spec.fit_problem()) is not None:
+                print(f"odc_bench: note: on the simulated GPUs this run would not fit: {problem}; the simulator "
+                      f"answers it anyway", file=sys.stderr)
         done = ok_runs(results_dir / "runs.csv").get(spec.run_id, 0)
         write_pending_caches()  # the run is accepted: only now does anything land beside the user's data
         # Out before the run starts, however stdout buffers (a pipe or a file: block by block): a

@@ -186,35 +186,41 @@ class RunSpec:
             raise ConfigError(f"compile=true on CPU, but {why}; set compile=false, or {fix}")
 
     def check_fits(self) -> None:
-        """ConfigError when the memory estimate is over the limit, for ranks of this host (a
-        SLURM job's nodes are not this host; a simulated run is answered anyway, its row
-        flagging that it would not fit: mem_estimate_mb over mem_limit_mb), with the fix that
-        can work: a lower microbatch limit, shorter samples, or a smaller model or more ranks.
-        On CUDA, ranks that share a GPU share its memory."""
-        if self.memory_limit is None or self.config.simulated:
+        """ConfigError when the memory estimate is over the limit (fit_problem), for ranks of this
+        host (a SLURM job's nodes are not this host; a simulated run is answered anyway, its row
+        flagging that it would not fit: mem_estimate_mb over mem_limit_mb, and the run saying so)."""
+        if self.config.simulated:
             return
+        problem = self.fit_problem()
+        if problem is not None:
+            raise ConfigError(problem)
+
+    def fit_problem(self) -> str | None:
+        """Where the memory estimate is over the device's memory, one line saying so, with the fix
+        that can work: a lower microbatch limit, shorter samples, or a smaller model or more ranks;
+        else None. On CUDA, ranks that share a GPU share its memory."""
+        if self.memory_limit is None:
+            return None
         limit, shared = self.memory_limit, ""
-        if self.device_type == "cuda":
+        if self.device_type == "cuda" and not self.config.simulated:
             sharing = ranks_per_gpu(self.config.world_size, visible_gpus())
             if sharing > 1:
                 limit //= sharing
                 shared = f" ({sharing} ranks share each GPU's {self.memory_limit / GB:.1f} GiB)"
         m = self.memory
         if m.total <= limit:
-            return
+            return None
         need = (f"a rank would need about {m.total / GB:.1f} GiB (owned shards {m.owned / GB:.1f}, working units "
                 f"{m.working / GB:.1f}, activations of {self.max_tokens} tokens {m.activations / GB:.1f}), over the "
                 f"{limit / GB:.1f} GiB it has{shared}")
         longest = max(self.length_stats()["len_max"], 2)
         fitting = self.longest_fitting(limit)
         if fitting < 2:
-            raise ConfigError(f"{need}; the model alone does not fit: use a smaller model or add ranks")
+            return f"{need}; the model alone does not fit: use a smaller model or add ranks"
         if fitting >= longest:
-            raise ConfigError(f"{need}; lower max_tokens (to {fitting} or less: the longest sample has {longest}), "
-                              f"or add ranks")
-        raise ConfigError(f"{need}; a sample of {longest} tokens cannot fit, samples up to about {fitting} tokens "
-                          f"do: drop or truncate the longer ones (or lower dataset.length_scale), or use a smaller "
-                          f"model or more ranks")
+            return f"{need}; lower max_tokens (to {fitting} or less: the longest sample has {longest}), or add ranks"
+        return (f"{need}; a sample of {longest} tokens cannot fit, samples up to about {fitting} tokens do: drop or "
+                f"truncate the longer ones (or lower dataset.length_scale), or use a smaller model or more ranks")
 
     def longest_fitting(self, limit: int) -> int:
         """The largest microbatch limit whose estimate is within `limit` bytes (below 2: none)."""

@@ -24,11 +24,18 @@ OVER = ("backend=sim", "backend/hardware=a100", "precision=bf16", "backend.recom
         "backend.write_trace=false")
 
 
-def test_a_simulated_run_over_device_memory_runs_and_records_its_estimate(tmp_path):
+def test_a_simulated_run_over_device_memory_runs_records_its_estimate_and_says_so(tmp_path, capsys):
     row = run_training(run_config(*OVER, f"results_dir={tmp_path}"))
     assert isinstance(row, dict) and row["status"] == "ok"
     table = pd.read_csv(tmp_path / "runs.csv")
     assert (table["mem_estimate_mb"] > table["mem_limit_mb"]).all()
+    note = [line for line in capsys.readouterr().err.splitlines() if "would not fit" in line]
+    assert len(note) == 1 and note[0].startswith("odc_bench: note: on the simulated GPUs this run would not fit: a "
+                                                 "rank would need about ")
+    assert "lower max_tokens" in note[0] and note[0].endswith("; the simulator answers it anyway")
+    # One that fits says nothing of memory.
+    run_training(run_config(*OVER, "packing_ratio=1", f"results_dir={tmp_path}"))
+    assert "would not fit" not in capsys.readouterr().err
 
 
 def test_a_local_run_over_this_hosts_memory_is_refused(tmp_path):
