@@ -193,11 +193,27 @@ def trace_path(row: pd.Series) -> Path | None:
     return path if path.exists() else None
 
 
+# The columns of every event trace, real or simulated (results/README.md, "Traces"), that the figures read.
+TRACE_COLUMNS = ("rank", "minibatch", "microbatch", "kind", "t0", "t1")
+
+
 def read_trace(row: pd.Series) -> pd.DataFrame:
     path = trace_path(row)
     if path is None:
         raise Skip(f"run {row.get('run_id')} has no trace file")
-    return pd.read_csv(path)
+    fix = "copy it again, or remove it to draw without it"
+    try:
+        events = pd.read_csv(path)
+    except (OSError, EOFError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        # A copy cut short (EOFError), a file of another kind under the trace's name (BadGzipFile):
+        # said with the file, where it ended the command in a traceback.
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Skip(f"run {row.get('run_id')}'s trace {path} cannot be read ({reason}); {fix}") from None
+    missing = [c for c in TRACE_COLUMNS if c not in events]
+    if missing:
+        raise Skip(f"run {row.get('run_id')}'s trace {path} is not an event trace (no {', '.join(missing)} column); "
+                   f"{fix}")
+    return events
 
 
 def with_traces(runs: pd.DataFrame) -> pd.DataFrame:

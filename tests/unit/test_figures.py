@@ -321,6 +321,22 @@ def test_utilization_without_traces_has_no_empty_panel(tmp_path):
     assert len(fig.axes) == 2 and fig.axes[0].get_ylabel() == utilization.BUBBLE_LABEL
 
 
+@pytest.mark.parametrize(("damage", "said"), [
+    (lambda path: path.write_bytes(path.read_bytes()[:40]), "is not an event trace (no "),  # cut short
+    (lambda path: path.write_bytes(b"\xff\xfe\x00garbage"), "cannot be read ('utf-8' codec can't decode"),
+    (lambda path: path.write_bytes(b""), "cannot be read (No columns to parse from file)"),
+    (lambda path: path.write_text("a,b\n1,2\n"), "is not an event trace (no rank, minibatch, microbatch, kind"),
+])
+def test_a_damaged_trace_skips_its_figure_in_one_line_naming_the_file(tmp_path, capsys, damage, said):
+    """Before, a trace cut short or of another kind ended the command in a traceback."""
+    root = results_root(tmp_path / "results", primitives=False)
+    for trace in (root / "cpu" / "traces").iterdir():
+        damage(trace)
+    assert cli.main(["--results", str(root), "--out", str(tmp_path / "out"), "--only", "fig1_timeline"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("skip fig1_timeline")]
+    assert said in line and "/cpu/traces/" in line and line.endswith("copy it again, or remove it to draw without it")
+
+
 def test_fig1_compares_runs_planned_with_the_same_cost_model(tmp_path):
     fig = _only(fig1_timeline.render(load(results_root(tmp_path, variants=True, primitives=False))),
                 "fig1_timeline")
