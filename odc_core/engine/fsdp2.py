@@ -32,6 +32,7 @@ from torch.distributed.fsdp import _common_utils as _fsdp_common
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves, tree_map_only
 
+from odc_core.engine.agreement import check_ranks_agree, description, precision_name
 from odc_core.engine.base import (
     Clock,
     EngineContext,
@@ -65,8 +66,9 @@ class CollectiveEngine:
 
     def __init__(self, device: torch.device, precision: str | MixedPrecision = "fp32",
                  reshard_after_forward: bool = True, backend: Backend = "auto", *, job_id: str = "collective",
-                 timeout_s: float = 120.0, shard_group: int | None = None) -> None:
+                 timeout_s: float = 120.0, shard_group: int | None = None, store: dist.Store) -> None:
         self.device = device
+        self.store = store  # where wrap() checks that the ranks agree
         self.backend = CollectiveOptions(backend=backend).for_device(device.type).backend
         self.job_id, self.timeout_s = job_id, timeout_s
         self.groups: list[dist.ProcessGroup] = []  # the shm groups this engine made
@@ -127,6 +129,10 @@ class CollectiveEngine:
         check_wrap(model, self.model)
         # The model itself among the units is the root, sharded last below.
         units = [u for u in check_units(model, units) if u is not model]
+        settings = {"engine": "collective", "precision": precision_name(self.policy), "backend": self.backend,
+                    "shard group": self.shard_group, "reshard_after_forward": self.reshard_after_forward}
+        check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
+                          description(model, units, settings))
         labels = unit_labels(model)  # before fully_shard renames the classes (FSDP<name>)
         sparse = [m for m in model.modules()
                   if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad]
@@ -342,7 +348,7 @@ def _value(norm: torch.Tensor) -> float:
 
 def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:
     return CollectiveEngine(ctx.device, ctx.precision, options.reshard_after_forward, options.backend,
-                            job_id=ctx.job_id, timeout_s=ctx.timeout_s,
+                            job_id=ctx.job_id, timeout_s=ctx.timeout_s, store=ctx.store,
                             shard_group=shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))
 
 

@@ -161,3 +161,48 @@ def test_a_forward_between_minibatches_sees_every_owners_step():
         with torch.no_grad():
             expected.append(float(reference(_inputs(1, 999)[0])))
     assert run_ranks(_evaluate_between_minibatches, 2)[0] == pytest.approx(expected, rel=1e-5)
+
+
+def _wrap_unlike(rank: int, world: int, store: dist.Store, cases: list[tuple[str, str]]) -> list[str]:
+    """Each case's engine wrapped on both ranks, rank 1 unlike rank 0 in one way; the errors."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    errors = []
+    try:
+        for engine_name, case in cases:
+            model = Net()
+            if case == "shape" and rank == 1:
+                model.layers[1] = nn.Linear(8, 9)
+            if case == "frozen" and rank == 1:
+                model.layers[0].bias.requires_grad_(False)
+            units = list(model.layers)[: 1 if case == "units" and rank == 1 else 2]
+            precision = "bf16" if case == "precision" and rank == 1 else "fp32"
+            engine = make_engine(engine_name, engine_context(precision=precision, timeout_s=20.0))
+            try:
+                engine.wrap(model, units)
+                errors.append("")
+            except ValueError as e:
+                errors.append(str(e))
+            finally:
+                engine.close()
+        return errors
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_wrap_unlike_models_units_or_precisions_are_refused_on_every_rank_in_one_line():
+    """Before, FSDP2 trained on without a word, each rank on its own shapes and dtypes (parameters
+    apart across ranks, or at 1e35), and ODC refused with its heap's "asymmetric allocation"."""
+    said = {"shape": "parameter layers.1.weight: float32 (8, 8) on rank 0, float32 (9, 8) on rank 1",
+            "frozen": "parameter layers.0.bias: float32 (8,) on rank 0, float32 (8,) frozen on rank 1",
+            "units": "the units: 2 (layers.0, layers.1) on rank 0, 1 (layers.0) on rank 1",
+            "precision": "the engine's precision: float32 compute with float32 reduction on rank 0, bfloat16 "
+                         "compute with float32 reduction on rank 1",
+            "same": ""}
+    cases = [(engine, case) for engine in ("odc", "collective") for case in said]
+    ranks = run_ranks(_wrap_unlike, 2, cases, timeout_s=120)
+    for (engine, case), *errors in zip(cases, *ranks, strict=True):
+        expected = f"the ranks disagree on {said[case]}; every rank must wrap the same model" if said[case] else ""
+        for error in errors:
+            assert error.startswith(expected) and "\n" not in error, (engine, case, error)

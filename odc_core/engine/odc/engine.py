@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from odc_core.engine.agreement import check_ranks_agree, description, precision_name
 from odc_core.engine.base import (
     Clock,
     EngineContext,
@@ -87,9 +88,10 @@ class OdcEngine:
 
     def __init__(self, device: torch.device, heap: SymmetricHeap, precision: str | MixedPrecision = "fp32",
                  prefetch: bool = True, timeout_s: float = 120.0, staleness: int = 0,
-                 shard_group: int | None = None) -> None:
+                 shard_group: int | None = None, *, store: dist.Store, job_id: str) -> None:
         self.device = device
         self.heap = heap
+        self.store, self.job_id = store, job_id  # where wrap() checks that the ranks agree
         self.rank, self.world_size = heap.rank, heap.world_size
         # The ranks a unit is sharded over: all of them, or (hybrid sharding) this rank's node.
         group = self.world_size if shard_group is None else shard_group
@@ -135,6 +137,10 @@ class OdcEngine:
         gradient of all of them has been pushed (odc_core/engine/sharing.py)."""
         check_wrap(model, self.model)
         units = check_units(model, units)
+        settings = {"engine": "odc", "precision": precision_name(self.policy), "staleness": self.versions.staleness,
+                    "shard group": len(self.peers), "transport": type(self.heap).__name__}
+        check_ranks_agree(self.store, self.job_id, self.rank, self.world_size, self.timeout_s,
+                          description(model, units, settings))
         names = {id(p): n for n, p in model.named_parameters()}
         meta = [n for n, p in model.named_parameters() if p.is_meta]
         if meta:
@@ -342,4 +348,5 @@ def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
     heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), ctx.job_id,
                      ctx.store, ctx.timeout_s)
     return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness,
-                     shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))
+                     shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()),
+                     store=ctx.store, job_id=ctx.job_id)

@@ -1,0 +1,95 @@
+"""That every rank wraps the same model: the same parameters, units, precision and engine options.
+
+Ranks that disagree fail late or not at all: ODC's heap refuses the first allocation whose size
+differs ("asymmetric allocation", naming neither the model nor the fix), and FSDP2 shards each
+rank's own shapes and dtypes, all-gathers them into one another's and trains on without a word
+(a layer one row wider on one rank, or bf16 on one rank and fp32 on the other, left the ranks'
+parameters apart or at 1e35). So wrap() first compares a digest of what each rank wraps, one
+short value per rank through the run's store, and only where the digests differ the whole
+descriptions, to name the first difference on every rank in one line.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+
+import torch.distributed as dist
+from torch import nn
+
+from odc_core.engine.base import MixedPrecision
+from odc_core.transport.exchange import exchange
+
+FIX = "every rank must wrap the same model, with the same units, precision and engine options"
+# wrap()s of this process by job id (an engine context's): ranks wrap their engines in one order.
+_wraps: dict[str, itertools.count] = collections.defaultdict(itertools.count)
+
+
+def precision_name(policy: MixedPrecision) -> str:
+    """A precision policy as the message names it: "bfloat16 compute with float32 reduction"."""
+    return (f"{str(policy.param_dtype).removeprefix('torch.')} compute with "
+            f"{str(policy.reduce_dtype).removeprefix('torch.')} reduction")
+
+
+def description(model: nn.Module, units: Sequence[nn.Module], settings: Mapping[str, object]) -> dict[str, object]:
+    """What the ranks must agree on, in plain values: the engine's settings, every parameter's
+    name, shape, dtype and requires_grad in the model's order, and the units by their names."""
+    names = {id(m): name or "(the model)" for name, m in model.named_modules(remove_duplicate=False)}
+    return {"settings": {k: str(v) for k, v in settings.items()},
+            "parameters": [[n, list(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad]
+                           for n, p in model.named_parameters()],
+            "units": [names.get(id(u), type(u).__name__) for u in units]}
+
+
+def check_ranks_agree(store: dist.Store, job_id: str, rank: int, world_size: int, timeout_s: float,
+                      mine: dict[str, object]) -> None:
+    """ValueError on every rank, one line naming the first difference, where another rank's
+    description (description()) is not this rank's; PeerTimeout naming a rank that never wraps."""
+    if world_size == 1:
+        return
+    key = f"odc_core/agree/{job_id}/{next(_wraps[job_id])}"
+    text = json.dumps(mine, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    what = "wrap(): its digest of the model, units and settings"
+    peers = exchange(store, f"{key}/digest", rank, world_size, digest, what, timeout_s)
+    if all(d == digest for _, d in peers):
+        return
+    # Someone differs: every rank takes every description, so all of them name the same difference.
+    every = {rank: mine}
+    for peer, value in exchange(store, f"{key}/whole", rank, world_size, text, "wrap(): its description",
+                                timeout_s):
+        every[peer] = json.loads(value)
+    other = next(r for r in range(1, world_size) if every[r] != every[0])
+    raise ValueError(f"the ranks disagree on {difference(every[0], every[other], other)}; {FIX}")
+
+
+def difference(first: dict, other: dict, rank: int) -> str:
+    """The first way rank `rank`'s description differs from rank 0's, in words."""
+    for k in sorted(set(first["settings"]) | set(other["settings"])):
+        a, b = first["settings"].get(k), other["settings"].get(k)
+        if a != b:
+            return f"the engine's {k}: {a} on rank 0, {b} on rank {rank}"
+    ours, theirs = first["parameters"], other["parameters"]
+    for a, b in zip(ours, theirs, strict=False):
+        if a[0] != b[0]:
+            return f"the model's parameters: {a[0]} on rank 0 where rank {rank} has {b[0]}"
+        if a != b:
+            return f"parameter {a[0]}: {_param(a)} on rank 0, {_param(b)} on rank {rank}"
+    if len(ours) != len(theirs):
+        extra = (ours if len(ours) > len(theirs) else theirs)[min(len(ours), len(theirs))][0]
+        return (f"the model's parameters: {len(ours)} on rank 0, {len(theirs)} on rank {rank} (the first one only "
+                f"rank {0 if len(ours) > len(theirs) else rank} has: {extra})")
+    return f"the units: {_units(first['units'])} on rank 0, {_units(other['units'])} on rank {rank}"
+
+
+def _param(p: list) -> str:
+    name, shape, dtype, grad = p
+    return f"{dtype} {tuple(shape)}{'' if grad else ' frozen'}"
+
+
+def _units(units: list[str], shown: int = 4) -> str:
+    more = f" and {len(units) - shown} more" if len(units) > shown else ""
+    return f"{len(units)} ({', '.join(units[:shown])}{more})"
