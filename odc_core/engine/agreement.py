@@ -1,4 +1,5 @@
-"""That every rank wraps the same model: the same parameters, units, precision and engine options.
+"""That every rank wraps the same model (its parameters, units, precision and engine options) and
+configures the same optimizer.
 
 Ranks that disagree fail late or not at all: ODC's heap refuses the first allocation whose size
 differs ("asymmetric allocation", naming neither the model nor the fix), and FSDP2 shards each
@@ -6,7 +7,10 @@ rank's own shapes and dtypes, all-gathers them into one another's and trains on 
 (a layer one row wider on one rank, or bf16 on one rank and fp32 on the other, left the ranks'
 parameters apart or at 1e35). So wrap() first compares a digest of what each rank wraps, one
 short value per rank through the run's store, and only where the digests differ the whole
-descriptions, to name the first difference on every rank in one line.
+descriptions, to name the first difference on every rank in one line. configure_optimizer()
+does the same for the optimizer each rank built: its type, every group's options, the LR
+schedule's type and the clipping (a rate computed from a rank's own share of the data stepped
+each rank's shards at its own rate, on both engines, without a word).
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ import itertools
 import json
 from collections.abc import Mapping, Sequence
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_core.engine.base import MixedPrecision
+from odc_core.engine.base import MixedPrecision, OptimizerStep
 from odc_core.transport.exchange import exchange
 
-FIX = "every rank must wrap the same model, with the same units, precision and engine options"
-# wrap()s of this process by job id (an engine context's): ranks wrap their engines in one order.
+WRAP_FIX = "every rank must wrap the same model, with the same units, precision and engine options"
+OPTIMIZER_FIX = ("every rank must configure the same optimizer, with the same group options, LR schedule and "
+                 "max_grad_norm")
+# Checks of this process by job id (an engine context's): ranks wrap and configure in one order.
 _wraps: dict[str, itertools.count] = collections.defaultdict(itertools.count)
 
 
@@ -38,32 +45,51 @@ def description(model: nn.Module, units: Sequence[nn.Module], settings: Mapping[
     """What the ranks must agree on, in plain values: the engine's settings, every parameter's
     name, shape, dtype and requires_grad in the model's order, and the units by their names."""
     names = {id(m): name or "(the model)" for name, m in model.named_modules(remove_duplicate=False)}
-    return {"settings": {k: str(v) for k, v in settings.items()},
+    return {"settings": {f"the engine's {k}": str(v) for k, v in settings.items()},
             "parameters": [[n, list(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad]
                            for n, p in model.named_parameters()],
             "units": [names.get(id(u), type(u).__name__) for u in units]}
 
 
+def optimizer_description(step: OptimizerStep) -> dict[str, object]:
+    """What the ranks' optimizers must agree on: everything but the parameters each rank steps."""
+    settings: dict[str, object] = {"the optimizer": type(step.optimizer).__name__,
+                                   "the LR scheduler": type(step.scheduler).__name__ if step.scheduler else "none",
+                                   "max_grad_norm": step.max_grad_norm}
+    for i, group in enumerate(step.optimizer.param_groups):
+        settings.update({f"the optimizer's group {i} {k}": _value(v) for k, v in group.items() if k != "params"})
+    return {"settings": {k: str(v) for k, v in settings.items()}}
+
+
+def _value(v: object) -> str:
+    """An option's value as ranks compare it: a tensor (a learning rate as a tensor, capturable
+    Adam's) by its values, not its device, which is each rank's own."""
+    if isinstance(v, torch.Tensor):
+        return repr(v.detach().cpu().tolist()) if v.numel() <= 16 else f"a tensor of shape {tuple(v.shape)}"
+    return repr(v)
+
+
 def check_ranks_agree(store: dist.Store, job_id: str, rank: int, world_size: int, timeout_s: float,
-                      mine: dict[str, object]) -> None:
-    """ValueError on every rank, one line naming the first difference, where another rank's
-    description (description()) is not this rank's; PeerTimeout naming a rank that never wraps."""
+                      mine: dict[str, object], fix: str = WRAP_FIX) -> None:
+    """ValueError on every rank, one line naming the first difference and `fix`, where another
+    rank's description (description(), optimizer_description()) is not this rank's; PeerTimeout
+    naming a rank that never makes the call."""
     if world_size == 1:
         return
     key = f"odc_core/agree/{job_id}/{next(_wraps[job_id])}"
     text = json.dumps(mine, sort_keys=True)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    what = "wrap(): its digest of the model, units and settings"
+    what = "the check that the ranks agree (wrap(), configure_optimizer()): its digest"
     peers = exchange(store, f"{key}/digest", rank, world_size, digest, what, timeout_s)
     if all(d == digest for _, d in peers):
         return
     # Someone differs: every rank takes every description, so all of them name the same difference.
     every = {rank: mine}
-    for peer, value in exchange(store, f"{key}/whole", rank, world_size, text, "wrap(): its description",
-                                timeout_s):
+    for peer, value in exchange(store, f"{key}/whole", rank, world_size, text,
+                                "the check that the ranks agree: its description", timeout_s):
         every[peer] = json.loads(value)
     other = next(r for r in range(1, world_size) if every[r] != every[0])
-    raise ValueError(f"the ranks disagree on {difference(every[0], every[other], other)}; {FIX}")
+    raise ValueError(f"the ranks disagree on {difference(every[0], every[other], other)}; {fix}")
 
 
 def difference(first: dict, other: dict, rank: int) -> str:
@@ -71,8 +97,8 @@ def difference(first: dict, other: dict, rank: int) -> str:
     for k in sorted(set(first["settings"]) | set(other["settings"])):
         a, b = first["settings"].get(k), other["settings"].get(k)
         if a != b:
-            return f"the engine's {k}: {a} on rank 0, {b} on rank {rank}"
-    ours, theirs = first["parameters"], other["parameters"]
+            return f"{k}: {a} on rank 0, {b} on rank {rank}"
+    ours, theirs = first.get("parameters", []), other.get("parameters", [])
     for a, b in zip(ours, theirs, strict=False):
         if a[0] != b[0]:
             return f"the model's parameters: {a[0]} on rank 0 where rank {rank} has {b[0]}"
@@ -82,7 +108,7 @@ def difference(first: dict, other: dict, rank: int) -> str:
         extra = (ours if len(ours) > len(theirs) else theirs)[min(len(ours), len(theirs))][0]
         return (f"the model's parameters: {len(ours)} on rank 0, {len(theirs)} on rank {rank} (the first one only "
                 f"rank {0 if len(ours) > len(theirs) else rank} has: {extra})")
-    return f"the units: {_units(first['units'])} on rank 0, {_units(other['units'])} on rank {rank}"
+    return f"the units: {_units(first.get('units', []))} on rank 0, {_units(other.get('units', []))} on rank {rank}"
 
 
 def _param(p: list) -> str:

@@ -32,7 +32,13 @@ from torch.distributed.fsdp import _common_utils as _fsdp_common
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from odc_core.engine.agreement import check_ranks_agree, description, precision_name
+from odc_core.engine.agreement import (
+    OPTIMIZER_FIX,
+    check_ranks_agree,
+    description,
+    optimizer_description,
+    precision_name,
+)
 from odc_core.engine.base import (
     Clock,
     EngineContext,
@@ -174,7 +180,10 @@ class CollectiveEngine:
             named = dict(self.model.named_parameters())
             params = [{"params": [named[n] for n in names], **options}
                       for options, names in group_options(list(named.items()), param_groups)]
-        self._step = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
+        step = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
+        check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
+                          optimizer_description(step), OPTIMIZER_FIX)
+        self._step = step
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

@@ -114,12 +114,12 @@ def test_odc_refuses_a_model_on_the_meta_device_in_one_line_naming_a_parameter()
     assert "before wrap()" in message and "\n" not in message
 
 
-class _LateSGD(torch.optim.SGD):
-    """An owner that applies its steps late: a peer's forward must wait for them."""
-
-    def step(self, closure=None):  # type: ignore[no-untyped-def]
-        time.sleep(0.5)
-        return super().step(closure)
+def _late_sgd(params: list, late: bool) -> torch.optim.SGD:
+    """SGD; `late`: an owner that applies its steps late, so that a peer's forward must wait for them."""
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    if late:
+        optimizer.register_step_pre_hook(lambda *_: time.sleep(0.5))
+    return optimizer
 
 
 def _evaluate_between_minibatches(rank: int, world: int, store: dist.Store) -> list[float]:
@@ -130,7 +130,7 @@ def _evaluate_between_minibatches(rank: int, world: int, store: dist.Store) -> l
     engine = make_engine("odc", engine_context(timeout_s=20.0))
     try:
         engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(_LateSGD if rank == 1 else torch.optim.SGD, lr=0.1))
+        engine.configure_optimizer(partial(_late_sgd, late=rank == 1))
         evaluations = []
         for k in range(2):
             engine.begin_minibatch()
@@ -179,8 +179,11 @@ def _wrap_unlike(rank: int, world: int, store: dist.Store, cases: list[tuple[str
             units = list(model.layers)[: 1 if case == "units" and rank == 1 else 2]
             precision = "bf16" if case == "precision" and rank == 1 else "fp32"
             engine = make_engine(engine_name, engine_context(precision=precision, timeout_s=20.0))
+            lr = 0.2 if case == "lr" and rank == 1 else 0.1
+            clip = 1.0 if case == "clipping" and rank == 1 else None
             try:
                 engine.wrap(model, units)
+                engine.configure_optimizer(partial(torch.optim.AdamW, lr=lr), max_grad_norm=clip)
                 errors.append("")
             except ValueError as e:
                 errors.append(str(e))
@@ -191,18 +194,26 @@ def _wrap_unlike(rank: int, world: int, store: dist.Store, cases: list[tuple[str
         dist.destroy_process_group()
 
 
-def test_ranks_that_wrap_unlike_models_units_or_precisions_are_refused_on_every_rank_in_one_line():
+def test_ranks_that_wrap_or_configure_unlike_models_units_precisions_or_optimizers_are_refused_in_one_line():
     """Before, FSDP2 trained on without a word, each rank on its own shapes and dtypes (parameters
-    apart across ranks, or at 1e35), and ODC refused with its heap's "asymmetric allocation"."""
-    said = {"shape": "parameter layers.1.weight: float32 (8, 8) on rank 0, float32 (9, 8) on rank 1",
-            "frozen": "parameter layers.0.bias: float32 (8,) on rank 0, float32 (8,) frozen on rank 1",
-            "units": "the units: 2 (layers.0, layers.1) on rank 0, 1 (layers.0) on rank 1",
+    apart across ranks, or at 1e35), and ODC refused with its heap's "asymmetric allocation"; both
+    stepped each rank's shards at its own learning rate."""
+    wrap = "; every rank must wrap the same model"
+    said = {"shape": f"parameter layers.1.weight: float32 (8, 8) on rank 0, float32 (9, 8) on rank 1{wrap}",
+            "frozen": f"parameter layers.0.bias: float32 (8,) on rank 0, float32 (8,) frozen on rank 1{wrap}",
+            "units": f"the units: 2 (layers.0, layers.1) on rank 0, 1 (layers.0) on rank 1{wrap}",
             "precision": "the engine's precision: float32 compute with float32 reduction on rank 0, bfloat16 "
-                         "compute with float32 reduction on rank 1",
-            "same": ""}
+                         f"compute with float32 reduction on rank 1{wrap}",
+            "lr": "the optimizer's group 0 lr: 0.1 on rank 0, 0.2 on rank 1; every rank must configure the same "
+                  "optimizer",
+            "clipping": "max_grad_norm: None on rank 0, 1.0 on rank 1; every rank must configure",
+            "same": None}
     cases = [(engine, case) for engine in ("odc", "collective") for case in said]
     ranks = run_ranks(_wrap_unlike, 2, cases, timeout_s=120)
     for (engine, case), *errors in zip(cases, *ranks, strict=True):
-        expected = f"the ranks disagree on {said[case]}; every rank must wrap the same model" if said[case] else ""
         for error in errors:
-            assert error.startswith(expected) and "\n" not in error, (engine, case, error)
+            if case == "same":
+                assert error == "", (engine, error)
+            else:
+                assert error.startswith(f"the ranks disagree on {said[case]}"), (engine, case, error)
+                assert "\n" not in error

@@ -29,7 +29,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from odc_core.engine.agreement import check_ranks_agree, description, precision_name
+from odc_core.engine.agreement import (
+    OPTIMIZER_FIX,
+    check_ranks_agree,
+    description,
+    optimizer_description,
+    precision_name,
+)
 from odc_core.engine.base import (
     Clock,
     EngineContext,
@@ -221,6 +227,8 @@ class OdcEngine:
                       for g, (options, _) in enumerate(groups)]
         self.group_names = [names for _, names in groups]
         step_rule = OptimizerStep.build(params, factory, scheduler, max_grad_norm)
+        check_ranks_agree(self.store, self.job_id, self.rank, self.world_size, self.timeout_s,
+                          optimizer_description(step_rule), OPTIMIZER_FIX)
         refused = [cls for cls in _WHOLE_PARAMETER if isinstance(step_rule.optimizer, cls)]
         if refused:  # a subclass of one too: the update is the one it inherits
             kind = type(step_rule.optimizer).__name__
