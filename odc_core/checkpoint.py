@@ -166,6 +166,8 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
         raise ValueError(f"a checkpoint's extra must pickle, and it does not ({type(e).__name__}: {e}); keep plain "
                          f"values in it (numbers, strings, tensors, state dicts)") from None
     root = Path(root)
+    _same_on_every_rank("the checkpoint to save", f"step {step} under {root}",
+                        "every rank must save the same step under the same root")
     final, partial = root / f"step-{step}", root / f"step-{step}.partial"
     engine.drain()  # stale-synchronous ODC: every step begun is applied before anything is read
     if dist.get_rank() == 0:
@@ -210,6 +212,8 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     if not (folder / ".metadata").is_file():
         raise FileNotFoundError(f"{folder} is not a complete checkpoint (no .metadata); use latest(root)")
     engine.between_minibatches("checkpoint.load")
+    _same_on_every_rank("the checkpoint to load", str(folder), "every rank must load the same checkpoint (find it "
+                        "with latest(root) on one rank and broadcast it, or give every rank the same folder)")
     state = {**engine.sharded_state(for_load=True), "extra": io.BytesIO()}
     if "optim" in state:
         _start_absent_fresh(state["optim"]["state"], folder)
@@ -221,6 +225,19 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     engine.load_sharded_state(state)
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
     return extra
+
+
+def _same_on_every_rank(what: str, mine: str, fix: str) -> None:
+    """ValueError on every rank, before anything is written or read, where the ranks name different
+    checkpoints: ranks saving steps of their own (a step counted from a rank's own microbatches)
+    each reported it saved, while the complete-looking folder held rank 0's shards and metadata
+    naming files another rank had written elsewhere, and latest() then skipped it as damaged;
+    ranks loading different ones trained on apart."""
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    other = next((r for r, v in enumerate(every) if v != every[0]), None)
+    if other is not None:
+        raise ValueError(f"the ranks disagree on {what}: {every[0]} on rank 0, {every[other]} on rank {other}; {fix}")
 
 
 def start_fresh(views: dict[str, Any]) -> None:

@@ -213,3 +213,46 @@ def test_save_keeps_the_newest_checkpoints_it_is_asked_to(tmp_path: Path) -> Non
     assert every[-1] == "step-1 step-2 step-3 step-4", "keep=None keeps every checkpoint"
     with pytest.raises(ValueError, match="keep must be at least 1"):
         checkpoint.save(None, tmp_path, 1, keep=0)  # type: ignore[arg-type]
+
+
+def _unlike_checkpoints(rank: int, world: int, store: dist.Store, root: str, engine_name: str) -> list[str]:
+    """Save with rank 1 on another step, then under another root, then load other folders: the errors."""
+    engine = _engine(rank, world, store, engine_name, "fp32")
+    errors = []
+    try:
+        model = Net()
+        engine.wrap(model, [model.inp, model.mid, model.out])
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR))
+        for call in (lambda: checkpoint.save(engine, root, 3 + rank),
+                     lambda: checkpoint.save(engine, f"{root}/r{rank}", 3),
+                     lambda: checkpoint.save(engine, root, 1),
+                     lambda: checkpoint.save(engine, root, 2),
+                     lambda: checkpoint.load(engine, f"{root}/step-{1 + rank}")):
+            try:
+                call()
+                errors.append("")
+            except ValueError as e:
+                errors.append(str(e))
+        return errors
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("engine", ["odc", "collective"])
+def test_ranks_naming_different_checkpoints_are_refused_before_anything_is_written_or_loaded(tmp_path: Path,
+                                                                                               engine: str) -> None:
+    """Before, ranks saving steps of their own each said they saved: the complete-looking step-3
+    held rank 0's shards and metadata naming rank 1's file in step-4.partial, and latest() skipped it
+    as damaged."""
+    root = tmp_path / "ckpt"
+    ranks = run_ranks(_unlike_checkpoints, 2, str(root), engine, timeout_s=120)
+    assert ranks[0] == ranks[1]
+    step, where, first, second, load = ranks[0]
+    assert step == (f"the ranks disagree on the checkpoint to save: step 3 under {root} on rank 0, step 4 under "
+                    f"{root} on rank 1; every rank must save the same step under the same root")
+    assert where.startswith(f"the ranks disagree on the checkpoint to save: step 3 under {root}/r0 on rank 0, ")
+    assert first == second == "", "ranks that agree save"
+    assert load.startswith(f"the ranks disagree on the checkpoint to load: {root}/step-1 on rank 0, {root}/step-2 on "
+                           f"rank 1; every rank must load the same checkpoint")
+    assert sorted(p.name for p in root.iterdir()) == ["step-1", "step-2"], "the refused saves wrote nothing"
