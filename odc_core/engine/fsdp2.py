@@ -74,7 +74,7 @@ class CollectiveEngine:
                  reshard_after_forward: bool = True, backend: Backend = "auto", *, job_id: str = "collective",
                  timeout_s: float = 120.0, shard_group: int | None = None, store: dist.Store) -> None:
         self.device = device
-        self.store = store  # where wrap() checks that the ranks agree
+        self.store = store  # through which wrap() and configure_optimizer() check that the ranks agree
         self.backend = CollectiveOptions(backend=backend).for_device(device.type).backend
         self.job_id, self.timeout_s = job_id, timeout_s
         self.groups: list[dist.ProcessGroup] = []  # the shm groups this engine made
