@@ -97,7 +97,8 @@ class OdcEngine:
                  shard_group: int | None = None, *, store: dist.Store, job_id: str) -> None:
         self.device = device
         self.heap = heap
-        self.store, self.job_id = store, job_id  # through which wrap() and configure_optimizer() check that the ranks agree
+        # Through which wrap() and configure_optimizer() check that the ranks agree.
+        self.store, self.job_id = store, job_id
         self.rank, self.world_size = heap.rank, heap.world_size
         # The ranks a unit is sharded over: all of them, or (hybrid sharding) this rank's node.
         group = self.world_size if shard_group is None else shard_group
