@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from odc_core.engine.agreement import RanksDifferWarning
     from odc_core.engine.base import (
         DataParallelEngine,
         EngineContext,
@@ -37,11 +38,13 @@ _WHERE = {
     "ParamGroups": "odc_core.engine.base",
     "SchedulerFactory": "odc_core.engine.base",
     "PeerTimeout": "odc_core.transport.base",
+    "RanksDifferWarning": "odc_core.engine.agreement",
     "get_state_dict": "odc_core.state",
     "set_state_dict": "odc_core.state",
 }
 __all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "MixedPrecision",
-           "OdcOptions", "OptimizerFactory", "ParamGroups", "PeerTimeout", "SchedulerFactory", "engine_context",
+           "OdcOptions", "OptimizerFactory", "ParamGroups", "PeerTimeout", "RanksDifferWarning", "SchedulerFactory",
+           "engine_context",
            "get_state_dict", "make_engine", "set_state_dict"]
 
 

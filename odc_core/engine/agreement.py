@@ -19,6 +19,7 @@ import collections
 import hashlib
 import itertools
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -67,6 +68,56 @@ def _value(v: object) -> str:
     if isinstance(v, torch.Tensor):
         return repr(v.detach().cpu().tolist()) if v.numel() <= 16 else f"a tensor of shape {tuple(v.shape)}"
     return repr(v)
+
+
+class RanksDifferWarning(UserWarning):
+    """The ranks wrap the same model with other values in it."""
+
+
+def fingerprints(model: nn.Module) -> list[float | None]:
+    """A number per parameter that equal values give equally on every rank: the sum of up to 1,024
+    of its elements, evenly strided, in float64 (None on the meta device, which holds no values).
+    Read to the host once for the whole model."""
+    sums, at = [], []
+    for i, p in enumerate(model.parameters()):
+        if p.is_meta:
+            continue
+        flat = p.detach().reshape(-1)
+        sums.append(flat[:: max(1, flat.numel() // 1024)][:1024].double().sum())
+        at.append(i)
+    values = torch.stack(sums).cpu().tolist() if sums else []
+    out: list[float | None] = [None] * sum(1 for _ in model.parameters())
+    for i, v in zip(at, values, strict=True):
+        out[i] = v
+    return out
+
+
+def warn_if_values_differ(store: dist.Store, job_id: str, rank: int, world_size: int, timeout_s: float,
+                          model: nn.Module) -> None:
+    """A RanksDifferWarning on every rank, naming the first parameter, where the ranks' values
+    differ: both engines shard each rank's own values, so a model loaded on rank 0 only (or drawn
+    from another seed per rank) trains as a mixture of them, without a word. A warning, not an
+    error: ranks initialised from different seeds train a model that is random either way."""
+    if world_size == 1:
+        return
+    key = f"odc_core/agree/{job_id}/{next(_wraps[job_id])}"
+    mine = fingerprints(model)
+    text = json.dumps(mine)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    peers = exchange(store, f"{key}/digest", rank, world_size, digest,
+                     "the check that the ranks wrap equal values: its digest", timeout_s)
+    if all(d == digest for _, d in peers):
+        return
+    every = {rank: mine}
+    for peer, value in exchange(store, f"{key}/whole", rank, world_size, text,
+                                "the check that the ranks wrap equal values: its fingerprints", timeout_s):
+        every[peer] = json.loads(value)
+    other = next(r for r in range(1, world_size) if every[r] != every[0])
+    name = next(n for (n, _), a, b in zip(model.named_parameters(), every[0], every[other], strict=True) if a != b)
+    warnings.warn(f"the ranks wrap different values: parameter {name} differs between rank 0 and rank {other} (a "
+                  f"model loaded on some ranks only, or drawn from another seed): both engines shard each rank's own "
+                  f"values, so the model trained mixes them; load the same weights on every rank before wrap(), or "
+                  f"seed every rank alike", RanksDifferWarning, stacklevel=3)
 
 
 def check_ranks_agree(store: dist.Store, job_id: str, rank: int, world_size: int, timeout_s: float,

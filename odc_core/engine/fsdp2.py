@@ -38,6 +38,7 @@ from odc_core.engine.agreement import (
     description,
     optimizer_description,
     precision_name,
+    warn_if_values_differ,
 )
 from odc_core.engine.base import (
     Clock,
@@ -139,6 +140,7 @@ class CollectiveEngine:
                     "shard group": self.shard_group, "reshard_after_forward": self.reshard_after_forward}
         check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
                           description(model, units, settings))
+        warn_if_values_differ(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s, model)
         labels = unit_labels(model)  # before fully_shard renames the classes (FSDP<name>)
         sparse = [m for m in model.modules()
                   if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad]

@@ -35,6 +35,7 @@ from odc_core.engine.agreement import (
     description,
     optimizer_description,
     precision_name,
+    warn_if_values_differ,
 )
 from odc_core.engine.base import (
     Clock,
@@ -148,6 +149,7 @@ class OdcEngine:
                     "shard group": len(self.peers), "transport": type(self.heap).__name__}
         check_ranks_agree(self.store, self.job_id, self.rank, self.world_size, self.timeout_s,
                           description(model, units, settings))
+        warn_if_values_differ(self.store, self.job_id, self.rank, self.world_size, self.timeout_s, model)
         names = {id(p): n for n, p in model.named_parameters()}
         meta = [n for n, p in model.named_parameters() if p.is_meta]
         if meta:
