@@ -21,6 +21,7 @@ import itertools
 import json
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,22 +99,12 @@ def warn_if_values_differ(store: dist.Store, job_id: str, rank: int, world_size:
     differ: both engines shard each rank's own values, so a model loaded on rank 0 only (or drawn
     from another seed per rank) trains as a mixture of them, without a word. A warning, not an
     error: ranks initialised from different seeds train a model that is random either way."""
-    if world_size == 1:
+    found = _unlike(store, job_id, rank, world_size, timeout_s, fingerprints(model),
+                    "the check that the ranks wrap equal values")
+    if found is None:
         return
-    key = f"odc_core/agree/{job_id}/{next(_wraps[job_id])}"
-    mine = fingerprints(model)
-    text = json.dumps(mine)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    peers = exchange(store, f"{key}/digest", rank, world_size, digest,
-                     "the check that the ranks wrap equal values: its digest", timeout_s)
-    if all(d == digest for _, d in peers):
-        return
-    every = {rank: mine}
-    for peer, value in exchange(store, f"{key}/whole", rank, world_size, text,
-                                "the check that the ranks wrap equal values: its fingerprints", timeout_s):
-        every[peer] = json.loads(value)
-    other = next(r for r in range(1, world_size) if every[r] != every[0])
-    name = next(n for (n, _), a, b in zip(model.named_parameters(), every[0], every[other], strict=True) if a != b)
+    first, theirs, other = found
+    name = next(n for (n, _), a, b in zip(model.named_parameters(), first, theirs, strict=True) if a != b)
     warnings.warn(f"the ranks wrap different values: parameter {name} differs between rank 0 and rank {other} (a "
                   f"model loaded on some ranks only, or drawn from another seed): both engines shard each rank's own "
                   f"values, so the model trained mixes them; load the same weights on every rank before wrap(), or "
@@ -125,22 +116,32 @@ def check_ranks_agree(store: dist.Store, job_id: str, rank: int, world_size: int
     """ValueError on every rank, one line naming the first difference and `fix`, where another
     rank's description (description(), optimizer_description()) is not this rank's; PeerTimeout
     naming a rank that never makes the call."""
+    found = _unlike(store, job_id, rank, world_size, timeout_s, mine,
+                    "the check that the ranks agree (wrap(), configure_optimizer())")
+    if found is not None:
+        first, theirs, other = found
+        raise ValueError(f"the ranks disagree on {difference(first, theirs, other)}; {fix}")
+
+
+def _unlike(store: dist.Store, job_id: str, rank: int, world_size: int, timeout_s: float, mine: Any,
+            what: str) -> tuple[Any, Any, int] | None:
+    """Where another rank's `mine` (plain values) is not rank 0's: rank 0's, the first such rank's,
+    and that rank; else None. One digest per rank through the store, and the whole values only
+    where digests differ, every rank taking every one, so that all of them name the same
+    difference; PeerTimeout naming a rank that never makes the call."""
     if world_size == 1:
-        return
+        return None
     key = f"odc_core/agree/{job_id}/{next(_wraps[job_id])}"
     text = json.dumps(mine, sort_keys=True)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    what = "the check that the ranks agree (wrap(), configure_optimizer()): its digest"
-    peers = exchange(store, f"{key}/digest", rank, world_size, digest, what, timeout_s)
+    peers = exchange(store, f"{key}/digest", rank, world_size, digest, f"{what}: its digest", timeout_s)
     if all(d == digest for _, d in peers):
-        return
-    # Someone differs: every rank takes every description, so all of them name the same difference.
-    every = {rank: mine}
-    for peer, value in exchange(store, f"{key}/whole", rank, world_size, text,
-                                "the check that the ranks agree: its description", timeout_s):
+        return None
+    every = {rank: json.loads(text)}
+    for peer, value in exchange(store, f"{key}/whole", rank, world_size, text, f"{what}: its values", timeout_s):
         every[peer] = json.loads(value)
     other = next(r for r in range(1, world_size) if every[r] != every[0])
-    raise ValueError(f"the ranks disagree on {difference(every[0], every[other], other)}; {fix}")
+    return every[0], every[other], other
 
 
 def difference(first: dict, other: dict, rank: int) -> str:
