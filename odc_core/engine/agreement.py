@@ -10,7 +10,10 @@ short value per rank through the run's store, and only where the digests differ 
 descriptions, to name the first difference on every rank in one line. configure_optimizer()
 does the same for the optimizer each rank built: its type, every group's options, the LR
 schedule's type and the clipping (a rate computed from a rank's own share of the data stepped
-each rank's shards at its own rate, on both engines, without a word).
+each rank's shards at its own rate, on both engines, without a word). set_state_dict() does the
+same for the state dicts each rank loads: their keys, each tensor's kind, dtype and shape, each
+scalar's value and the optimizer groups' options (a rank missing a key failed alone or aborted
+gloo, a rank's own learning rate in its state dict stepped its shards at that rate).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from odc_core.engine.base import MixedPrecision, OptimizerStep
 from odc_core.transport.exchange import exchange
 
 WRAP_FIX = "every rank must wrap the same model, with the same units, precision and engine options"
+STATE_FIX = ("every rank must load the same state dicts: whole ones on every rank, or each rank's shards of one "
+             "state (a state dict on rank 0 only, as torch's broadcast_from_rank0 takes it, is not offered: load it "
+             "on every rank)")
 OPTIMIZER_FIX = ("every rank must configure the same optimizer, with the same group options, LR schedule and "
                  "max_grad_norm")
 # Checks of this process by job id (an engine context's): ranks wrap and configure in one order.
@@ -61,6 +67,35 @@ def optimizer_description(step: OptimizerStep) -> dict[str, object]:
     for i, group in enumerate(step.optimizer.param_groups):
         settings.update({f"the optimizer's group {i} {k}": _value(v) for k, v in group.items() if k != "params"})
     return {"settings": {k: str(v) for k, v in settings.items()}}
+
+
+def state_description(model_sd: Mapping[str, Any], optim_sd: Mapping[str, Any]) -> dict[str, object]:
+    """What the ranks' state dicts must agree on: every key, each tensor's kind, dtype and shape (a
+    scalar's value too), and each optimizer group's options and parameter names. Not the values
+    of larger tensors: both engines load rank 0's (FSDP2's distribute_tensor scatters rank 0's)."""
+    settings = {f"the model state dict's {k}": _entry(v) for k, v in model_sd.items()}
+    state = optim_sd.get("state", {}) if isinstance(optim_sd, Mapping) else {}
+    for name, values in state.items():
+        settings.update({f"the optimizer state of {name} {k}": _entry(v) for k, v in values.items()})
+    groups = optim_sd.get("param_groups", []) if isinstance(optim_sd, Mapping) else []
+    for i, group in enumerate(groups):
+        settings.update({f"the state dict's optimizer group {i} {k}": _value(v) for k, v in group.items()})
+    return {"settings": settings}
+
+
+def _entry(v: object) -> str:
+    """A state dict's value as ranks compare it: a tensor by kind, dtype and shape (a scalar by its
+    value too), anything else by its value."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(v, torch.Tensor):
+        return _value(v)
+    kind = "a DTensor" if isinstance(v, DTensor) else "a ShardedTensor" if isinstance(v, ShardedTensor) else "a tensor"
+    dtype = str(v.dtype).removeprefix("torch.")
+    if v.dim() == 0 and kind == "a tensor":
+        return f"{kind} {dtype} {v.item()!r}"
+    return f"{kind} {dtype} {tuple(v.size())}"
 
 
 def _value(v: object) -> str:
@@ -114,10 +149,10 @@ def warn_if_values_differ(store: dist.Store, job_id: str, rank: int, world_size:
 def check_ranks_agree(store: dist.Store, job_id: str, rank: int, world_size: int, timeout_s: float,
                       mine: dict[str, object], fix: str = WRAP_FIX) -> None:
     """ValueError on every rank, one line naming the first difference and `fix`, where another
-    rank's description (description(), optimizer_description()) is not this rank's; PeerTimeout
-    naming a rank that never makes the call."""
+    rank's description (description(), optimizer_description(), state_description()) is not this
+    rank's; PeerTimeout naming a rank that never makes the call."""
     found = _unlike(store, job_id, rank, world_size, timeout_s, mine,
-                    "the check that the ranks agree (wrap(), configure_optimizer())")
+                    "the check that the ranks agree (wrap(), configure_optimizer(), set_state_dict())")
     if found is not None:
         first, theirs, other = found
         raise ValueError(f"the ranks disagree on {difference(first, theirs, other)}; {fix}")
@@ -147,7 +182,7 @@ def _unlike(store: dist.Store, job_id: str, rank: int, world_size: int, timeout_
 def difference(first: dict, other: dict, rank: int) -> str:
     """The first way rank `rank`'s description differs from rank 0's, in words."""
     for k in sorted(set(first["settings"]) | set(other["settings"])):
-        a, b = first["settings"].get(k), other["settings"].get(k)
+        a, b = first["settings"].get(k, "absent"), other["settings"].get(k, "absent")
         if a != b:
             return f"{k}: {a} on rank 0, {b} on rank {rank}"
     ours, theirs = first.get("parameters", []), other.get("parameters", [])

@@ -34,10 +34,12 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from odc_core.engine.agreement import (
     OPTIMIZER_FIX,
+    STATE_FIX,
     check_ranks_agree,
     description,
     optimizer_description,
     precision_name,
+    state_description,
     warn_if_values_differ,
 )
 from odc_core.engine.base import (
@@ -299,6 +301,8 @@ class CollectiveEngine:
 
         if self.model is None:
             raise RuntimeError("wrap() the model before loading its state")
+        check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
+                          state_description(model_state_dict, optim_state_dict), STATE_FIX)
         values = list(model_state_dict.values())
         if any(isinstance(v, ShardedTensor) for v in values):
             raise ValueError("a sharded ODC state dict cannot load into collective FSDP; pass a full one "

@@ -224,3 +224,62 @@ def test_ranks_that_wrap_or_configure_unlike_models_units_precisions_or_optimize
             else:
                 assert error.startswith(f"the ranks disagree on {said[case]}"), (engine, case, error)
                 assert "\n" not in error
+
+
+def _load_unlike(rank: int, world: int, store: dist.Store, cases: list[tuple[str, str]]) -> list[str]:
+    """Each case's engine, one step in, loading full state dicts in which rank 1's is unlike rank
+    0's in one way; the error, or the parameters it then holds (sums, rounded)."""
+    from odc_core import get_state_dict, set_state_dict
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+    out = []
+    try:
+        for engine_name, case in cases:
+            torch.manual_seed(0)
+            model = Net()
+            engine = make_engine(engine_name, engine_context(timeout_s=20.0))
+            try:
+                engine.wrap(model, list(model.layers))
+                engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1))
+                engine.begin_minibatch()
+                model(_inputs(1, rank)[0]).backward()
+                engine.finish_minibatch()
+                model_sd, optim_sd = get_state_dict(engine, full=True)
+                if rank == 1:
+                    if case == "values":  # read from other files: rank 0's load, on both engines
+                        model_sd = {k: v + 1 for k, v in model_sd.items()}
+                    if case == "missing":  # as torch's broadcast_from_rank0 takes it
+                        model_sd, optim_sd = {}, {}
+                    if case == "lr":
+                        optim_sd = {**optim_sd, "param_groups": [{**g, "lr": 0.5} for g in optim_sd["param_groups"]]}
+                expected = {k: round(float(v.sum()), 4) for k, v in engine.full_parameters().items()}
+                set_state_dict(engine, model_sd, optim_sd)
+                held = {k: round(float(v.sum()), 4) for k, v in engine.full_parameters().items()}
+                out.append("kept rank 0's" if held == expected else f"holds {held}, not {expected}")
+            except ValueError as e:
+                out.append(str(e))
+            finally:
+                engine.close()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_load_unlike_state_dicts_are_refused_in_one_line_and_whole_tensors_are_rank_0s():
+    """Before, a rank missing a key failed alone (ODC) or aborted gloo (FSDP2), a rank's own learning
+    rate in its state dict stepped its shards at that rate on both engines, and ODC loaded each
+    rank's shards from its own full tensors, a mixture, where FSDP2 loads rank 0's."""
+    fix = "; every rank must load the same state dicts"
+    said = {"missing": f"the model state dict's layers.0.bias: a tensor float32 (8,) on rank 0, absent on rank 1{fix}",
+            "lr": f"the state dict's optimizer group 0 lr: 0.1 on rank 0, 0.5 on rank 1{fix}"}
+    cases = [(engine, case) for engine in ("odc", "collective") for case in ("values", "missing", "lr", "same")]
+    ranks = run_ranks(_load_unlike, 2, cases, timeout_s=120)
+    for (engine, case), *outs in zip(cases, *ranks, strict=True):
+        for out in outs:
+            if case in said:
+                assert out.startswith(f"the ranks disagree on {said[case]}"), (engine, case, out)
+                assert "\n" not in out
+            else:
+                assert out == "kept rank 0's", (engine, case, out)

@@ -31,10 +31,12 @@ from torch import nn
 
 from odc_core.engine.agreement import (
     OPTIMIZER_FIX,
+    STATE_FIX,
     check_ranks_agree,
     description,
     optimizer_description,
     precision_name,
+    state_description,
     warn_if_values_differ,
 )
 from odc_core.engine.base import (
@@ -329,6 +331,8 @@ class OdcEngine:
     @_collective
     def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
         self.between_minibatches("load_state_dict")
+        check_ranks_agree(self.store, self.job_id, self.rank, self.world_size, self.timeout_s,
+                          state_description(model_state_dict, optim_state_dict), STATE_FIX)
         state_dict.set_state(self, model_state_dict, optim_state_dict)
 
     def close(self) -> None:

@@ -177,9 +177,9 @@ def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> None:
     """Load model and optimizer state dicts, full or sharded, of either engine; collective. Each
-    rank copies the parts of each tensor its shards hold: from a full tensor, from a DTensor
-    (FSDP2's sharded dicts, made whole first, collectively) or from a sharded ODC dict of the
-    same layout (its own get_state_dict at this world size)."""
+    rank copies the parts of each tensor its shards hold: from a full tensor (rank 0's, as FSDP2
+    takes it), from a DTensor (FSDP2's sharded dicts, made whole first, collectively) or from a
+    sharded ODC dict of the same layout (its own get_state_dict at this world size)."""
     target = sharded_state(engine, for_load=True)
     assert engine.model is not None
     aliases = _aliases(engine.model)
@@ -200,7 +200,8 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
     for name, views in target["optim"]["state"].items():
         for key, view in views.items() if name in optim_sd["state"] else ():
             _check_shape(view, optim_sd["state"][name][key], f"{name} {key}")
-    model = {key: _fill(view, weights[key], key) for key, view in target["model"].items()}
+    on = reduction_device(engine.device)
+    model = {key: _fill(view, weights[key], key, on) for key, view in target["model"].items()}
     state: dict[str, Any] = {}
     for name, views in target["optim"]["state"].items():
         given = optim_sd["state"].get(name)
@@ -209,7 +210,7 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
 
             start_fresh(views)
             continue
-        state[name] = {key: _fill(view, given[key], f"{name} {key}") for key, view in views.items()}
+        state[name] = {key: _fill(view, given[key], f"{name} {key}", on) for key, view in views.items()}
     load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}})
 
 
@@ -227,9 +228,13 @@ def _check_shape(view: Any, given: Any, what: str) -> None:
                          f"load a state dict of this model")
 
 
-def _fill(view: Any, given: Any, what: str) -> Any:
+def _fill(view: Any, given: Any, what: str, on: torch.device) -> Any:
     """Copy what `given` holds of a ShardedTensor view's local boxes into them; any other value
-    is taken as given (a scalar, a buffer)."""
+    is taken as given (a scalar, a buffer). A whole tensor is rank 0's, broadcast on `on`:
+    FSDP2's set_state_dict scatters rank 0's (distribute_tensor), so ranks whose full state dicts
+    hold other values (one loaded from other files) load one model on both engines, not each
+    rank's shards of its own. A broadcast, not a scatter: each rank's boxes lie anywhere in the
+    tensor, and a state dict is loaded once, not per step."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torch.distributed.tensor import DTensor
 
@@ -237,7 +242,7 @@ def _fill(view: Any, given: Any, what: str) -> Any:
         return given
     if isinstance(given, DTensor):
         given = given.full_tensor()  # collective: every rank visits the same keys in the same order
-    if isinstance(given, ShardedTensor):
+    elif isinstance(given, ShardedTensor):
         theirs = {tuple(s.metadata.shard_offsets): s.tensor for s in given.local_shards()}
         for shard in view.local_shards():
             source = theirs.get(tuple(shard.metadata.shard_offsets))
@@ -247,6 +252,9 @@ def _fill(view: Any, given: Any, what: str) -> Any:
                                  f"or go through odc_core.checkpoint")
             shard.tensor.copy_(source)
         return view
+    elif dist.get_world_size() > 1:
+        given = given.detach().to(on, copy=True).contiguous()
+        dist.broadcast(given, src=0)
     for shard in view.local_shards():
         box = tuple(slice(o, o + n) for o, n in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes,
                                                     strict=True))
