@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from odc_bench.config.fields import build, require, section
+from odc_bench.provenance import REPO_ROOT
 
 # GPU profile numbers and the range each must lie in: (lower bound, upper bound, lower bound excluded).
 _POSITIVE = (0.0, math.inf, True)
@@ -58,6 +60,15 @@ class GpuHardwareConfig:
     # compute then comes from its measured microbatch times instead of FLOPs x efficiency.
     compute_calibration: str | None = None
 
+    def compute_calibration_file(self) -> Path | None:
+        """Where compute_calibration is: a relative path as the command line gives it (from the
+        working folder, where calibrate.cost_model wrote it), else as a profile file in the
+        repository names it."""
+        if self.compute_calibration is None:
+            return None
+        path = Path(self.compute_calibration).expanduser()
+        return path if path.is_absolute() or path.exists() else REPO_ROOT / path
+
     def __post_init__(self) -> None:
         for key, (low, high, strict) in _GPU_RANGES.items():
             value = getattr(self, key)
@@ -82,8 +93,20 @@ class CalibratedHardwareConfig:
     kind: Literal["calibrated"] = "calibrated"
     calibration: str
 
+    def calibration_file(self, model_name: str) -> Path:
+        """Where the calibration of `model_name` is (relative paths from the repository root)."""
+        path = Path(self.calibration.format(model=model_name))
+        return path if path.is_absolute() else REPO_ROOT / path
+
 
 HardwareConfig = GpuHardwareConfig | CalibratedHardwareConfig
+
+
+def fit_file(hw: HardwareConfig, model_name: str) -> Path | None:
+    """The file a hardware profile takes fitted numbers from, None where it takes none."""
+    if isinstance(hw, CalibratedHardwareConfig):
+        return hw.calibration_file(model_name)
+    return hw.compute_calibration_file()
 
 
 def hardware_config(values: Mapping[str, Any]) -> HardwareConfig:

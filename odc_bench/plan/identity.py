@@ -5,7 +5,8 @@ checkpoint folder (only a re-run of the same config resumes from it). It hashes 
 whole resolved config but where results go, how often to repeat it, how it is checkpointed,
 which warm-up minibatch is profiled and how long it may wait or run, none of which changes what
 it measures; and, for a real source (a file or folder the config only names), the samples the
-run draws from it.
+run draws from it; and, for a fitted file the config only names (a calibrated cost model, a
+simulator profile's fit), what the run takes from it.
 """
 
 from __future__ import annotations
@@ -43,23 +44,31 @@ GUARDS: dict[str, object] = {"timeout_s": 120, "deadline_s": None}
 REAL_LOADERS = frozenset({"jsonl", "hf_disk"})
 
 
-def keyed_config(config: RunConfig, drawn: str | None = None) -> dict[str, Any]:
+def keyed_config(config: RunConfig, drawn: str | None = None,
+                 fitted: Mapping[str, object] | None = None) -> dict[str, Any]:
     """What a run's key hashes: its config and, for a length profile, the profile's definition,
     which lives in code (data/profiles.py): a profile refitted later (LongAlign's floor moved
     from 1K to 8K once) draws other lengths under the same config, so its runs get other keys
     and a re-run sweep does not take old rows for new ones. A real source's `drawn` digest
-    (drawn_digest) does the same for a data file rewritten under its name."""
+    (drawn_digest) does the same for a data file rewritten under its name, and `fitted` (the
+    calibrated cost model's coefficients, the digest of a simulator profile's fit: spec.py's
+    _fitted) for a calibration rewritten under its name: `calibrate.cost_model` run again, as
+    the README's first steps suggest after `make demo`, planned every later run of the same
+    config otherwise, and a re-run sweep skipped them all, keeping the rows of the old fit."""
     keyed = {**config.to_dict(), **GUARDS}
     if config.dataset.loader == "profile" and config.dataset.profile in PROFILES:
         keyed["dataset"] = {**keyed["dataset"], "profile_definition": asdict(PROFILES[config.dataset.profile])}
     if drawn is not None:
         keyed["dataset"] = {**keyed["dataset"], "drawn": drawn}
+    if fitted:
+        keyed["fitted"] = dict(fitted)
     return keyed
 
 
-def config_key(config: RunConfig, drawn: str | None = None) -> str:
-    """The key of a resolved run config (and of what it draws from a real source: keyed_config)."""
-    return run_key(keyed_config(config, drawn))
+def config_key(config: RunConfig, drawn: str | None = None, fitted: Mapping[str, object] | None = None) -> str:
+    """The key of a resolved run config (and of what it draws from a real source and takes from
+    a fitted file: keyed_config)."""
+    return run_key(keyed_config(config, drawn, fitted))
 
 
 def drawn_digest(minibatches: Sequence[tuple[Sequence[int], Sequence[int]]],

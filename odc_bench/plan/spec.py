@@ -32,7 +32,7 @@ from odc_bench.balancers.quality import (
     stale_window,
 )
 from odc_bench.balancers.registry import balancer_options, balancer_spec
-from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
+from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig, fit_file
 from odc_bench.config.compose import COMPOSE_ERRORS, compose_run, hydra_error_line
 from odc_bench.config.fields import require
 from odc_bench.config.model import ModelConfig
@@ -320,6 +320,25 @@ def _plan_key(config: RunConfig, device_type: str, remote: bool) -> str:
     return json.dumps([config.to_dict(), device_type, stamps], sort_keys=True, default=str)
 
 
+def _fitted(config: RunConfig, cost: CostModel) -> dict[str, object]:
+    """What a run takes from fitted files, which its key hashes (plan/identity.py): the calibrated
+    cost model's coefficients, which its plans follow, and a simulated run's hardware fit, by a
+    digest of what the file holds, not how it is laid out (it is not read until the run starts:
+    an absent or damaged one is keyed as such, and the run then fails naming it)."""
+    fitted: dict[str, object] = {}
+    if config.balancer.cost_model == "calibrated":
+        fitted["cost_model"] = [cost.a, cost.b, cost.c, cost.unit]
+    backend = config.backend
+    path = fit_file(backend.hardware, config.model.name) if isinstance(backend, SimBackendConfig) else None
+    if path is not None:
+        try:
+            text = json.dumps(json.loads(path.read_text(encoding="utf-8-sig")), sort_keys=True)
+            fitted["hardware"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+        except (OSError, ValueError):
+            fitted["hardware"] = None
+    return fitted
+
+
 def _drawn(config: RunConfig, minibatches: list[Minibatch]) -> str | None:
     """The digest of what a run draws from a real source, which its key hashes (plan/identity.py);
     None for lengths the config itself determines (a profile, GRPO's draws). The ids count where
@@ -445,6 +464,7 @@ def _resolve(config: RunConfig, device_type: str, planner: Planner, lengths: np.
             prediction = predict(plan, lens, world, max_tokens, cost, semantics, costs)
             minibatches.append(Minibatch(ids, lens, plan, prediction, queue))
     longest = max((max(mb.lengths) for mb in minibatches), default=0)
-    return RunSpec(resolved, config_key(resolved, _drawn(resolved, minibatches)), device_type, cost, options,
+    return RunSpec(resolved, config_key(resolved, _drawn(resolved, minibatches), _fitted(resolved, cost)), device_type,
+                   cost, options,
                    rank_memory(resolved, device_type, max_tokens, longest),
                    None if remote else memory_limit(config, device_type), minibatches, len(lengths))

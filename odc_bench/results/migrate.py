@@ -38,11 +38,20 @@ hashes the samples it draws too, and no key hashes timeout_s or deadline_s (plan
 such a row (real data, or those limits at other values than config.yaml's), of any schema from
 2, gets the key of its config where planning it again draws the lengths the row recorded, as in
 4 -> 5; where the data changed since, the row keeps its key and a re-run measures the run again.
+
+Within schema 7, since 2026-12-07, the key of a run whose balancer plans with the calibrated
+cost model hashes the model's coefficients too, and that of a simulated run of a fitted
+hardware profile what the fit holds (plan/identity.py). A row of the calibrated cost model gets
+the key of its config where planning it again draws the lengths the row recorded and predicts
+the bubble rate it recorded (the plans the calibration then gives are the row's); else, and
+for a simulated row of a fitted profile, whose fit no column of the row shows, it keeps its
+key, and a re-run measures the run again.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +181,8 @@ def _compressed_traces(folder: Path, traces: pd.Series) -> tuple[list[object], l
 
 def _keyed_otherwise_before(config_yaml: object) -> bool:
     """Whether a row's key may be one its config no longer has since 2026-12-06: it draws from a
-    real source, whose samples the key hashes now, or has limits the key no longer hashes."""
+    real source, whose samples the key hashes now, has limits the key no longer hashes, or plans
+    with the calibrated cost model, whose coefficients the key hashes now."""
     try:
         config = yaml.safe_load(str(config_yaml)) if isinstance(config_yaml, str) else None
     except yaml.YAMLError:
@@ -181,13 +191,16 @@ def _keyed_otherwise_before(config_yaml: object) -> bool:
         return False
     dataset = config.get("dataset")
     real = isinstance(dataset, dict) and dataset.get("loader") in REAL_LOADERS
+    balancer = config.get("balancer")
+    real = real or (isinstance(balancer, dict) and balancer.get("cost_model") == "calibrated")
     # as the key's JSON writes them: 120.0 was keyed apart from 120
     return real or any(key in config and json.dumps(config[key]) != json.dumps(value) for key, value in GUARDS.items())
 
 
 def _rekeyed(rows: pd.DataFrame) -> list[str]:
     """Each row's key under its config now, where planning the config again draws the lengths
-    the row recorded; its own key elsewhere (schema 4 -> 5, and rows of real data since)."""
+    the row recorded (and, with the calibrated cost model, predicts the bubble rate it recorded);
+    its own key elsewhere (schema 4 -> 5, and rows of real data or calibrated plans since)."""
     lengths = ["samples", "len_mean", "len_p50", "len_p99", "len_max"]
     planned: dict[str, tuple[str, dict[str, float]] | None] = {}
     keys = []
@@ -195,9 +208,13 @@ def _rekeyed(rows: pd.DataFrame) -> list[str]:
         text = str(row["config"])
         if text not in planned:
             spec = _planned(text) if isinstance(row["config"], str) else None
-            planned[text] = None if spec is None else (spec.run_id, spec.length_stats())
+            planned[text] = None if spec is None else (spec.run_id, {
+                **spec.length_stats(),
+                **({"predicted_bubble_rate": spec.predicted_bubble_rate()}
+                   if spec.config.balancer.cost_model == "calibrated" else {})})
         found = planned[text]
-        same = found is not None and all(float(found[1][c]) == float(row[c]) for c in lengths)
+        same = found is not None and all(math.isclose(float(found[1][c]), float(row[c]), rel_tol=1e-9)
+                                         for c in (*lengths, "predicted_bubble_rate") if c in found[1])
         keys.append(found[0] if found is not None and same else str(row["run_id"]))
     return keys
 

@@ -22,7 +22,7 @@ from odc_bench.forked import first_here, usable_cpus
 from odc_bench.models.memory import estimate
 from odc_bench.plan.spec import RunSpec
 from odc_bench.sim.events import totals, trace_frame
-from odc_bench.sim.hardware import EngineCosts, calibration_path, load_profile
+from odc_bench.sim.hardware import EngineCosts, load_profile
 from odc_bench.sim.layout import Layout, doc_features
 from odc_bench.sim.stale import StaleTimeline, stale_odc, stale_totals, stale_trace
 from odc_bench.sim.timeline import Timeline, collective, concatenated, odc
@@ -124,7 +124,7 @@ def check_hardware(spec: RunSpec) -> None:
     backend = config.backend
     assert isinstance(backend, SimBackendConfig)
     hw = backend.hardware
-    if isinstance(hw, CalibratedHardwareConfig) and not calibration_path(hw, config.model.name).exists():
+    if isinstance(hw, CalibratedHardwareConfig) and not hw.calibration_file(config.model.name).exists():
         local = estimate(config.model, spec.world_size, config.precision, spec.max_tokens,
                          cpu_longest=spec.max_tokens, compute_shard_copy=config.engine.spec.runtime.compute_shard_copy)
         per_rank = host_available_bytes() // spec.world_size

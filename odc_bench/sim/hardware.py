@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from odc_bench.config.backend import CalibratedHardwareConfig, GpuHardwareConfig, HardwareConfig, Recompute
+from odc_bench.config.backend import GpuHardwareConfig, HardwareConfig, Recompute
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_linear_params
-from odc_bench.provenance import REPO_ROOT
 from odc_bench.sim.layout import KINDS, PHASES, Layout
 from odc_bench.sim.unit_fit import table_rows
 
@@ -205,7 +204,7 @@ class GpuProfile:
         """
         measured: dict[tuple[str, str], np.ndarray] = {}
         if self.hw.compute_calibration:
-            calibration = _load_json(self.hw.compute_calibration)
+            calibration = _load_json(self.hw)
             if "units" not in calibration:  # a whole-microbatch fit: every unit from it
                 return split_microbatch_fit(calibration, layout, recompute)
             measured = table_rows(calibration["units"], layout.cfg, recompute)
@@ -253,7 +252,7 @@ class GpuProfile:
         net = self.network(world)
         # Measured (make gpu-check): the device's idle time per unit position that an engine's
         # host work adds in line with compute (FSDP2's per-unit bookkeeping on one rank).
-        gaps = _load_json(self.hw.compute_calibration).get("engine_gaps", {}) if self.hw.compute_calibration else {}
+        gaps = _load_json(self.hw).get("engine_gaps", {}) if self.hw.compute_calibration else {}
         gap = np.full(layout.positions, float(gaps.get(engine, 0.0)))
         hybrid = shard == "hybrid" and net.nodes > 1
         group = net.gpus_per_node if hybrid else world
@@ -294,11 +293,9 @@ class GpuProfile:
                            fetch_nearest=fetch == "nearest" and not hybrid and net.nodes > 1)
 
 
-def _load_json(path: str) -> dict:
-    # A relative path as the command line gives it (from the working folder, where
-    # calibrate.cost_model wrote it), else as a profile file in the repository names it.
-    p = Path(path).expanduser()
-    p = p if p.is_absolute() or p.exists() else REPO_ROOT / p
+def _load_json(hw: GpuHardwareConfig) -> dict:
+    p = hw.compute_calibration_file()
+    assert p is not None
     try:
         return json.loads(p.read_text(encoding="utf-8-sig"))  # a byte-order mark, as an editor may save one
     except (OSError, ValueError) as e:
@@ -398,17 +395,11 @@ class CalibratedProfile:
 Profile = GpuProfile | CalibratedProfile
 
 
-def calibration_path(hw: CalibratedHardwareConfig, model_name: str) -> Path:
-    """Where the calibrated profile of `model_name` is (relative paths from the repository root)."""
-    path = Path(hw.calibration.format(model=model_name))
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
 def load_profile(hw: HardwareConfig, model_name: str) -> Profile:
     """The profile a config's backend.hardware describes; ConfigError when it cannot be used."""
     if isinstance(hw, GpuHardwareConfig):
         return GpuProfile(hw)
-    path = calibration_path(hw, model_name)
+    path = hw.calibration_file(model_name)
     if not path.exists():
         raise ConfigError(f"no calibration {path} for model {model_name}; run "
                           f"`python -m odc_bench.calibrate.cpu_profile model={model_name}` on this machine first")

@@ -26,7 +26,6 @@ from odc_bench.forked import Helper, HelperGone, usable_cpus
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import RunSpec
 from odc_bench.provenance import host_fingerprint
-from odc_bench.sim.hardware import calibration_path
 from odc_bench.whatif import PROG
 from odc_bench.whatif.accuracy import Accuracy, best_validated, calibrated_elsewhere, gpu_of, summary, validated
 from odc_bench.whatif.answer import verdict
@@ -219,7 +218,7 @@ def main(argv: Sequence[str] | None = None, figure: Helper | None = None) -> Non
         if beyond:
             say(f"Outside what the GPU validation covers: {'; '.join(beyond)}; read the band as a floor there.")
     if isinstance(hardware, CalibratedHardwareConfig):
-        path = calibration_path(hardware, question.model_name)
+        path = hardware.calibration_file(question.model_name)
         elsewhere = calibrated_elsewhere(json.loads(path.read_text(encoding="utf-8-sig")), path, host_fingerprint())
         if elsewhere:
             say(elsewhere)

@@ -239,3 +239,59 @@ def test_tables_joined_with_cat_are_refused_in_one_line_naming_the_repeated_head
     with pytest.raises(TableError, match="joined with cat"):
         append_row(path, {"run_id": "b", "status": "ok"})
     assert path.read_text(encoding="utf-8") == text + text
+
+
+def test_a_calibration_rewritten_under_its_name_gives_its_runs_new_keys(tmp_path):
+    """A re-run sweep skipped the runs of a recalibrated cost model or simulator fit (the config
+    names the file only), keeping the rows of the old fit; a copy of the same fit keeps the key."""
+    import json
+    import shutil
+
+    from odc_bench.plan.spec import resolve
+    from tests.helpers import REPO, run_config
+
+    cost, fit = tmp_path / "cost.json", tmp_path / "compute.json"
+    shutil.copy(REPO / "results" / "calibration" / "tiny-cpu.json", cost)
+    shutil.copy(REPO / "results" / "gpu" / "h100-2026-11-26" / "compute.json", fit)
+    overrides = ("backend=sim", "engine=odc", "balancer=lb_mini", "balancer.cost_model=calibrated",
+                 f"balancer.calibration={cost}", "num_minibatches=3", f"backend.hardware.compute_calibration={fit}")
+
+    def key() -> str:
+        return resolve(run_config(*overrides)).run_id
+
+    first = key()
+    cost.write_text(json.dumps(json.loads(cost.read_text()), indent=4))  # the same fit, laid out anew
+    assert key() == first
+    cost.write_text(json.dumps({**json.loads(cost.read_text()), "a": 0.0, "b": 1.0}))
+    refit = key()
+    assert refit != first
+    fit.write_text(json.dumps(json.loads(fit.read_text()), indent=2))
+    assert key() == refit
+    refitted = json.loads(fit.read_text())
+    refitted["units"]["head"]["fwd"]["c0"] *= 2
+    fit.write_text(json.dumps(refitted))
+    assert key() not in (first, refit)
+
+
+def test_migrate_gives_a_row_of_a_calibrated_cost_model_its_key_where_its_plans_are_unchanged(tmp_path):
+    """A row keyed before the key hashed the calibrated cost model's coefficients gets its
+    config's key where the calibration now plans what the row recorded (its predicted bubble
+    rate); one planned under another fit keeps its own, so a re-run sweep measures it again."""
+    import shutil
+
+    from odc_bench.plan.spec import resolve
+    from odc_bench.record.row import base_row
+    from odc_bench.results.migrate import migrate_table
+    from tests.helpers import REPO, run_config
+
+    cost = tmp_path / "cost.json"
+    shutil.copy(REPO / "results" / "calibration" / "tiny-cpu.json", cost)
+    spec = resolve(run_config("backend=sim", "engine=odc", "balancer=lb_mini", "balancer.cost_model=calibrated",
+                              f"balancer.calibration={cost}", "num_minibatches=3"))
+    row = {**{c: "" for c in COLUMNS}, **base_row(spec), "status": "ok"}
+    elsewhere = {**row, "run_id": "0ld1111111111111", "predicted_bubble_rate": row["predicted_bubble_rate"] + 0.01}
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([{**row, "run_id": "0ld0000000000000"}, elsewhere], columns=COLUMNS).to_csv(path, index=False)
+    assert migrate_table(path) == 2
+    assert list(pd.read_csv(path, dtype=str)["run_id"]) == [spec.run_id, "0ld1111111111111"]
+    assert migrate_table(path) == 0
