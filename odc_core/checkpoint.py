@@ -2,8 +2,9 @@
 
 What is saved is what an FSDP2 training loop saves with DCP's get_state_dict: `model` (each
 parameter by its name, sharded) and `optim` (the optimizer's state by parameter name, and its
-param_groups), plus `extra` (the caller's: data position, RNG states, a scheduler's state,
-anything picklable). FSDP2 gives DCP its DTensors. ODC gives it, for each parameter, the pieces
+param_groups), the LR schedule's state where configure_optimizer() built one (a resumed run
+restarted it, at its first rate, without a word), plus `extra` (the caller's: data position, RNG
+states, anything picklable). FSDP2 gives DCP its DTensors. ODC gives it, for each parameter, the pieces
 of its flat shard that fall in that parameter, as boxes of the parameter's shape (a flat range
 of a matrix is a partial row, whole rows and a partial row), viewing the heap itself: saving
 copies no shard and runs no collective per unit, and loading writes into the heap in place.
@@ -38,7 +39,7 @@ import re
 import shutil
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +181,8 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     dist.barrier()
     # One pickled object: DCP would flatten a dict of plain values on save but not on load.
     state = {**engine.sharded_state(), "extra": io.BytesIO(extra_bytes)}
+    if "optim" in state and engine.scheduler is not None:
+        state["scheduler"] = io.BytesIO(pickle.dumps(engine.scheduler.state_dict()))
     with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
         dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written
@@ -215,14 +218,29 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     _same_on_every_rank("the checkpoint to load", str(folder), "every rank must load the same checkpoint (find it "
                         "with latest(root) on one rank and broadcast it, or give every rank the same folder)")
     state = {**engine.sharded_state(for_load=True), "extra": io.BytesIO()}
+    try:
+        stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    except Exception as e:  # as damage() reads it: a pickle of another torch, cut short, or not a pickle
+        raise CheckpointError(f"checkpoint {folder} cannot be loaded: its .metadata cannot be read "
+                              f"({type(e).__name__}: {e}); move it away to resume from the one before") from None
+    schedule = engine.scheduler if "optim" in state else None
     if "optim" in state:
-        _start_absent_fresh(state["optim"]["state"], folder)
+        _start_absent_fresh(state["optim"]["state"], stored)
+        _keep_absent_options(state["optim"]["param_groups"], stored)
+    if schedule is not None and "scheduler" in stored:
+        state["scheduler"] = io.BytesIO()
+    elif schedule is not None:
+        warnings.warn(f"checkpoint {folder} holds no LR schedule (saved without one, or before checkpoints held "
+                      f"it): the schedule starts from its first step", stacklevel=2)
     # No ShardedTensor here nests another, and the pass that unnests them would turn the
     # optimizer's param_groups (plain values only) into one key the checkpoint does not have.
     with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint {folder} cannot be loaded",
                                                  "move it away to resume from the one before"):
         dcp.load(state, checkpoint_id=folder, planner=dcp.DefaultLoadPlanner(flatten_sharded_tensors=False))
     engine.load_sharded_state(state)
+    if "scheduler" in state:
+        assert schedule is not None
+        schedule.load_state_dict(pickle.loads(state["scheduler"].getvalue()))
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
     return extra
 
@@ -252,17 +270,25 @@ def start_fresh(views: dict[str, Any]) -> None:
                 shard.tensor.zero_()
 
 
-def _start_absent_fresh(optim: dict[str, Any], folder: Path) -> None:
-    """Leave out of the load, starting them fresh, the parameters the checkpoint has no optimizer
-    state for: FSDP2 saves none for a parameter that never had a gradient, ODC one for every
-    parameter that trains (docs/use_odc.md, "Frozen and unused parameters")."""
-    import torch.distributed.checkpoint as dcp
-
+def _start_absent_fresh(optim: dict[str, Any], stored: Mapping[str, Any]) -> None:
+    """Leave out of the load, starting them fresh, the parameters the checkpoint (its metadata's
+    keys, `stored`) has no optimizer state for: FSDP2 saves none for a parameter that never had
+    a gradient, ODC one for every parameter that trains (docs/use_odc.md, "Frozen and unused
+    parameters")."""
     prefix = "optim.state."
-    stored = {key[len(prefix):].rsplit(".", 1)[0]
-              for key in dcp.FileSystemReader(folder).read_metadata().state_dict_metadata if key.startswith(prefix)}
-    for name in [name for name in optim if name not in stored]:
+    held = {key[len(prefix):].rsplit(".", 1)[0] for key in stored if key.startswith(prefix)}
+    for name in [name for name in optim if name not in held]:
         start_fresh(optim.pop(name))
+
+
+def _keep_absent_options(groups: list[dict[str, Any]], stored: Mapping[str, Any]) -> None:
+    """Leave out of the load the optimizer group options the checkpoint lacks, which keep the
+    values configured, as torch's Optimizer.load_state_dict fills them: an LR schedule's
+    initial_lr in a run that adds one to a checkpoint saved without (DCP refused the load with
+    "Missing key in checkpoint state_dict: optim.param_groups.0.initial_lr")."""
+    for i, group in enumerate(groups):
+        for key in [k for k in group if k != "params" and f"optim.param_groups.{i}.{k}" not in stored]:
+            del group[key]
 
 
 @contextlib.contextmanager

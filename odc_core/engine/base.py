@@ -136,6 +136,12 @@ class DataParallelEngine(Protocol):
         """The optimizer configure_optimizer() built (its state is sharded like the parameters)."""
         ...
 
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        """The LR schedule configure_optimizer() built, stepped after every optimizer step (None
+        without one); odc_core.checkpoint saves and loads its state with the optimizer's."""
+        ...
+
     def begin_minibatch(self) -> None: ...
 
     def finish_minibatch(self) -> float | None:

@@ -193,6 +193,10 @@ class CollectiveEngine:
     def optimizer(self) -> torch.optim.Optimizer:
         return configured(self._step).optimizer
 
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        return configured(self._step).scheduler
+
     def begin_minibatch(self) -> None:
         """FSDP2 synchronises inside every unit's forward and backward; here the microbatch count starts."""
         check_parameters(self.model, self.wrapped)

@@ -61,6 +61,10 @@ def _engine(rank: int, world: int, store: dist.Store, engine_name: str, precisio
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
+    return _another_engine(rank, store, engine_name, precision)
+
+
+def _another_engine(rank: int, store: dist.Store, engine_name: str, precision: str):
     options = OdcOptions() if engine_name == "odc" else CollectiveOptions()
     ctx = EngineContext(torch.device("cpu"), dist.PrefixStore("engine", store), f"ck{uuid.uuid4().hex[:6]}"
                         if rank == 0 else "", 60.0, precision)
@@ -256,3 +260,54 @@ def test_ranks_naming_different_checkpoints_are_refused_before_anything_is_writt
     assert load.startswith(f"the ranks disagree on the checkpoint to load: {root}/step-1 on rank 0, {root}/step-2 on "
                            f"rank 1; every rank must load the same checkpoint")
     assert sorted(p.name for p in root.iterdir()) == ["step-1", "step-2"], "the refused saves wrote nothing"
+
+
+
+def _scheduled(rank: int, world: int, store: dist.Store, root: str, engine_name: str) -> list[object]:
+    """The learning rate after each of five minibatches uninterrupted, then over a save after
+    three and a resume from it; and what loading a checkpoint saved without a schedule warns."""
+    import warnings
+
+    halving = partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=partial(pow, 0.5))
+    rates: list[object] = []
+    engine = _engine(rank, world, store, engine_name, "fp32")
+    try:
+        for phase, minibatches in (("whole", 5), ("first", 3), ("resumed", 2), ("bare", 0), ("unscheduled", 0)):
+            if phase != "whole":
+                engine = _another_engine(rank, store, engine_name, "fp32")
+            try:
+                model = Net()
+                engine.wrap(model, [model.inp, model.mid, model.out])
+                engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR), scheduler=None if phase == "bare"
+                                           else halving)
+                if phase in ("resumed", "unscheduled"):
+                    folder = checkpoint.latest(f"{root}/{'bare' if phase == 'unscheduled' else 's'}")
+                    with warnings.catch_warnings(record=True) as warned:
+                        warnings.simplefilter("always")
+                        checkpoint.load(engine, folder)
+                    rates += [str(w.message) for w in warned if "LR schedule" in str(w.message)]
+                for step in range(minibatches):
+                    engine.begin_minibatch()
+                    for x, y in _data(step)[rank::world]:
+                        nn.functional.mse_loss(model(x), y).backward()
+                    engine.finish_minibatch()
+                    rates.append(engine.optimizer.param_groups[0]["lr"])
+                if phase in ("first", "bare"):
+                    checkpoint.save(engine, f"{root}/{'s' if phase == 'first' else 'bare'}", 3)
+            finally:
+                engine.close()
+        return rates
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("engine", ["odc", "collective"])
+def test_a_resumed_run_goes_on_with_its_lr_schedule_where_it_stopped(tmp_path: Path, engine: str) -> None:
+    """Before, the checkpoint held no schedule and the engine gave no handle on the one it built:
+    a resumed run's schedule started again from its first rate (here 8x the rate due), without
+    a word."""
+    rates = run_ranks(_scheduled, 2, str(tmp_path), engine, timeout_s=120)
+    assert rates[0] == rates[1]
+    halved = [LR * 0.5 ** k for k in range(1, 6)]
+    assert rates[0][:10] == pytest.approx([*halved, *halved[:3], *halved[3:]])
+    assert len(rates[0]) == 11 and rates[0][10].startswith(f"checkpoint {tmp_path}/bare/step-3 holds no LR schedule")

@@ -247,6 +247,10 @@ class OdcEngine:
     def optimizer(self) -> torch.optim.Optimizer:
         return configured(self.versions.step_rule).optimizer
 
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        return configured(self.versions.step_rule).scheduler
+
     # ---- the minibatch protocol (versions.py) ------------------------------------------
     def read_version(self, minibatch: int) -> int:
         """The version minibatch `minibatch` computes on."""
