@@ -283,3 +283,49 @@ def test_ranks_that_load_unlike_state_dicts_are_refused_in_one_line_and_whole_te
                 assert "\n" not in out
             else:
                 assert out == "kept rank 0's", (engine, case, out)
+
+
+def _one_rank_stops(rank: int, world: int, store: dist.Store, case: str) -> str:
+    """ODC on 2 ranks, rank 1 running one minibatch fewer or raising in its second; the error
+    each rank ends with, or "ok"."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+
+    def loop() -> None:
+        model = Net()
+        engine = make_engine("odc", engine_context(timeout_s=20.0))
+        try:
+            engine.wrap(model, list(model.layers))
+            engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+            for k in range(2 if case == "fewer" and rank == 1 else 3):
+                engine.begin_minibatch()
+                if case == "raises" and rank == 1 and k == 1:
+                    raise ValueError("rank 1's data ran out")
+                model(_inputs(1, k)[0]).backward()
+                engine.finish_minibatch()
+        finally:
+            engine.close()
+
+    try:
+        loop()
+        return "ok"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("case", ["fewer", "raises"])
+def test_a_rank_that_closes_its_engine_early_fails_its_peers_at_once_saying_when_and_why(case: str):
+    """Before, the peer waited out the engine's timeout (120 s by default) and named only what it
+    waited for: `timed out after 120.0s waiting for rank 1: its gradients of minibatch 2`."""
+    first, second = run_ranks(_one_rank_stops, 2, case, timeout_s=120)
+    if case == "fewer":
+        assert second == "ok"
+        assert first == ("RuntimeError: rank 1 closed its engine after minibatch 1 while this rank waits for its "
+                         "gradients of minibatch 2: every rank must run the same minibatches")
+    else:
+        assert second == "ValueError: rank 1's data ran out"
+        assert first == ("RuntimeError: rank 1 failed in minibatch 1 (ValueError: rank 1's data ran out) while this "
+                         "rank waits for its gradients of minibatch 1")

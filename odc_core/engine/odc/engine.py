@@ -19,7 +19,10 @@ the same AdamW step to the same sum, so the replicas stay equal without ever bei
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from time import perf_counter
@@ -63,6 +66,7 @@ from odc_core.engine.odc.versions import Versions
 from odc_core.engine.outputs import unit_labels
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import check_units
+from odc_core.liveness import one_line
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import TRANSPORTS, make_heap
 
@@ -100,8 +104,10 @@ class OdcEngine:
                  shard_group: int | None = None, *, store: dist.Store, job_id: str) -> None:
         self.device = device
         self.heap = heap
-        # Through which wrap() and configure_optimizer() check that the ranks agree.
+        # Through which wrap() and configure_optimizer() check that the ranks agree, and a wait
+        # for a peer's flags looks up whether it closed its engine.
         self.store, self.job_id = store, job_id
+        self._store_answers = True
         self.rank, self.world_size = heap.rank, heap.world_size
         # The ranks a unit is sharded over: all of them, or (hybrid sharding) this rank's node.
         group = self.world_size if shard_group is None else shard_group
@@ -119,7 +125,7 @@ class OdcEngine:
         self.timeout_s = timeout_s
         self.trace: TraceHook | None = None
         self.clock: Clock = perf_counter
-        self.versions = Versions(heap, self.peers, staleness, timeout_s, self._emit, self._now)
+        self.versions = Versions(heap, self.peers, staleness, timeout_s, self._emit, self._now, self._peer_closed)
         self.fetcher = make_fetcher(device, heap, self.versions, self.owners, prefetch, self._emit, self._now)
         self.units: list[FlatUnit] = []
         self.model: nn.Module | None = None
@@ -339,8 +345,37 @@ class OdcEngine:
                           state_description(model_state_dict, optim_state_dict), STATE_FIX)
         state_dict.set_state(self, model_state_dict, optim_state_dict)
 
+    def _closed_key(self, rank: int) -> str:
+        return f"odc_core/closed/{self.job_id}/{rank}"
+
+    def _peer_closed(self, peer: int, what: str) -> str | None:
+        """The error of a wait for `what` where `peer` closed its engine; None while it has not,
+        or where the store does not answer (its host died: the wait's own timeout names the peer)."""
+        key = self._closed_key(peer)
+        if not self._store_answers:
+            return None
+        try:
+            if not self.store.check([key]):
+                return None
+            closed = json.loads(self.store.get(key))
+        except Exception:  # the store's errors are of many kinds (DistNetworkError, RuntimeError)
+            self._store_answers = False
+            return None
+        if closed["error"]:
+            return f"rank {peer} failed {closed['when']} ({closed['error']}) while this rank waits for {what}"
+        return (f"rank {peer} closed its engine {closed['when']} while this rank waits for {what}: every rank must run "
+                f"the same minibatches")
+
     def close(self) -> None:
         self.versions.closing.set()  # a prefetch waiting on a dead peer stops now
+        # Peers waiting for this rank's flags fail now, saying when and, where close() runs as an
+        # error unwinds (a `finally`), why, not after their timeout with neither.
+        v, raised = self.versions, sys.exc_info()[1]
+        when = f"in minibatch {v.minibatch}" if v.inside else f"after minibatch {v.minibatch}" if v.minibatch >= 0 \
+            else "before its first minibatch"
+        closed = json.dumps({"when": when, "error": one_line(raised) if raised is not None else None})
+        with contextlib.suppress(Exception):  # a store whose server is gone: nobody is left to tell
+            self.store.set(self._closed_key(self.rank), closed)
         if self._hooks is not None:
             self._hooks.remove()
         self.module_state.remove()

@@ -47,8 +47,10 @@ from odc_core.transport.base import PeerTimeout, SymmetricHeap
 FLAGS = "odc/flags"
 VERSION, DONE = 0, 1
 CLAIMS = "odc/claims"  # rank 0's work counter for run-time balancing (dynamic)
-# A wait looks up between slices whether the engine is closing.
+# A wait looks up between slices whether the engine is closing, and every _CLOSED_CHECK_S whether
+# the peer it waits for closed its engine (one store lookup: only waits that last look).
 _WAIT_SLICE_S = 0.2
+_CLOSED_CHECK_S = 1.0
 # A worker with steps of its own due polls between 10 us and 1 ms, as the transports' waits do.
 POLL_FIRST_S, POLL_LAST_S = 1e-5, 1e-3
 
@@ -60,7 +62,8 @@ class Versions:
     steps it owes as an owner."""
 
     def __init__(self, heap: SymmetricHeap, peers: tuple[int, ...], staleness: int, timeout_s: float,
-                 emit: Emit, now: Callable[[], float]) -> None:
+                 emit: Emit, now: Callable[[], float],
+                 closed: Callable[[int, str], str | None] = lambda peer, what: None) -> None:
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {staleness}")
         self.heap = heap
@@ -69,6 +72,8 @@ class Versions:
         self.slots = staleness + 1
         self.timeout_s = timeout_s
         self._emit, self._now = emit, now
+        # closed(peer, what): the error of a wait for `what` where the peer closed its engine; else None.
+        self._closed = closed
         self.minibatch = -1
         self.inside = False  # between begin() and finish(): a forward then computes minibatch `minibatch`
         self.units: list[FlatUnit] = []
@@ -265,13 +270,21 @@ class Versions:
         not moved for timeout_s (with staleness a peer may be up to s + 1 minibatches behind,
         so progress, not the whole wait, is what is timed); the engine closing ends the wait at
         once. With `serve` (the worker's waits) this rank's due steps are applied meanwhile: a
-        peer may be waiting for one of them while this rank waits for it."""
+        peer may be waiting for one of them while this rank waits for it. A peer that closed its
+        engine (its loop ran fewer minibatches, or failed) ends the wait within a second, saying
+        when and why (`closed`), where it ran out the whole timeout."""
         seen, deadline, delay = -1, 0.0, POLL_FIRST_S
+        looked = time.monotonic()
         while (value := self.heap.load(FLAGS, peer, index)) < at_least:
             if value != seen:
                 seen, deadline = value, time.monotonic() + self.timeout_s
             if self.closing.is_set():
                 raise RuntimeError(f"the engine closed while waiting for rank {peer}: {what}")
+            if time.monotonic() - looked >= _CLOSED_CHECK_S:
+                looked = time.monotonic()
+                # The flag again: a peer publishes before it closes, and may have done both since.
+                if (error := self._closed(peer, what)) is not None and self.heap.load(FLAGS, peer, index) < at_least:
+                    raise RuntimeError(error)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PeerTimeout(peer, what, self.timeout_s)
