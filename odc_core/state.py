@@ -25,13 +25,16 @@ def get_state_dict(engine: DataParallelEngine, *, full: bool = False) -> tuple[d
 
 
 def set_state_dict(engine: DataParallelEngine, model_state_dict: dict[str, Any],
-                   optim_state_dict: dict[str, Any]) -> None:
+                   optim_state_dict: dict[str, Any], *, broadcast_from_rank0: bool = False) -> None:
     """Load state dicts into a wrapped engine with its optimizer configured: full ones of either
     engine, or sharded ones of FSDP2 (DTensors) or of ODC at the same world size. Collective,
     between minibatches (ODC with staleness > 0: before the first); the optimizer needs the
-    parameter groups the state was saved with.
+    parameter groups the state was saved with. Every rank loads the same state dicts (ranks that
+    differ are refused on every rank in one line); with `broadcast_from_rank0`, rank 0's full
+    ones only, which it sends one tensor at a time: the other ranks' dicts are not read (pass
+    {}), so that only rank 0 holds a whole state dict.
 
     The FSDP2 counterpart: set_state_dict(model, optimizer, model_state_dict=...,
-    optim_state_dict=..., options=StateDictOptions(full_state_dict=...))."""
+    optim_state_dict=..., options=StateDictOptions(full_state_dict=..., broadcast_from_rank0=...))."""
     engine.between_minibatches("set_state_dict")
-    engine.load_state_dict(model_state_dict, optim_state_dict)
+    engine.load_state_dict(model_state_dict, optim_state_dict, broadcast_from_rank0=broadcast_from_rank0)

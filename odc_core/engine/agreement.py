@@ -35,8 +35,7 @@ from odc_core.transport.exchange import exchange
 
 WRAP_FIX = "every rank must wrap the same model, with the same units, precision and engine options"
 STATE_FIX = ("every rank must load the same state dicts: whole ones on every rank, or each rank's shards of one "
-             "state (a state dict on rank 0 only, as torch's broadcast_from_rank0 takes it, is not offered: load it "
-             "on every rank)")
+             "state (state dicts on rank 0 only load with set_state_dict(..., broadcast_from_rank0=True))")
 OPTIMIZER_FIX = ("every rank must configure the same optimizer, with the same group options, LR schedule and "
                  "max_grad_norm")
 # Checks of this process by job id (an engine context's): ranks wrap and configure in one order.

@@ -179,8 +179,10 @@ class DataParallelEngine(Protocol):
         shards, or with `full` every tensor whole on every rank; collective (odc_core/state.py)."""
         ...
 
-    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
-        """Load state dicts as torch's set_state_dict does, full or sharded; collective, between minibatches."""
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any], *,
+                        broadcast_from_rank0: bool = False) -> None:
+        """Load state dicts as torch's set_state_dict does, full or sharded (or full on rank 0 only,
+        broadcast_from_rank0); collective, between minibatches."""
         ...
 
     def between_minibatches(self, call: str) -> None:

@@ -60,6 +60,7 @@ from odc_core.engine.base import (
     reduction_device,
 )
 from odc_core.engine.outputs import Walk, check_output, unit_labels
+from odc_core.engine.rank0 import skeleton_from_rank0
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 from odc_core.engine.sharing import check_units, sharing_groups, unit_parameters
 
@@ -297,14 +298,34 @@ class CollectiveEngine:
             raise RuntimeError("wrap() the model before reading its state")
         return get_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=full))
 
-    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
-        """torch's set_state_dict: sharded (DTensors) or full state dicts, by what they hold."""
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any], *,
+                        broadcast_from_rank0: bool = False) -> None:
+        """torch's set_state_dict: sharded (DTensors) or full state dicts, by what they hold (or
+        rank 0's full ones, broadcast_from_rank0)."""
         self.between_minibatches("load_state_dict")
         from torch.distributed._shard.sharded_tensor import ShardedTensor
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+            set_state_dict,
+        )
 
         if self.model is None:
             raise RuntimeError("wrap() the model before loading its state")
+        if broadcast_from_rank0:
+            skeleton_from_rank0(model_state_dict, optim_state_dict)  # refuses sharded ones on every rank
+            # torch reads the model's own keys on the other ranks, and no values; on rank 0 it puts
+            # what it loaded into the dict it is given (below): a copy, not the caller's.
+            model_state_dict = dict(model_state_dict) if dist.get_rank() == 0 else {}
+            optim_state_dict = optim_state_dict if dist.get_rank() == 0 else {}
+            # One call each: set_state_dict takes an empty model dict (the other ranks') for
+            # "optimizer only", and rank 0 then broadcast the model's tensors to nobody.
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(self.model, model_state_dict, options=options)
+            set_optimizer_state_dict(self.model, self.optimizer, tree_map_only(torch.Tensor, torch.Tensor.clone,
+                                                                                 optim_state_dict), options=options)
+            return
         check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
                           state_description(model_state_dict, optim_state_dict), STATE_FIX)
         values = list(model_state_dict.values())
@@ -320,7 +341,9 @@ class CollectiveEngine:
         # engine's (get_state_dict): its moments and step counts would move with that engine's
         # steps. ODC copies what it loads into its shards.
         optim_state_dict = tree_map_only(torch.Tensor, torch.Tensor.clone, optim_state_dict)
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_state_dict,
+        # torch puts what it loaded into the model dict it is given (DTensors where a full dict
+        # held the caller's tensors): a copy, not the caller's.
+        set_state_dict(self.model, self.optimizer, model_state_dict=dict(model_state_dict),
                        optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
 
     def close(self) -> None:

@@ -329,3 +329,67 @@ def test_a_rank_that_closes_its_engine_early_fails_its_peers_at_once_saying_when
         assert second == "ValueError: rank 1's data ran out"
         assert first == ("RuntimeError: rank 1 failed in minibatch 1 (ValueError: rank 1's data ran out) while this "
                          "rank waits for its gradients of minibatch 1")
+
+
+def _from_rank0(rank: int, world: int, store: dist.Store, engines: list[str]) -> list[object]:
+    """Per engine: a trained engine's full state dicts, loaded into a fresh engine from rank 0
+    only (rank 1 passes {}), then on every rank without broadcast_from_rank0; whether the state
+    then equals rank 0's, whether the caller's dicts still hold plain tensors, and the error of
+    broadcasting a sharded dict."""
+    from odc_core import get_state_dict, set_state_dict
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30))
+
+    def engine_of(name: str, seed: int) -> tuple:
+        torch.manual_seed(seed)
+        model = Net()
+        engine = make_engine(name, engine_context(timeout_s=20.0))
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1))
+        return engine, model
+
+    def same(a: dict, b: dict) -> bool:
+        return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+    out: list[object] = []
+    try:
+        for name in engines:
+            source, model = engine_of(name, 0)
+            for k in range(2):
+                source.begin_minibatch()
+                model(_inputs(1, 10 * k + rank)[0]).backward()
+                source.finish_minibatch()
+            model_sd, optim_sd = get_state_dict(source, full=True)
+            sharded, _ = get_state_dict(source)
+            source.close()
+            for broadcast in (True, False):
+                target, _ = engine_of(name, 1)
+                given = (model_sd, optim_sd) if rank == 0 or not broadcast else ({}, {})
+                set_state_dict(target, *given, broadcast_from_rank0=broadcast)
+                loaded_model, loaded_optim = get_state_dict(target, full=True)
+                out.append(same(loaded_model, model_sd) and all(
+                    same(loaded_optim["state"][n], optim_sd["state"][n]) for n in optim_sd["state"]))
+                out.append(all(type(v) is torch.Tensor for v in given[0].values()))
+                if broadcast:
+                    try:
+                        set_state_dict(target, sharded, {}, broadcast_from_rank0=True)
+                    except ValueError as e:
+                        out.append(str(e))
+                target.close()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def test_state_dicts_on_rank_0_only_load_into_both_engines_with_broadcast_from_rank0():
+    """Before, set_state_dict had no broadcast_from_rank0 (torch's StateDictOptions has one), and
+    FSDP2's set_state_dict put DTensors into the caller's full model state dict."""
+    ranks = run_ranks(_from_rank0, 2, ["odc", "collective"], timeout_s=120)
+    assert ranks[0] == ranks[1]
+    refusal = {"odc": "ShardedTensor", "collective": "DTensor"}
+    for name, out in zip(("odc", "collective"), (ranks[0][:5], ranks[0][5:]), strict=True):
+        assert out[:2] == [True, True] and out[3:] == [True, True], (name, out)
+        assert out[2] == (f"broadcast_from_rank0 loads full state dicts, and rank 0's holds a {refusal[name]}: pass "
+                          f"get_state_dict(engine, full=True)'s, or load sharded ones on every rank without it")

@@ -64,6 +64,7 @@ from odc_core.engine.odc.hooks import UnitHooks
 from odc_core.engine.odc.unit import Backward, FlatUnit, Storage, flat_groups, shard_unit
 from odc_core.engine.odc.versions import Versions
 from odc_core.engine.outputs import unit_labels
+from odc_core.engine.rank0 import skeleton_from_rank0
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import check_units
 from odc_core.liveness import one_line
@@ -339,11 +340,15 @@ class OdcEngine:
         return state["model"], state["optim"]
 
     @_collective
-    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any], *,
+                        broadcast_from_rank0: bool = False) -> None:
         self.between_minibatches("load_state_dict")
-        check_ranks_agree(self.store, self.job_id, self.rank, self.world_size, self.timeout_s,
-                          state_description(model_state_dict, optim_state_dict), STATE_FIX)
-        state_dict.set_state(self, model_state_dict, optim_state_dict)
+        if broadcast_from_rank0:
+            model_state_dict, optim_state_dict = skeleton_from_rank0(model_state_dict, optim_state_dict)
+        else:
+            check_ranks_agree(self.store, self.job_id, self.rank, self.world_size, self.timeout_s,
+                              state_description(model_state_dict, optim_state_dict), STATE_FIX)
+        state_dict.set_state(self, model_state_dict, optim_state_dict, broadcast_from_rank0)
 
     def _closed_key(self, rank: int) -> str:
         return f"odc_core/closed/{self.job_id}/{rank}"

@@ -15,6 +15,7 @@ from torch.utils.hooks import RemovableHandle
 
 from odc_core.engine.base import reduction_device
 from odc_core.engine.odc.unit import Piece, buffer_name
+from odc_core.engine.rank0 import rank0_tensor
 from odc_core.primitives import gather
 
 if TYPE_CHECKING:
@@ -175,11 +176,13 @@ def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
     return model_sd, {"state": optim_sd, "param_groups": _groups(engine)}
 
 
-def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> None:
+def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, Any], from_rank0: bool = False) -> None:
     """Load model and optimizer state dicts, full or sharded, of either engine; collective. Each
     rank copies the parts of each tensor its shards hold: from a full tensor (rank 0's, as FSDP2
     takes it), from a DTensor (FSDP2's sharded dicts, made whole first, collectively) or from a
-    sharded ODC dict of the same layout (its own get_state_dict at this world size)."""
+    sharded ODC dict of the same layout (its own get_state_dict at this world size). With
+    `from_rank0`, rank 0's whole dicts, of which the other ranks hold a skeleton (rank0.py):
+    every tensor comes from rank 0, buffers too."""
     target = sharded_state(engine, for_load=True)
     assert engine.model is not None
     aliases = _aliases(engine.model)
@@ -201,7 +204,7 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
         for key, view in views.items() if name in optim_sd["state"] else ():
             _check_shape(view, optim_sd["state"][name][key], f"{name} {key}")
     on = reduction_device(engine.device)
-    model = {key: _fill(view, weights[key], key, on) for key, view in target["model"].items()}
+    model = {key: _fill(view, weights[key], key, on, from_rank0) for key, view in target["model"].items()}
     state: dict[str, Any] = {}
     for name, views in target["optim"]["state"].items():
         given = optim_sd["state"].get(name)
@@ -210,7 +213,7 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
 
             start_fresh(views)
             continue
-        state[name] = {key: _fill(view, given[key], f"{name} {key}", on) for key, view in views.items()}
+        state[name] = {key: _fill(view, given[key], f"{name} {key}", on, from_rank0) for key, view in views.items()}
     load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}})
 
 
@@ -228,18 +231,16 @@ def _check_shape(view: Any, given: Any, what: str) -> None:
                          f"load a state dict of this model")
 
 
-def _fill(view: Any, given: Any, what: str, on: torch.device) -> Any:
+def _fill(view: Any, given: Any, what: str, on: torch.device, from_rank0: bool) -> Any:
     """Copy what `given` holds of a ShardedTensor view's local boxes into them; any other value
-    is taken as given (a scalar, a buffer). A whole tensor is rank 0's, broadcast on `on`:
-    FSDP2's set_state_dict scatters rank 0's (distribute_tensor), so ranks whose full state dicts
-    hold other values (one loaded from other files) load one model on both engines, not each
-    rank's shards of its own. A broadcast, not a scatter: each rank's boxes lie anywhere in the
+    is taken as given (a scalar, a buffer; with `from_rank0`, a buffer as rank 0 holds it). A
+    whole tensor is rank 0's (rank0.py), broadcast: each rank's boxes lie anywhere in the
     tensor, and a state dict is loaded once, not per step."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torch.distributed.tensor import DTensor
 
     if not isinstance(view, ShardedTensor):
-        return given
+        return rank0_tensor(given, on) if from_rank0 and isinstance(given, torch.Tensor) and given.dim() else given
     if isinstance(given, DTensor):
         given = given.full_tensor()  # collective: every rank visits the same keys in the same order
     elif isinstance(given, ShardedTensor):
@@ -253,8 +254,7 @@ def _fill(view: Any, given: Any, what: str, on: torch.device) -> Any:
             shard.tensor.copy_(source)
         return view
     elif dist.get_world_size() > 1:
-        given = given.detach().to(on, copy=True).contiguous()
-        dist.broadcast(given, src=0)
+        given = rank0_tensor(given, on)
     for shard in view.local_shards():
         box = tuple(slice(o, o + n) for o, n in zip(shard.metadata.shard_offsets, shard.metadata.shard_sizes,
                                                     strict=True))
