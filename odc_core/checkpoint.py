@@ -166,6 +166,13 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     except Exception as e:  # pickle raises PicklingError, AttributeError or TypeError by what it meets
         raise ValueError(f"a checkpoint's extra must pickle, and it does not ({type(e).__name__}: {e}); keep plain "
                          f"values in it (numbers, strings, tensors, state dicts)") from None
+    schedule = _schedule(engine)
+    try:
+        schedule_bytes = pickle.dumps(schedule.state_dict()) if schedule is not None else None
+    except Exception as e:
+        raise ValueError(f"the LR schedule's state must pickle to be saved, and {type(schedule).__name__}'s does not "
+                         f"({type(e).__name__}: {e}); keep functions out of its attributes, as LambdaLR keeps its "
+                         f"lambdas out of its state_dict()") from None
     root = Path(root)
     _same_on_every_rank("the checkpoint to save", f"step {step} under {root}",
                         "every rank must save the same step under the same root")
@@ -181,8 +188,8 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     dist.barrier()
     # One pickled object: DCP would flatten a dict of plain values on save but not on load.
     state = {**engine.sharded_state(), "extra": io.BytesIO(extra_bytes)}
-    if "optim" in state and engine.scheduler is not None:
-        state["scheduler"] = io.BytesIO(pickle.dumps(engine.scheduler.state_dict()))
+    if schedule_bytes is not None:
+        state["scheduler"] = io.BytesIO(schedule_bytes)
     with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
         dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written
@@ -223,7 +230,7 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     except Exception as e:  # as damage() reads it: a pickle of another torch, cut short, or not a pickle
         raise CheckpointError(f"checkpoint {folder} cannot be loaded: its .metadata cannot be read "
                               f"({type(e).__name__}: {e}); move it away to resume from the one before") from None
-    schedule = engine.scheduler if "optim" in state else None
+    schedule = _schedule(engine)
     if "optim" in state:
         _start_absent_fresh(state["optim"]["state"], stored)
         _keep_absent_options(state["optim"]["param_groups"], stored)
@@ -243,6 +250,14 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
         schedule.load_state_dict(pickle.loads(state["scheduler"].getvalue()))
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
     return extra
+
+
+def _schedule(engine: DataParallelEngine) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The engine's LR schedule; None without one, or before configure_optimizer()."""
+    try:
+        return engine.scheduler
+    except RuntimeError:  # configure_optimizer() first: a checkpoint of the model alone
+        return None
 
 
 def _same_on_every_rank(what: str, mine: str, fix: str) -> None:

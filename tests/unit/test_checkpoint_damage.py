@@ -117,6 +117,34 @@ def test_an_extra_that_does_not_pickle_is_refused_before_anything_is_written(eng
     assert list(tmp_path.iterdir()) == []
 
 
+class _Warmup(torch.optim.lr_scheduler.LRScheduler):
+    """An LR schedule that keeps a function among its attributes, so in its state_dict()."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.rule = lambda step: min(1.0, (step + 1) / 10)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        return [base * self.rule(self.last_epoch) for base in self.base_lrs]
+
+
+def test_an_lr_schedule_whose_state_does_not_pickle_is_refused_before_anything_is_written(one_rank_group, tmp_path):
+    """Checkpoints hold the engine's LR schedule: one that keeps a lambda is refused in one line
+    before anything is written, as an extra that does not pickle is."""
+    eng = make_engine("odc", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0, "fp32"),
+                      OdcOptions(transport="shm", prefetch=False))
+    try:
+        model = nn.Sequential(nn.Linear(6, 5), nn.Linear(5, 3))
+        eng.wrap(model, list(model))
+        eng.configure_optimizer(partial(torch.optim.AdamW, lr=1e-2), scheduler=_Warmup)
+        with pytest.raises(ValueError, match=r"^the LR schedule's state must pickle to be saved, and _Warmup's does "
+                                             r"not \((AttributeError|PicklingError|TypeError): .*; keep functions out"):
+            checkpoint.save(eng, tmp_path / "root", 1)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        eng.close()
+
+
 def _no_room(*args: object, **kwargs: object) -> None:
     raise OSError(28, "No space left on device")
 
