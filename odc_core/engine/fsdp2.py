@@ -314,7 +314,14 @@ class CollectiveEngine:
         if self.model is None:
             raise RuntimeError("wrap() the model before loading its state")
         if broadcast_from_rank0:
-            skeleton_from_rank0(model_state_dict, optim_state_dict)  # refuses sharded ones on every rank
+            # Refuses sharded ones on every rank; and keys are checked on every rank here, where torch
+            # refused a key rank 0 lacks on rank 0 alone and the others waited for its broadcast.
+            held, _ = skeleton_from_rank0(model_state_dict, optim_state_dict)
+            missing = [name for name, _ in self.model.named_parameters() if name not in held]
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise ValueError(f"rank 0's model state dict has no {missing[0]!r}{more}; load a state dict of this "
+                                 f"model")
             # torch reads the model's own keys on the other ranks, and no values; on rank 0 it puts
             # what it loaded into the dict it is given (below): a copy, not the caller's.
             model_state_dict = dict(model_state_dict) if dist.get_rank() == 0 else {}

@@ -334,8 +334,8 @@ def test_a_rank_that_closes_its_engine_early_fails_its_peers_at_once_saying_when
 def _from_rank0(rank: int, world: int, store: dist.Store, engines: list[str]) -> list[object]:
     """Per engine: a trained engine's full state dicts, loaded into a fresh engine from rank 0
     only (rank 1 passes {}), then on every rank without broadcast_from_rank0; whether the state
-    then equals rank 0's, whether the caller's dicts still hold plain tensors, and the error of
-    broadcasting a sharded dict."""
+    then equals rank 0's, whether the caller's dicts still hold plain tensors, and the errors of
+    broadcasting a sharded dict and one without a parameter."""
     from odc_core import get_state_dict, set_state_dict
 
     torch.set_num_threads(1)
@@ -373,10 +373,11 @@ def _from_rank0(rank: int, world: int, store: dist.Store, engines: list[str]) ->
                     same(loaded_optim["state"][n], optim_sd["state"][n]) for n in optim_sd["state"]))
                 out.append(all(type(v) is torch.Tensor for v in given[0].values()))
                 if broadcast:
-                    try:
-                        set_state_dict(target, sharded, {}, broadcast_from_rank0=True)
-                    except ValueError as e:
-                        out.append(str(e))
+                    for wrong in (sharded, {k: v for k, v in model_sd.items() if k != "layers.0.weight"}):
+                        try:
+                            set_state_dict(target, wrong, optim_sd, broadcast_from_rank0=True)
+                        except ValueError as e:
+                            out.append(str(e))
                 target.close()
         return out
     finally:
@@ -389,7 +390,10 @@ def test_state_dicts_on_rank_0_only_load_into_both_engines_with_broadcast_from_r
     ranks = run_ranks(_from_rank0, 2, ["odc", "collective"], timeout_s=120)
     assert ranks[0] == ranks[1]
     refusal = {"odc": "ShardedTensor", "collective": "DTensor"}
-    for name, out in zip(("odc", "collective"), (ranks[0][:5], ranks[0][5:]), strict=True):
-        assert out[:2] == [True, True] and out[3:] == [True, True], (name, out)
+    missing = {"odc": "the model state dict has no 'layers.0.weight'",
+               "collective": "rank 0's model state dict has no 'layers.0.weight'; load a state dict of this model"}
+    for name, out in zip(("odc", "collective"), (ranks[0][:6], ranks[0][6:]), strict=True):
+        assert out[:2] == [True, True] and out[4:] == [True, True], (name, out)
         assert out[2] == (f"broadcast_from_rank0 loads full state dicts, and rank 0's holds a {refusal[name]}: pass "
                           f"get_state_dict(engine, full=True)'s, or load sharded ones on every rank without it")
+        assert out[3] == missing[name], "refused on every rank, where FSDP2's other ranks waited for rank 0"
