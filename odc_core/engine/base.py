@@ -13,6 +13,8 @@ last synchronisation: after it every step is applied everywhere.
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Real
@@ -76,6 +78,8 @@ class MixedPrecision:
 
 
 JOB_ID_LIMIT = 128
+# Engines made in this process, by their context's job id (EngineContext.own_job).
+_ENGINES: dict[str, itertools.count] = collections.defaultdict(itertools.count)
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,18 @@ class EngineContext:
     @property
     def policy(self) -> MixedPrecision:
         return MixedPrecision.of(self.precision)
+
+    def own_job(self) -> tuple[str, dist.Store]:
+        """The job id and store of the next engine made from this context: its own. The first
+        engine of a context takes its job id; each after it (an RL policy's reference model)
+        `<job>.e<n>` and a store prefixed apart, named as process groups' derived ids are
+        (`<job>.pg<n>`: a sweep of the job's segments covers it), where the second engine made
+        segments and shared-memory groups of the first one's names and failed in FileExistsError.
+        Every rank makes its engines in one order, so the ids agree."""
+        serial = next(_ENGINES[self.job_id])
+        if serial == 0:
+            return self.job_id, self.store
+        return f"{self.job_id}.e{serial}", dist.PrefixStore(f"e{serial}", self.store)
 
 
 class DataParallelEngine(Protocol):

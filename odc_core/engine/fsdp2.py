@@ -396,8 +396,9 @@ def _value(norm: torch.Tensor) -> float:
 
 
 def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:
+    job_id, store = ctx.own_job()
     return CollectiveEngine(ctx.device, ctx.precision, options.reshard_after_forward, options.backend,
-                            job_id=ctx.job_id, timeout_s=ctx.timeout_s, store=ctx.store,
+                            job_id=job_id, timeout_s=ctx.timeout_s, store=store,
                             shard_group=shard_group_size(options.shard, options.ranks_per_node, dist.get_world_size()))
 
 

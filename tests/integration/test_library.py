@@ -399,15 +399,15 @@ def test_state_dicts_on_rank_0_only_load_into_both_engines_with_broadcast_from_r
         assert out[3] == missing[name], "refused on every rank, where FSDP2's other ranks waited for rank 0"
 
 
-def _reference_closed_first(rank: int, world: int, store: dist.Store) -> str:
-    """Two ODC engines of one context (a policy and its reference model): the reference closed
+def _reference_closed_first(rank: int, world: int, store: dist.Store, engine_name: str) -> str:
+    """Two engines of one context (a policy and its reference model): the reference closed
     first, then a policy minibatch that rank 1 starts 1.5 s late; the policy's end, or its error."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=30))
     ctx = engine_context(timeout_s=20.0)
     policy, reference = Net(), Net()
-    engines = [make_engine("odc", ctx), make_engine("odc", ctx)]
+    engines = [make_engine(engine_name, ctx), make_engine(engine_name, ctx)]
     try:
         for engine, model in zip(engines, (policy, reference), strict=True):
             engine.wrap(model, list(model.layers))
@@ -425,8 +425,9 @@ def _reference_closed_first(rank: int, world: int, store: dist.Store) -> str:
         dist.destroy_process_group()
 
 
-def test_two_odc_engines_of_one_context_train_apart_and_closing_one_does_not_fail_the_others_waits():
-    """Before, the second ODC engine of one context made shared-memory segments of the first
-    one's names and failed in FileExistsError; each engine's close is its own, too: the policy's
-    peers do not take the reference engine's close for the policy's."""
-    assert run_ranks(_reference_closed_first, 2, timeout_s=120) == ["ok", "ok"]
+@pytest.mark.parametrize("engine", ["odc", "collective"])
+def test_two_engines_of_one_context_train_apart_and_closing_one_does_not_fail_the_others_waits(engine: str):
+    """Before, the second engine of one context made shared-memory segments (ODC) or groups
+    (FSDP2 over shm) of the first one's names and failed in FileExistsError; each engine's close
+    is its own, too: the policy's peers do not take the reference engine's close for the policy's."""
+    assert run_ranks(_reference_closed_first, 2, engine, timeout_s=120) == ["ok", "ok"]

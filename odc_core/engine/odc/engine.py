@@ -19,10 +19,8 @@ the same AdamW step to the same sum, so the replicas stay equal without ever bei
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import itertools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -74,8 +72,6 @@ from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import TRANSPORTS, make_heap
 
 _Call = TypeVar("_Call", bound=Callable[..., Any])
-# ODC engines made in this process, by their context's job id (build()).
-_ENGINES: dict[str, itertools.count] = collections.defaultdict(itertools.count)
 
 
 def _collective(method: _Call) -> _Call:
@@ -408,12 +404,7 @@ def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:
         raise ValueError(f"engine=odc on transport {spec.name} sums gradients in {' or '.join(spec.reduce_dtypes)} "
                          f"only, not {reduce}: use MixedPrecision(reduce_dtype=torch.float32)"
                          + (" or transport shm" if "cpu" in spec.devices else ""))
-    # A second ODC engine of one context (an RL policy's reference model) gets a job of its own,
-    # derived as process groups' are (`<job>.e1`: a sweep of the job's segments covers it), where
-    # it made segments of the first one's names and failed in FileExistsError.
-    serial = next(_ENGINES[ctx.job_id])
-    job_id = ctx.job_id if serial == 0 else f"{ctx.job_id}.e{serial}"
-    store = ctx.store if serial == 0 else dist.PrefixStore(f"e{serial}", ctx.store)
+    job_id, store = ctx.own_job()
     heap = make_heap(options.transport, ctx.device.type, dist.get_rank(), dist.get_world_size(), job_id, store,
                      ctx.timeout_s)
     return OdcEngine(ctx.device, heap, ctx.precision, options.prefetch, ctx.timeout_s, options.staleness,
