@@ -400,8 +400,9 @@ def test_state_dicts_on_rank_0_only_load_into_both_engines_with_broadcast_from_r
 
 
 def _reference_closed_first(rank: int, world: int, store: dist.Store, engine_name: str) -> str:
-    """Two engines of one context (a policy and its reference model): the reference closed
-    first, then a policy minibatch that rank 1 starts 1.5 s late; the policy's end, or its error."""
+    """Two engines of one context (a policy and its reference model): a forward of the reference
+    and a policy minibatch, then the reference closed and a policy minibatch that rank 1 starts
+    1.5 s late; the policy's end, or its error."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=30))
@@ -412,11 +413,16 @@ def _reference_closed_first(rank: int, world: int, store: dist.Store, engine_nam
         for engine, model in zip(engines, (policy, reference), strict=True):
             engine.wrap(model, list(model.layers))
         engines[0].configure_optimizer(partial(torch.optim.SGD, lr=0.1))
-        engines[1].close()
-        time.sleep(1.5 if rank == 1 else 0.0)
-        engines[0].begin_minibatch()
-        policy(_inputs(1, rank)[0]).backward()
-        engines[0].finish_minibatch()
+        for k in range(2):
+            if k == 0:
+                with torch.no_grad():
+                    reference(_inputs(1, rank)[0])
+            else:
+                engines[1].close()
+                time.sleep(1.5 if rank == 1 else 0.0)
+            engines[0].begin_minibatch()
+            policy(_inputs(1, rank)[0]).backward()
+            engines[0].finish_minibatch()
         return "ok"
     except RuntimeError as e:
         return str(e)
