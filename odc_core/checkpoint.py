@@ -234,6 +234,7 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     if "optim" in state:
         _start_absent_fresh(state["optim"]["state"], stored)
         _keep_absent_options(state["optim"]["param_groups"], stored)
+    _check_fits(state, stored, folder)
     if schedule is not None and "scheduler" in stored:
         state["scheduler"] = io.BytesIO()
     elif schedule is not None:
@@ -294,6 +295,30 @@ def _start_absent_fresh(optim: dict[str, Any], stored: Mapping[str, Any]) -> Non
     held = {key[len(prefix):].rsplit(".", 1)[0] for key in stored if key.startswith(prefix)}
     for name in [name for name in optim if name not in held]:
         start_fresh(optim.pop(name))
+
+
+def _check_fits(state: dict[str, Any], stored: Mapping[str, Any], folder: Path) -> None:
+    """A ValueError, one line and on every rank, before anything loads, where the checkpoint is of
+    another model (a parameter or buffer it lacks, or holds in another shape) or of another
+    optimizer (other state kept for a parameter: SGD's momentum_buffer where AdamW keeps
+    exp_avg): DCP's own words were a CheckpointError that called the checkpoint damaged."""
+    for name, value in state["model"].items():
+        held = stored.get(f"model.{name}")
+        if held is None:
+            raise ValueError(f"checkpoint {folder} has no {name!r}, which the model has: it is a checkpoint of another "
+                             f"model; load it into the model it was saved from")
+        size = getattr(held, "size", None)
+        if isinstance(value, torch.Tensor) and size is not None and tuple(size) != tuple(value.size()):
+            raise ValueError(f"checkpoint {folder} holds {name!r} in shape {tuple(size)}, the model in "
+                             f"{tuple(value.size())}: it is a checkpoint of another model; load it into the model it "
+                             f"was saved from")
+    for name, values in state.get("optim", {}).get("state", {}).items():
+        if any(f"optim.state.{name}.{key}" not in stored for key in values):
+            prefix = f"optim.state.{name}."
+            kept = sorted(k for k in (key[len(prefix):] for key in stored if key.startswith(prefix)) if "." not in k)
+            raise ValueError(f"checkpoint {folder} holds other optimizer state for {name!r} ({', '.join(kept)}) than "
+                             f"this optimizer keeps ({', '.join(sorted(values))}): configure_optimizer() with the "
+                             f"optimizer and options it was saved with (its type; amsgrad, momentum), then load it")
 
 
 def _keep_absent_options(groups: list[dict[str, Any]], stored: Mapping[str, Any]) -> None:

@@ -311,3 +311,53 @@ def test_a_resumed_run_goes_on_with_its_lr_schedule_where_it_stopped(tmp_path: P
     halved = [LR * 0.5 ** k for k in range(1, 6)]
     assert rates[0][:10] == pytest.approx([*halved, *halved[:3], *halved[3:]])
     assert len(rates[0]) == 11 and rates[0][10].startswith(f"checkpoint {tmp_path}/bare/step-3 holds no LR schedule")
+
+
+def _unlike_checkpoint(rank: int, world: int, store: dist.Store, root: str, engine_name: str) -> list[str]:
+    """A checkpoint of a model trained with SGD and momentum, loaded into the same model with
+    AdamW, then into a model with a bias more: the errors."""
+    errors = []
+    engine = _engine(rank, world, store, engine_name, "fp32")
+    try:
+        for case in ("save", "optimizer", "model"):
+            if case != "save":
+                engine = _another_engine(rank, store, engine_name, "fp32")
+            try:
+                model = Net()
+                if case == "model":
+                    model.out = nn.Linear(11, 3)  # with a bias
+                engine.wrap(model, [model.inp, model.mid, model.out])
+                momentum = partial(torch.optim.SGD, lr=LR, momentum=0.9)
+                engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR) if case == "optimizer" else momentum)
+                if case == "save":
+                    engine.begin_minibatch()
+                    for x, y in _data(0)[rank::world]:
+                        nn.functional.mse_loss(model(x), y).backward()
+                    engine.finish_minibatch()
+                    checkpoint.save(engine, root, 1)
+                else:
+                    checkpoint.load(engine, checkpoint.latest(root))
+                    errors.append("loaded")
+            except ValueError as e:
+                errors.append(str(e))
+            finally:
+                engine.close()
+        return errors
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("engine", ["odc", "collective"])
+def test_a_checkpoint_of_another_optimizer_or_model_is_refused_in_one_line_naming_what_differs(tmp_path: Path,
+                                                                                             engine: str) -> None:
+    """Before, DCP's words came as a CheckpointError that called the checkpoint damaged ("Missing
+    key in checkpoint state_dict: optim.state.inp.weight.step"; "move it away to resume from the
+    one before")."""
+    ranks = run_ranks(_unlike_checkpoint, 2, str(tmp_path), engine, timeout_s=120)
+    assert ranks[0] == ranks[1]
+    optimizer, model = ranks[0]
+    folder = tmp_path / "step-1"
+    assert optimizer.startswith(f"checkpoint {folder} holds other optimizer state for 'inp.weight' (momentum_buffer) "
+                                f"than this optimizer keeps (exp_avg, exp_avg_sq, step): configure_optimizer() with")
+    assert model.startswith(f"checkpoint {folder} has no 'out.bias', which the model has: it is a checkpoint of "
+                            f"another model")
