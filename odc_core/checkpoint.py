@@ -188,8 +188,8 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     dist.barrier()
     # One pickled object: DCP would flatten a dict of plain values on save but not on load.
     state = {**engine.sharded_state(), "extra": io.BytesIO(extra_bytes)}
-    if schedule_bytes is not None:
-        state["scheduler"] = io.BytesIO(schedule_bytes)
+    if schedule is not None and schedule_bytes is not None:
+        state[_schedule_key(schedule)] = io.BytesIO(schedule_bytes)
     with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
         dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written
@@ -235,8 +235,13 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
         _start_absent_fresh(state["optim"]["state"], stored)
         _keep_absent_options(state["optim"]["param_groups"], stored)
     _check_fits(state, stored, folder)
-    if schedule is not None and "scheduler" in stored:
-        state["scheduler"] = io.BytesIO()
+    saved = next((key for key in stored if key.startswith(_SCHEDULE)), None)
+    if schedule is not None and saved is not None and saved != _schedule_key(schedule):
+        raise ValueError(f"checkpoint {folder} holds the state of a {saved.removeprefix(_SCHEDULE)} LR schedule, and "
+                         f"this run's is a {type(schedule).__name__}: configure_optimizer(scheduler=...) with the "
+                         f"schedule it was saved with")
+    if schedule is not None and saved is not None:
+        state[saved] = io.BytesIO()
     elif schedule is not None:
         warnings.warn(f"checkpoint {folder} holds no LR schedule (saved without one, or before checkpoints held "
                       f"it): the schedule starts from its first step", stacklevel=2)
@@ -246,11 +251,20 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
                                                  "move it away to resume from the one before"):
         dcp.load(state, checkpoint_id=folder, planner=dcp.DefaultLoadPlanner(flatten_sharded_tensors=False))
     engine.load_sharded_state(state)
-    if "scheduler" in state:
-        assert schedule is not None
-        schedule.load_state_dict(pickle.loads(state["scheduler"].getvalue()))
+    if schedule is not None and saved is not None:
+        schedule.load_state_dict(pickle.loads(state[saved].getvalue()))
     extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
     return extra
+
+
+# The key a checkpoint holds its LR schedule's state under, with the schedule's type after it: a
+# load checks the type before it reads anything (another type's state_dict() loaded as this one's
+# attributes without a word).
+_SCHEDULE = "scheduler/"
+
+
+def _schedule_key(schedule: torch.optim.lr_scheduler.LRScheduler) -> str:
+    return f"{_SCHEDULE}{type(schedule).__name__}"
 
 
 def _schedule(engine: DataParallelEngine) -> torch.optim.lr_scheduler.LRScheduler | None:

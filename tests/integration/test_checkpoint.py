@@ -265,26 +265,32 @@ def test_ranks_naming_different_checkpoints_are_refused_before_anything_is_writt
 
 def _scheduled(rank: int, world: int, store: dist.Store, root: str, engine_name: str) -> list[object]:
     """The learning rate after each of five minibatches uninterrupted, then over a save after
-    three and a resume from it; and what loading a checkpoint saved without a schedule warns."""
+    three and a resume from it; what loading a checkpoint saved without a schedule warns, and
+    the error of loading one into a run of another schedule."""
     import warnings
 
     halving = partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=partial(pow, 0.5))
     rates: list[object] = []
     engine = _engine(rank, world, store, engine_name, "fp32")
     try:
-        for phase, minibatches in (("whole", 5), ("first", 3), ("resumed", 2), ("bare", 0), ("unscheduled", 0)):
+        for phase, minibatches in (("whole", 5), ("first", 3), ("resumed", 2), ("bare", 0), ("unscheduled", 0),
+                                   ("stepped", 0)):
             if phase != "whole":
                 engine = _another_engine(rank, store, engine_name, "fp32")
             try:
                 model = Net()
                 engine.wrap(model, [model.inp, model.mid, model.out])
+                stepped = partial(torch.optim.lr_scheduler.StepLR, step_size=2)
                 engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR), scheduler=None if phase == "bare"
-                                           else halving)
-                if phase in ("resumed", "unscheduled"):
+                                           else stepped if phase == "stepped" else halving)
+                if phase in ("resumed", "unscheduled", "stepped"):
                     folder = checkpoint.latest(f"{root}/{'bare' if phase == 'unscheduled' else 's'}")
                     with warnings.catch_warnings(record=True) as warned:
                         warnings.simplefilter("always")
-                        checkpoint.load(engine, folder)
+                        try:
+                            checkpoint.load(engine, folder)
+                        except ValueError as e:
+                            rates.append(str(e))
                     rates += [str(w.message) for w in warned if "LR schedule" in str(w.message)]
                 for step in range(minibatches):
                     engine.begin_minibatch()
@@ -310,7 +316,9 @@ def test_a_resumed_run_goes_on_with_its_lr_schedule_where_it_stopped(tmp_path: P
     assert rates[0] == rates[1]
     halved = [LR * 0.5 ** k for k in range(1, 6)]
     assert rates[0][:10] == pytest.approx([*halved, *halved[:3], *halved[3:]])
-    assert len(rates[0]) == 11 and rates[0][10].startswith(f"checkpoint {tmp_path}/bare/step-3 holds no LR schedule")
+    assert len(rates[0]) == 12 and rates[0][10].startswith(f"checkpoint {tmp_path}/bare/step-3 holds no LR schedule")
+    assert rates[0][11] == (f"checkpoint {tmp_path}/s/step-3 holds the state of a LambdaLR LR schedule, and this run's "
+                            f"is a StepLR: configure_optimizer(scheduler=...) with the schedule it was saved with")
 
 
 def _unlike_checkpoint(rank: int, world: int, store: dist.Store, root: str, engine_name: str) -> list[str]:
