@@ -299,7 +299,9 @@ def test_a_sigkilled_rank_leaves_no_segment_after_the_next_start():
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
         assert proc.exitcode == -signal.SIGKILL
-        assert [s for s in list_segments() if name in s] == left  # nothing ran on the way out
+        # Nothing ran on the way out; but a heap another pytest worker starts now sweeps them, as
+        # the start below does (the suite failed once on that race).
+        assert [s for s in list_segments() if name in s] in (left, [])
         with ShmHeap(0, 1, job(), dist.HashStore()):
             pass
         assert not [s for s in list_segments() if name in s]
