@@ -12,11 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from odc_bench.config.compose import register_sweeps
-
-# `sweep=NAME` composes in every test, as on the command line.
-register_sweeps()
-
 # A suite started in the background by a script (`make test &`) has SIGINT ignored, as bash
 # leaves it for background commands without job control, and so would every process a test
 # starts: the tests of what Ctrl-C does would then send it to nobody. They get Python's own.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import yaml
@@ -28,19 +28,25 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 _ABSENT = object()
 
 
-def register_sweeps(directory: Path | None = None) -> dict[str, str]:
-    """Expose each sweeps/NAME.yaml as the config option `sweep=NAME` (package _global_); return
-    the files that cannot be read as a config, by NAME, each with why in one line. Those are
-    not offered: one broken file must not stop the sweeps beside it.
+def register_sweeps(only: Collection[str] | None = None) -> dict[str, str]:
+    """Expose each sweeps/NAME.yaml as the config option `sweep=NAME` (package _global_), or with
+    `only` those NAMEs alone; return the files that cannot be read as a config, by NAME, each with
+    why in one line. Those are not offered: one broken file must not stop the sweeps beside it.
 
     A file already in Hydra's store unchanged (its path, size and time, kept as the node's
     provider) is not read again: every composition registers them, and reading them all is
-    a good part of composing one run."""
-    directory = SWEEPS_DIR if directory is None else directory
+    a good part of composing one run. With `only`, the store keeps no other sweep: Hydra
+    deep-copies its whole store at every composition, so each sweep held there slowed every
+    composition of a process that had chosen one (each job of a multirun, most tests)."""
     store = ConfigStore.instance()
-    stored = store.repo.get("sweep", {})
+    stored = store.repo.setdefault("sweep", {})
+    paths = sorted(SWEEPS_DIR.glob("*.yaml"))
+    if only is not None:
+        paths = [path for path in paths if path.stem in only]
+        for other in [key for key in stored if key.removesuffix(".yaml") not in only]:
+            del stored[other]
     unreadable = {}
-    for path in sorted(directory.glob("*.yaml")):
+    for path in paths:
         st = path.stat()
         stamp = f"{path}:{st.st_size}:{st.st_mtime_ns}"
         node = stored.get(f"{path.stem}.yaml")
@@ -66,22 +72,36 @@ def _yaml_problem(error: Exception) -> str:
     return f"{problem}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
-def register_chosen_sweep(overrides: Sequence[str]) -> None:
-    """The sweep files, where the command line chooses one (the only time they are read);
-    ConfigError when the file it chooses cannot be read."""
-    chosen = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == "sweep" and "=" in o]
+def register_chosen_sweep(*command_lines: Sequence[str]) -> None:
+    """The sweep files, where a command line chooses one (the only time they are read);
+    ConfigError when the file one chooses cannot be read."""
+    for overrides in command_lines:
+        _check_sweeps_dir(overrides)
+    chosen = {name for overrides in command_lines if (name := _chosen_sweep(overrides)) is not None}
     if not chosen:
+        return
+    # A name of no file (a typo, a glob, a list) leaves them all to Hydra, whose error lists them.
+    named = {path.stem for path in SWEEPS_DIR.glob("*.yaml")}
+    unreadable = register_sweeps(chosen if chosen <= named else None)
+    if broken := sorted(chosen & unreadable.keys()):
+        raise ConfigError(unreadable[broken[0]])
+
+
+def _chosen_sweep(overrides: Sequence[str]) -> str | None:
+    chosen = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == "sweep" and "=" in o]
+    return chosen[-1] if chosen else None
+
+
+def _check_sweeps_dir(overrides: Sequence[str]) -> None:
+    if (chosen := _chosen_sweep(overrides)) is None:
         return
     own = any(o.startswith(("-cd", "--config-dir", "hydra.searchpath")) for o in overrides)  # may hold sweep/
     if not own and not any(SWEEPS_DIR.glob("*.yaml")):
         # The sweep files live beside the package, in the repository: an installed wheel has none,
         # and Hydra then said "unknown config key 'sweep'".
-        raise ConfigError(f"sweep={chosen[-1]}: there are no sweep files in {SWEEPS_DIR} (the repository's sweeps/ "
+        raise ConfigError(f"sweep={chosen}: there are no sweep files in {SWEEPS_DIR} (the repository's sweeps/ "
                           f"folder, which an installed odc-bench does not carry); run from a checkout of the "
                           f"repository, or set ODC_SWEEPS_DIR to a folder of sweep files")
-    unreadable = register_sweeps()
-    if chosen[-1] in unreadable:
-        raise ConfigError(unreadable[chosen[-1]])
 
 
 def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictConfig:
@@ -100,8 +120,7 @@ def compose_run(overrides: Sequence[str] = ()) -> RunConfig:
 def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
     """compose_run of each command line, under one Hydra initialisation (its config search path
     is set up once for all of them)."""
-    for overrides in runs:
-        register_chosen_sweep(overrides)
+    register_chosen_sweep(*runs)
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
         return [load(compose("config", overrides=list(overrides))) for overrides in runs]
 

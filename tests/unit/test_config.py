@@ -141,6 +141,22 @@ def test_unknown_group_option_lists_the_choices(results_dir, monkeypatch, capsys
     assert "unknown engine option 'nosuch'; choose one of collective, odc" in capsys.readouterr().err
 
 
+def test_a_chosen_sweep_is_the_only_one_hydra_copies_and_a_mistyped_one_lists_them_all(results_dir, monkeypatch,
+                                                                                        capsys):
+    """Hydra deep-copies its whole store at every composition: choosing a sweep stores that one
+    alone, while a name of no sweep file still gets Hydra's list of every sweep."""
+    from hydra.core.config_store import ConfigStore
+
+    sweeps = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
+    compose_runs([["sweep=golden"], ["sweep=smoke"]])  # each its own sweep, under one initialisation
+    assert sorted(ConfigStore.instance().repo["sweep"]) == ["golden.yaml", "smoke.yaml"]
+    compose_runs([["sweep=smoke"]])
+    assert list(ConfigStore.instance().repo["sweep"]) == ["smoke.yaml"]
+    monkeypatch.chdir(results_dir.parent)
+    assert odc_bench("sweep=smok", f"results_dir={results_dir}") == 2
+    assert f"unknown sweep option 'smok'; choose one of {', '.join(sweeps)}" in capsys.readouterr().err
+
+
 def test_a_refitted_length_profile_gives_its_runs_new_keys(monkeypatch):
     """A profile's definition lives in code: refitting it must not let a re-run sweep take the
     old profile's rows for the new one's."""
