@@ -43,12 +43,17 @@ def sim_run(tmp, calibration, *overrides):
     return spec, row, pd.read_csv(tmp / row["trace"])
 
 
-@pytest.fixture(scope="module")
-def calibration(calibration_run, tmp_path_factory):
-    spec, _, events = calibration_run
-    path = tmp_path_factory.mktemp("cal") / "sim-tiny-cpu.json"
+def fitted(tmp, spec, events):
+    """A CPU profile fitted on one collective run, as a calibration file."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "sim-tiny-cpu.json"
     path.write_text(json.dumps(fit({"collective": [(spec, events)]})))
     return path
+
+
+@pytest.fixture(scope="module")
+def calibration(calibration_run, tmp_path_factory):
+    return fitted(tmp_path_factory.mktemp("cal"), *calibration_run[::2])
 
 
 def test_simulated_runs_write_the_same_events_and_row_as_real_ones(calibration_run, calibration, tmp_path):
@@ -65,11 +70,22 @@ def test_simulated_runs_write_the_same_events_and_row_as_real_ones(calibration_r
 
 
 def test_the_fitted_profile_reproduces_its_own_calibration_run(calibration_run, calibration, tmp_path):
+    """The fit holds a unit's typical time, not the host's hiccups, so one hiccup inside the
+    5-second run leaves the run slower than its own fit (in CI, once, by 10.2%); a model error
+    repeats and a hiccup rarely does, so a miss is measured once more on a fresh run."""
     spec, _, events = calibration_run
-    measured = timing(spec, events)
-    _, predicted, _ = sim_run(tmp_path, calibration, "dataset=longalign")
-    assert predicted["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.10)
-    assert predicted["bubble_rate"] == pytest.approx(measured["bubble_rate"], abs=0.08)
+    for attempt in range(2):
+        if attempt:
+            spec, _, events = real_run(tmp_path / "calibration", "dataset=longalign")
+            calibration = fitted(tmp_path / "fit", spec, events)
+        measured = timing(spec, events)
+        _, predicted, _ = sim_run(tmp_path / f"sim{attempt}", calibration, "dataset=longalign")
+        if reproduced := (predicted["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.10)
+                          and predicted["bubble_rate"] == pytest.approx(measured["bubble_rate"], abs=0.08)):
+            break
+    assert reproduced, (f"predicted {predicted['samples_per_s']:.2f} samples/s at bubble rate "
+                        f"{predicted['bubble_rate']:.3f}; measured {measured['samples_per_s']:.2f} at "
+                        f"{measured['bubble_rate']:.3f} (twice)")
 
 
 def test_the_fitted_profile_predicts_another_config(calibration, tmp_path):
@@ -82,9 +98,7 @@ def test_the_fitted_profile_predicts_another_config(calibration, tmp_path):
     other = ("dataset=swe_smith", "minibatch_size=3", "seed=7")
     for attempt in range(2):
         if attempt:
-            spec, _, events = real_run(tmp_path / "calibration", "dataset=longalign")
-            calibration = tmp_path / "sim-tiny-cpu.json"
-            calibration.write_text(json.dumps(fit({"collective": [(spec, events)]})))
+            calibration = fitted(tmp_path, *real_run(tmp_path / "calibration", "dataset=longalign")[::2])
         spec, _, events = real_run(tmp_path / f"real{attempt}", *other)
         measured = timing(spec, events)
         _, predicted, _ = sim_run(tmp_path / f"sim{attempt}", calibration, *other)
