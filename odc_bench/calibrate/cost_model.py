@@ -174,7 +174,7 @@ def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int, clock: D
     batch = packed_batch([sample_tokens(0, j, n, cfg.vocab_size) for j, n in enumerate(doc_lens)])
     ids, labels = cast(torch.Tensor, batch["input_ids"]).to(device), cast(torch.Tensor, batch["labels"]).to(device)
     x = torch.randn(len(ids), cfg.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
-    cos, sin = rope_tables(cast(torch.Tensor, batch["position_ids"]).to(device), cfg.head_dim, cfg.rope_theta,
+    cos, sin = rope_tables(cast(torch.Tensor, batch["position_ids"]).to(device), cfg.head_size, cfg.rope_theta,
                            x.dtype)
     docs = Documents.of(doc_lens, device, kernel_for(x))
     embed = _forward_backward(lambda: model.embed(ids), repeats, clock)

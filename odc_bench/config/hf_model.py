@@ -81,10 +81,7 @@ def hf_model_shape(value: str) -> dict[str, object]:
         raise ConfigError(f"{file}: transformers cannot build a {model_type} config from it ({why})") from None
     hidden, heads = int(hf.hidden_size), int(hf.num_attention_heads)
     kv_heads = int(getattr(hf, "num_key_value_heads", None) or heads)
-    head_dim = getattr(hf, "head_dim", None) or hidden // heads
-    require(head_dim * heads == hidden,
-            f"{file}: head_dim {head_dim} x num_attention_heads {heads} is not hidden_size {hidden}; the "
-            f"harness's attention has hidden_size / num_heads per head")
+    head_dim = getattr(hf, "head_dim", None)
     window = getattr(hf, "sliding_window", None)
     if model_type == "qwen2" and not getattr(hf, "use_sliding_window", False):
         window = None  # Qwen2 states a window that only use_sliding_window turns on
@@ -97,6 +94,8 @@ def hf_model_shape(value: str) -> dict[str, object]:
              "hidden_size": hidden, "intermediate_size": int(hf.intermediate_size),
              "num_layers": int(hf.num_hidden_layers), "num_heads": heads, "num_kv_heads": kv_heads,
              "rms_eps": float(hf.rms_norm_eps), "tie_embeddings": bool(hf.tie_word_embeddings)}
+    if head_dim is not None and int(head_dim) * heads != hidden:
+        shape["head_dim"] = int(head_dim)
     if theta is not None:
         shape["rope_theta"] = float(theta)
     return shape

@@ -43,6 +43,9 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     num_kv_heads: int
+    # Channels per attention head where a model sets them apart from its width (Mistral NeMo:
+    # 32 heads of 128 on a width of 5120); unset, hidden_size / num_heads.
+    head_dim: int | None = None
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     tie_embeddings: bool = False
@@ -52,12 +55,22 @@ class ModelConfig:
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
             value = getattr(self, key)
             require(value >= 1, f"model.{key} must be at least 1, got {value}")
-        require(not (self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads),
-                f"model: hidden_size {self.hidden_size} must divide by num_heads {self.num_heads}, "
-                f"and num_heads by num_kv_heads {self.num_kv_heads}")
-        # Rotary embeddings rotate pairs of a head's dimensions.
-        require(self.head_dim % 2 == 0, f"model: hidden_size / num_heads = {self.head_dim} must be even "
-                                        f"(rotary embeddings rotate pairs of dimensions); change num_heads")
+        if self.head_dim is None:
+            require(self.hidden_size % self.num_heads == 0,
+                    f"model: hidden_size {self.hidden_size} must divide by num_heads {self.num_heads}, "
+                    f"or model.head_dim must say how wide each head is")
+            # Rotary embeddings rotate pairs of a head's dimensions.
+            require(self.head_size % 2 == 0, f"model: hidden_size / num_heads = {self.head_size} must be even "
+                                             f"(rotary embeddings rotate pairs of dimensions); change num_heads")
+        else:
+            require(self.head_dim >= 2 and self.head_dim % 2 == 0,
+                    f"model.head_dim must be even and at least 2 (rotary embeddings rotate pairs of dimensions), "
+                    f"got {self.head_dim}")
+            if self.head_dim * self.num_heads == self.hidden_size:
+                # The default spelled out: one model, one record (and run key) either way.
+                object.__setattr__(self, "head_dim", None)
+        require(self.num_heads % self.num_kv_heads == 0,
+                f"model: num_heads {self.num_heads} must divide by num_kv_heads {self.num_kv_heads}")
         require(self.rope_theta > 0 and self.rms_eps > 0,
                 f"model.rope_theta and model.rms_eps must be positive, got {self.rope_theta} and {self.rms_eps}")
 
@@ -79,5 +92,12 @@ class ModelConfig:
         return {"embed": 1, "layer": self.num_layers, "head": 1}
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def head_size(self) -> int:
+        """Channels per attention head: head_dim where set, else hidden_size / num_heads."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attention_width(self) -> int:
+        """Channels of all query heads together: what q_proj makes and o_proj takes, and the
+        width attention's FLOPs scale with."""
+        return self.num_heads * self.head_size

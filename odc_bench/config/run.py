@@ -187,6 +187,9 @@ class RunConfig:
                 out[name] = value.to_dict()
             elif name in ("primitives", "compile") and value is None:
                 continue  # unset: a train run has no primitives; configs from before compile keep their keys
+            elif isinstance(value, ModelConfig) and value.head_dim is None:
+                # Models whose heads divide their width, as every model before head_dim, keep their keys.
+                out[name] = {k: v for k, v in as_dict(value).items() if k != "head_dim"}
             elif isinstance(value, LocalBackendConfig) and not value.recompute:
                 # Real runs from before activation checkpointing keep their keys.
                 unset = {f.name for f in dataclasses.fields(Checkpointing)}

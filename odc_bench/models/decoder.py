@@ -88,7 +88,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
-        d, h, kv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        d, h, kv = cfg.head_size, cfg.num_heads, cfg.num_kv_heads
         bias = cfg.arch.qkv_bias
         self.qkv_proj = FusedLinear(cfg.hidden_size, [h * d, kv * d, kv * d], bias) if fused else None
         if not fused:
@@ -99,7 +99,7 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        t, d, h, kv = x.shape[0], self.cfg.head_dim, self.cfg.num_heads, self.cfg.num_kv_heads
+        t, d, h, kv = x.shape[0], self.cfg.head_size, self.cfg.num_heads, self.cfg.num_kv_heads
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj.parts(x)
             v = v.contiguous()  # a column slice of the fused output: the attention kernels get dense rows
@@ -217,7 +217,7 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids, position_ids, labels, doc_lens: list[int]) -> torch.Tensor:
         """Summed cross-entropy over the labelled tokens of a packed microbatch."""
         x = self.embed(input_ids)
-        cos, sin = rope_tables(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = rope_tables(position_ids, self.cfg.head_size, self.cfg.rope_theta, x.dtype)
         docs = Documents.of(doc_lens, x.device, kernel_for(x))
         self.attention_kernels.add(kernel_for(x))
         for i, layer in enumerate(self.layers):

@@ -16,8 +16,8 @@ from odc_bench.sums import left_sum
 
 def layer_linear_params(cfg: ModelConfig) -> int:
     """Weights of one decoder layer's matrix multiplies (biases and norms are negligible)."""
-    d, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
-    attn = d * d + 2 * d * kv + d * d
+    d, q, kv = cfg.hidden_size, cfg.attention_width, cfg.num_kv_heads * cfg.head_size
+    attn = d * q + 2 * d * kv + q * d
     mlp = (3 if cfg.arch.gated_mlp else 2) * d * cfg.intermediate_size
     return attn + mlp
 
@@ -25,7 +25,7 @@ def layer_linear_params(cfg: ModelConfig) -> int:
 def layer_forward_flops(cfg: ModelConfig, doc_lens: Sequence[int]) -> float:
     tokens = sum(doc_lens)
     linear = 2.0 * layer_linear_params(cfg) * tokens
-    attention = left_sum(2.0 * s * s * cfg.hidden_size for s in doc_lens)  # (QK + AV) x causal half
+    attention = left_sum(2.0 * s * s * cfg.attention_width for s in doc_lens)  # (QK + AV) x causal half
     return linear + attention
 
 

@@ -46,8 +46,8 @@ LOSS_CHUNK_TOKENS = 4096
 
 def kind_params(cfg: ModelConfig) -> dict[str, int]:
     """Parameters of one unit of each kind (embed, layer, head): what FSDP shards, gathers and reduces."""
-    kv = cfg.num_kv_heads * cfg.head_dim
-    biases = cfg.hidden_size + 2 * kv if cfg.arch.qkv_bias else 0
+    kv = cfg.num_kv_heads * cfg.head_size
+    biases = cfg.attention_width + 2 * kv if cfg.arch.qkv_bias else 0
     layer = layer_linear_params(cfg) + biases + 2 * cfg.hidden_size  # two norms
     embed = cfg.vocab_size * cfg.hidden_size
     # Tied embeddings: the head's projection is the embedding matrix, held (and counted) once.
@@ -68,9 +68,10 @@ def layer_activation_bytes(cfg: ModelConfig, tokens: int, itemsize: int, longest
     activation). Without flash attention
     (`longest`: the longest document) also every head's attention probabilities, whose sum of
     squared document lengths is at most tokens x longest."""
-    h, i, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_kv_heads * cfg.head_dim
+    h, i, q = cfg.hidden_size, cfg.intermediate_size, cfg.attention_width
+    kv = cfg.num_kv_heads * cfg.head_size
     mlp = 4 * i if cfg.arch.gated_mlp else 2 * i
-    per_token = 4 * h + (h + 2 * kv) + h + h + mlp
+    per_token = 4 * h + (q + 2 * kv) + q + q + mlp
     scores = 0 if longest is None else cfg.num_heads * tokens * min(tokens, longest) * itemsize
     return tokens * (per_token * itemsize + 4 * cfg.num_heads) + scores
 

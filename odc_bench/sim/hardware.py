@@ -214,7 +214,7 @@ class GpuProfile:
         mem = self.hw.hbm_gbps * GB * self.hw.memory_efficiency
         c0 = self.hw.unit_overhead_s
         h, v = cfg.hidden_size, cfg.vocab_size
-        layer_tok, layer_sq = 2.0 * layer_linear_params(cfg) / mm, 2.0 * h / attn
+        layer_tok, layer_sq = 2.0 * layer_linear_params(cfg) / mm, 2.0 * cfg.attention_width / attn
         # A document of s tokens at efficiency E s / (s + half): its FLOPs' time is (s^2 + half s) / E.
         attn_tok = layer_sq * self.hw.attention_half_length
         head_tok = 2.0 * h * v / mm

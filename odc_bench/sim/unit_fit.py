@@ -4,11 +4,12 @@ of real units (odc_bench.calibrate.cost_model on CUDA), read through backend.har
 Every unit's seconds are fitted as a linear function of what it computes, counted by the FLOPs
 model (models/flops.py), so that one fit serves every model shape of the family:
 
-    layer:  c0 + k_mm * 2 * linear_params * tokens + k_attn * 2h * (sum len^2 + half * sum len)
+    layer:  c0 + k_mm * 2 * linear_params * tokens + k_attn * 2q * (sum len^2 + half * sum len)
     head:   c0 + k_mm * 2 * h * vocab * tokens + k_logits * vocab * tokens
     embed:  c0 + k_mem * h * tokens
 
-per phase (forward, backward, and backward with the layer's forward recomputed). The attention
+(h the hidden size, q the query heads' width: heads x head size) per phase (forward, backward,
+and backward with the layer's forward recomputed). The attention
 term is the FLOPs model's at an efficiency that rises with document length and saturates,
 len / (len + half) of its asymptote: what the H100 measured (0.06 of peak on 512-token
 documents, 0.31 on 16K), where one constant fits neither end. The head's second term is its
@@ -38,10 +39,10 @@ TERMS = {"layer": ("c0", "k_mm", "k_attn", "k_attn_tok"), "head": ("c0", "k_mm",
 def features(cfg: ModelConfig, kind: str, doc_lens: Sequence[int]) -> np.ndarray:
     """The regressors of one unit call (module docstring), in TERMS[kind]'s order."""
     lens = np.asarray(doc_lens, dtype=float)
-    tokens, h = float(lens.sum()), float(cfg.hidden_size)
+    tokens, h, q = float(lens.sum()), float(cfg.hidden_size), float(cfg.attention_width)
     if kind == "layer":
-        return np.array([1.0, 2.0 * layer_linear_params(cfg) * tokens, 2.0 * h * float((lens * lens).sum()),
-                         2.0 * h * tokens])
+        return np.array([1.0, 2.0 * layer_linear_params(cfg) * tokens, 2.0 * q * float((lens * lens).sum()),
+                         2.0 * q * tokens])
     if kind == "head":
         return np.array([1.0, 2.0 * h * cfg.vocab_size * tokens, float(cfg.vocab_size) * tokens])
     if kind == "embed":
@@ -95,10 +96,10 @@ def layer_peak_shares(rows: Iterable[Mapping[str, Any]], models: Mapping[str, Mo
 
 def _row(coef: Mapping[str, float], cfg: ModelConfig, kind: str) -> np.ndarray:
     """A cost-table row (c0, per token, per squared document length) of a unit of this model."""
-    h = float(cfg.hidden_size)
+    h, q = float(cfg.hidden_size), float(cfg.attention_width)
     if kind == "layer":
-        return np.array([coef["c0"], coef["k_mm"] * 2.0 * layer_linear_params(cfg) + coef["k_attn_tok"] * 2.0 * h,
-                         coef["k_attn"] * 2.0 * h])
+        return np.array([coef["c0"], coef["k_mm"] * 2.0 * layer_linear_params(cfg) + coef["k_attn_tok"] * 2.0 * q,
+                         coef["k_attn"] * 2.0 * q])
     if kind == "head":
         return np.array([coef["c0"], (coef["k_mm"] * 2.0 * h + coef["k_logits"]) * cfg.vocab_size, 0.0])
     return np.array([coef["c0"], coef["k_mem"] * h, 0.0])

@@ -227,6 +227,7 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                            None),
     # sizes that must divide or fit
     "heads-do-not-divide": (["model.num_heads=3"], "hidden_size 128 must divide by num_heads 3", None),
+    "odd-head-dim": (["model.head_dim=7"], "model.head_dim must be even and at least 2", None),
     "ranks-per-node-does-not-divide": (["engine.shard=hybrid", "engine.ranks_per_node=3"],
                                        "engine.ranks_per_node=3 must divide world_size=2", None),
     "slurm-hybrid-nodes": ([*TWO_NODES, "engine.backend=gloo", "engine.shard=hybrid"],

@@ -73,6 +73,29 @@ def test_a_config_json_gives_the_model_config_of_its_shape(tmp_path, name, model
     assert _model(hf_model_overrides(str(folder / "config.json"))) == read, "the file itself names it as well"
 
 
+# mistralai/Mistral-Nemo-Base-2407's config.json (as quoted in kevinstephano/thunder_model_blocks,
+# thunder_model_blocks/mistral/mistral_config.py): 32 heads of 128 channels on a width of 5120.
+MISTRAL_NEMO = {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "head_dim": 128, "hidden_size": 5120,
+                "intermediate_size": 14336, "max_position_embeddings": 128000, "num_attention_heads": 32,
+                "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+                "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 131072}
+
+
+def test_heads_narrower_than_the_width_are_read_and_counted_as_transformers_builds_them(tmp_path):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from odc_bench.models.decoder import count_parameters
+
+    read = _model(hf_model_overrides(str(write(tmp_path / "Mistral-Nemo-Base-2407", MISTRAL_NEMO))))
+    assert (read.head_dim, read.attention_width, read.hidden_size) == (128, 4096, 5120)
+    with torch.device("meta"):
+        theirs = AutoModelForCausalLM.from_config(AutoConfig.for_model(**MISTRAL_NEMO))
+    assert count_parameters(read) == sum(p.numel() for p in theirs.parameters())
+    stated = hf_config("llama3_8b", "llama", head_dim=128)  # 4096 / 32: the width's share, stated
+    assert _model(hf_model_overrides(str(write(tmp_path / "llama3_8b", stated)))) == _model(["model=llama3_8b"])
+
+
 def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
     config = hf_config("llama2_7b", "llama")
     del config["num_key_value_heads"], config["tie_word_embeddings"]
@@ -87,7 +110,6 @@ def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
      "sliding-window attention (4096 tokens) is not simulated"),
     (hf_config("qwen2_7b", "qwen2", sliding_window=4096, use_sliding_window=True),
      "sliding-window attention (4096 tokens) is not simulated"),
-    (hf_config("llama3_8b", "llama", head_dim=64), "head_dim 64 x num_attention_heads 32 is not hidden_size 4096"),
     ('{"model_type": "llama", ', "cannot read"),
     (hf_config("llama3_8b", "llama", hidden_size="4096"), "transformers cannot build a llama config from it"),
     ('["llama"]', "has no model_type"),

@@ -97,11 +97,13 @@ def test_the_full_sharding_estimate_of_the_committed_cpu_runs_is_unchanged():
         assert got + counted_then == pytest.approx(row["mem_estimate_mb"], rel=1e-9), row["run_id"]
 
 
+@pytest.mark.parametrize("head_dim", ["null", "48"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("tied", [False, True])
-def test_unit_params_count_the_models_parameters_and_tied_embeddings_once(tied, family):
+def test_unit_params_count_the_models_parameters_and_tied_embeddings_once(tied, family, head_dim):
     tie = f"model.tie_embeddings={str(tied).lower()}"
-    cfg = resolve(run_config("engine=collective", "model.num_layers=1", tie, f"model.family={family}")).config.model
+    cfg = resolve(run_config("engine=collective", "model.num_layers=1", tie, f"model.family={family}",
+                             f"model.head_dim={head_dim}")).config.model
     with torch.device("meta"):  # shapes only: nothing allocated
         model = DecoderModel(cfg)
     assert sum(unit_params(cfg)) == sum(p.numel() for p in model.parameters())  # parameters() dedups tied ones

@@ -2,11 +2,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from odc_bench.config.model import FAMILIES, ModelConfig
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import sample_tokens
 from odc_bench.models.decoder import DecoderModel, build_model, count_parameters, init_weights
+from odc_bench.models.flops import layer_forward_flops, layer_linear_params
 from tests.helpers import run_config
 
 TINY = ModelConfig(name="test", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -78,9 +80,10 @@ def test_init_is_deterministic_and_seeded():
             assert not torch.equal(pa, pc), n
 
 
+@pytest.mark.parametrize("head_dim", [None, 24], ids=["width-over-heads", "head_dim"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_family_builds_the_layers_its_record_names_and_trains(family):
-    cfg = replace(TINY, family=family)
+def test_every_family_builds_the_layers_its_record_names_and_trains(family, head_dim):
+    cfg = replace(TINY, family=family, head_dim=head_dim)
     model = DecoderModel(cfg)
     init_weights(model, seed=0)
     names = {name.split("layers.0.", 1)[1] for name, _ in model.named_parameters() if name.startswith("layers.0.")}
@@ -91,6 +94,24 @@ def test_every_family_builds_the_layers_its_record_names_and_trains(family):
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) == count_parameters(cfg)
+    assert model.layers[0].self_attn.o_proj.weight.shape == (cfg.hidden_size, cfg.num_heads * (head_dim or 16))
+
+
+@pytest.mark.parametrize("head_dim", [None, 24], ids=["width-over-heads", "head_dim"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_flops_model_counts_what_a_layers_forward_multiplies(family, head_dim):
+    """torch's FLOP counter on one layer: its matrix multiplies are the FLOPs model's linear part,
+    and its attention (the CPU kernel computes every document's whole square) twice the causal
+    count."""
+    cfg = replace(TINY, family=family, head_dim=head_dim, num_layers=1)
+    model = DecoderModel(cfg)
+    lens = [37, 21]
+    with FlopCounterMode(display=False) as counter:
+        model(**packed_batch([sample_tokens(0, i, n, cfg.vocab_size) for i, n in enumerate(lens)]))
+    ops = {str(op): n for op, n in counter.get_flop_counts()["DecoderModel.layers.0"].items()}
+    linear = 2 * layer_linear_params(cfg) * sum(lens)
+    assert ops.pop("aten.mm") + ops.pop("aten.addmm", 0) == linear
+    assert ops == {"aten.bmm": 2 * (layer_forward_flops(cfg, lens) - linear)}
 
 
 def _separate(layer, fused: str, names: list[str]) -> torch.Tensor:

@@ -224,6 +224,18 @@ def test_compile_left_at_null_keeps_the_key_and_a_choice_makes_its_own():
     assert not run_config("compile=false").compiles("cuda") and run_config("compile=true").compiles("cpu")
 
 
+def test_head_dim_unset_or_stated_as_the_widths_share_keeps_the_key_and_another_makes_its_own():
+    from odc_bench.plan.identity import config_key
+    from tests.helpers import run_config
+
+    default = run_config()
+    assert "head_dim" not in default.to_dict()["model"], "models from before head_dim keep their keys"
+    stated = run_config(f"model.head_dim={default.model.hidden_size // default.model.num_heads}")
+    narrower = run_config(f"model.head_dim={default.model.hidden_size // default.model.num_heads + 16}")
+    assert config_key(stated) == config_key(default) != config_key(narrower)
+    assert narrower.to_dict()["model"]["head_dim"] == narrower.model.head_size
+
+
 def test_tables_joined_with_cat_are_refused_in_one_line_naming_the_repeated_header(tmp_path):
     from odc_bench.errors import TableError
     from odc_bench.results.migrate import migrate_table
