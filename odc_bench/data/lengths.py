@@ -120,6 +120,10 @@ def minibatch_samples(ds: DatasetConfig, pool_size: int, global_size: int, num_m
     more = (f"raise dataset.num_samples to at least {global_size} (the profile's pool)" if ds.loader == "profile" else
             f"give data with at least {global_size} samples (dataset.num_samples only takes the first N of them, it "
             f"adds none)")
+    if ds.loader == "jsonl" and pool_size == 1:
+        # The likeliest one-sample file: token counts written as one JSON array, which is a line
+        # of token ids.
+        more += "; a line holding one JSON array of numbers is one sample's token ids: write token counts one per line"
     require(pool_size >= global_size,
             f"the dataset has {pool_size} usable sample{'s' * (pool_size != 1)}, fewer than one minibatch of "
             f"world_size x minibatch_size = {global_size}; lower minibatch_size or world_size until their product "

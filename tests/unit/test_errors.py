@@ -261,6 +261,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                     "set engine.transport=nvshmem engine.shard=hybrid", None),
     "pool-smaller-than-minibatch": (["dataset.num_samples=3"],
                                     "the dataset has 3 usable samples, fewer than one minibatch", None),
+    "lengths-as-one-json-array": (["dataset=jsonl", "dataset.path={tmp}/d.jsonl", "dataset.tokens=synthetic"],
+                                  "a line holding one JSON array of numbers is one sample's token ids: write token "
+                                  "counts one per line", _jsonl("[512, 1024, 2048, 700, 300, 900, 1500, 64, 80]\n")),
     "sample-over-max-tokens": (["max_tokens=64"], "over the microbatch limit max_tokens=64", None),
     "groups-do-not-divide": (["dataset=grpo", "dataset.length_scale=0.015625", "minibatch_size=3"],
                              "a minibatch of world_size x minibatch_size = 6 samples is not a multiple of 16", None),
