@@ -37,7 +37,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.exchange import exchange
 from odc_core.transport.mapped import Span, SpanOps
 from odc_core.transport.shm import SHM_DIR, ShmHeap, job_tag, process_start_time
@@ -171,10 +170,7 @@ class CudaIpcHeap:
         return buf.copies[peer][offset:offset + numel]
 
     def get(self, out: torch.Tensor, name: str, peer: int, offset: int = 0) -> None:
-        src = self._copy(name, peer, offset, out.numel())
-        if out.dtype != src.dtype:
-            raise TypeError(f"get of {name!r} ({src.dtype}) into a {out.dtype} tensor; dtypes must match")
-        out.copy_(src.view(out.shape), non_blocking=True)
+        self._spans.get(out, name, peer, offset)
 
     def get_spans(self, out: torch.Tensor, name: str, spans: tuple[Span, ...]) -> None:
         """A whole gather in one device op where it can be (mapped.py)."""
@@ -185,8 +181,7 @@ class CudaIpcHeap:
         self._spans.accumulate_spans(name, src, spans)
 
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
-        dst = self._copy(name, peer, offset, src.numel())
-        atomic_add_(dst, src.to(self.device, non_blocking=True))
+        self._spans.accumulate(name, peer, offset, src)
 
     # -- flags and counters: the host heap, with the device synchronised before a release -----
     def fetch_add(self, name: str, peer: int, index: int, value: int = 1) -> int:

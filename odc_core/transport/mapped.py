@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from odc_core.transport.atomic_add import SpansAdd
+from odc_core.transport.atomic_add import SpansAdd, atomic_add_
 
 Span = tuple[int, int, int]  # (owner, start, end): out[start:end] comes from the owner's buffer
 
@@ -65,15 +65,27 @@ class MappedGather:
 
 
 class SpanOps:
-    """A mapped heap's whole gathers and scatters (primitives.gather and scatter_accumulate use
-    them where a heap has them), each plan made once per buffer and set of spans and kept until
-    the heap closes. view(name, owner, offset, numel): a slice of the owner's buffer as mapped
-    here, with the heap's own checks."""
+    """A mapped heap's one-sided data ops: single gets and atomic adds into one owner's buffer,
+    and whole gathers and scatters (primitives.gather and scatter_accumulate use them where a heap
+    has them), each plan made once per buffer and set of spans and kept until the heap closes.
+    view(name, owner, offset, numel): a slice of the owner's buffer as mapped here, with the
+    heap's own checks."""
 
     def __init__(self, view: Callable[[str, int, int, int], torch.Tensor], device: torch.device) -> None:
         self._view, self._device = view, device
         self._gathers: dict[tuple[str, tuple[Span, ...]], MappedGather] = {}
         self._pushes: dict[tuple[str, tuple[Span, ...]], SpansAdd] = {}
+
+    def get(self, out: torch.Tensor, name: str, peer: int, offset: int = 0) -> None:
+        """out = peer's name[offset:offset + out.numel()], on the current stream."""
+        src = self._view(name, peer, offset, out.numel())
+        if out.dtype != src.dtype:
+            raise TypeError(f"get of {name!r} ({src.dtype}) into a {out.dtype} tensor; dtypes must match")
+        out.copy_(src.view(out.shape), non_blocking=True)
+
+    def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
+        """peer's name[offset:offset + src.numel()] += src, atomically."""
+        atomic_add_(self._view(name, peer, offset, src.numel()), src.to(self._device, non_blocking=True))
 
     def get_spans(self, out: torch.Tensor, name: str, spans: tuple[Span, ...]) -> None:
         """out[start:end] = owner's name[:end - start] for each (owner, start, end)."""

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from odc_core.transport.atomic_add import atomic_add_
 from odc_core.transport.base import PeerTimeout
 from odc_core.transport.exchange import exchange
 from odc_core.transport.mapped import Span, SpanOps
@@ -134,10 +133,7 @@ class NvshmemHeap:
         return view[offset:offset + numel]
 
     def get(self, out: torch.Tensor, name: str, peer: int, offset: int = 0) -> None:
-        src = self._view(name, peer, offset, out.numel())
-        if out.dtype != src.dtype:
-            raise TypeError(f"get of {name!r} ({src.dtype}) into a {out.dtype} tensor; dtypes must match")
-        out.copy_(src.view(out.shape), non_blocking=True)
+        self._spans.get(out, name, peer, offset)
 
     def get_spans(self, out: torch.Tensor, name: str, spans: tuple[Span, ...]) -> None:
         """A whole gather in one device op where it can be (mapped.py)."""
@@ -148,7 +144,7 @@ class NvshmemHeap:
         self._spans.accumulate_spans(name, src, spans)
 
     def accumulate(self, name: str, peer: int, offset: int, src: torch.Tensor) -> None:
-        atomic_add_(self._view(name, peer, offset, src.numel()), src.to(self.device, non_blocking=True))
+        self._spans.accumulate(name, peer, offset, src)
 
     # -- flags and counters, through the store ---------------------------------------------
     def _flag(self, name: str, peer: int, index: int) -> str:

@@ -162,7 +162,7 @@ class _MappedHost:
         self.rank, self.world_size = rank, len(next(iter(buffers.values())))
         ops = SpanOps(lambda name, owner, offset, numel: buffers[name][owner][offset:offset + numel],
                       torch.device("cpu"))
-        self.get_spans, self.accumulate_spans = ops.get_spans, ops.accumulate_spans
+        self.get, self.get_spans, self.accumulate_spans = ops.get, ops.get_spans, ops.accumulate_spans
 
 
 @pytest.mark.parametrize("world,owners", [(1, None), (2, None), (3, None), (4, (1, 3)), (4, (0, 1, 2))])
@@ -187,6 +187,16 @@ def test_a_mapped_gather_is_one_op_and_equals_the_owners_shards(monkeypatch, wor
         for owner in group:
             buffers[owner] += 1
     assert len(cats) == 2 * world, "one concatenation per gather, whatever the number of owners"
+
+
+def test_a_mapped_get_copies_a_peers_range_into_any_shape_and_refuses_another_dtype():
+    buffers = {"p": [torch.arange(6.0), torch.arange(6.0) + 10]}
+    heap = _MappedHost(0, buffers)
+    out = torch.zeros(2, 2)
+    heap.get(out, "p", 1, offset=2)
+    assert out.tolist() == [[12.0, 13.0], [14.0, 15.0]]
+    with pytest.raises(TypeError, match=r"get of 'p' \(torch.float32\) into a torch.bfloat16 tensor"):
+        heap.get(torch.zeros(2, dtype=torch.bfloat16), "p", 0)
 
 
 def test_a_mapped_gather_copies_shard_by_shard_where_one_op_cannot_and_checks_its_output():
