@@ -25,7 +25,7 @@ from odc_bench.config.fields import require
 from odc_bench.errors import ConfigError
 
 # Hugging Face model_type -> the harness's family (config/model.py FAMILIES).
-HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+HF_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 CONFIG_FILE = "config.json"
 
 
@@ -83,8 +83,8 @@ def hf_model_shape(value: str) -> dict[str, object]:
     kv_heads = int(getattr(hf, "num_key_value_heads", None) or heads)
     head_dim = getattr(hf, "head_dim", None)
     window = getattr(hf, "sliding_window", None)
-    if model_type == "qwen2" and not getattr(hf, "use_sliding_window", False):
-        window = None  # Qwen2 states a window that only use_sliding_window turns on
+    if model_type in ("qwen2", "qwen3") and not getattr(hf, "use_sliding_window", False):
+        window = None  # Qwen2 and Qwen3 state a window that only use_sliding_window turns on
     require(window is None,
             f"{file}: sliding-window attention ({window} tokens) is not simulated (the simulator's attention is full "
             f"causal); for samples of at most {window} tokens the two are one: set sliding_window to null in a copy")

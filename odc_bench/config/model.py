@@ -18,11 +18,14 @@ class ModelFamily:
     qkv_bias: bool  # the q, k and v projections carry biases
     gated_mlp: bool  # SwiGLU (gate, up and down projections) or a plain GELU MLP (up and down)
     about: str
+    qk_norm: bool = False  # an RMSNorm over each head's q and k, before the rotary embedding
 
 
 FAMILIES = {f.name: f for f in (
     ModelFamily("qwen2", qkv_bias=True, gated_mlp=True, about="Qwen2 and Qwen2.5 (the paper's models)"),
     ModelFamily("llama", qkv_bias=False, gated_mlp=True, about="Llama 2 and Llama 3: no biases"),
+    ModelFamily("qwen3", qkv_bias=False, gated_mlp=True, qk_norm=True,
+                about="Qwen3's dense models: no biases, each head's q and k normalised"),
     # MPT's ALiBi and bias-free LayerNorm run here as rotary positions and RMSNorm: the same
     # parameters, and FLOPs that differ only in elementwise work.
     ModelFamily("mpt", qkv_bias=False, gated_mlp=False, about="MosaicML's MPT: a GELU MLP, no biases"),

@@ -96,6 +96,9 @@ class Attention(nn.Module):
             self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
             self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        # One weight per head channel, shared by the heads (Qwen3).
+        self.q_norm = RMSNorm(d, cfg.rms_eps) if cfg.arch.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_eps) if cfg.arch.qk_norm else None
 
     def project(self, x: torch.Tensor, cos: torch.Tensor,
                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,7 +108,10 @@ class Attention(nn.Module):
             v = v.contiguous()  # a column slice of the fused output: the attention kernels get dense rows
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return apply_rope(q.view(t, h, d), cos, sin), apply_rope(k.view(t, kv, d), cos, sin), v.view(t, kv, d)
+        q, k = q.view(t, h, d), k.view(t, kv, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.view(t, kv, d)
 
 
 class GatedMLP(nn.Module):

@@ -48,7 +48,8 @@ def kind_params(cfg: ModelConfig) -> dict[str, int]:
     """Parameters of one unit of each kind (embed, layer, head): what FSDP shards, gathers and reduces."""
     kv = cfg.num_kv_heads * cfg.head_size
     biases = cfg.attention_width + 2 * kv if cfg.arch.qkv_bias else 0
-    layer = layer_linear_params(cfg) + biases + 2 * cfg.hidden_size  # two norms
+    qk_norms = 2 * cfg.head_size if cfg.arch.qk_norm else 0
+    layer = layer_linear_params(cfg) + biases + qk_norms + 2 * cfg.hidden_size  # two norms
     embed = cfg.vocab_size * cfg.hidden_size
     # Tied embeddings: the head's projection is the embedding matrix, held (and counted) once.
     head = (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size) + cfg.hidden_size
@@ -63,7 +64,8 @@ def unit_params(cfg: ModelConfig) -> list[int]:
 
 def layer_activation_bytes(cfg: ModelConfig, tokens: int, itemsize: int, longest: int | None = None) -> int:
     """What one decoder layer saves for backward on `tokens` tokens. Counted tensor by tensor:
-    the two norms' inputs and outputs, q, k and v, the attention output and its log-sum-exp,
+    the two norms' inputs and outputs, q, k and v (and, with qk_norm, q and k before their
+    norms), the attention output and its log-sum-exp,
     o_proj's input, the MLP's gate, up, their activation and product (a plain MLP: up and its
     activation). Without flash attention
     (`longest`: the longest document) also every head's attention probabilities, whose sum of
@@ -71,7 +73,8 @@ def layer_activation_bytes(cfg: ModelConfig, tokens: int, itemsize: int, longest
     h, i, q = cfg.hidden_size, cfg.intermediate_size, cfg.attention_width
     kv = cfg.num_kv_heads * cfg.head_size
     mlp = 4 * i if cfg.arch.gated_mlp else 2 * i
-    per_token = 4 * h + (q + 2 * kv) + q + q + mlp
+    qk_norms = q + kv if cfg.arch.qk_norm else 0  # q and k before their norms, beside them after
+    per_token = 4 * h + (q + 2 * kv) + qk_norms + q + q + mlp
     scores = 0 if longest is None else cfg.num_heads * tokens * min(tokens, longest) * itemsize
     return tokens * (per_token * itemsize + 4 * cfg.num_heads) + scores
 

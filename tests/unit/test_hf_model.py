@@ -64,6 +64,8 @@ LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     ("qwen2_7b", "qwen2", {"sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 28}),
     ("qwen2_1p5b", "qwen2", {"sliding_window": 32768, "use_sliding_window": False}),
     ("llama3_8b", "mistral", {"sliding_window": None}),
+    ("qwen3_8b", "qwen3", {"head_dim": 128, "sliding_window": None, "use_sliding_window": False,
+                           "max_window_layers": 36, "attention_bias": False}),
 ])
 def test_a_config_json_gives_the_model_config_of_its_shape(tmp_path, name, model_type, extra):
     folder = write(tmp_path / "My Model v1", hf_config(name, model_type, **extra))
@@ -81,19 +83,70 @@ MISTRAL_NEMO = {"model_type": "mistral", "architectures": ["MistralForCausalLM"]
                 "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 131072}
 
 
-def test_heads_narrower_than_the_width_are_read_and_counted_as_transformers_builds_them(tmp_path):
+# Qwen/Qwen3-0.6B's config.json (https://huggingface.co/Qwen/Qwen3-0.6B/raw/main/config.json, as
+# quoted in public code): 16 heads of 128 on a width of 1024, q and k normalised, tied embeddings.
+QWEN3_0P6B = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "head_dim": 128,
+              "hidden_size": 1024, "intermediate_size": 3072, "max_position_embeddings": 40960,
+              "max_window_layers": 28, "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+              "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+              "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 151936}
+
+
+@pytest.mark.parametrize(("name", "config", "widths"), [
+    ("Mistral-Nemo-Base-2407", MISTRAL_NEMO, (128, 4096, 5120)),
+    ("Qwen3-0.6B", QWEN3_0P6B, (128, 2048, 1024)),
+])
+def test_heads_narrower_or_wider_than_the_width_are_read_and_counted_as_transformers_builds_them(
+        tmp_path, name, config, widths):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from odc_bench.models.decoder import count_parameters
 
-    read = _model(hf_model_overrides(str(write(tmp_path / "Mistral-Nemo-Base-2407", MISTRAL_NEMO))))
-    assert (read.head_dim, read.attention_width, read.hidden_size) == (128, 4096, 5120)
+    read = _model(hf_model_overrides(str(write(tmp_path / name, config))))
+    assert (read.head_dim, read.attention_width, read.hidden_size) == widths
     with torch.device("meta"):
-        theirs = AutoModelForCausalLM.from_config(AutoConfig.for_model(**MISTRAL_NEMO))
+        theirs = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
     assert count_parameters(read) == sum(p.numel() for p in theirs.parameters())
     stated = hf_config("llama3_8b", "llama", head_dim=128)  # 4096 / 32: the width's share, stated
     assert _model(hf_model_overrides(str(write(tmp_path / "llama3_8b", stated)))) == _model(["model=llama3_8b"])
+
+
+def _transformers_name(name: str) -> str:
+    """The harness decoder's parameter name as transformers' decoders name it."""
+    renamed = {"head.norm.weight": "model.norm.weight", "head.lm_head.weight": "lm_head.weight"}
+    return renamed.get(name) or "model." + name.removeprefix("embed.")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+def test_the_decoder_computes_the_loss_transformers_computes_with_the_same_weights(model_type):
+    """Each family the reader takes, with heads narrower than the width's share and norms and
+    biases drawn away from their initial values: one document's mean next-token loss."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from odc_bench.config.hf_model import HF_FAMILIES
+    from odc_bench.config.model import ModelConfig
+    from odc_bench.data.batches import packed_batch
+    from odc_bench.data.tokens import sample_tokens
+    from odc_bench.models.decoder import DecoderModel
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=12)
+    ours = DecoderModel(ModelConfig(name="t", family=HF_FAMILIES[model_type], num_layers=2, rms_eps=1e-6, **shape))
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            p.copy_(torch.rand_like(p) + 0.5 if name.endswith("norm.weight") else torch.randn_like(p) * 0.1)
+    config = AutoConfig.for_model(model_type, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                  **{k: v for k, v in shape.items() if not k.startswith("num_")})
+    theirs = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
+    theirs.load_state_dict({_transformers_name(n): p for n, p in ours.named_parameters()}, strict=True)
+    ids = sample_tokens(0, 0, 23, 100)
+    tokens = torch.as_tensor(ids).long()[None]
+    with torch.no_grad():
+        summed, mean = ours(**packed_batch([ids])), theirs(input_ids=tokens, labels=tokens).loss
+    assert float(summed) / 22 == pytest.approx(float(mean), rel=1e-5)
 
 
 def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
@@ -105,7 +158,7 @@ def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    (dict(hf_config("qwen2_7b", "qwen3", head_dim=128)), "model_type 'qwen3' is not one the harness simulates"),
+    (hf_config("qwen2_7b", "qwen3_moe", num_experts=64), "model_type 'qwen3_moe' is not one the harness simulates"),
     (hf_config("llama3_8b", "mistral", sliding_window=4096),
      "sliding-window attention (4096 tokens) is not simulated"),
     (hf_config("qwen2_7b", "qwen2", sliding_window=4096, use_sliding_window=True),
@@ -153,10 +206,10 @@ def test_a_model_path_the_harness_cannot_use_is_one_line(tmp_path):
         precheck([f"model={tmp_path / 'nowhere'}", "backend=sim"], Planner())
     assert str(nothing.value).startswith(f"model={tmp_path / 'nowhere'}: no model config, and no Hugging Face model "
                                          f"folder")
-    folder = write(tmp_path / "m", hf_config("qwen2_7b", "qwen3", head_dim=128))
+    folder = write(tmp_path / "m", hf_config("qwen2_7b", "qwen3_moe", num_experts=64))
     with pytest.raises(ConfigError) as qwen3:
         precheck([f"model={folder}", "backend=sim"], Planner())
-    assert "model_type 'qwen3' is not one the harness simulates" in str(qwen3.value)
+    assert "model_type 'qwen3_moe' is not one the harness simulates" in str(qwen3.value)
     assert "\n" not in str(nothing.value) + str(qwen3.value)
 
 
@@ -170,9 +223,9 @@ def test_a_sweep_takes_a_model_folder_beside_a_model_config(tmp_path):
     rows = read_table(tmp_path / "res" / "runs.csv")
     assert sorted(rows["model"]) == ["Qwen2-1.5B", "qwen2_1p5b"] and (rows["status"] == "ok").all()
     assert rows["samples_per_s"].nunique() == 1, "the same shape under another name runs the same"
-    qwen3 = write(tmp_path / "Qwen3", hf_config("qwen2_7b", "qwen3", head_dim=128))
+    qwen3 = write(tmp_path / "Qwen3-30B-A3B", hf_config("qwen2_7b", "qwen3_moe", num_experts=64))
     later = run_cli("-m", f"model=qwen2_1p5b,{qwen3}", "backend=sim", f"results_dir={tmp_path / 'res2'}",
                     f"hydra.sweep.dir={tmp_path / 'multirun2'}")
     lines = later.stderr.strip().splitlines()
-    assert later.returncode == 2 and len(lines) == 1 and "model_type 'qwen3' is not one" in lines[0], later.stderr
+    assert later.returncode == 2 and len(lines) == 1 and "model_type 'qwen3_moe' is not one" in lines[0], later.stderr
     assert not (tmp_path / "res2").exists() and not (tmp_path / "multirun2").exists(), "nothing ran"

@@ -89,6 +89,7 @@ def test_every_family_builds_the_layers_its_record_names_and_trains(family, head
     names = {name.split("layers.0.", 1)[1] for name, _ in model.named_parameters() if name.startswith("layers.0.")}
     assert ("self_attn.q_proj.bias" in names) == FAMILIES[family].qkv_bias
     assert ("mlp.gate_proj.weight" in names) == FAMILIES[family].gated_mlp
+    assert ("self_attn.q_norm.weight" in names) == ("self_attn.k_norm.weight" in names) == FAMILIES[family].qk_norm
     docs = [sample_tokens(0, i, n, cfg.vocab_size) for i, n in enumerate([7, 5])]
     loss = model(**packed_batch(docs))
     loss.backward()
