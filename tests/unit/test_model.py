@@ -57,10 +57,11 @@ def test_labels_stop_at_document_ends():
 # Published totals: safetensors parameter counts of the DeepSeek-R1-Distill-Qwen models and of
 # meta-llama/Llama-2-7b-hf and meta-llama/Llama-3.1-8B (https://huggingface.co/api/models/NAME,
 # safetensors.total; Llama 2's includes 2,048 rotary buffer entries the checkpoint stores), and
-# MPT-7B's NumParams in llm-foundry's benchmark table (results/published/points.csv).
+# MPT-7B's NumParams in llm-foundry's benchmark table (results/published/points.csv), and Qwen3-8B's
+# "Number of Parameters: 8.2B" in its model card (huggingface.co/Qwen/Qwen3-8B, "Model Overview").
 PUBLISHED = {"qwen2_1p5b": 1_777_088_000, "qwen2_7b": 7_615_616_512, "qwen2_14b": 14_770_033_664,
              "qwen2_32b": 32_763_876_352, "llama2_7b": 6_738_417_664, "llama3_8b": 8_030_261_248,
-             "mpt_7b": 6_658_859_008}
+             "mpt_7b": 6_658_859_008, "qwen3_8b": 8_200_000_000}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
