@@ -244,6 +244,40 @@ def test_odc_frees_each_checkpointed_unit_after_its_forward_in_every_microbatch(
         engine.close()
 
 
+@pytest.mark.parametrize("listed", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]],
+                         ids=["in-order", "reversed", "shuffled"])
+def test_odc_prefetches_the_unit_that_runs_next_whatever_order_the_units_are_listed_in(listed, one_rank_group):
+    """From the second microbatch on, a forward gathers its first unit and prefetches every other
+    (prefetching the unit listed next, a microbatch gathered six units on demand with the units
+    listed in reverse), and the last unit stays gathered for its backward; it trains as one
+    process."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 8), *(nn.Linear(8, 8) for _ in range(4)))
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine("odc", one_rank_group)
+    gathers: list[str] = []
+    engine.trace = lambda kind, _t0, _t1, **info: gathers.append(info["unit"]) if kind == "gather" else None
+    inputs = [torch.randint(0, 16, (3, 5)) for _ in range(4)]
+    try:
+        engine.wrap(model, [model[i] for i in listed])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        engine.begin_minibatch()
+        for x in inputs:
+            gathers.clear()
+            model(x).sum().backward()
+        assert len(gathers) == 1, gathers
+        engine.finish_minibatch()
+        engine.drain()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    sum(reference(x).sum() for x in inputs).backward()
+    opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
     model = Net()

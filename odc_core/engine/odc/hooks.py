@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
 from odc_core.engine.odc.fetch import Fetcher
+from odc_core.engine.odc.order import ExecutionOrder
 from odc_core.engine.odc.unit import Backward, FlatUnit
 from odc_core.engine.odc.versions import Versions
 from odc_core.engine.outputs import check_output, grad_outputs
@@ -39,6 +40,7 @@ class UnitHooks:
         self.compute_dtype, self.device = compute_dtype, device
         self.handles: list[RemovableHandle] = []
         self._finishing = False  # the end of this backward pass is queued (finish_backward)
+        self.order = ExecutionOrder(len(self.modules))  # what a prefetch gathers
 
     def register(self, unit: FlatUnit) -> None:
         for pos in unit.modules:
@@ -62,15 +64,17 @@ class UnitHooks:
             handle.remove()
         self.handles.clear()
 
-    def _group_at(self, pos: int) -> FlatUnit | None:
-        return self.group_of[pos] if 0 <= pos < len(self.modules) else None
+    def _group_at(self, pos: int | None) -> FlatUnit | None:
+        return None if pos is None else self.group_of[pos]
 
     def pre_forward(self, unit: FlatUnit, pos: int, args: tuple, kwargs: dict):
         self.versions.serve()
         self.fetcher.ensure(unit)
         if unit.backward is not Backward.RUNNING:  # not a recomputation inside its backward
             unit.forwards_open += 1
-        following = self._group_at(pos + 1)
+            if torch.is_grad_enabled():
+                self.order.began(pos)
+        following = self._group_at(self.order.after(pos))
         if following is not None and following is not unit:
             self.fetcher.prefetch(following)
         if self.compute_dtype != torch.float32:
@@ -114,7 +118,7 @@ class UnitHooks:
                 unit.free()
                 unit.hide()
             return
-        if done and pos + 1 < len(self.modules):
+        if done and self.order.after(pos) is not None:  # the last unit's backward begins at once
             unit.free()
         # Every output that carries a gradient (transformers' layers return tuples): the first
         # of them whose gradient arrives starts the group's backward.
@@ -136,8 +140,9 @@ class UnitHooks:
             unit.grads_ready = 0
             if not self._finishing:
                 self._finishing = True
+                self.order.pass_over()
                 torch.autograd.Variable._execution_engine.queue_callback(self.finish_backward)
-        preceding = self._group_at(pos - 1)
+        preceding = self._group_at(self.order.before(pos))
         if preceding is not None and preceding is not unit:
             self.fetcher.prefetch(preceding)
 
