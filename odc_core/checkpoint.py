@@ -313,9 +313,17 @@ def _start_absent_fresh(optim: dict[str, Any], stored: Mapping[str, Any]) -> Non
 
 def _check_fits(state: dict[str, Any], stored: Mapping[str, Any], folder: Path) -> None:
     """A ValueError, one line and on every rank, before anything loads, where the checkpoint is of
-    another model (a parameter or buffer it lacks, or holds in another shape) or of another
-    optimizer (other state kept for a parameter: SGD's momentum_buffer where AdamW keeps
-    exp_avg): DCP's own words were a CheckpointError that called the checkpoint damaged."""
+    another model (a parameter or buffer it lacks, or holds in another shape, or one it holds and
+    the model has not) or of another optimizer (other state kept for a parameter: SGD's
+    momentum_buffer where AdamW keeps exp_avg): DCP's own words were a CheckpointError that called
+    the checkpoint damaged, and DCP loads what the model asks for only, so a checkpoint of a deeper
+    model loaded its first layers into a shallower one without a word."""
+    extra = [key.removeprefix("model.") for key in stored
+             if key.startswith("model.") and not _held_by(key.removeprefix("model."), state["model"])]
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ValueError(f"checkpoint {folder} holds {extra[0]!r}{more}, which the model has not: it is a checkpoint "
+                         f"of another model; load it into the model it was saved from")
     for name, value in state["model"].items():
         held = stored.get(f"model.{name}")
         if held is None:
@@ -333,6 +341,13 @@ def _check_fits(state: dict[str, Any], stored: Mapping[str, Any], folder: Path) 
             raise ValueError(f"checkpoint {folder} holds other optimizer state for {name!r} ({', '.join(kept)}) than "
                              f"this optimizer keeps ({', '.join(sorted(values))}): configure_optimizer() with the "
                              f"optimizer and options it was saved with (its type; amsgrad, momentum), then load it")
+
+
+def _held_by(key: str, model_state: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's model key is one of the model's state keys, or inside one (DCP
+    stores a value that is a dict, a module's extra state, key by key under its name)."""
+    parts = key.split(".")
+    return any(".".join(parts[:n]) in model_state for n in range(len(parts), 0, -1))
 
 
 def _keep_absent_options(groups: list[dict[str, Any]], stored: Mapping[str, Any]) -> None:

@@ -323,17 +323,19 @@ def test_a_resumed_run_goes_on_with_its_lr_schedule_where_it_stopped(tmp_path: P
 
 def _unlike_checkpoint(rank: int, world: int, store: dist.Store, root: str, engine_name: str) -> list[str]:
     """A checkpoint of a model trained with SGD and momentum, loaded into the same model with
-    AdamW, then into a model with a bias more: the errors."""
+    AdamW, then into a model with a bias more, then into one with a bias less: the errors."""
     errors = []
     engine = _engine(rank, world, store, engine_name, "fp32")
     try:
-        for case in ("save", "optimizer", "model"):
+        for case in ("save", "optimizer", "model", "smaller"):
             if case != "save":
                 engine = _another_engine(rank, store, engine_name, "fp32")
             try:
                 model = Net()
                 if case == "model":
                     model.out = nn.Linear(11, 3)  # with a bias
+                if case == "smaller":
+                    model.mid[1] = nn.Linear(13, 11, bias=False)
                 engine.wrap(model, [model.inp, model.mid, model.out])
                 momentum = partial(torch.optim.SGD, lr=LR, momentum=0.9)
                 engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR) if case == "optimizer" else momentum)
@@ -363,8 +365,10 @@ def test_a_checkpoint_of_another_optimizer_or_model_is_refused_in_one_line_namin
     one before")."""
     ranks = run_ranks(_unlike_checkpoint, 2, str(tmp_path), engine, timeout_s=120)
     assert ranks[0] == ranks[1]
-    optimizer, model = ranks[0]
+    optimizer, model, smaller = ranks[0]
     folder = tmp_path / "step-1"
+    assert smaller == (f"checkpoint {folder} holds 'mid.1.bias', which the model has not: it is a checkpoint of another "
+                       f"model; load it into the model it was saved from")
     assert optimizer.startswith(f"checkpoint {folder} holds other optimizer state for 'inp.weight' (momentum_buffer) "
                                 f"than this optimizer keeps (exp_avg, exp_avg_sq, step): configure_optimizer() with")
     assert model.startswith(f"checkpoint {folder} has no 'out.bias', which the model has: it is a checkpoint of "
