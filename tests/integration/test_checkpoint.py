@@ -367,8 +367,8 @@ def test_a_checkpoint_of_another_optimizer_or_model_is_refused_in_one_line_namin
     assert ranks[0] == ranks[1]
     optimizer, model, smaller = ranks[0]
     folder = tmp_path / "step-1"
-    assert smaller == (f"checkpoint {folder} holds 'mid.1.bias', which the model has not: it is a checkpoint of another "
-                       f"model; load it into the model it was saved from")
+    assert smaller == (f"checkpoint {folder} holds 'mid.1.bias', which the model has not: it is a checkpoint of "
+                       f"another model; load it into the model it was saved from")
     assert optimizer.startswith(f"checkpoint {folder} holds other optimizer state for 'inp.weight' (momentum_buffer) "
                                 f"than this optimizer keeps (exp_avg, exp_avg_sq, step): configure_optimizer() with")
     assert model.startswith(f"checkpoint {folder} has no 'out.bias', which the model has: it is a checkpoint of "
