@@ -278,6 +278,26 @@ def test_odc_prefetches_the_unit_that_runs_next_whatever_order_the_units_are_lis
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_the_prefetch_order_is_the_last_passs_first_runs_and_the_listed_one_before_any():
+    from odc_core.engine.odc.order import ExecutionOrder
+
+    order = ExecutionOrder(4)
+    assert [order.after(p) for p in range(4)] == [1, 2, 3, None]
+    assert [order.before(p) for p in range(4)] == [None, 0, 1, 2]
+    for pos in (2, 0, 3, 1, 2, 0):  # a second forward before the backward: its places ran already
+        order.began(pos)
+    assert order.after(2) == 3, "a pass's record counts once its backward begins"
+    order.pass_over()
+    assert [order.after(p) for p in range(4)] == [3, None, 0, 1]
+    assert [order.before(p) for p in range(4)] == [2, 3, None, 0]
+    order.pass_over()  # a backward with no training forward before it: the record stands
+    assert order.after(0) == 3
+    for pos in (0, 1):  # a pass that skips places 2 and 3 (a branch)
+        order.began(pos)
+    order.pass_over()
+    assert [order.after(p) for p in range(4)] == [1, None, None, None]
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
     model = Net()
