@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_bench.run.ranks import RanksFailed, run_ranks
-from odc_core import RanksDifferWarning, engine_context, make_engine
+from odc_core import OdcOptions, RanksDifferWarning, engine_context, make_engine
 
 pytestmark = pytest.mark.slow
 
@@ -286,19 +286,19 @@ def test_ranks_that_load_unlike_state_dicts_are_refused_in_one_line_and_whole_te
 
 
 def _one_rank_stops(rank: int, world: int, store: dist.Store, case: str) -> str:
-    """ODC on 2 ranks, rank 1 running one minibatch fewer or raising in its second; the error
-    each rank ends with, or "ok"."""
+    """ODC on 2 ranks, rank 1 running one minibatch fewer (synchronous or stale-synchronous ODC,
+    closing without drain()) or raising in its second; the error each rank ends with, or "ok"."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=30))
 
     def loop() -> None:
         model = Net()
-        engine = make_engine("odc", engine_context(timeout_s=20.0))
+        engine = make_engine("odc", engine_context(timeout_s=20.0), OdcOptions(staleness=int(case == "fewer-stale")))
         try:
             engine.wrap(model, list(model.layers))
             engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
-            for k in range(2 if case == "fewer" and rank == 1 else 3):
+            for k in range(2 if case.startswith("fewer") and rank == 1 else 3):
                 engine.begin_minibatch()
                 if case == "raises" and rank == 1 and k == 1:
                     raise ValueError("rank 1's data ran out")
@@ -316,15 +316,21 @@ def _one_rank_stops(rank: int, world: int, store: dist.Store, case: str) -> str:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("case", ["fewer", "raises"])
+@pytest.mark.parametrize("case", ["fewer", "fewer-stale", "raises"])
 def test_a_rank_that_closes_its_engine_early_fails_its_peers_at_once_saying_when_and_why(case: str):
     """Before, the peer waited out the engine's timeout (120 s by default) and named only what it
-    waited for: `timed out after 120.0s waiting for rank 1: its gradients of minibatch 2`."""
+    waited for: `timed out after 120.0s waiting for rank 1: its gradients of minibatch 2`; with
+    staleness 1, where the peer runs its extra minibatch without waiting, both ranks closed
+    without an error and the peer's last gradients were lost: its close drains now."""
     first, second = run_ranks(_one_rank_stops, 2, case, timeout_s=120)
     if case == "fewer":
         assert second == "ok"
         assert first == ("RuntimeError: rank 1 closed its engine after minibatch 1 while this rank waits for its "
                          "gradients of minibatch 2: every rank must run the same minibatches")
+    elif case == "fewer-stale":
+        assert second == "ok"
+        assert first == ("RuntimeError: rank 1 closed its engine after minibatch 1 while this rank waits for its "
+                         "gradients of minibatch 2 (for step 2): every rank must run the same minibatches")
     else:
         assert second == "ValueError: rank 1's data ran out"
         assert first == ("RuntimeError: rank 1 failed in minibatch 1 (ValueError: rank 1's data ran out) while this "

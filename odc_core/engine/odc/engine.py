@@ -372,10 +372,21 @@ class OdcEngine:
                 f"the same minibatches")
 
     def close(self) -> None:
+        v, raised = self.versions, sys.exc_info()[1]
+        ended: BaseException | None = None
+        if raised is None and v.minibatch >= 0 and not v.inside and not v.closing.is_set():
+            # A close between minibatches, no error unwinding, ends the run: it drains, so that a
+            # peer that ran fewer minibatches, which stale-synchronous ODC let this rank run past,
+            # fails the close by name instead of losing this rank's last gradients without a word.
+            # Untraced: a loop that drained already has ended its trace.
+            try:
+                v.drain(traced=False)
+            except BaseException as e:  # raised once the engine is closed: nothing leaks
+                ended = e
         self.versions.closing.set()  # a prefetch waiting on a dead peer stops now
         # Peers waiting for this rank's flags fail now, saying when and, where close() runs as an
         # error unwinds (a `finally`), why, not after their timeout with neither.
-        v, raised = self.versions, sys.exc_info()[1]
+        raised = raised or ended
         when = f"in minibatch {v.minibatch}" if v.inside else f"after minibatch {v.minibatch}" if v.minibatch >= 0 \
             else "before its first minibatch"
         closed = json.dumps({"when": when, "error": one_line(raised) if raised is not None else None})
@@ -395,6 +406,8 @@ class OdcEngine:
         if self.versions.replicas is not None:
             group, self.versions.replicas = self.versions.replicas, None
             dist.destroy_process_group(group)
+        if ended is not None:
+            raise ended
 
 
 def build(ctx: EngineContext, options: OdcOptions) -> OdcEngine:

@@ -147,9 +147,10 @@ class Versions:
         self._emit("sync", t0)
         return self._step(k)
 
-    def drain(self) -> None:
+    def drain(self, traced: bool = True) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far (this
-        rank's own steps included, which it applies here as their pushes land)."""
+        rank's own steps included, which it applies here as their pushes land); `traced`: the
+        wait is a "sync" span of the trace (stale-synchronous ODC)."""
         t0 = self._now()
         while self._unstepped:
             k = self._unstepped[0]
@@ -158,7 +159,7 @@ class Versions:
             self.serve()
         for owner in self.peers:
             self.wait(owner, VERSION, self.minibatch + 2, f"step {self.minibatch} of its shards", serve=True)
-        if self.staleness:  # synchronous, the barrier was the wait: a trace as before
+        if self.staleness and traced:  # synchronous, the barrier was the wait: a trace as before
             self._emit("sync", t0)
 
     def await_owners(self, unit: str, serve: bool) -> bool:
