@@ -298,6 +298,38 @@ def test_the_prefetch_order_is_the_last_passs_first_runs_and_the_listed_one_befo
     assert [order.after(p) for p in range(4)] == [1, None, None, None]
 
 
+class TwoLayersCheckpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.utils.checkpoint.checkpoint(lambda t: self.layers[1](self.layers[0](t)), self.embed(x),
+                                              use_reentrant=False)
+        return self.layers[2](h).sum()
+
+
+def test_forwards_recomputed_inside_a_backward_leave_the_prefetch_order_as_the_forward_ran(one_rank_group):
+    """In backward, a checkpointed region of two units runs the first one's forward again before
+    that unit's own backward has begun: taken for a training forward, it became the next pass's
+    first place, the embeddings recorded after it."""
+    model = TwoLayersCheckpointed()
+    engine = one_rank_engine("odc", one_rank_group)
+    try:
+        engine.wrap(model, [model.embed, *model.layers])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        engine.begin_minibatch()
+        for _ in range(3):
+            model(torch.randint(0, 16, (3, 5))).backward()
+        engine.finish_minibatch()
+        order = engine._hooks.order
+        assert [order.after(p) for p in range(4)] == [1, 2, 3, None]
+        assert [order.before(p) for p in range(4)] == [None, 0, 1, 2]
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 def test_a_refused_unit_list_leaves_the_engine_free_to_wrap_the_corrected_one(engine_name, one_rank_group):
     model = Net()

@@ -72,7 +72,7 @@ class UnitHooks:
         self.fetcher.ensure(unit)
         if unit.backward is not Backward.RUNNING:  # not a recomputation inside its backward
             unit.forwards_open += 1
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and not self._finishing:  # a training forward, not inside a backward
                 self.order.began(pos)
         following = self._group_at(self.order.after(pos))
         if following is not None and following is not unit:
