@@ -5,8 +5,8 @@
 
 `--export` also saves each trained model as a folder that transformers' from_pretrained loads.
 
-Needs `pip install 'odc-bench[hf]'` (transformers). The models are tiny Qwen2 and Llama
-configurations built from their config classes (nothing is downloaded), with input and output
+Needs `pip install 'odc-bench[hf]'` (transformers). The models are tiny Qwen2, Llama and
+Qwen3 configurations built from their config classes (nothing is downloaded), with input and output
 embeddings tied or not. Each run saves its parameters after the last step
 (`<model>-<tied|untied>-<engine>.pt`, rank 0), so that a run on ranks can be compared with the
 single process (tests/integration/test_hf_example.py does).
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
 import odc_core
 from odc_bench.balancers import balance
@@ -55,7 +55,9 @@ def tiny_config(model: str, tied: bool) -> PretrainedConfig:
         return Qwen2Config(**shape)
     if model == "llama":
         return LlamaConfig(**shape, attention_bias=False)
-    raise ValueError(f"unknown model {model!r}; choose qwen2 or llama")
+    if model == "qwen3":  # heads of 24 channels on a width of 64, q and k normalised
+        return Qwen3Config(**shape, head_dim=24)
+    raise ValueError(f"unknown model {model!r}; choose qwen2, llama or qwen3")
 
 
 def build(model: str, tied: bool) -> nn.Module:
@@ -159,7 +161,7 @@ def export(model_name: str, tied: bool, params: dict[str, torch.Tensor], folder:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", nargs="+", choices=["odc", "collective"], default=["odc"])
-    ap.add_argument("--model", nargs="+", choices=["qwen2", "llama"], default=["qwen2"])
+    ap.add_argument("--model", nargs="+", choices=["qwen2", "llama", "qwen3"], default=["qwen2"])
     ap.add_argument("--tied", nargs="+", choices=["tied", "untied"], default=["untied"])
     ap.add_argument("--reference", action="store_true", help="train in this one process instead")
     ap.add_argument("--out", type=Path, required=True)

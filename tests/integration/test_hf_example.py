@@ -1,4 +1,4 @@
-"""examples/hf_train.py: transformers' Qwen2 and Llama, tied and untied, trained by ODC (uneven
+"""examples/hf_train.py: transformers' Qwen2, Llama and Qwen3, tied and untied, trained by ODC (uneven
 microbatch counts, one rank with none) and by FSDP2 on 2 CPU ranks, against one process."""
 
 import importlib.util
@@ -15,7 +15,7 @@ from tests.helpers import torchrun
 pytest.importorskip("transformers", reason="the example needs transformers: pip install 'odc-bench[hf]'")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf_train.py"
-MODELS, TIES, ENGINES = ["qwen2", "llama"], ["tied", "untied"], ["odc", "collective"]
+MODELS, TIES, ENGINES = ["qwen2", "llama", "qwen3"], ["tied", "untied"], ["odc", "collective"]
 
 
 def _example():
