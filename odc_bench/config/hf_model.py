@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from odc_bench.config.fields import require
+from odc_bench.config.model import ModelConfig
 from odc_bench.errors import ConfigError
 
 # Hugging Face model_type -> the harness's family (config/model.py FAMILIES).
@@ -98,6 +99,10 @@ def hf_model_shape(value: str) -> dict[str, object]:
         shape["head_dim"] = int(head_dim)
     if theta is not None:
         shape["rope_theta"] = float(theta)
+    try:
+        ModelConfig(**shape)  # type: ignore[arg-type]
+    except ConfigError as e:  # a shape the harness's model cannot take: say which file gave it
+        raise ConfigError(f"{file}: {e}") from None
     return shape
 
 

@@ -163,6 +163,8 @@ def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
      "sliding-window attention (4096 tokens) is not simulated"),
     (hf_config("qwen2_7b", "qwen2", sliding_window=4096, use_sliding_window=True),
      "sliding-window attention (4096 tokens) is not simulated"),
+    (hf_config("llama3_8b", "llama", num_key_value_heads=5),
+     "config.json: model: num_heads 32 must divide by num_kv_heads 5"),
     ('{"model_type": "llama", ', "cannot read"),
     (hf_config("llama3_8b", "llama", hidden_size="4096"), "transformers cannot build a llama config from it"),
     ('["llama"]', "has no model_type"),
