@@ -32,6 +32,9 @@ def test_speedups_are_against_collective_lb_micro_with_seeds_averaged():
     assert rows.loc[("collective", "lb_micro"), "runs"] == 2
     assert rows.loc[("odc", "lb_mini"), "speedup"] == pytest.approx(18.0 / 12.0)
     assert rows.loc[("collective", "local_sort"), "speedup"] == pytest.approx(0.5)
+    edited = pd.concat([table, pd.DataFrame([_row("f", "odc", "lb_mini", float("nan"))])], ignore_index=True)
+    assert comparison(edited).set_index(["engine", "balancer"]).loc[("odc", "lb_mini"), "runs"] == 1, \
+        "an ok row whose throughput a hand edit left out is no run"
 
 
 def test_without_lb_micro_the_baseline_is_collective_local_sort_per_workload():
