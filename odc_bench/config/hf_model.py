@@ -95,14 +95,16 @@ def hf_model_shape(value: str) -> dict[str, object]:
              "hidden_size": hidden, "intermediate_size": int(hf.intermediate_size),
              "num_layers": int(hf.num_hidden_layers), "num_heads": heads, "num_kv_heads": kv_heads,
              "rms_eps": float(hf.rms_norm_eps), "tie_embeddings": bool(hf.tie_word_embeddings)}
-    if head_dim is not None and int(head_dim) * heads != hidden:
+    if head_dim is not None:
         shape["head_dim"] = int(head_dim)
     if theta is not None:
         shape["rope_theta"] = float(theta)
     try:
-        ModelConfig(**shape)  # type: ignore[arg-type]
+        model = ModelConfig(**shape)  # type: ignore[arg-type]
     except ConfigError as e:  # a shape the harness's model cannot take: say which file gave it
         raise ConfigError(f"{file}: {e}") from None
+    if model.head_dim is None:  # the width's share stated (Llama 3's 128 of 4096 / 32): no setting to print
+        shape.pop("head_dim", None)
     return shape
 
 

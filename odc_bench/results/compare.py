@@ -38,7 +38,7 @@ def comparison(table: pd.DataFrame) -> pd.DataFrame:
     """One row per workload and series: median throughput over its runs with their range, bubbles,
     memory, and the speedup with the range its runs allow."""
     # An ok row without a throughput (a cell emptied or written n/a by hand, which reads as
-    # missing) is no run of its series: counted, it made a series of 4 measured runs read 5.
+    # missing) is no run of its series: its runs column counts the runs its median summarises.
     ok = table[(table["status"] == "ok") & pd.to_numeric(table["samples_per_s"], errors="coerce").notna()]
     if ok.empty:
         return pd.DataFrame()
