@@ -176,7 +176,8 @@ def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int, clock: D
     x = torch.randn(len(ids), cfg.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
     cos, sin = rope_tables(cast(torch.Tensor, batch["position_ids"]).to(device), cfg.head_size, cfg.rope_theta,
                            x.dtype)
-    docs = Documents.of(doc_lens, device, kernel_for(x))
+    kernel = kernel_for(x, cfg.head_size)
+    docs = Documents.of(doc_lens, device, kernel)
     embed = _forward_backward(lambda: model.embed(ids), repeats, clock)
     fwd, bwd = _forward_backward(lambda: layer(x, cos, sin, docs), repeats, clock)
     _, recomputed = _forward_backward(lambda: run_layer(layer, noop_context_fn, x, cos, sin, docs), repeats, clock)
@@ -184,7 +185,7 @@ def _time_shape(model: DecoderModel, doc_lens: list[int], repeats: int, clock: D
     model.zero_grad(set_to_none=True)
     return [dict(model=cfg.name, unit="embed", doc_lens=doc_lens, fwd=embed[0], bwd=embed[1]),
             dict(model=cfg.name, unit="layer", doc_lens=doc_lens, fwd=fwd, bwd=bwd, bwd_recompute=recomputed,
-                 attention=kernel_for(x)),
+                 attention=kernel),
             dict(model=cfg.name, unit="head", doc_lens=doc_lens, fwd=head[0], bwd=head[1])]
 
 

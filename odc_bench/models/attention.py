@@ -11,7 +11,10 @@
   call stays as it has always been (3-D), so CPU runs keep their numbers.
 
 Either way compute grows with the sum of squared document lengths, not the packed length's
-square. The kernel is chosen per call from the tensors, and the model records which ran.
+square. The kernel is chosen per call from the tensors and the head size, and the model records
+which ran. varlen_attn hands its inputs to the flash kernel unpadded, and that kernel refuses a
+head size over 256 or not a multiple of 8 (pytorch's flash_api.cpp, mha_varlen_fwd): such heads
+go to per-document SDPA, which pads them itself, rather than fail inside the first forward.
 """
 
 from __future__ import annotations
@@ -60,15 +63,26 @@ def varlen_function() -> Callable[..., Any] | None:
     return varlen_attn
 
 
-def choose_kernel(device_type: str, dtype: torch.dtype, varlen_available: bool) -> str:
-    """varlen on CUDA in 16-bit where torch has it; per-document SDPA everywhere else."""
-    if device_type == "cuda" and dtype in (torch.bfloat16, torch.float16) and varlen_available:
+FLASH_MAX_HEAD_SIZE = 256
+FLASH_HEAD_SIZE_MULTIPLE = 8
+
+
+def flash_takes(head_size: int) -> bool:
+    """Whether the varlen flash kernel takes heads of `head_size` channels (module docstring)."""
+    return head_size <= FLASH_MAX_HEAD_SIZE and head_size % FLASH_HEAD_SIZE_MULTIPLE == 0
+
+
+def choose_kernel(device_type: str, dtype: torch.dtype, varlen_available: bool, head_size: int) -> str:
+    """varlen on CUDA in 16-bit where torch has it and the flash kernel takes the head size;
+    per-document SDPA everywhere else."""
+    if (device_type == "cuda" and dtype in (torch.bfloat16, torch.float16) and varlen_available
+            and flash_takes(head_size)):
         return "varlen"
     return "sdpa_per_doc"
 
 
-def kernel_for(x: torch.Tensor) -> str:
-    return choose_kernel(x.device.type, x.dtype, varlen_function() is not None)
+def kernel_for(x: torch.Tensor, head_size: int) -> str:
+    return choose_kernel(x.device.type, x.dtype, varlen_function() is not None, head_size)
 
 
 @functools.cache

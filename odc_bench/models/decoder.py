@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,8 +61,19 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: 
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
                                              device=position_ids.device) / head_dim))
     angles = position_ids.float()[:, None] * inv_freq[None, :]
-    cos, sin = angles.cos(), angles.sin()
+    cos, sin = _cos_sin(angles)
     return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
+
+
+def _cos_sin(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of `angles`, through numpy on the host: torch's CPU cos and sin go to MKL's
+    vector math, whose first call in a process, split across threads, can be less accurate
+    than every later call (docs/reliability.md, "One seed, one run"): a model's first forward
+    would then differ from its others."""
+    if angles.device.type != "cpu":
+        return angles.cos(), angles.sin()
+    a = angles.numpy()
+    return torch.from_numpy(np.cos(a)), torch.from_numpy(np.sin(a))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -156,7 +168,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Documents) -> torch.Tensor:
         q, k, v = self.before_attention(x, cos, sin)
-        return self.after_attention(x, attend(q, k, v, docs, kernel_for(q)))
+        return self.after_attention(x, attend(q, k, v, docs, kernel_for(q, q.shape[-1])))
 
     def before_attention(self, x: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -224,8 +236,9 @@ class DecoderModel(nn.Module):
         """Summed cross-entropy over the labelled tokens of a packed microbatch."""
         x = self.embed(input_ids)
         cos, sin = rope_tables(position_ids, self.cfg.head_size, self.cfg.rope_theta, x.dtype)
-        docs = Documents.of(doc_lens, x.device, kernel_for(x))
-        self.attention_kernels.add(kernel_for(x))
+        kernel = kernel_for(x, self.cfg.head_size)
+        docs = Documents.of(doc_lens, x.device, kernel)
+        self.attention_kernels.add(kernel)
         for i, layer in enumerate(self.layers):
             x = run_layer(layer, self.checkpointed.get(i), x, cos, sin, docs)
         return self.head(x, labels)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from odc_bench.data.batches import packed_batch
 from odc_bench.models import attention, decoder
-from odc_bench.models.attention import Documents, choose_kernel, per_document, varlen
+from odc_bench.models.attention import Documents, choose_kernel, flash_takes, per_document, varlen
 from tests.helpers import run_config
 
 
@@ -51,15 +51,19 @@ def varlen_213(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_au
     return _reference(query, key, value, cu_seq_q, max_q)
 
 
-@pytest.mark.parametrize(("device", "dtype", "available", "kernel"), [
-    ("cuda", torch.bfloat16, True, "varlen"),
-    ("cuda", torch.float16, True, "varlen"),
-    ("cuda", torch.float32, True, "sdpa_per_doc"),  # flash kernels take no fp32
-    ("cuda", torch.bfloat16, False, "sdpa_per_doc"),  # a torch without varlen
-    ("cpu", torch.bfloat16, True, "sdpa_per_doc"),  # CPU keeps its kernel and numbers
+@pytest.mark.parametrize(("device", "dtype", "available", "head_size", "kernel"), [
+    ("cuda", torch.bfloat16, True, 128, "varlen"),
+    ("cuda", torch.float16, True, 64, "varlen"),
+    ("cuda", torch.bfloat16, True, 256, "varlen"),
+    ("cuda", torch.bfloat16, True, 80, "varlen"),
+    ("cuda", torch.float32, True, 128, "sdpa_per_doc"),  # flash kernels take no fp32
+    ("cuda", torch.bfloat16, False, 128, "sdpa_per_doc"),  # a torch without varlen
+    ("cpu", torch.bfloat16, True, 128, "sdpa_per_doc"),  # CPU keeps its kernel and numbers
+    ("cuda", torch.bfloat16, True, 264, "sdpa_per_doc"),  # the flash kernel's heads end at 256
+    ("cuda", torch.bfloat16, True, 12, "sdpa_per_doc"),  # ... and are whole multiples of 8
 ])
-def test_the_kernel_follows_device_dtype_and_torch(device, dtype, available, kernel):
-    assert choose_kernel(device, dtype, available) == kernel
+def test_the_kernel_follows_device_dtype_torch_and_head_size(device, dtype, available, head_size, kernel):
+    assert choose_kernel(device, dtype, available, head_size) == kernel
 
 
 @pytest.mark.parametrize("fn", [varlen_210, varlen_211, varlen_213])
@@ -115,7 +119,7 @@ def test_the_decoder_on_the_varlen_path_matches_its_per_document_path(monkeypatc
     batch = packed_batch([torch.randint(0, cfg.vocab_size, (n,)) for n in (9, 3, 14)])
     runs = {}
     for kernel in ("sdpa_per_doc", "varlen"):
-        monkeypatch.setattr(decoder, "kernel_for", lambda _x, kernel=kernel: kernel)
+        monkeypatch.setattr(decoder, "kernel_for", lambda _x, _head_size, kernel=kernel: kernel)
         monkeypatch.setattr(attention, "varlen_function", lambda: varlen_213)
         model = decoder.build_model(cfg, 0, torch.device("cpu"))
         loss = model(**batch)
@@ -126,3 +130,27 @@ def test_the_decoder_on_the_varlen_path_matches_its_per_document_path(monkeypatc
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], msg=name)
     assert used_a == {"sdpa_per_doc"} and used_b == {"varlen"}
+
+
+def flash_varlen_213(query, key, value, *args, **kwargs):
+    """varlen_213 refusing the head sizes torch's flash kernel refuses (attention.py's docstring)."""
+    if not flash_takes(query.shape[-1]):
+        raise RuntimeError(f"the flash kernel takes no heads of {query.shape[-1]}")
+    return varlen_213(query, key, value, *args, **kwargs)
+
+
+@pytest.mark.parametrize(("head_dim", "kernel"), [(16, "varlen"), (12, "sdpa_per_doc"), (264, "sdpa_per_doc")])
+def test_the_decoder_gives_the_varlen_kernel_only_heads_it_takes(monkeypatch, head_dim, kernel):
+    """Where varlen would run (CUDA, 16-bit: stood in for on CPU), a model whose heads the flash
+    kernel refuses runs per-document SDPA, to the same loss, and records it."""
+    cfg = run_config("model.num_layers=1", f"model.head_dim={head_dim}").model
+    batch = packed_batch([torch.randint(0, cfg.vocab_size, (n,)) for n in (9, 3, 14)])
+    monkeypatch.setattr(decoder, "kernel_for",
+                        lambda _x, head_size: choose_kernel("cuda", torch.bfloat16, True, head_size))
+    monkeypatch.setattr(attention, "varlen_function", lambda: flash_varlen_213)
+    model = decoder.build_model(cfg, 0, torch.device("cpu"))
+    loss = model(**batch)
+    loss.backward()
+    assert model.attention_kernels == {kernel}
+    monkeypatch.setattr(decoder, "kernel_for", lambda _x, _head_size: "sdpa_per_doc")
+    torch.testing.assert_close(model(**batch), loss)

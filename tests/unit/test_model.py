@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from odc_bench.config.model import FAMILIES, ModelConfig
 from odc_bench.data.batches import packed_batch
 from odc_bench.data.tokens import sample_tokens
-from odc_bench.models.decoder import DecoderModel, build_model, count_parameters, init_weights
+from odc_bench.models.decoder import DecoderModel, build_model, count_parameters, init_weights, rope_tables
 from odc_bench.models.flops import layer_forward_flops, layer_linear_params
 from tests.helpers import run_config
 
@@ -155,3 +155,26 @@ def test_fused_projections_start_from_and_train_like_the_separate_ones(family):
             module = b.self_attn if f == "qkv_proj" else b.mlp
             torch.testing.assert_close(getattr(module, f).weight.grad, _separate(a, f + ".grad", parts),
                                        rtol=1e-4, atol=1e-6)
+
+
+def test_rope_tables_on_cpu_do_not_depend_on_torchs_first_cos_and_sin(monkeypatch):
+    """torch's CPU cos and sin can return less accurate values on their first call in a process
+    (docs/reliability.md). With a stand-in whose first call of each is off, the tables come out
+    the same from call to call, and as float64 math gives them from the same fp32 angles."""
+    def off_on_first_call(real):
+        calls = []
+
+        def op(self):
+            calls.append(1)
+            return real(self) + (1e-4 if len(calls) == 1 else 0)
+        return op
+
+    monkeypatch.setattr(torch.Tensor, "cos", off_on_first_call(torch.Tensor.cos))
+    monkeypatch.setattr(torch.Tensor, "sin", off_on_first_call(torch.Tensor.sin))
+    positions = torch.arange(1 << 15)
+    first, second = rope_tables(positions, 16, 1e4, torch.float32), rope_tables(positions, 16, 1e4, torch.float32)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    monkeypatch.undo()
+    angles = (positions.float()[:, None] * (1.0 / 1e4 ** (torch.arange(0, 16, 2).float() / 16))).double()
+    torch.testing.assert_close(first[0][:, :8].double(), angles.cos(), rtol=0, atol=1e-7)
+    torch.testing.assert_close(first[1][:, 8:].double(), angles.sin(), rtol=0, atol=1e-7)
