@@ -209,11 +209,6 @@ def scaling(scaling_dir: Path) -> dict:
             "rows": rows}
 
 
-def scaling_table(scaling_dir: Path) -> list[str]:
-    """The page's scaling section alone, as lines."""
-    return render("simulator_paper_scaling", scaling=scaling(scaling_dir)).splitlines()
-
-
 def _shown(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 

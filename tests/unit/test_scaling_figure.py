@@ -7,7 +7,8 @@ import yaml
 from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
 from odc_bench.results.scaling import acceleration
 from odc_bench.results.series import DERIVED, layouts
-from odc_bench.studies.paper import scaling_table
+from odc_bench.studies.pages import render
+from odc_bench.studies.paper import scaling as scaling_rows
 from paper_figures import fig10_acceleration, scaling
 from paper_figures.inputs import Skip, by_source, load
 from tests.helpers import with_series
@@ -106,6 +107,11 @@ def test_runs_with_and_without_activation_checkpointing_are_drawn_apart(root):
     assert sorted(parts) == ["sim_scaling-no-recompute", "sim_scaling-recompute-full"]
     assert set(parts["sim_scaling-recompute-full"]["run_id"]) == set(runs.loc[on, "run_id"])
     assert set(parts["sim_scaling-no-recompute"]["run_id"]) == set(runs.loc[~on, "run_id"])
+
+
+def scaling_table(scaling_dir):
+    """The page's scaling section alone, as lines."""
+    return render("simulator_paper_scaling", scaling=scaling_rows(scaling_dir)).splitlines()
 
 
 def test_the_scaling_table_marks_settings_over_memory(root):
