@@ -8,11 +8,12 @@ type). The shape then becomes `model.*` overrides of the harness, which the prin
 carry, so a row can be rerun without the file.
 
 Only what the simulator models passes: the decoder types whose layers are one of the families
-of config/model.py, with a head size of hidden_size / num_attention_heads and full causal
-attention. A sliding window is refused rather than simulated as full attention: for samples
-longer than the window the attention cost would be wrong, and the lengths are not known here.
-Biases a llama-type config adds (attention_bias, mlp_bias) are left out: a few vectors per
-layer, which move neither the FLOPs nor the memory the simulator counts by a measurable amount.
+of config/model.py (heads of any size: a stated head_dim) with full causal attention. A sliding
+window is refused rather than simulated as full attention: for samples longer than the window
+the attention cost would be wrong, and the lengths are not known here. Biases a llama-type
+config adds (attention_bias, mlp_bias) are left out: a few vectors per layer, which move neither
+the FLOPs nor the memory the simulator counts by a measurable amount; so is a rope scaling
+(Llama 3.1's), which changes the rotary frequencies and no cost.
 """
 
 from __future__ import annotations
