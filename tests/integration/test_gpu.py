@@ -154,3 +154,25 @@ def test_every_checkpointing_mode_trains_as_without_it_and_op_mode_keeps_the_var
     for mode in ("full", "op"):
         for name, grad in grads["none"].items():
             torch.testing.assert_close(grads[mode][name], grad, atol=1e-3, rtol=1e-2, msg=f"{mode}: {name}")
+
+
+@pytest.mark.skipif(varlen_function() is None, reason="this torch has no torch.nn.attention.varlen")
+def test_heads_the_flash_kernel_refuses_run_per_document_sdpa_in_bf16():
+    """The varlen call refuses heads of 12 channels (the flash kernel takes multiples of 8 up to
+    256: attention.py); the decoder with such heads runs per-document SDPA instead, forward and
+    backward in bf16, and records that kernel."""
+    from odc_bench.data.batches import on_device, packed_batch
+    from odc_bench.data.tokens import sample_tokens
+    from odc_bench.models.decoder import build_model
+
+    q = torch.randn(16, 2, 12, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        varlen(varlen_function(), q, q, q, Documents.of([16], q.device, "varlen"))
+    cfg = run_config("model=tiny", "model.head_dim=12", "model.num_layers=1").model
+    batch = on_device(packed_batch([sample_tokens(0, i, n, cfg.vocab_size) for i, n in enumerate([300, 90])]),
+                      torch.device("cuda"))
+    model = build_model(cfg, 0, torch.device("cuda")).to(torch.bfloat16)
+    loss = model(**batch)
+    loss.backward()
+    assert model.attention_kernels == {"sdpa_per_doc"}
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
