@@ -19,6 +19,7 @@ group's inner gloo backend, which is what that group does with every call it doe
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Sequence
 from time import perf_counter
 from typing import Any, cast
@@ -59,6 +60,7 @@ from odc_core.engine.base import (
     parameter_ids,
     reduction_device,
 )
+from odc_core.engine.closing import peer_closed, tell_peers
 from odc_core.engine.outputs import Walk, check_output, unit_labels
 from odc_core.engine.rank0 import skeleton_from_rank0
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
@@ -82,7 +84,7 @@ class CollectiveEngine:
         self.backend = CollectiveOptions(backend=backend).for_device(device.type).backend
         self.job_id, self.timeout_s = job_id, timeout_s
         self.groups: list[dist.ProcessGroup] = []  # the shm groups this engine made
-        self.world_size = dist.get_world_size()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         # Ranks a unit is sharded over: all, or (hybrid sharding, HSDP) one node's.
         self.shard_group = self.world_size if shard_group is None else shard_group
         if self.shard_group < 1 or self.world_size % self.shard_group:
@@ -218,7 +220,13 @@ class CollectiveEngine:
         counts agree, and on every rank an error naming each rank's count when they do not."""
         mine = torch.tensor([int(starting), self._microbatches], device=reduction_device(self.device))
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(every, mine)
+        try:
+            dist.all_gather(every, mine)
+        except Exception as e:  # a peer gone from the group: say which, when and why where it told
+            why = self._peer_closed(f"its peers in minibatch {self._minibatch}")
+            if why is None:
+                raise
+            raise RuntimeError(why) from e
         if all(int(other[0]) == int(starting) for other in every):
             return
         counts = ", ".join(f"rank {r} ran {'at least ' if int(s) else ''}{int(n)}" for r, (s, n) in enumerate(every))
@@ -353,7 +361,21 @@ class CollectiveEngine:
         set_state_dict(self.model, self.optimizer, model_state_dict=dict(model_state_dict),
                        optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
 
+    def _peer_closed(self, what: str) -> str | None:
+        """The error of this rank's collective for `what` where a peer closed its engine first
+        (closing.py); None where none did, or the store does not answer."""
+        for peer in range(self.world_size):
+            try:
+                why = peer_closed(self.store, self.job_id, peer, what) if peer != self.rank else None
+            except Exception:  # the store's errors are of many kinds (DistNetworkError, RuntimeError)
+                return None
+            if why is not None:
+                return why
+        return None
+
     def close(self) -> None:
+        # Before the groups go: a peer's collective fails once they do, and then looks this up.
+        tell_peers(self.store, self.job_id, self.rank, self._minibatch, self._inside, sys.exc_info()[1])
         self.model, self._closed = None, True
         groups, self.groups = self.groups, []
         for group in groups:

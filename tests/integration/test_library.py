@@ -286,21 +286,23 @@ def test_ranks_that_load_unlike_state_dicts_are_refused_in_one_line_and_whole_te
 
 
 def _one_rank_stops(rank: int, world: int, store: dist.Store, case: str) -> str:
-    """ODC on 2 ranks, rank 1 running one minibatch fewer (synchronous or stale-synchronous ODC,
-    closing without drain()) or raising in its second; the error each rank ends with, or "ok"."""
+    """ODC (or, for `collective-...`, FSDP2) on 2 ranks, rank 1 running one minibatch fewer
+    (synchronous or stale-synchronous ODC, closing without drain()) or raising in its second;
+    the error each rank ends with, or "ok"."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=30))
 
     def loop() -> None:
         model = Net()
-        engine = make_engine("odc", engine_context(timeout_s=20.0), OdcOptions(staleness=int(case == "fewer-stale")))
+        engine = make_engine("collective", engine_context(timeout_s=20.0)) if case.startswith("collective") else \
+            make_engine("odc", engine_context(timeout_s=20.0), OdcOptions(staleness=int(case == "fewer-stale")))
         try:
             engine.wrap(model, list(model.layers))
             engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
-            for k in range(2 if case.startswith("fewer") and rank == 1 else 3):
+            for k in range(2 if case.removeprefix("collective-").startswith("fewer") and rank == 1 else 3):
                 engine.begin_minibatch()
-                if case == "raises" and rank == 1 and k == 1:
+                if case.endswith("raises") and rank == 1 and k == 1:
                     raise ValueError("rank 1's data ran out")
                 model(_inputs(1, k)[0]).backward()
                 engine.finish_minibatch()
@@ -316,13 +318,23 @@ def _one_rank_stops(rank: int, world: int, store: dist.Store, case: str) -> str:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("case", ["fewer", "fewer-stale", "raises"])
+@pytest.mark.parametrize("case", ["fewer", "fewer-stale", "raises", "collective-fewer", "collective-raises"])
 def test_a_rank_that_closes_its_engine_early_fails_its_peers_at_once_saying_when_and_why(case: str):
     """Before, the peer waited out the engine's timeout (120 s by default) and named only what it
     waited for: `timed out after 120.0s waiting for rank 1: its gradients of minibatch 2`; with
     staleness 1, where the peer runs its extra minibatch without waiting, both ranks closed
-    without an error and the peer's last gradients were lost: its close drains now."""
+    without an error and the peer's last gradients were lost: its close drains now. FSDP2's
+    peer failed at once too, but in gloo's words: `Connection closed by peer [127.0.0.1]:11149`."""
     first, second = run_ranks(_one_rank_stops, 2, case, timeout_s=120)
+    if case == "collective-fewer":
+        assert (second, first) == ("ok", "RuntimeError: rank 1 closed its engine after minibatch 1 while this rank "
+                                         "waits for its peers in minibatch 2: every rank must run the same minibatches")
+        return
+    if case == "collective-raises":
+        assert (second, first) == ("ValueError: rank 1's data ran out",
+                                   "RuntimeError: rank 1 failed in minibatch 1 (ValueError: rank 1's data ran out) "
+                                   "while this rank waits for its peers in minibatch 1")
+        return
     if case == "fewer":
         assert second == "ok"
         assert first == ("RuntimeError: rank 1 closed its engine after minibatch 1 while this rank waits for its "

@@ -19,9 +19,7 @@ the same AdamW step to the same sum, so the replicas stay equal without ever bei
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -58,6 +56,7 @@ from odc_core.engine.base import (
     group_options,
     parameter_ids,
 )
+from odc_core.engine.closing import peer_closed, tell_peers
 from odc_core.engine.odc import state_dict
 from odc_core.engine.odc.fetch import make_fetcher
 from odc_core.engine.odc.hooks import UnitHooks
@@ -67,7 +66,6 @@ from odc_core.engine.outputs import unit_labels
 from odc_core.engine.rank0 import skeleton_from_rank0
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import check_units
-from odc_core.liveness import one_line
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import TRANSPORTS, make_heap
 
@@ -350,26 +348,16 @@ class OdcEngine:
                               state_description(model_state_dict, optim_state_dict), STATE_FIX)
         state_dict.set_state(self, model_state_dict, optim_state_dict, broadcast_from_rank0)
 
-    def _closed_key(self, rank: int) -> str:
-        return f"odc_core/closed/{self.job_id}/{rank}"
-
     def _peer_closed(self, peer: int, what: str) -> str | None:
         """The error of a wait for `what` where `peer` closed its engine; None while it has not,
         or where the store does not answer (its host died: the wait's own timeout names the peer)."""
-        key = self._closed_key(peer)
         if not self._store_answers:
             return None
         try:
-            if not self.store.check([key]):
-                return None
-            closed = json.loads(self.store.get(key))
+            return peer_closed(self.store, self.job_id, peer, what)
         except Exception:  # the store's errors are of many kinds (DistNetworkError, RuntimeError)
             self._store_answers = False
             return None
-        if closed["error"]:
-            return f"rank {peer} failed {closed['when']} ({closed['error']}) while this rank waits for {what}"
-        return (f"rank {peer} closed its engine {closed['when']} while this rank waits for {what}: every rank must run "
-                f"the same minibatches")
 
     def close(self) -> None:
         v, raised = self.versions, sys.exc_info()[1]
@@ -386,12 +374,7 @@ class OdcEngine:
         self.versions.closing.set()  # a prefetch waiting on a dead peer stops now
         # Peers waiting for this rank's flags fail now, saying when and, where close() runs as an
         # error unwinds (a `finally`), why, not after their timeout with neither.
-        raised = raised or ended
-        when = f"in minibatch {v.minibatch}" if v.inside else f"after minibatch {v.minibatch}" if v.minibatch >= 0 \
-            else "before its first minibatch"
-        closed = json.dumps({"when": when, "error": one_line(raised) if raised is not None else None})
-        with contextlib.suppress(Exception):  # a store whose server is gone: nobody is left to tell
-            self.store.set(self._closed_key(self.rank), closed)
+        tell_peers(self.store, self.job_id, self.rank, v.minibatch, v.inside, raised or ended)
         if self._hooks is not None:
             self._hooks.remove()
         self.module_state.remove()
