@@ -11,10 +11,11 @@
   call stays as it has always been (3-D), so CPU runs keep their numbers.
 
 Either way compute grows with the sum of squared document lengths, not the packed length's
-square. The kernel is chosen per call from the tensors and the head size, and the model records
-which ran. varlen_attn hands its inputs to the flash kernel unpadded, and that kernel refuses a
-head size over 256 or not a multiple of 8 (pytorch's flash_api.cpp, mha_varlen_fwd): such heads
-go to per-document SDPA, which pads them itself, rather than fail inside the first forward.
+square. The kernel is chosen once per microbatch from the hidden states' device and dtype and
+the head size, and carried by its Documents to every layer; the model records which ran.
+varlen_attn hands its inputs to the flash kernel unpadded, and that kernel refuses a head size
+over 256 or not a multiple of 8 (pytorch's flash_api.cpp, mha_varlen_fwd): such heads go to
+per-document SDPA, which pads them itself, rather than fail inside the first forward.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ KERNELS = ("sdpa_per_doc", "varlen")
 
 @dataclass(frozen=True)
 class Documents:
-    """Where a packed microbatch's documents lie: their lengths, and for the varlen kernel their
-    cumulative offsets on the device and the longest length (built once per microbatch, shared
-    by every layer)."""
+    """Where a packed microbatch's documents lie and the kernel that attends within them: their
+    lengths, and for the varlen kernel their cumulative offsets on the device and the longest
+    length (built once per microbatch, shared by every layer)."""
 
     lengths: tuple[int, ...]
+    kernel: str = "sdpa_per_doc"
     offsets: torch.Tensor | None = None  # int32, len(lengths) + 1, on the tokens' device
     longest: int = 0
 
@@ -45,12 +47,12 @@ class Documents:
     def of(cls, lengths: Sequence[int], device: torch.device, kernel: str) -> Documents:
         lengths = tuple(int(n) for n in lengths)
         if kernel != "varlen":
-            return cls(lengths)
+            return cls(lengths, kernel)
         offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         offsets[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
         if device.type == "cuda":  # from pinned memory: a pageable copy would wait for the stream
             offsets = offsets.pin_memory()
-        return cls(lengths, offsets.to(device, non_blocking=True), max(lengths))
+        return cls(lengths, kernel, offsets.to(device, non_blocking=True), max(lengths))
 
 
 @functools.cache
@@ -122,9 +124,9 @@ def per_document(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Docume
     return torch.cat(outs)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, kernel: str) -> torch.Tensor:
-    """Causal attention within each document with `kernel`; (tokens, heads, dim)."""
-    if kernel == "varlen":
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents) -> torch.Tensor:
+    """Causal attention within each document with the documents' kernel; (tokens, heads, dim)."""
+    if docs.kernel == "varlen":
         fn = varlen_function()
         if fn is None:
             raise RuntimeError("attention kernel varlen needs torch.nn.attention.varlen (torch >= 2.10)")

@@ -168,7 +168,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Documents) -> torch.Tensor:
         q, k, v = self.before_attention(x, cos, sin)
-        return self.after_attention(x, attend(q, k, v, docs, kernel_for(q, q.shape[-1])))
+        return self.after_attention(x, attend(q, k, v, docs))
 
     def before_attention(self, x: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
