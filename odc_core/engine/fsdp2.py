@@ -164,8 +164,10 @@ class CollectiveEngine:
         # inner one has taken): a unit listed before a unit inside it (a layer, then its MLP)
         # failed in the first forward, "got mixed torch.Tensor and DTensor".
         holders = [*units, model]
-        alone = [holders[g[0]] for g in sharing_groups(unit_parameters(holders)) if len(g) == 1 and g[0] < len(units)]
-        for unit in _inner_first(alone):
+        alone = _inner_first([holders[g[0]] for g in sharing_groups(unit_parameters(holders))
+                              if len(g) == 1 and g[0] < len(units)])
+        _check_one_dtype_per_group(model, alone, labels)
+        for unit in alone:
             fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         for module in (*units, model):
@@ -401,6 +403,31 @@ def _inner_first(units: list[nn.Module]) -> list[nn.Module]:
         ordered += ready
         units = [u for u in units if all(u is not r for r in ready)]
     return ordered
+
+
+def _check_one_dtype_per_group(model: nn.Module, units: list[nn.Module], labels: dict[int, str]) -> None:
+    """ValueError, in one line, where a group fully_shard makes (each unit in `units`' order with
+    the parameters no earlier one took, then the model with the rest) holds trainable parameters
+    of several dtypes: FSDP2 keeps a group's in one dtype, and asserted it only in the first
+    forward ("FSDP expects uniform original parameter dtype"), after wrap() had sharded the
+    model. A model loaded in bf16 with some modules kept in fp32 (transformers'
+    `_keep_in_fp32_modules`) is one."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    taken: set[int] = set()
+    for holder in (*units, model):
+        first: dict[torch.dtype, str] = {}
+        for p in holder.parameters():
+            if id(p) not in taken:
+                taken.add(id(p))
+                if p.requires_grad:
+                    first.setdefault(p.dtype, f"{names[id(p)]} {str(p.dtype).removeprefix('torch.')}")
+        if len(first) > 1:
+            where = f"{labels[id(holder)]}, with the parameters no unit holds," if holder is model and units else \
+                labels[id(holder)]
+            raise ValueError(f"{where} holds trainable parameters of {len(first)} dtypes ({', '.join(first.values())}) "
+                             "and FSDP2 shards a unit's in one dtype: cast them to one (model.float(): "
+                             "precision='bf16' still computes in bf16), or use engine odc, which keeps float32 masters "
+                             "of float32 and compute-dtype parameters alike")
 
 
 def _fsdp2_policy(policy: MixedPrecision) -> MixedPrecisionPolicy:

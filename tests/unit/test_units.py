@@ -430,6 +430,62 @@ def test_a_sparse_embedding_trains_on_odc_and_is_refused_by_fsdp2_at_wrap(engine
         engine.close()
 
 
+class KeptInFp32(nn.Module):
+    """A bf16 model with its norms kept in fp32, as transformers loads some (_keep_in_fp32_modules)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)) for _ in range(2))
+        self.norm = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 1)
+        for module in (*(layer[0] for layer in self.layers), self.head):
+            module.to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for linear, norm in self.layers:
+            x = norm(linear(x.bfloat16()).float())
+        return self.head(self.norm(x).bfloat16()).float().sum()
+
+
+@pytest.mark.parametrize(("units", "message"), [
+    (lambda m: list(m.layers),
+     r"^layers\.0 \(Sequential\) holds trainable parameters of 2 dtypes \(layers\.0\.0\.weight bfloat16, "
+     r"layers\.0\.1\.weight float32\) and FSDP2 shards a unit's in one dtype: cast them to one \(model\.float\(\): "
+     r"precision='bf16' still computes in bf16\), or use engine odc, which keeps float32 masters of float32 and "
+     r"compute-dtype parameters alike$"),
+    (lambda m: [layer[0] for layer in m.layers] + [layer[1] for layer in m.layers],
+     r"^the model \(KeptInFp32\), with the parameters no unit holds, holds trainable parameters of 2 dtypes "
+     r"\(norm\.weight float32, head\.weight bfloat16\) and FSDP2"),
+    (lambda m: [*(layer[0] for layer in m.layers), *(layer[1] for layer in m.layers), m.head], None)],
+    ids=["a unit", "the root", "each group one dtype"])
+def test_fsdp2_refuses_a_group_of_parameters_of_several_dtypes_at_wrap_and_takes_groups_of_one_each(
+        units, message, one_rank_group):
+    """FSDP2 keeps each group's parameters in one dtype; it asserted so in the first forward,
+    after wrap() had sharded the model. Groups of one dtype each, the root's fp32 norm with a
+    frozen bf16 parameter beside it, train."""
+    torch.manual_seed(0)
+    model = KeptInFp32()
+    engine = one_rank_engine("collective", one_rank_group)
+    try:
+        if message is not None:
+            with pytest.raises(ValueError, match=message):
+                engine.wrap(model, units(model))
+            assert not any(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
+            return
+        model.frozen = nn.Parameter(torch.zeros(2, dtype=torch.bfloat16), requires_grad=False)
+        engine.wrap(model, units(model))
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        before = copy.deepcopy(engine.full_parameters())
+        engine.begin_minibatch()
+        model(torch.randn(3, 4)).backward()
+        engine.finish_minibatch()
+        after = engine.full_parameters()
+        stepped = ("layers.0.0.weight", "layers.1.1.weight", "norm.weight")
+        assert all(not torch.equal(before[n], after[n]) for n in stepped)
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize(("factory", "why"), [
     (lambda params: torch.optim.Adafactor(params, lr=0.01), "its second moments factored over the rows and columns "
                                                             "of each matrix"),
