@@ -19,5 +19,9 @@ class HfModelSource(_model_source.HfModelSource):
     """`model=PATH` (a Hugging Face model folder or config.json): see odc_bench.config.model_source."""
 
 
+class HfPathSource(_model_source.HfPathSource):
+    """`model=./PATH` and other values only a path can be: see odc_bench.config.model_source."""
+
+
 class HfModelSearchPath(_model_source.HfModelSearchPath):
-    """Puts HfModelSource on Hydra's search path."""
+    """Puts HfPathSource and HfModelSource on Hydra's search path."""

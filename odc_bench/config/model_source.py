@@ -1,11 +1,17 @@
 """`model=PATH`: a Hugging Face model folder or config.json as an option of Hydra's model group.
 
-Hydra looks an option up as `model/<value>` in each config source of its search path; this
-source answers for a value that names a model folder holding a config.json, or such a file, with
+Hydra looks an option up as `model/<value>` in each config source of its search path; these
+sources answer for a value that names a model folder holding a config.json, or such a file, with
 the model section hf_model.hf_model_shape reads from it (the what-if's reader: one reader for
-both). A stock option of the same name wins (the package's configs come first in the search
-path). Being a Hydra plugin (hydra_plugins/odc_bench_plugins), it is found wherever Hydra
-composes: a single run, every job of a sweep, a SLURM node composing its job.
+both). Two of them, as a value can be a path or a bare name:
+- a value only a path can be (`./qwen2_7b`, `~/m`, `a/b`, `x.json`) is answered first, before
+  any config option is looked up: Hydra's package source would otherwise find the stock
+  option in some (`model/./qwen2_7b.yaml` is the stock qwen2_7b.yaml, so `model=./qwen2_7b`
+  ran the stock 7B model, not the folder); a path that holds no model config is one line;
+- a bare name (a folder in the working directory) is answered last: a config option of the
+  same name wins (`model=qwen2_7b` is the stock one; `model=./qwen2_7b` the folder).
+Being Hydra plugins (hydra_plugins/odc_bench_plugins), they are found wherever Hydra composes:
+a single run, every job of a sweep, a SLURM node composing its job.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from hydra.plugins.config_source import ConfigResult, ConfigSource
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
+from odc_bench.config.compose import CONF_DIR
 from odc_bench.config.hf_model import hf_model_shape, is_hf_model
+from odc_bench.config.hub import hub_hint
+from odc_bench.errors import ConfigError
 
-SCHEME = "hfmodel"
+SCHEME, PATH_SCHEME = "hfmodel", "hfpath"
 GROUP = "model/"
 
 
@@ -27,8 +36,21 @@ def _model_path(config_path: str) -> str | None:
     return config_path[len(GROUP):] if config_path.startswith(GROUP) else None
 
 
+def only_a_path(value: str) -> bool:
+    """Whether a model= value can only be a path, never the name of a config option."""
+    return value.startswith((".", "~")) or "/" in value or value.endswith(".json")
+
+
+def no_model_line(value: str) -> str:
+    """The one line for a model= value that is neither a config option nor a model's config."""
+    options = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    return (f"model={value}: no model config, and no Hugging Face model folder (holding a config.json) or "
+            f"config.json there; give one of {', '.join(options)}, or your model's folder or "
+            f"config.json{hub_hint(value, 'model', 'model={}')}")
+
+
 class HfModelSource(ConfigSource):
-    """The model group's options that are paths to Hugging Face model configs."""
+    """The model group's options that are bare names of Hugging Face model folders (module docstring)."""
 
     @staticmethod
     def scheme() -> str:
@@ -54,8 +76,28 @@ class HfModelSource(ConfigSource):
         return []  # any folder can be one: Hydra's lists of options name the stock ones
 
 
+class HfPathSource(HfModelSource):
+    """The model group's options that can only be paths (module docstring)."""
+
+    @staticmethod
+    def scheme() -> str:
+        return PATH_SCHEME
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        path = _model_path(config_path)
+        assert path is not None
+        if not is_hf_model(path):
+            raise ConfigError(no_model_line(path))
+        return super().load_config(config_path)
+
+    def is_config(self, config_path: str) -> bool:
+        path = _model_path(config_path)
+        return path is not None and only_a_path(path)
+
+
 class HfModelSearchPath(SearchPathPlugin):
-    """Puts HfModelSource on Hydra's search path, after the package's configs."""
+    """Puts HfPathSource first on Hydra's search path and HfModelSource after the package's configs."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        search_path.prepend(provider="odc_bench-hf-path", path=f"{PATH_SCHEME}://")
         search_path.append(provider="odc_bench-hf-model", path=f"{SCHEME}://")

@@ -203,6 +203,21 @@ def test_model_equals_a_folder_or_its_config_json_in_the_harness_as_in_the_whati
     assert read.model == replace(_model(["model=llama3_8b"]), name="Llama-3.1-8B")
 
 
+def test_a_path_is_the_folder_it_names_even_where_a_model_config_has_its_name(tmp_path, monkeypatch):
+    """Hydra's package source read model=./qwen2_7b as model/./qwen2_7b.yaml, the stock config: the
+    folder beside it went unread. A bare name stays the config option's."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "qwen2_7b", hf_config("tiny", "qwen2"))
+    folder = compose_run(["backend=sim", f"model={tmp_path / 'qwen2_7b'}"]).model
+    assert folder == replace(_model(["model=tiny"]), name="qwen2_7b")
+    for path in ("./qwen2_7b", "qwen2_7b/", "./qwen2_7b/config.json", "../" + tmp_path.name + "/qwen2_7b"):
+        assert compose_run(["backend=sim", f"model={path}"]).model == folder, path
+    assert _model(["model=qwen2_7b"]).num_layers == 28, "the stock qwen2_7b"
+    for missing in ("./tiny", "./qwen2_7b.json"):
+        with pytest.raises(ConfigError, match=f"^model={missing}: no model config, and no Hugging Face model folder"):
+            precheck([f"model={missing}", "backend=sim"], Planner())
+
+
 def test_a_model_path_the_harness_cannot_use_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as nothing:
         precheck([f"model={tmp_path / 'nowhere'}", "backend=sim"], Planner())
