@@ -38,6 +38,7 @@ from scipy.optimize import least_squares
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
 from odc_bench.config.compose import hydra_quote
 from odc_bench.config.fields import require
+from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CommandParser, ConfigError, ends_cleanly, fail
 from odc_bench.files import atomic_write_text, writable_folder
 from odc_bench.plan.spec import Planner, RunSpec
@@ -45,7 +46,7 @@ from odc_bench.record.row import sim_timing
 from odc_bench.sim import simulate
 from odc_bench.whatif.accuracy import fit_table_path
 from odc_bench.whatif.answer import compose_config
-from odc_bench.whatif.question import Question, Series
+from odc_bench.whatif.question import MODELS, Question, Series
 
 PROG = "python -m odc_bench.calibrate.cluster_profile"
 REQUIRED = ("model", "lengths", "gpus", "gpus_per_node", "minibatch_size", "tokens_per_s_per_gpu")
@@ -109,9 +110,12 @@ def _flag(value: object, row: int) -> bool:
     return text in ("true", "1", "yes")
 
 
-def _beside(csv: Path, value: str) -> str:
-    """A lengths file or model folder named relative to the runs file, where one is there."""
-    return str(csv.parent / value) if not Path(value).is_absolute() and (csv.parent / value).exists() else value
+def _beside(csv: Path, value: str, names: Collection[str]) -> str:
+    """A lengths file or model folder named relative to the runs file, where one is there; one of
+    `names` (a length profile's, a model config's) stays that name, as the what-if reads it."""
+    if value in names or Path(value).is_absolute() or not (csv.parent / value).exists():
+        return value
+    return str(csv.parent / value)
 
 
 def read_runs(path: Path, base: str) -> list[Measured]:
@@ -150,7 +154,8 @@ def read_runs(path: Path, base: str) -> list[Measured]:
         extra = [f"backend.recompute={str(recompute).lower()}", f"precision={precision}"]
         if max_tokens is not None:
             extra.append(f"max_tokens={int(_number(max_tokens, 'max_tokens', i, integer=True))}")
-        lengths, model = (_beside(path, str(r[column]).strip()) for column in ("lengths", "model"))
+        lengths = _beside(path, str(r["lengths"]).strip(), PROFILES)
+        model = _beside(path, str(r["model"]).strip(), MODELS)
         try:
             question = Question(lengths=lengths, model=model, hardware=base, nodes=gpus // per_node,
                                 devices_per_node=per_node, minibatch_sizes=(minibatch,), num_minibatches=MINIBATCHES,

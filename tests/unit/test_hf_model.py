@@ -193,6 +193,16 @@ def test_the_runs_file_names_a_model_folder_beside_it(tmp_path):
                                        "Llama-3.1-8B,longalign,8,8,2,1500\nllama3_8b,swe_smith,8,8,2,2500\n")
     mine, stock = (r.spec.config.model for r in cc.read_runs(tmp_path / "runs.csv", "h100"))
     assert mine == replace(stock, name="Llama-3.1-8B")
+    # Beside it too, a folder and a lengths file named as a model config and a profile: the bare
+    # names stay the config and the profile, as the what-if reads them; ./ names the files.
+    write(tmp_path / "qwen2_7b", hf_config("tiny", "qwen2"), bom=False)
+    (tmp_path / "longalign").write_text("".join(f"{n}\n" for n in range(300, 364)))
+    (tmp_path / "runs.csv").write_text("model,lengths,gpus,gpus_per_node,minibatch_size,tokens_per_s_per_gpu\n"
+                                       "qwen2_7b,longalign,8,8,2,1500\n./qwen2_7b,./longalign,8,8,2,2500\n")
+    named, beside = (r.spec for r in cc.read_runs(tmp_path / "runs.csv", "h100"))
+    assert named.config.model == _model(["model=qwen2_7b"]) and named.config.dataset.loader == "profile"
+    assert beside.config.model == replace(_model(["model=tiny"]), name="qwen2_7b")
+    assert beside.config.dataset.path == str(tmp_path / "longalign")
 
 
 def test_model_equals_a_folder_or_its_config_json_in_the_harness_as_in_the_whatif(tmp_path):
