@@ -46,7 +46,7 @@ from odc_bench.record.row import sim_timing
 from odc_bench.sim import simulate
 from odc_bench.whatif.accuracy import fit_table_path
 from odc_bench.whatif.answer import compose_config
-from odc_bench.whatif.question import MODELS, Question, Series
+from odc_bench.whatif.question import HARDWARE, MODELS, Question, Series
 
 PROG = "python -m odc_bench.calibrate.cluster_profile"
 REQUIRED = ("model", "lengths", "gpus", "gpus_per_node", "minibatch_size", "tokens_per_s_per_gpu")
@@ -402,6 +402,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         require(args.name.replace("_", "").replace("-", "").isalnum(),
                 f"--name {args.name!r}: use letters, digits, - and _ (it becomes a file and config name)")
+        require(args.name not in HARDWARE,
+                f"--name {args.name}: a stock profile's name, which the harness and the what-if would read instead of "
+                f"this one (Hydra finds the stock one first); give the profile a name of its own (--name "
+                f"{args.name}_cluster)")
         base = base_profile(args.base)
         result = fit(read_runs(args.runs, args.base), base, args.name)
     except ConfigError as e:

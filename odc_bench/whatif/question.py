@@ -158,6 +158,10 @@ class Question:
                     f"--hardware {self.hardware} is neither a profile ({', '.join(HARDWARE)}) nor a profile file "
                     f"DIR/backend/hardware/NAME.yaml (as python -m odc_bench.calibrate.cluster_profile writes one, and "
                     f"where Hydra's search path finds it)")
+            require(path.stem not in HARDWARE,
+                    f"--hardware {self.hardware}: a profile file named as the stock profile {path.stem} is not "
+                    f"read (Hydra finds the stock one first); rename it, and its name: field, to a name of its own, "
+                    f"or give --name another name when python -m odc_bench.calibrate.cluster_profile writes it")
             kind = _profile_kind(path)
             require(kind == "gpu", f"--hardware {self.hardware} is not a GPU profile (kind: {kind}); the what-if "
                                    f"asks about GPUs: give a profile that says kind: gpu, as python -m "

@@ -26,7 +26,7 @@ from odc_bench.whatif.accuracy import VALIDATION, Accuracy, best_validated, cali
 from odc_bench.whatif.answer import answer, plan
 from odc_bench.whatif.cli import DEFAULT_GPU, main, parser, profile_advice, split_overrides
 from odc_bench.whatif.fit import ways_to_fit
-from odc_bench.whatif.question import DERIVED, HARDWARE, Question, Series, in_user_terms, series
+from odc_bench.whatif.question import CONF, DERIVED, HARDWARE, Question, Series, in_user_terms, series
 from odc_bench.whatif.report import _range, describe_pool, verdict_lines
 from tests.helpers import REPO, exit_status, odc_bench
 
@@ -261,6 +261,21 @@ def test_a_profile_file_that_is_not_a_gpus_is_refused_naming_the_file(tmp_path, 
     with pytest.raises(ConfigError) as refused:
         Question(lengths="longalign", hardware=str(profile))
     assert message in str(refused.value) and "\n" not in str(refused.value) and "devices" not in str(refused.value)
+
+
+def test_a_profile_file_named_as_a_stock_profile_is_refused_as_never_read(tmp_path):
+    """DIR/backend/hardware/h100.yaml: Hydra composed the stock h100 in its place, the what-if
+    answering on a profile the user had not given."""
+    from odc_bench.errors import ConfigError
+
+    profile = tmp_path / "backend" / "hardware" / "h100.yaml"
+    profile.parent.mkdir(parents=True)
+    stock = (CONF / "backend" / "hardware" / "h100.yaml").read_text()
+    profile.write_text(stock.replace("nic_gbps: 400", "nic_gbps: 7"))  # a cluster's own network
+    with pytest.raises(ConfigError, match="a profile file named as the stock profile h100 is not read"):
+        Question(lengths="longalign", hardware=str(profile))
+    mine = profile.rename(profile.with_name("mine.yaml"))
+    assert Question(lengths="longalign", hardware=str(mine)).hardware_name == "mine"
 
 
 def test_every_derived_key_reads_as_its_option():

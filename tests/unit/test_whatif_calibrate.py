@@ -96,6 +96,13 @@ def test_input_the_fit_cannot_use_is_refused_in_one_line(tmp_path, capsys, text,
     assert says in _refused(tmp_path, capsys, text)
 
 
+@pytest.mark.parametrize("name", ["h100", "a100_fit", "cpu"])
+def test_a_profile_cannot_take_a_stock_profiles_name(tmp_path, capsys, name):
+    """Hydra finds the stock profile of a name first: a profile written under it would never be read."""
+    text = HEADER + ROW + "1000\n" + "qwen2_1p5b,swe_smith,8,8,2,1500\n"
+    assert f"--name {name}: a stock profile's name" in _refused(tmp_path, capsys, text, "--name", name)
+
+
 def test_runs_no_profile_meets_are_refused(tmp_path, capsys):
     # Twice the minibatch on the same data and GPUs cannot run at a hundredth of the throughput.
     text = HEADER + ROW + "2000\n" + "qwen2_1p5b,longalign,8,8,8,20\n"
