@@ -27,7 +27,7 @@ from hydra.core.override_parser.types import Override, RangeSweep, ValueType
 from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_parameters
-from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
+from odc_bench.config.compose import COMPOSE_ERRORS, CONF_DIR, hydra_error_line, overrides_parser, refuse_null_groups
 from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
@@ -170,10 +170,29 @@ def _refuse_added_keys(parsed: Sequence[Override], combination: list[str], confi
 _ABSENT = object()
 
 
+def refuse_shadowed_options(cfg: DictConfig) -> None:
+    """ConfigError where an option the run chose is in one of the user's config folders
+    (--config-dir, hydra.searchpath) under the name of one of the package's: Hydra reads the
+    package's first, so the user's file, edited or not, was never read."""
+    runtime = OmegaConf.select(cfg, "hydra.runtime")
+    if runtime is None:
+        return
+    folders = [Path(source.path) for source in runtime.config_sources
+               if source.schema == "file" and Path(source.path).resolve() != CONF_DIR]
+    for group, option in runtime.choices.items():
+        if option is None or group.startswith("hydra/") or not (CONF_DIR / group / f"{option}.yaml").is_file():
+            continue
+        for folder in folders:
+            if (mine := folder / group / f"{option}.yaml").is_file():
+                raise ConfigError(f"{mine} is never read: Hydra finds the package's {group}={option} first; rename "
+                                  f"yours (and its name: field) and choose it by its new name")
+
+
 def check_run(cfg: DictConfig, planner: Planner) -> None:
-    """Everything about the composed run that would fail before or during it: its typed config,
-    its plans (made with `planner`, which keeps them for the job), its results folder, and the
-    SLURM job it would need."""
+    """Everything about the composed run that would fail before or during it: the options it
+    chose, its typed config, its plans (made with `planner`, which keeps them for the job), its
+    results folder, and the SLURM job it would need."""
+    refuse_shadowed_options(cfg)
     config = load(cfg)
     if config.task != "train":
         from odc_bench.jobs.primitives import plan_from_config  # the microbenchmark imports torch

@@ -67,11 +67,11 @@ def _long_tmpdir(tmp: Path) -> dict[str, str]:
     return {"TMPDIR": str(tmp / ("t" * 80))}
 
 
-def _profile(text: str) -> Callable[[Path], None]:
+def _profile(text: str, name: str = "mine") -> Callable[[Path], None]:
     """A hardware profile of the user's own, where `hydra.searchpath=[file://{tmp}/conf]` finds it."""
     def setup(tmp: Path) -> None:
         (tmp / "conf" / "backend" / "hardware").mkdir(parents=True)
-        (tmp / "conf" / "backend" / "hardware" / "mine.yaml").write_text(text)
+        (tmp / "conf" / "backend" / "hardware" / f"{name}.yaml").write_text(text)
     return setup
 
 
@@ -126,6 +126,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                              _profile("name: mine\npeak_tflops: [1,\n")),
     "option-file-a-list": (MY_PROFILE, "backend.hardware must be a section of keys, got ['a', 'b']; the file that "
                            "sets it must hold settings by name (key: value)", _profile("- a\n- b\n")),
+    "option-named-as-the-packages": (
+        [*MY_PROFILE[:2], "backend/hardware=h100"], "conf/backend/hardware/h100.yaml is never read: Hydra finds the "
+        "package's backend/hardware=h100 first; rename yours (and its name: field) and choose it by its new name",
+        _profile((CONF_DIR / "backend" / "hardware" / "h100.yaml").read_text(), "h100")),
     "key-of-another-option": (["engine=collective", "engine.staleness=1"],
                               "config key 'engine.staleness' belongs to engine=odc, not to the engine chosen", None),
     "added-key": (["+no_such_key=1"], "unknown config key 'no_such_key' (added by '+no_such_key=1')", None),

@@ -349,6 +349,32 @@ def test_options_and_sweeps_of_a_users_config_dir_run(tmp_path, sweep):
 
 
 @pytest.mark.slow
+def test_an_option_of_the_users_named_as_one_of_the_packages_is_refused_as_never_read(tmp_path, sweep):
+    """Hydra reads the package's option of a name before a user folder's (--config-dir,
+    hydra.searchpath): the user's model/tiny.yaml, edited, ran the stock tiny. A sweep whose later
+    job chooses such an option stops before anything is written."""
+    mine = tmp_path / "myconf"
+    for group, option in (("model", "tiny"), ("backend/hardware", "h100"), ("backend/hardware", "mine")):
+        stock = (REPO / "odc_bench" / "conf" / group / f"{option if option != 'mine' else 'h100'}.yaml").read_text()
+        (mine / group).mkdir(parents=True, exist_ok=True)
+        (mine / group / f"{option}.yaml").write_text(stock.replace("name: h100", f"name: {option}"))
+    status, _, err = sweep("-cd", str(mine), "model=tiny", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}")
+    assert (status, err) == (2, f"odc_bench: error: {mine / 'model' / 'tiny.yaml'} is never read: Hydra finds the "
+                                f"package's model=tiny first; rename yours (and its name: field) and choose it by its "
+                                f"new name\n")
+    status, _, err = sweep(f"hydra.searchpath=[file://{mine}]", "backend/hardware=mine,h100", "model=qwen2_7b",
+                           *SIM_SWEEP,
+                           f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 2 and err.endswith(f"{mine / 'backend' / 'hardware' / 'h100.yaml'} is never read: Hydra finds "
+                                        f"the package's backend/hardware=h100 first; rename yours (and its name: "
+                                        f"field) and choose it by its new name\n"), err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "m").exists()
+    status, out, _ = sweep(f"hydra.searchpath=[file://{mine}]", "backend/hardware=mine", "model=qwen2_7b", *SIM_SWEEP,
+                           f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
+    assert status == 0 and "  hardware:\n    name: mine\n" in read_table(tmp_path / "r" / "runs.csv")["config"][0], out
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("multirun", [False, True])
 def test_relative_paths_are_the_launch_folders_under_hydras_job_chdir(multirun, tmp_path, monkeypatch, capsys):
     """hydra.job.chdir=True (Hydra 1.1's default) ran the job in its output folder, where the
