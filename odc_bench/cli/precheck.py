@@ -171,14 +171,19 @@ _ABSENT = object()
 
 
 def refuse_shadowed_options(cfg: DictConfig) -> None:
-    """ConfigError where an option the run chose is in one of the user's config folders
-    (--config-dir, hydra.searchpath) under the name of one of the package's: Hydra reads the
-    package's first, so the user's file, edited or not, was never read."""
+    """ConfigError where the primary config or an option the run chose is in one of the user's
+    config folders (--config-dir, hydra.searchpath) under the name of one of the package's:
+    Hydra reads the package's first, so the user's file, edited or not, was never read."""
     runtime = OmegaConf.select(cfg, "hydra.runtime")
     if runtime is None:
         return
     folders = [Path(source.path) for source in runtime.config_sources
                if source.schema == "file" and Path(source.path).resolve() != CONF_DIR]
+    primary = str(OmegaConf.select(cfg, "hydra.job.config_name", default="config"))
+    for folder in folders:
+        if (CONF_DIR / f"{primary}.yaml").is_file() and (mine := folder / f"{primary}.yaml").is_file():
+            raise ConfigError(f"{mine} is never read: Hydra finds the package's primary config {primary} first; "
+                              f"rename yours and choose it with -cn NAME")
     for group, option in runtime.choices.items():
         if option is None or group.startswith("hydra/") or not (CONF_DIR / group / f"{option}.yaml").is_file():
             continue

@@ -372,6 +372,12 @@ def test_an_option_of_the_users_named_as_one_of_the_packages_is_refused_as_never
     status, out, _ = sweep(f"hydra.searchpath=[file://{mine}]", "backend/hardware=mine", "model=qwen2_7b", *SIM_SWEEP,
                            f"results_dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 'm'}")
     assert status == 0 and "  hardware:\n    name: mine\n" in read_table(tmp_path / "r" / "runs.csv")["config"][0], out
+    primary = tmp_path / "primary"
+    primary.mkdir()
+    (primary / "config.yaml").write_text((REPO / "odc_bench" / "conf" / "config.yaml").read_text() + "seed: 7\n")
+    status, _, err = sweep("-cd", str(primary), *SIM_SWEEP, f"results_dir={tmp_path / 'r2'}")
+    assert (status, err) == (2, f"odc_bench: error: {primary / 'config.yaml'} is never read: Hydra finds the "
+                                f"package's primary config config first; rename yours and choose it with -cn NAME\n")
 
 
 @pytest.mark.slow
