@@ -98,6 +98,10 @@ def _check_sweeps_dir(overrides: Sequence[str]) -> None:
     if not own and not any(SWEEPS_DIR.glob("*.yaml")):
         # The sweep files live beside the package, in the repository: an installed wheel has none,
         # and Hydra then said "unknown config key 'sweep'".
+        if os.environ.get("ODC_SWEEPS_DIR"):
+            raise ConfigError(f"sweep={chosen}: there are no sweep files in ODC_SWEEPS_DIR={SWEEPS_DIR}; set it to a "
+                              f"folder of sweep files (NAME.yaml, as the repository's sweeps/ holds them), or unset it "
+                              f"for the repository's")
         raise ConfigError(f"sweep={chosen}: there are no sweep files in {SWEEPS_DIR} (the repository's sweeps/ "
                           f"folder, which an installed odc-bench does not carry); run from a checkout of the "
                           f"repository, or set ODC_SWEEPS_DIR to a folder of sweep files")

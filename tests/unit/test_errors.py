@@ -877,6 +877,15 @@ def test_a_sweep_chosen_where_there_are_no_sweep_files_says_where_they_are(tmp_p
         f"sweeps/ folder, which an installed odc-bench does not carry); run from a checkout of the repository, or "
         f"set ODC_SWEEPS_DIR to a folder of sweep files\n")
     assert list(tmp_path.iterdir()) == []
+    # A folder of the user's, named by ODC_SWEEPS_DIR, is not the repository's.
+    monkeypatch.setenv("ODC_SWEEPS_DIR", str(tmp_path / "mine"))
+    monkeypatch.setattr(compose_module, "SWEEPS_DIR", tmp_path / "mine")
+    assert odc_bench("sweep=smoke", f"results_dir={tmp_path / 'results'}") == 2
+    assert capsys.readouterr().err == (
+        f"odc_bench: error: sweep=smoke: there are no sweep files in ODC_SWEEPS_DIR={tmp_path / 'mine'}; set it to a "
+        f"folder of sweep files (NAME.yaml, as the repository's sweeps/ holds them), or unset it for the "
+        f"repository's\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_local_ranks_started_without_the_commands_check_meet_the_same_refusal(tmp_path, monkeypatch):
