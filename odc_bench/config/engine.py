@@ -37,6 +37,11 @@ class EngineRecord:
     # How a figure's legend writes a value of it ("{}" for a name such as shm; "s={}" says what
     # a bare number means).
     series_pretty: str = "{}"
+    # Options of real runs the simulator's timeline does not model: with backend=sim a value
+    # other than the default is refused, where it was simulated as the default. (A transport or
+    # process group is the hardware profile's to stand for, as a real run's resolved config,
+    # simulated again by the studies, names one.)
+    unsimulated: tuple[str, ...] = ()
 
     @property
     def runtime(self) -> runtime.EngineSpec:
@@ -55,9 +60,11 @@ class EngineRecord:
 # shown by its name and not simulated.
 PRESENTATION: dict[str, EngineRecord] = {
     "collective": EngineRecord("collective", "Collective", simulated_as="collective", baseline=True,
-                               series_option="backend", series_preference=("shm", "nccl", "gloo")),
+                               series_option="backend", series_preference=("shm", "nccl", "gloo"),
+                               unsimulated=("reshard_after_forward",)),
     "odc": EngineRecord("odc", "ODC", simulated_as="odc", series_option="staleness", series_preference=("0",),
-                        series_option_simulated=True, series_pretty="s={}"),
+                        series_option_simulated=True, series_pretty="s={}",
+                        unsimulated=("prefetch",)),
 }
 
 

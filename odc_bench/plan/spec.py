@@ -251,6 +251,15 @@ def check_combination(config: RunConfig) -> None:
     if config.simulated and engine.simulated_as is None:
         raise CombinationError(f"the simulator does not model engine={engine.name}; use backend=local",
                                ("engine", "backend"))
+    if config.simulated:
+        options, defaults = config.engine.options, type(config.engine.options)()
+        for key in engine.unsimulated:
+            value, default = getattr(options, key), getattr(defaults, key)
+            if value != default:
+                raise CombinationError(f"engine.{key}={_setting(value)} sets how a real run's engine runs, which the "
+                                       f"simulator does not model (its engine={engine.name} runs as with "
+                                       f"engine.{key}={_setting(default)}); leave engine.{key} unset with backend=sim",
+                                       (f"engine.{key}", "backend"))
     per_node = config.engine.options.ranks_per_node
     if per_node is not None:
         if config.simulated:
@@ -277,6 +286,11 @@ def check_combination(config: RunConfig) -> None:
                                f"the same minibatch to share; engine.staleness={config.engine.staleness} lets them "
                                f"run apart: use balancer=lb_carry (or engine.staleness=0)",
                                ("balancer", "engine.staleness"))
+
+
+def _setting(value: object) -> str:
+    """A value as the command line writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def shard_group(config: RunConfig) -> int:

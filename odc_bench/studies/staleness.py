@@ -25,7 +25,7 @@ import pandas as pd
 import yaml
 
 from odc_bench.config.run import run_config
-from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
+from odc_bench.errors import CombinationError, CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.results.collect import merged, tables_under
@@ -51,11 +51,15 @@ def predicted_time(config_yaml: str) -> float:
 
 @cache
 def simulated_speed(config_yaml: str, calibration: str) -> float:
-    """Samples/s the simulator predicts for a run's config on the calibrated CPU profile."""
+    """Samples/s the simulator predicts for a run's config on the calibrated CPU profile; NaN for
+    a run it does not model (engine.prefetch=false)."""
     values = yaml.safe_load(config_yaml)
     values["backend"] = {"name": "sim", "write_trace": False,
                          "hardware": {"name": "cpu", "kind": "calibrated", "calibration": calibration}}
-    spec = resolve(run_config(values))
+    try:
+        spec = resolve(run_config(values))
+    except CombinationError:
+        return float("nan")
     return float(timing(spec, simulate(spec).events)["samples_per_s"])
 
 

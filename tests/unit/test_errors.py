@@ -221,6 +221,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                               "engine.shard=hybrid is synchronous only so far", None),
     "ranks-per-node-on-sim": (["backend=sim", "engine.ranks_per_node=2"],
                               "engine.ranks_per_node=2 emulates nodes for real runs", None),
+    "unsimulated-option-on-sim": (["backend=sim", "engine=odc", "engine.prefetch=false"],
+                                  "engine.prefetch=false sets how a real run's engine runs, which the simulator does "
+                                  "not model (its engine=odc runs as with engine.prefetch=true); leave "
+                                  "engine.prefetch unset with backend=sim", None),
     "hybrid-on-the-cpu-profile": (["backend=sim", "backend/hardware=cpu", "engine.shard=hybrid"],
                                   "engine.shard=hybrid needs nodes: a GPU hardware profile", None),
     "dynamic-with-staleness": (["engine=odc", "engine.staleness=1", "balancer=dynamic"],

@@ -213,11 +213,11 @@ def test_a_stale_run_is_set_against_the_synchronous_run_of_its_own_engine_option
     with its own prefetch. Before, both were set against whichever s = 0 run came first."""
     rows = []
     for staleness, prefetch, speed in ((0, True, 10.0), (0, False, 8.0), (1, True, 11.0), (1, False, 9.6)):
-        config = run_config("backend=sim", "engine=odc", f"engine.staleness={staleness}",
+        config = run_config("engine=odc", f"engine.staleness={staleness}",
                             f"engine.prefetch={str(prefetch).lower()}", "balancer=lb_carry", "num_minibatches=4",
                             "warmup_minibatches=1")
         rows.append(dict.fromkeys(WORKLOAD_COLUMNS, 1) | dict(
-            backend="sim", model="tiny", dataset="longalign", engine="odc", balancer="lb_carry", staleness=staleness,
+            backend="local", model="tiny", dataset="longalign", engine="odc", balancer="lb_carry", staleness=staleness,
             seed=0, attempt=0, status="ok", samples_per_s=speed, bubble_rate=0.1,
             config=yaml.safe_dump(config.to_dict(), sort_keys=False)))
     pairs = side_by_side(pd.DataFrame(rows))
