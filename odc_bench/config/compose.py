@@ -18,6 +18,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from odc_bench.config.hub import hub_hint
 from odc_bench.config.run import RunConfig, load
 from odc_bench.errors import ConfigError
 from odc_bench.provenance import REPO_ROOT
@@ -205,13 +206,23 @@ def hydra_error_line(error: Exception) -> str:
             reason = "a character it reads only inside quotes, such as a quote or a non-ASCII letter"
         return f"{error.override!r}: Hydra cannot read it ({reason}); if the value is one string, quote it: {quoted}"
     if isinstance(error, MissingConfigException) and error.options:
-        # A model= value only a path can be never gets here: model_source.py answers it.
+        group, _, value = (error.missing_cfg_file or "").partition("/")
+        if group == "model" and "/" in value:
+            return no_model_line(value)
         missing = (error.missing_cfg_file or "").rsplit("/", 1)
         if len(missing) == 2:
             return (f"unknown {missing[0]} option {missing[1]!r}; choose one of {', '.join(sorted(error.options))}")
     first = str(error).strip().splitlines()
     text = " ".join(line.strip() for line in first[:2] if line.strip())
     return text or type(error).__name__
+
+
+def no_model_line(value: str) -> str:
+    """The one line for a model= value that is neither a config option nor a model's config."""
+    options = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    return (f"model={value}: no model config, and no Hugging Face model folder (holding a config.json) or "
+            f"config.json there; give one of {', '.join(options)}, or your model's folder or "
+            f"config.json{hub_hint(value, 'model', 'model={}')}")
 
 
 def options_with_key(key: str) -> tuple[str, list[str]]:

@@ -4,10 +4,11 @@ Hydra looks an option up as `model/<value>` in each config source of its search 
 sources answer for a value that names a model folder holding a config.json, or such a file, with
 the model section hf_model.hf_model_shape reads from it (the what-if's reader: one reader for
 both). Two of them, as a value can be a path or a bare name:
-- a value only a path can be (`./qwen2_7b`, `~/m`, `a/b`, `x.json`) is answered first, before
-  any config option is looked up: Hydra's package source would otherwise find the stock
-  option in some (`model/./qwen2_7b.yaml` is the stock qwen2_7b.yaml, so `model=./qwen2_7b`
-  ran the stock 7B model, not the folder); a path that holds no model config is one line;
+- a value only a path can be (`./qwen2_7b`, `~/m`, `/abs/m`, `x.json`), or a relative path
+  with a `/` that names a model's folder, is answered first, before any config option is looked
+  up: Hydra's package source would otherwise find the stock option in some
+  (`model/./qwen2_7b.yaml` is the stock qwen2_7b.yaml, so `model=./qwen2_7b` ran the stock 7B
+  model, not the folder); a value only a path can be that holds no model config is one line;
 - a bare name (a folder in the working directory) is answered last: a config option of the
   same name wins (`model=qwen2_7b` is the stock one; `model=./qwen2_7b` the folder).
 Being Hydra plugins (hydra_plugins/odc_bench_plugins), they are found wherever Hydra composes:
@@ -22,9 +23,8 @@ from hydra.plugins.config_source import ConfigResult, ConfigSource
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
-from odc_bench.config.compose import CONF_DIR
+from odc_bench.config.compose import no_model_line
 from odc_bench.config.hf_model import hf_model_shape, is_hf_model
-from odc_bench.config.hub import hub_hint
 from odc_bench.errors import ConfigError
 
 SCHEME, PATH_SCHEME = "hfmodel", "hfpath"
@@ -37,16 +37,9 @@ def _model_path(config_path: str) -> str | None:
 
 
 def only_a_path(value: str) -> bool:
-    """Whether a model= value can only be a path, never the name of a config option."""
-    return value.startswith((".", "~")) or "/" in value or value.endswith(".json")
-
-
-def no_model_line(value: str) -> str:
-    """The one line for a model= value that is neither a config option nor a model's config."""
-    options = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
-    return (f"model={value}: no model config, and no Hugging Face model folder (holding a config.json) or "
-            f"config.json there; give one of {', '.join(options)}, or your model's folder or "
-            f"config.json{hub_hint(value, 'model', 'model={}')}")
+    """Whether a model= value can only be a path, never the name of a config option (which may
+    hold a /: model=llama/7b is DIR/model/llama/7b.yaml of a user's config folder)."""
+    return value.startswith((".", "~", "/")) or value.endswith(".json")
 
 
 class HfModelSource(ConfigSource):
@@ -92,7 +85,7 @@ class HfPathSource(HfModelSource):
 
     def is_config(self, config_path: str) -> bool:
         path = _model_path(config_path)
-        return path is not None and only_a_path(path)
+        return path is not None and (only_a_path(path) or ("/" in path and is_hf_model(path)))
 
 
 class HfModelSearchPath(SearchPathPlugin):

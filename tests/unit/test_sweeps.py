@@ -326,12 +326,12 @@ def test_options_and_sweeps_of_a_users_config_dir_run(tmp_path, sweep):
     """Hydra's --config-dir joins a folder of the user's own options; the check before the run
     composed from the package alone and refused them as unknown."""
     mine = tmp_path / "myconf"
-    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "small").mkdir(parents=True)  # an option in a subfolder: model=small/mytiny
     (mine / "sweep").mkdir()
     tiny = (REPO / "odc_bench" / "conf" / "model" / "tiny.yaml").read_text()
-    (mine / "model" / "mytiny.yaml").write_text(re.sub(r"(?m)^name: .*$", "name: mytiny", tiny))
+    (mine / "model" / "small" / "mytiny.yaml").write_text(re.sub(r"(?m)^name: .*$", "name: mytiny", tiny))
     (mine / "sweep" / "mine.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n  sweeper:\n"
-                                              "    params:\n      model: mytiny\n      seed: 0,1\n")
+                                              "    params:\n      model: small/mytiny\n      seed: 0,1\n")
     status, out, err = sweep("-cd", str(mine), "sweep=mine", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
                              f"hydra.sweep.dir={tmp_path / 'm'}")
     assert status == 0, err
