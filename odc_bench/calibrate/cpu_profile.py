@@ -187,7 +187,7 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     units = pd.concat([unit_frame(spec, ev, layout, knots) for pairs in runs.values() for spec, ev in pairs])
     engines = {engine: fit_engine(pairs, engine, layout) for engine, pairs in runs.items()}
     c = first.config
-    return dict(version=2, model=c.model.name, world_size=first.world_size,
+    return dict(version=2, model=c.model.name, world_size=first.world_size, precision=c.precision,
                 threads_per_rank=c.threads_per_rank, host=socket.gethostname(), fingerprint=host_fingerprint(),
                 date=time.strftime("%Y-%m-%d"), knots=list(knots), compute=fit_compute(units), engines=engines,
                 runs={e: [spec.run_id for spec, _ in pairs] for e, pairs in runs.items()})

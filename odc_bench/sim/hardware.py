@@ -379,6 +379,13 @@ class CalibratedProfile:
         if world != calibrated_world:
             raise ConfigError(f"{self.path} was calibrated with world_size={calibrated_world}, not {world}; "
                               f"calibrate again with world_size={world}")
+        # A file from before the key's time was fitted on runs that set no precision: the default's.
+        calibrated_precision = str(self.data.get("precision", "fp32"))
+        if precision != calibrated_precision:
+            raise ConfigError(f"{self.path} was calibrated on precision={calibrated_precision} runs, whose timings "
+                              f"are not precision={precision}'s on this CPU; set precision={calibrated_precision}, or "
+                              f"calibrate on precision={precision} runs (python -m odc_bench.calibrate.cpu_profile "
+                              f"precision={precision} --out FILE) and set backend.hardware.calibration=FILE")
         L, U = layout.cfg.num_layers, layout.units
         pre = np.zeros((2, layout.positions))
         pre[:, 0], pre[:, U - 1], pre[:, U] = e["fwd_embed"], e["fwd_head"], e["bwd_head"]

@@ -67,6 +67,7 @@ def test_simulated_runs_write_the_same_events_and_row_as_real_ones(calibration_r
         sorted(map(tuple, real[key].fillna("").astype(str).values))
     assert list(pd.read_csv(tmp_path / "runs.csv").columns) == COLUMNS
     assert sim_row["backend"] == "sim" and real_row["backend"] == "local"
+    assert json.loads(calibration.read_text())["precision"] == "fp32", "what a run on the profile is checked against"
 
 
 def test_the_fitted_profile_reproduces_its_own_calibration_run(calibration_run, calibration, tmp_path):

@@ -211,6 +211,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                               "backend.hardware.link_gbps must be a positive number, got 0", None),
     "hardware-share-over-one": (["backend=sim", "backend.hardware.matmul_efficiency=5"],
                                 "backend.hardware.matmul_efficiency must be a share in (0, 1], got 5", None),
+    "cpu-profile-of-another-precision": (["backend=sim", "backend/hardware=cpu", "precision=bf16"],
+                                         "sim-tiny-cpu.json was calibrated on precision=fp32 runs, whose timings are "
+                                         "not precision=bf16's on this CPU; set precision=fp32, or calibrate on "
+                                         "precision=bf16 runs", None),
     "cpu-profile-for-a-large-model": (["backend=sim", "backend/hardware=cpu", "model=qwen2_32b"],
                                       "but model qwen2_32b would need about", None),
     # combinations that cannot run
