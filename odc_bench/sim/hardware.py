@@ -19,8 +19,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from odc_bench.config.backend import GpuHardwareConfig, HardwareConfig, Recompute
+from odc_bench.config.compose import CONF_DIR
+from odc_bench.config.fields import build
+from odc_bench.config.model import ModelConfig
 from odc_bench.errors import ConfigError
 from odc_bench.models.flops import layer_linear_params
 from odc_bench.sim.layout import KINDS, PHASES, Layout
@@ -338,6 +342,26 @@ def split_microbatch_fit(fit: dict, layout: Layout, recompute: Recompute) -> np.
 ADAMW_BYTES = 28
 
 
+# What a unit's cost depends on: the calibrated CPU profile's timings are per unit, so a model of
+# more or fewer layers of the same unit runs on them, and of another unit does not.
+UNIT_SHAPE = ("family", "vocab_size", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
+              "tie_embeddings")
+
+
+def unit_shape(model: ModelConfig) -> dict[str, object]:
+    return {k: getattr(model, k) for k in UNIT_SHAPE}
+
+
+def stock_unit_shape(name: str) -> dict[str, object] | None:
+    """The unit shape of the stock model config `name`: what a calibration file from before the
+    files recorded their shape measured (cpu_profile's runs take `model=NAME` as it is); None for
+    a name with no stock config."""
+    path = CONF_DIR / "model" / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    return unit_shape(build(ModelConfig, yaml.safe_load(path.read_text(encoding="utf-8")), "model"))
+
+
 @dataclass(frozen=True)
 class CalibratedProfile:
     """This machine's CPU ranks: compute and per-position gaps fitted from real traces."""
@@ -355,7 +379,16 @@ class CalibratedProfile:
         """One fit for every engine (see odc_bench.calibrate.cpu_profile): shape (6, 3 + knots).
         Activation checkpointing (full or blocks) adds to a layer's backward its share of the
         layer's fitted forward, every term of it: a checkpointed layer runs its whole forward
-        again, its fixed cost per unit included, as real CPU ranks do (models/checkpointing.py)."""
+        again, its fixed cost per unit included, as real CPU ranks do (models/checkpointing.py).
+        ConfigError for a model whose units are not the calibrated model's (unit_shape)."""
+        calibrated = self.data.get("shape") or stock_unit_shape(str(self.data["model"]))
+        mine = unit_shape(layout.cfg)
+        if calibrated is not None and (differ := [k for k in UNIT_SHAPE if calibrated.get(k) != mine[k]]):
+            said = ", ".join(f"{k} {mine[k]} (calibrated: {calibrated.get(k)})" for k in differ)
+            raise ConfigError(f"{self.path} was fitted on model {self.data['model']}'s units, not on units of this "
+                              f"model's {said}; simulate it on a GPU profile, or calibrate on it (python -m "
+                              f"odc_bench.calibrate.cpu_profile model.KEY=VALUE ... --out FILE) and set "
+                              f"backend.hardware.calibration=FILE")
         comp = self.data["compute"]
         table = np.array([comp[k][p] for k in KINDS for p in PHASES], dtype=float)
         if recompute.matmul != recompute.attention:

@@ -16,6 +16,7 @@ from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.record.schema import COLUMNS
 from odc_bench.sim.events import KIND_NAMES
+from odc_bench.sim.hardware import unit_shape
 from tests.helpers import run_config, skip_if_overloaded
 
 # The whole module is `timing`: its calibration run, shared by every test here, is measured.
@@ -58,7 +59,7 @@ def calibration(calibration_run, tmp_path_factory):
 
 def test_simulated_runs_write_the_same_events_and_row_as_real_ones(calibration_run, calibration, tmp_path):
     _, real_row, real = calibration_run
-    _, sim_row, sim = sim_run(tmp_path, calibration, "dataset=longalign")
+    sim_spec, sim_row, sim = sim_run(tmp_path, calibration, "dataset=longalign")
     assert list(sim.columns) == list(real.columns)
     assert set(real["kind"]) - set(KIND_NAMES) == {"gc"}, "the only real events not simulated are the harness's"
     real = real[real["kind"] != "gc"]
@@ -67,7 +68,9 @@ def test_simulated_runs_write_the_same_events_and_row_as_real_ones(calibration_r
         sorted(map(tuple, real[key].fillna("").astype(str).values))
     assert list(pd.read_csv(tmp_path / "runs.csv").columns) == COLUMNS
     assert sim_row["backend"] == "sim" and real_row["backend"] == "local"
-    assert json.loads(calibration.read_text())["precision"] == "fp32", "what a run on the profile is checked against"
+    fitted_on = json.loads(calibration.read_text())
+    assert (fitted_on["precision"], fitted_on["shape"]) == ("fp32", unit_shape(sim_spec.config.model)), \
+        "what a simulated run on the profile is checked against"
 
 
 def test_the_fitted_profile_reproduces_its_own_calibration_run(calibration_run, calibration, tmp_path):
