@@ -40,6 +40,7 @@ from odc_bench.files import atomic_write_text, writable_file, writable_folder
 from odc_bench.jobs.train import execute
 from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT, host_fingerprint
+from odc_bench.run.worker import threads_per_rank
 from odc_bench.sim.hardware import GAP_CLASSES, unit_shape
 from odc_bench.sim.layout import KINDS, PHASES, Layout, doc_features
 
@@ -189,7 +190,8 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     c = first.config
     return dict(version=2, model=c.model.name, shape=unit_shape(c.model), world_size=first.world_size,
                 precision=c.precision,
-                threads_per_rank=c.threads_per_rank, host=socket.gethostname(), fingerprint=host_fingerprint(),
+                threads_per_rank=c.threads_per_rank, threads=threads_per_rank(first, first.world_size),
+                host=socket.gethostname(), fingerprint=host_fingerprint(),
                 date=time.strftime("%Y-%m-%d"), knots=list(knots), compute=fit_compute(units), engines=engines,
                 runs={e: [spec.run_id for spec, _ in pairs] for e, pairs in runs.items()})
 

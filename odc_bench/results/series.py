@@ -261,8 +261,8 @@ NOT_WORKLOAD = ("engine", "balancer", "seed", "results_dir", "repeat", "timeout_
                 "dataset.cache_dir")
 
 
-# Keys of a real run's ranks that a simulated run takes and does nothing with (studies/validation.py
-# gives its real and simulated runs the same threads_per_rank).
+# Keys of a real run's ranks that a simulated run takes and does not simulate (studies/validation.py
+# gives its real and simulated runs the same threads_per_rank, which a CPU profile checks against its own).
 NOT_SIMULATED = ("threads_per_rank", "compile", "device")
 
 

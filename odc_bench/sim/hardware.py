@@ -26,7 +26,9 @@ from odc_bench.config.compose import CONF_DIR
 from odc_bench.config.fields import build
 from odc_bench.config.model import ModelConfig
 from odc_bench.errors import ConfigError
+from odc_bench.forked import usable_cpus
 from odc_bench.models.flops import layer_linear_params
+from odc_bench.provenance import host_fingerprint
 from odc_bench.sim.layout import KINDS, PHASES, Layout
 from odc_bench.sim.unit_fit import table_rows
 
@@ -194,6 +196,9 @@ class GpuProfile:
     def knots(self) -> tuple[float, ...]:
         """No knots: the FLOPs model is exactly quadratic in document lengths."""
         return ()
+
+    def check_threads(self, threads_per_rank: int | None, world: int) -> None:
+        """GPU ranks compute on the device: their CPU threads are no part of the profile."""
 
     def compute_table(self, layout: Layout, recompute: Recompute) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3)
@@ -398,6 +403,27 @@ class CalibratedProfile:
         layer = KINDS.index("layer") * len(PHASES)
         table[layer + PHASES.index("bwd")] += recompute.matmul * table[layer + PHASES.index("fwd")]
         return table
+
+    def check_threads(self, threads_per_rank: int | None, world: int) -> None:
+        """ConfigError for a run whose ranks would compute with other CPU threads than the
+        calibration's did: a threads_per_rank it sets, or, on the machine the file was calibrated
+        on (its fingerprint), null's share of this host's CPUs. Null on another machine is left to
+        the fingerprint's check (the what-if's), as every timing of the file is then another's."""
+        calibrated = self.data.get("threads") or self.data.get("threads_per_rank")
+        if calibrated is None:  # a file from before `threads`, whose runs split the CPUs: not known how many
+            return
+        threads = threads_per_rank
+        if threads is None:
+            if self.data.get("fingerprint") != host_fingerprint():
+                return
+            threads = max(1, usable_cpus() // world)  # a local run's share (run/worker.py threads_per_rank)
+        if threads != int(calibrated):
+            said = f"threads_per_rank={threads_per_rank}" if threads_per_rank is not None else \
+                f"threads_per_rank=null ({threads} threads per rank on this host)"
+            raise ConfigError(f"{self.path} was calibrated on runs of {calibrated} threads per rank, whose timings are "
+                              f"not {said}'s; set threads_per_rank={calibrated}, or calibrate on such runs (python -m "
+                              f"odc_bench.calibrate.cpu_profile threads_per_rank=... --out FILE) and set "
+                              f"backend.hardware.calibration=FILE")
 
     def engine_costs(self, engine: str, layout: Layout, world: int, precision: str,
                      odc_gather_bytes: int, shard: str = "full", fetch: str = "owner",

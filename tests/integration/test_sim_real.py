@@ -69,7 +69,8 @@ def test_simulated_runs_write_the_same_events_and_row_as_real_ones(calibration_r
     assert list(pd.read_csv(tmp_path / "runs.csv").columns) == COLUMNS
     assert sim_row["backend"] == "sim" and real_row["backend"] == "local"
     fitted_on = json.loads(calibration.read_text())
-    assert (fitted_on["precision"], fitted_on["shape"]) == ("fp32", unit_shape(sim_spec.config.model)), \
+    assert (fitted_on["precision"], fitted_on["shape"], fitted_on["threads"]) == \
+        ("fp32", unit_shape(sim_spec.config.model), 1), \
         "what a simulated run on the profile is checked against"
 
 

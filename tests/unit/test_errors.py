@@ -215,6 +215,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                          "sim-tiny-cpu.json was calibrated on precision=fp32 runs, whose timings are "
                                          "not precision=bf16's on this CPU; set precision=fp32, or calibrate on "
                                          "precision=bf16 runs", None),
+    "cpu-profile-of-other-threads": (["backend=sim", "backend/hardware=cpu", "threads_per_rank=2"],
+                                     "sim-tiny-cpu.json was calibrated on runs of 1 threads per rank, whose timings "
+                                     "are not threads_per_rank=2's; set threads_per_rank=1, or calibrate on such runs",
+                                     None),
     "cpu-profile-of-another-unit": (["backend=sim", "backend/hardware=cpu", "model.hidden_size=256"],
                                     "sim-tiny-cpu.json was fitted on model tiny's units, not on units of this model's "
                                     "hidden_size 256 (calibrated: 128); simulate it on a GPU profile, or calibrate "

@@ -1,5 +1,6 @@
 """The simulator's timelines on small cases whose answer can be worked out by hand."""
 
+import json
 import subprocess
 import sys
 
@@ -168,6 +169,35 @@ def test_unusable_hardware_is_a_one_line_error(results_dir, capsys, overrides, m
     err = capsys.readouterr().err
     assert err.startswith("odc_bench: error:") and message in err and len(err.strip().splitlines()) == 1
     assert not (results_dir / "runs.csv").exists()
+
+
+def test_a_cpu_profile_refuses_runs_of_other_threads_per_rank_than_its_calibrations(tmp_path):
+    """A rank of more threads computes faster, so the calibration's timings are its threads'
+    alone: a threads_per_rank set otherwise is refused, and so is null where the file was
+    calibrated on this machine and null gives another share of its CPUs."""
+    from odc_bench.forked import usable_cpus
+    from odc_bench.provenance import host_fingerprint
+
+    data = json.loads((REPO / "results" / "calibration" / "sim-tiny-cpu.json").read_text())
+    null_share = max(1, usable_cpus() // 2)
+    file = tmp_path / "sim-tiny-cpu.json"
+
+    def simulated(threads: int, fingerprint: dict, *overrides: str) -> None:
+        file.write_text(json.dumps(data | {"threads_per_rank": None, "threads": threads, "fingerprint": fingerprint}))
+        simulate(resolve(run_config("backend=sim", "backend/hardware=cpu", f"backend.hardware.calibration={file}",
+                                    "num_minibatches=2", "warmup_minibatches=0", *overrides)), trace=False)
+
+    here, elsewhere = host_fingerprint(), {"cpu_model": "another", "logical_cores": 1024}
+    simulated(null_share, here)
+    simulated(null_share + 1, here, f"threads_per_rank={null_share + 1}")
+    simulated(null_share + 1, elsewhere)  # another machine's file: the what-if says so, every timing being its
+    with pytest.raises(ConfigError, match=rf"calibrated on runs of {null_share + 1} threads per rank, whose timings "
+                                          rf"are not threads_per_rank=null \({null_share} threads per rank on this"):
+        simulated(null_share + 1, here)
+    for fingerprint in (here, elsewhere):
+        with pytest.raises(ConfigError, match=rf"are not threads_per_rank={null_share + 1}'s; set "
+                                              rf"threads_per_rank={null_share}"):
+            simulated(null_share, fingerprint, f"threads_per_rank={null_share + 1}")
 
 
 def test_a_paper_scale_run_simulates_every_rank():
