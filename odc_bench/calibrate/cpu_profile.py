@@ -189,7 +189,7 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     engines = {engine: fit_engine(pairs, engine, layout) for engine, pairs in runs.items()}
     c = first.config
     return dict(version=2, model=c.model.name, shape=unit_shape(c.model), world_size=first.world_size,
-                precision=c.precision,
+                precision=c.precision, compiled=c.compiles("cpu"),
                 threads_per_rank=c.threads_per_rank, threads=threads_per_rank(first, first.world_size),
                 host=socket.gethostname(), fingerprint=host_fingerprint(),
                 date=time.strftime("%Y-%m-%d"), knots=list(knots), compute=fit_compute(units), engines=engines,
@@ -224,6 +224,11 @@ def main(argv: list[str] | None = None) -> None:
         composed = compose_run(base)
     except COMPOSE_ERRORS as e:
         fail(ConfigError(hydra_error_line(e)), ap.prog)
+    if composed.device == "cuda":
+        fail(ConfigError("the CPU profile is fitted on this machine's CPU ranks (backend/hardware=cpu simulates them): "
+                         "drop device=cuda; a GPU cluster's profile comes from its runs (python -m "
+                         "odc_bench.calibrate.cluster_profile, docs/calibrate.md)"), ap.prog)
+    base.append("device=cpu")  # device=auto would time a GPU on a machine that has one
     if composed.backend.recompute:
         fail(ConfigError("the CPU profile is fitted on runs without activation checkpointing, which the simulator "
                          "adds to it (backend.recompute in a simulated run): drop backend.recompute=true"), ap.prog)

@@ -135,7 +135,7 @@ def check_hardware(spec: RunSpec) -> None:
                 f"the {per_rank / 2**30:.1f} GiB this host has for each; simulate it on a GPU profile "
                 f"(backend/hardware=a100 or h100)")
     profile = load_profile(hw, config.model.name)
-    profile.check_threads(config.threads_per_rank, spec.world_size)
+    profile.check_ranks(config, spec.world_size)
     layout = Layout(config.model)
     timeline = config.engine.spec.simulated_as
     assert timeline is not None, "resolve() refuses engines the simulator does not model"
@@ -154,7 +154,7 @@ def simulate(spec: RunSpec, trace: bool = True) -> Simulation:
     assert timeline is not None, "resolve() refuses engines the simulator does not model"
     layout = Layout(config.model)
     profile = load_profile(backend.hardware, config.model.name)
-    profile.check_threads(config.threads_per_rank, spec.world_size)
+    profile.check_ranks(config, spec.world_size)
     table = profile.compute_table(layout, backend.recomputed)
     costs = profile.engine_costs(timeline, layout, spec.world_size, config.precision, backend.odc_gather_bytes,
                                  config.engine.options.shard, backend.odc_fetch, backend.odc_internode_slowdown)

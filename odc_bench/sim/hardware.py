@@ -25,6 +25,7 @@ from odc_bench.config.backend import GpuHardwareConfig, HardwareConfig, Recomput
 from odc_bench.config.compose import CONF_DIR
 from odc_bench.config.fields import build
 from odc_bench.config.model import ModelConfig
+from odc_bench.config.run import RunConfig
 from odc_bench.errors import ConfigError
 from odc_bench.forked import usable_cpus
 from odc_bench.models.flops import layer_linear_params
@@ -197,8 +198,8 @@ class GpuProfile:
         """No knots: the FLOPs model is exactly quadratic in document lengths."""
         return ()
 
-    def check_threads(self, threads_per_rank: int | None, world: int) -> None:
-        """GPU ranks compute on the device: their CPU threads are no part of the profile."""
+    def check_ranks(self, config: RunConfig, world: int) -> None:
+        """A GPU profile's ranks are its own: the run's CPU settings are no part of it."""
 
     def compute_table(self, layout: Layout, recompute: Recompute) -> np.ndarray:
         """Seconds per (kind, phase) as c0 + c_tok * tokens + c_sq * sum(doc_len^2): shape (6, 3)
@@ -404,21 +405,33 @@ class CalibratedProfile:
         table[layer + PHASES.index("bwd")] += recompute.matmul * table[layer + PHASES.index("fwd")]
         return table
 
-    def check_threads(self, threads_per_rank: int | None, world: int) -> None:
-        """ConfigError for a run whose ranks would compute with other CPU threads than the
-        calibration's did: a threads_per_rank it sets, or, on the machine the file was calibrated
-        on (its fingerprint), null's share of this host's CPUs. Null on another machine is left to
-        the fingerprint's check (the what-if's), as every timing of the file is then another's."""
+    def check_ranks(self, config: RunConfig, world: int) -> None:
+        """ConfigError for a run whose ranks would compute otherwise than the calibration's did:
+        on a GPU, compiled where they were eager (or the reverse), or with other CPU threads: a
+        threads_per_rank the run sets, or, on the machine the file was calibrated on (its
+        fingerprint), null's share of this host's CPUs. Null on another machine is left to the
+        fingerprint's check (the what-if's), as every timing of the file is then another's."""
+        if config.device == "cuda":
+            raise ConfigError(f"{self.path} times this machine's CPU ranks, not device=cuda's; set device=cpu or "
+                              f"auto, or simulate GPUs on a GPU profile (backend/hardware=a100 or h100)")
+        # A file from before the key's time was fitted on eager runs (the CPU's default).
+        compiled = bool(self.data.get("compiled", False))
+        if config.compiles("cpu") != compiled:
+            was, wanted = ("compile=true", "compile=false") if compiled else ("eager", "compile=true")
+            raise ConfigError(f"{self.path} was calibrated on {was} runs, whose timings are not {wanted}'s on this "
+                              f"CPU; set compile={str(compiled).lower()}, or calibrate on such runs (python -m "
+                              f"odc_bench.calibrate.cpu_profile compile={str(not compiled).lower()} --out FILE) and "
+                              f"set backend.hardware.calibration=FILE")
         calibrated = self.data.get("threads") or self.data.get("threads_per_rank")
         if calibrated is None:  # a file from before `threads`, whose runs split the CPUs: not known how many
             return
-        threads = threads_per_rank
+        threads = config.threads_per_rank
         if threads is None:
             if self.data.get("fingerprint") != host_fingerprint():
                 return
             threads = max(1, usable_cpus() // world)  # a local run's share (run/worker.py threads_per_rank)
         if threads != int(calibrated):
-            said = f"threads_per_rank={threads_per_rank}" if threads_per_rank is not None else \
+            said = f"threads_per_rank={threads}" if config.threads_per_rank is not None else \
                 f"threads_per_rank=null ({threads} threads per rank on this host)"
             raise ConfigError(f"{self.path} was calibrated on runs of {calibrated} threads per rank, whose timings are "
                               f"not {said}'s; set threads_per_rank={calibrated}, or calibrate on such runs (python -m "

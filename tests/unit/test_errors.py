@@ -219,6 +219,12 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                      "sim-tiny-cpu.json was calibrated on runs of 1 threads per rank, whose timings "
                                      "are not threads_per_rank=2's; set threads_per_rank=1, or calibrate on such runs",
                                      None),
+    "cpu-profile-of-compiled-runs": (["backend=sim", "backend/hardware=cpu", "compile=true"],
+                                     "sim-tiny-cpu.json was calibrated on eager runs, whose timings are not "
+                                     "compile=true's on this CPU; set compile=false, or calibrate on such runs", None),
+    "cpu-profile-on-cuda": (["backend=sim", "backend/hardware=cpu", "device=cuda"],
+                            "sim-tiny-cpu.json times this machine's CPU ranks, not device=cuda's; set device=cpu or "
+                            "auto, or simulate GPUs on a GPU profile", None),
     "cpu-profile-of-another-unit": (["backend=sim", "backend/hardware=cpu", "model.hidden_size=256"],
                                     "sim-tiny-cpu.json was fitted on model tiny's units, not on units of this model's "
                                     "hidden_size 256 (calibrated: 128); simulate it on a GPU profile, or calibrate "
@@ -772,6 +778,8 @@ def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
      "unknown model option 'nope'"),
     ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "backend.recompute=true"],
      "the CPU profile is fitted on runs without activation checkpointing, which the simulator adds to it"),
+    ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "device=cuda"],
+     "the CPU profile is fitted on this machine's CPU ranks (backend/hardware=cpu simulates them): drop device=cuda"),
     ("studies.staleness", ["{t}/none"], "no such folder or table: {t}/none"),
 ])
 def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, tmp_path, capsys):

@@ -171,10 +171,11 @@ def test_unusable_hardware_is_a_one_line_error(results_dir, capsys, overrides, m
     assert not (results_dir / "runs.csv").exists()
 
 
-def test_a_cpu_profile_refuses_runs_of_other_threads_per_rank_than_its_calibrations(tmp_path):
-    """A rank of more threads computes faster, so the calibration's timings are its threads'
-    alone: a threads_per_rank set otherwise is refused, and so is null where the file was
-    calibrated on this machine and null gives another share of its CPUs."""
+def test_a_cpu_profile_refuses_runs_whose_ranks_compute_otherwise_than_its_calibrations(tmp_path):
+    """A rank of more threads computes faster, and a compiled one than an eager one, so the
+    calibration's timings are its runs' alone: a threads_per_rank set otherwise is refused, and
+    so is null where the file was calibrated on this machine and null gives another share of its
+    CPUs; so are compile=true on eager timings and device=cuda on a CPU's."""
     from odc_bench.forked import usable_cpus
     from odc_bench.provenance import host_fingerprint
 
@@ -191,6 +192,11 @@ def test_a_cpu_profile_refuses_runs_of_other_threads_per_rank_than_its_calibrati
     simulated(null_share, here)
     simulated(null_share + 1, here, f"threads_per_rank={null_share + 1}")
     simulated(null_share + 1, elsewhere)  # another machine's file: the what-if says so, every timing being its
+    with pytest.raises(ConfigError, match="calibrated on eager runs, whose timings are not compile=true's on this CPU; "
+                                          "set compile=false"):
+        simulated(null_share, here, "compile=true")
+    with pytest.raises(ConfigError, match="times this machine's CPU ranks, not device=cuda's; set device=cpu or auto"):
+        simulated(null_share, here, "device=cuda")
     with pytest.raises(ConfigError, match=rf"calibrated on runs of {null_share + 1} threads per rank, whose timings "
                                           rf"are not threads_per_rank=null \({null_share} threads per rank on this"):
         simulated(null_share + 1, here)
@@ -350,6 +356,27 @@ def test_validation_ratio_is_the_median_over_side_by_side_pairs():
     assert r["measured_ratio"] == 2.5 and (r["pair_min"], r["pair_max"]) == (1.0, 3.0)
     assert r["ratio_of_medians"] == 2.0 and r["predicted_ratio"] == 2.5 and r["error"] == 0.0
 
+
+
+def test_the_cpu_profile_times_cpu_ranks_where_device_auto_would_choose_a_gpu(monkeypatch, tmp_path):
+    """On a machine with a GPU, device=auto made the CPU profile's runs CUDA runs, whose host
+    timings it fitted as this machine's CPU ranks."""
+    from odc_bench.calibrate import cpu_profile
+
+    class Stop(Exception):
+        pass
+
+    devices = []
+
+    def execute(spec, results_dir):
+        devices.append(spec.device_type)
+        raise Stop
+
+    monkeypatch.setattr("odc_bench.plan.device.cuda_available", lambda: True)
+    monkeypatch.setattr(cpu_profile, "execute", execute)
+    with pytest.raises(Stop):
+        cpu_profile.main(["--results-dir", f"{tmp_path}/r", "--out", f"{tmp_path}/c.json", "device=auto"])
+    assert devices == ["cpu"]
 
 
 def test_an_engine_named_twice_is_calibrated_and_validated_once(monkeypatch, tmp_path):
