@@ -125,22 +125,56 @@ def test_units_under_activation_checkpointing_train_as_in_one_process(one_rank_g
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
 
 
-def test_a_second_backward_through_one_forward_is_refused_in_one_line(one_rank_group):
-    """The first backward pushed the units' gradients and freed their parameters: a second one
-    through the same forward would read freed storage (before: torch's setStorage error)."""
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_second_backward_through_one_forward_trains_as_in_one_process(one_rank_group, engine_name):
+    """The first backward (retain_graph=True) pushed the units' gradients and freed their
+    parameters; a second one through the same forward gathers them again into the buffer autograd
+    saved views of and pushes its own gradients, which the owners add, as .grad accumulates in one
+    process (before: refused in one line, where FSDP2 ran it). A loss of the first layer's output
+    alone reaches one unit's outputs and the other's inputs. A backward through a forward of a
+    minibatch already finished is refused in one line on ODC."""
     torch.manual_seed(0)
     model = Net()
-    engine = _odc(one_rank_group, model)
-    try:
-        engine.begin_minibatch()
-        loss = model(torch.randn(4, 8, requires_grad=True))
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    engine.wrap(model, list(model.layers))
+    engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+    xs = [torch.randn(4, 8, requires_grad=True) for _ in range(2)]
+
+    def losses(net: Net, x: torch.Tensor) -> None:
+        first, _ = net.layers[0](x)
+        hidden, aux = net.layers[1](first)
+        loss = hidden.sum() + aux
         loss.backward(retain_graph=True)
-        with pytest.raises(RuntimeError, match=r"^unit layers\.1 \(TupleLayer\): a gradient reached it after its "
-                                                r"backward was over .* call backward once per forward, on the sum "
-                                                r"of its losses, and call units themselves$"):
-            loss.backward()
+        loss.square().backward(retain_graph=True)
+        first.square().mean().backward()
+
+    try:
+        for x in xs:
+            engine.begin_minibatch()
+            losses(model, x)
+            engine.finish_minibatch()
+        got = engine.full_parameters()
+        if engine_name == "odc":
+            engine.begin_minibatch()
+            loss = model(xs[0])
+            loss.backward(retain_graph=True)
+            engine.finish_minibatch()
+            engine.begin_minibatch()
+            with pytest.raises(RuntimeError, match=r"^unit layers\.1 \(TupleLayer\): a gradient reached it after "
+                                                    r"its backward was over \(a backward through a forward of a "
+                                                    r"minibatch already finished, .* call backward before "
+                                                    r"finish_minibatch\(\)"):
+                loss.backward()
     finally:
         engine.close()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x in xs:
+        losses(reference, x)
+        opt.step()
+        opt.zero_grad()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6)
 
 
 class Direct(Net):

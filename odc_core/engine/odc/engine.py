@@ -289,6 +289,7 @@ class OdcEngine:
             # reads a newer version.
             unit.backward = Backward.IDLE
             unit.forwards_open, unit.last_ran = 0, False  # a forward an exception cut short
+            unit.pushed_in, unit.inputs_hooked = None, 0  # a backward through this minibatch's forwards is refused
             if unit.storage is not Storage.SHARDED:
                 self.fetcher.ensure(unit)
                 unit.free()

@@ -54,10 +54,11 @@ class UnitHooks:
 
     def _second_backward(self, unit: FlatUnit) -> None:
         modules = " and ".join(self.labels[pos] for pos in unit.modules)
-        raise RuntimeError(f"unit {modules}: a gradient reached it after its backward was over (a second backward "
-                           f"through one forward, or a parameter used outside the forward of the unit that holds it, "
-                           f"as when unit.forward(x) is called, which skips the engine's hooks, rather than unit(x)); "
-                           f"call backward once per forward, on the sum of its losses, and call units themselves")
+        raise RuntimeError(f"unit {modules}: a gradient reached it after its backward was over (a backward through "
+                           f"a forward of a minibatch already finished, or a parameter used outside the forward of "
+                           f"the unit that holds it, as when unit.forward(x) is called, which skips the engine's "
+                           f"hooks, rather than unit(x)); call backward before finish_minibatch(), and call units "
+                           f"themselves")
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -90,8 +91,11 @@ class UnitHooks:
         # weights a gradient inside a container still needed (a storage error inside backward).
         # A hook on the tensors themselves needs no rebuilding of the containers they came in.
         inputs = grad_outputs((args, kwargs), "both")
+        if unit.pushed_in is not None and unit.backward is Backward.IDLE:  # a forward after its last push
+            unit.pushed_in, unit.inputs_hooked = None, 0
         if inputs:
             unit.inputs_pending += 1
+            unit.inputs_hooked += 1
             torch.autograd.graph.register_multi_grad_hook(inputs, lambda _grads, u=unit: self.input_grad_done(u))
         return args, kwargs
 
@@ -131,7 +135,13 @@ class UnitHooks:
 
     def pre_backward(self, unit: FlatUnit, pos: int) -> None:
         if unit.backward is Backward.IDLE:  # its gradients are pushed and its parameters freed
-            self._second_backward(unit)
+            if unit.pushed_in is None or unit.pushed_in == torch._C._current_graph_task_id():
+                self._second_backward(unit)
+            # A later backward through the same forward (retain_graph): autograd saved views of
+            # the flat buffer, which the gather below fills again, and the owners add the
+            # gradients pushed again to the first ones, as .grad accumulates in one process.
+            unit.backward = Backward.ARMED
+            unit.inputs_pending = unit.inputs_hooked
         if unit.backward is Backward.ARMED:
             unit.backward = Backward.RUNNING
             self.fetcher.ensure(unit)
@@ -154,6 +164,8 @@ class UnitHooks:
         self._maybe_push(unit)
 
     def input_grad_done(self, unit: FlatUnit) -> None:
+        if unit.backward is Backward.IDLE:  # a later backward that reached its inputs, not its outputs
+            return
         unit.inputs_pending -= 1
         self._maybe_push(unit)
 
@@ -169,6 +181,7 @@ class UnitHooks:
             unit.detach_grad()
         unit.backward = Backward.IDLE
         unit.inputs_pending = 0
+        unit.pushed_in = torch._C._current_graph_task_id()
         unit.free()
         self.versions.serve()
 

@@ -93,6 +93,12 @@ class FlatUnit:
     # Gradients of its units' inputs still to leave them in this backward: until they have, the
     # units' backward still reads the gathered parameters.
     inputs_pending: int = 0
+    # Input hooks its forwards registered since it last pushed: what a later backward through
+    # the same forward (retain_graph) waits for again.
+    inputs_hooked: int = 0
+    # The backward pass (autograd graph task) that pushed its gradients in this minibatch, if any:
+    # a gradient reaching it from a later pass is a backward through the same forward again.
+    pushed_in: int | None = None
     # Whether the parameters hold placeholders (hide()) rather than their views of `full`.
     hidden: bool = False
     # Its units inside their forward now, and whether its last unit's forward has run since the
