@@ -91,7 +91,7 @@ class UnitHooks:
         # weights a gradient inside a container still needed (a storage error inside backward).
         # A hook on the tensors themselves needs no rebuilding of the containers they came in.
         inputs = grad_outputs((args, kwargs), "both")
-        if unit.pushed_in is not None and unit.backward is Backward.IDLE:  # a forward after its last push
+        if unit.pushed_in is not None and unit.backward is Backward.IDLE:  # a training forward after its last push
             unit.pushed_in, unit.inputs_hooked = None, 0
         if inputs:
             unit.inputs_pending += 1
