@@ -94,9 +94,12 @@ class CalibratedHardwareConfig:
     calibration: str
 
     def calibration_file(self, model_name: str) -> Path:
-        """Where the calibration of `model_name` is (relative paths from the repository root)."""
-        path = Path(self.calibration.format(model=model_name))
-        return path if path.is_absolute() else REPO_ROOT / path
+        """Where the calibration of `model_name` is: a relative path as the command line gives it
+        (from the working folder, where `calibrate.cpu_profile --out` wrote it), else as the stock
+        profile names it (from the repository root). Only `{model}` is replaced: a path may hold
+        other braces."""
+        path = Path(self.calibration.replace("{model}", model_name)).expanduser()
+        return path if path.is_absolute() or path.exists() else REPO_ROOT / path
 
 
 HardwareConfig = GpuHardwareConfig | CalibratedHardwareConfig

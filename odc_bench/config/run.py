@@ -157,6 +157,9 @@ class RunConfig:
                 f"raise warmup_minibatches to profile a later one")
         require(k is None or not self.simulated,
                 "profile_minibatch profiles a real run; backend=sim has no device to profile: drop it")
+        require(not self.checkpoint.every or not self.simulated,
+                f"checkpoint.every={self.checkpoint.every} saves a real run's engine state; backend=sim has none to "
+                f"save (and a real run's checkpoints are not part of its metrics): drop it")
         require(not (self.compile and self._op_checkpointing),
                 "compile=true and backend.recompute_mode=op do not run together: torch.compile's kernels write "
                 "into tensors that op-level checkpointing keeps for backward, which torch refuses; set "

@@ -24,8 +24,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from odc_bench.config.backend import CalibratedHardwareConfig
 from odc_bench.config.run import run_config
-from odc_bench.errors import CombinationError, CommandParser, ConfigError, command_name, ends_cleanly, fail
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, fail
 from odc_bench.plan.spec import resolve
 from odc_bench.record.row import timing
 from odc_bench.results.collect import merged, tables_under
@@ -39,6 +40,7 @@ from odc_bench.results.series import (
     with_workload,
 )
 from odc_bench.sim import simulate
+from odc_bench.sim.hardware import load_profile
 
 BASELINE = HEADLINE_BASELINE
 
@@ -52,15 +54,19 @@ def predicted_time(config_yaml: str) -> float:
 @cache
 def simulated_speed(config_yaml: str, calibration: str) -> float:
     """Samples/s the simulator predicts for a run's config on the calibrated CPU profile; NaN for
-    a run it does not model (engine.prefetch=false)."""
+    a run it does not model (engine.prefetch=false) or the profile does not describe (another
+    precision, unit, world size, compilation or threads per rank than its calibration's)."""
     values = yaml.safe_load(config_yaml)
     values["backend"] = {"name": "sim", "write_trace": False,
                          "hardware": {"name": "cpu", "kind": "calibrated", "calibration": calibration}}
+    # What a real run did beside its training, which a simulated one has nothing for.
+    values["profile_minibatch"] = None
+    values["checkpoint"] = {**(values.get("checkpoint") or {}), "every": 0}
     try:
         spec = resolve(run_config(values))
-    except CombinationError:
+        return float(timing(spec, simulate(spec).events)["samples_per_s"])
+    except ConfigError:
         return float("nan")
-    return float(timing(spec, simulate(spec).events)["samples_per_s"])
 
 
 def side_by_side(runs: pd.DataFrame, calibration: str | None = None) -> pd.DataFrame:
@@ -158,10 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         missing = [str(d) for d in args.dirs if not d.exists()]
         if missing:
             raise ConfigError(f"no such folder or table: {', '.join(missing)}")
-        if args.simulate is not None and not Path(args.simulate).exists():
-            raise ConfigError(f"no calibration at {args.simulate}; run `python -m odc_bench.calibrate.cpu_profile "
-                              "--engines collective odc` first")
-        print(summary(side_by_side(merged(tables_under(args.dirs)), args.simulate)))
+        calibration = None
+        if args.simulate is not None:
+            if not Path(args.simulate).exists():
+                raise ConfigError(f"no calibration at {args.simulate}; run `python -m odc_bench.calibrate.cpu_profile "
+                                  "--engines collective odc` first")
+            # Read once here, so that a file that cannot be read is one line, not a NaN for every run.
+            calibration = str(Path(args.simulate).resolve())
+            load_profile(CalibratedHardwareConfig(name="cpu", calibration=calibration), "")
+        print(summary(side_by_side(merged(tables_under(args.dirs)), calibration)))
     except ConfigError as e:
         fail(e, parser.prog)
     return 0

@@ -174,6 +174,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                             f"the linker {SPACED_LIB!r} unquoted, split at its space", None),
     "compile-with-op-checkpointing": (["compile=true", "backend.recompute=true", "backend.recompute_mode=op"],
                                       "compile=true and backend.recompute_mode=op do not run together", None),
+    "checkpoint-on-sim": (["backend=sim", "checkpoint.every=5"],
+                          "checkpoint.every=5 saves a real run's engine state; backend=sim has none to save", None),
     "bad-recompute-blocks": (["backend.recompute_blocks=0"],
                              "backend.recompute_blocks must be a share of the layers in (0, 1], got 0", None),
     "bad-engine-option": (["engine=odc", "engine.prefetch=sometimes"],

@@ -1,6 +1,7 @@
 """The simulator's timelines on small cases whose answer can be worked out by hand."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -204,6 +205,20 @@ def test_a_cpu_profile_refuses_runs_whose_ranks_compute_otherwise_than_its_calib
         with pytest.raises(ConfigError, match=rf"are not threads_per_rank={null_share + 1}'s; set "
                                               rf"threads_per_rank={null_share}"):
             simulated(null_share, fingerprint, f"threads_per_rank={null_share + 1}")
+
+
+def test_a_relative_calibration_path_is_the_working_folders_where_a_file_is_there(tmp_path, monkeypatch):
+    """`calibrate.cpu_profile --out FILE` writes FILE in the working folder, and
+    backend.hardware.calibration=FILE read it from the repository root ("no calibration"); a
+    brace in the path was read as a format field. The stock profile's path still names the
+    repository's file from any folder."""
+    shutil.copy(REPO / "results" / "calibration" / "sim-tiny-cpu.json", tmp_path / "cal{1}.json")
+    monkeypatch.chdir(tmp_path)
+    small = ("backend=sim", "backend/hardware=cpu", "num_minibatches=2", "warmup_minibatches=0")
+    mine = simulate(resolve(run_config(*small, "backend.hardware.calibration='cal{1}.json'")), trace=False)
+    stock = simulate(resolve(run_config(*small)), trace=False)
+    assert mine.timeline.duration.sum() > 0
+    assert np.array_equal(mine.timeline.duration, stock.timeline.duration)
 
 
 def test_a_paper_scale_run_simulates_every_rank():

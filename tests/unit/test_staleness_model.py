@@ -1,6 +1,8 @@
 """The stale-synchronous time model, its lower bound and LB-Carry (balancers/quality.py,
 balancers/lb_carry.py)."""
 
+import math
+
 import pandas as pd
 import pytest
 import yaml
@@ -23,9 +25,9 @@ from odc_bench.balancers.quality import (
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import resolve
 from odc_bench.results.series import WORKLOAD, WORKLOAD_COLUMNS, engine_variants, series_names
-from odc_bench.studies.staleness import side_by_side, summary
+from odc_bench.studies.staleness import side_by_side, simulated_speed, summary
 from odc_bench.tools.balancer_report import plan_quality
-from tests.helpers import run_config, with_series
+from tests.helpers import REPO, run_config, with_series
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -192,6 +194,22 @@ def test_staleness_tells_odc_series_apart_in_real_and_simulated_rows():
                           row("collective", "sim", backend="nccl")])
     assert list(engine_variants(table)) == ["0", "1", "2", "0", ""]
     assert list(series_names(table))[:3] == ["odc[0]+lb_carry", "odc[1]+lb_carry", "odc[2]+lb_carry"]
+
+
+def test_the_study_simulates_each_real_run_the_cpu_profile_describes_and_gives_nan_for_the_others():
+    """A real run's profile_minibatch and checkpoints, which a simulated run refuses, are left
+    out (its re-simulation failed the study); a run of other threads per rank than the
+    calibration's, or one the simulator does not model, gets NaN, not the study's end."""
+    calibration = str(REPO / "results" / "calibration" / "sim-tiny-cpu.json")
+
+    def speed(*overrides: str) -> float:
+        return simulated_speed(yaml.safe_dump(run_config("threads_per_rank=1", *overrides).to_dict()), calibration)
+
+    plain = speed()
+    assert plain > 0
+    assert speed("profile_minibatch=0", "checkpoint.every=2") == plain
+    assert math.isnan(speed("threads_per_rank=2"))
+    assert math.isnan(speed("engine=odc", "engine.prefetch=false"))
 
 
 def test_the_staleness_summary_names_what_its_rows_differ_in_beyond_its_columns():
