@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import errno
 import fcntl
@@ -213,6 +214,19 @@ def hold_interrupts_while_importing(*packages: str) -> None:
         finder = _HeldImports()
         sys.meta_path.insert(0, finder)
     finder.packages.update(packages)
+
+
+def text_encoding(path: Path) -> str:
+    """The codec that reads a user's text file as the text it holds: UTF-32 or UTF-16 where it
+    starts with their byte-order mark (Windows PowerShell's `>` writes UTF-16), else UTF-8, with
+    a mark at its start dropped (Windows editors and some exporters save one)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE 00 00 starts like it
+        return "utf-32"
+    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    return "utf-8-sig"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

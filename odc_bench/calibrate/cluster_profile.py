@@ -40,7 +40,7 @@ from odc_bench.config.compose import hydra_quote
 from odc_bench.config.fields import require
 from odc_bench.data.profiles import PROFILES
 from odc_bench.errors import CommandParser, ConfigError, ends_cleanly, fail
-from odc_bench.files import atomic_write_text, writable_folder
+from odc_bench.files import atomic_write_text, text_encoding, writable_folder
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.row import sim_timing
 from odc_bench.sim import simulate
@@ -121,7 +121,8 @@ def _beside(csv: Path, value: str, names: Collection[str]) -> str:
 def read_runs(path: Path, base: str) -> list[Measured]:
     """The measured runs, each planned on the base profile; ConfigError for anything unreadable."""
     try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig", skipinitialspace=True)
+        table = pd.read_csv(path, dtype=str, keep_default_na=False, encoding=text_encoding(path),
+                            skipinitialspace=True)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise ConfigError(f"cannot read {path} as CSV ({str(e).splitlines()[0]}); give a CSV file with a header row "
                           f"(docs/calibrate.md)") from None
@@ -174,7 +175,7 @@ def read_runs(path: Path, base: str) -> list[Measured]:
 
 def _header(path: Path) -> list[str]:
     """The header row's column names as written (pandas renames a repeated one, gpus to gpus.1)."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(path, encoding=text_encoding(path), newline="") as f:
         return [c.strip() for c in next(csv.reader(f), [])]
 
 

@@ -55,7 +55,7 @@ import numpy as np
 
 from odc_bench.config.hub import hub_hint
 from odc_bench.errors import NO_ROOM, DataError
-from odc_bench.files import atomic_path, name_too_long, room_left
+from odc_bench.files import atomic_path, name_too_long, room_left, text_encoding
 
 LOADERS = ("jsonl", "hf_disk")
 # Bumped when the readers refuse what they once read, so that no cache of such a read is served:
@@ -149,11 +149,12 @@ def data_file_kind(path: Path) -> str | None:
             return kind
     if path.suffix == ".arrow":  # datasets' own Arrow files are streams, which carry no magic bytes
         return "Arrow"
+    encoding = text_encoding(path)
     for magic, (_, opener) in _COMPRESSIONS.items():
         if head.startswith(magic):
             with contextlib.suppress(EOFError, OSError, lzma.LZMAError), opener(path, "rb") as f:
-                head = f.read(4096)
-    start = head.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
+                head, encoding = f.read(4096), "utf-8-sig"
+    start = head.decode(encoding, "replace").lstrip("\ufeff \t\r\n")
     # An array of objects or of arrays cannot be one sample (a sample's ids are numbers), so the
     # file is an exported table (pandas' to_json, json.dump of a list), on one line or on many.
     if start.startswith("[") and start[1:].lstrip(" \t\r\n")[:1] in ("{", "[", ""):
@@ -180,12 +181,10 @@ def _open_text(path: Path) -> tuple[IO[str], str]:
     if head.startswith(_ZSTD):
         raise DataError(f"{path} is zstd-compressed, which this Python does not read; decompress it (zstd -d "
                         f"{path}) and give the file it writes")
-    # utf-8-sig: a file saved with a byte-order mark (Windows editors, some exporters) reads as the
-    # same text; the mark is dropped, only at the start of the file.
     for magic, (kind, opener) in _COMPRESSIONS.items():
         if head.startswith(magic):
             return opener(path, "rt", encoding="utf-8-sig"), kind
-    return open(path, encoding="utf-8-sig"), ""
+    return open(path, encoding=text_encoding(path)), ""
 
 
 def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -332,6 +332,20 @@ def test_a_byte_order_mark_is_read_like_any_other_utf8_file(tmp_path):
     assert load_lengths("jsonl", str(objects), field="n").tolist() == [5, 2], "the first key is 'n', not '\\ufeffn'"
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be-marked", "utf-32"])
+def test_a_utf16_or_utf32_file_with_its_byte_order_mark_is_read_as_the_same_text(tmp_path, encoding):
+    """Windows PowerShell's `>` writes UTF-16 with a mark: it was "not text: it holds bytes that
+    are not UTF-8"."""
+    plain = write_jsonl(tmp_path / "plain.jsonl", [12, [1, 2, 3], 7])
+    text = plain.read_text(encoding="utf-8")
+    other = tmp_path / f"{encoding}.jsonl"
+    if encoding == "utf-16-be-marked":
+        other.write_bytes(b"\xfe\xff" + text.encode("utf-16-be"))
+    else:
+        other.write_text(text, encoding=encoding)
+    assert load_lengths("jsonl", str(other)).tolist() == load_lengths("jsonl", str(plain)).tolist() == [12, 3, 7]
+
+
 def test_for_a_length_profile_the_hint_names_its_pool_size_which_changes_the_outcome():
     small = ("world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
     with pytest.raises(ConfigError, match=r"or raise dataset.num_samples to at least 8 \(the profile's pool\)"):

@@ -117,6 +117,13 @@ def test_a_byte_order_mark_and_spaces_after_commas_are_read(tmp_path):
     assert [r.tokens_per_s_per_gpu for r in measured] == [1000.0, 800.0]
 
 
+def test_a_runs_file_in_utf16_with_its_byte_order_mark_is_read(tmp_path):
+    """As Windows PowerShell's `>` writes it."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text(HEADER + ROW + "1000\n" + "qwen2_1p5b,swe_smith,8,8,2,800\n", encoding="utf-16")
+    assert [r.tokens_per_s_per_gpu for r in cc.read_runs(runs, "a100")] == [1000.0, 800.0]
+
+
 def test_each_run_keeps_its_own_node_size_when_a_profile_is_tried_on_it(tmp_path):
     # 16 GPUs in one node talk over NVLink, in two nodes of 8 over the NICs: a slow NIC in the
     # tried profile must slow only the second, whatever node size the base profile has
