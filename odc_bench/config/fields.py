@@ -50,6 +50,18 @@ def _kind(tp: type) -> str:
     return "a string"
 
 
+def _text_hint(key: str, value: Any) -> str:
+    """Where a text setting (a file, a folder, a field's name) got a number or true/false: how to
+    give the text, which Hydra's grammar read so on the command line and YAML reads so in a file."""
+    if not isinstance(value, bool | int | float):
+        return ""
+    # An integer's or a boolean's text comes back from its value; a float's (1e3, 1.50) may not.
+    said = str(value).lower() if isinstance(value, bool) else str(value) if isinstance(value, int) else "TEXT"
+    kind = "a boolean" if isinstance(value, bool) else "a number"
+    return (f"; Hydra reads it as {kind}: to give it as text, quote it for Hydra inside the shell's quotes "
+            f"('{key}=\"{said}\"'), or give a file or folder of that name as ./{said}")
+
+
 def convert(value: Any, tp: Any, key: str) -> Any:
     """`value` as the annotation `tp` asks, or ConfigError naming `key`."""
     origin = get_origin(tp)
@@ -64,7 +76,8 @@ def convert(value: Any, tp: Any, key: str) -> Any:
             try:
                 return convert(value, options[0], key)
             except ConfigError:
-                raise ConfigError(f"{key} must be {_kind(options[0])} or null, got {value!r}") from None
+                hint = _text_hint(key, value) if options[0] is str else ""
+                raise ConfigError(f"{key} must be {_kind(options[0])} or null, got {value!r}{hint}") from None
         return value  # a union of sections: its loader built the right one
     if origin is Literal:
         choices = get_args(tp)
@@ -92,7 +105,7 @@ def convert(value: Any, tp: Any, key: str) -> Any:
     elif tp is float:
         require(_is_number(value), f"{key} must be a number, got {value!r}")
     elif tp is str:
-        require(isinstance(value, str), f"{key} must be a string, got {value!r}")
+        require(isinstance(value, str), f"{key} must be a string, got {value!r}{_text_hint(key, value)}")
     return value
 
 

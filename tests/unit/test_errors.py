@@ -165,6 +165,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "bad-deadline": (["deadline_s=-5"], "deadline_s must be a positive number of seconds or null", None),
     "bad-device": (["device=tpu"], "device must be one of auto, cpu, cuda, got 'tpu'", None),
     "no-cuda": (["device=cuda"], "device=cuda but no CUDA device is visible", None),
+    "text-read-as-a-number": (["results_dir=2024"],
+                              "results_dir must be a string, got 2024; Hydra reads it as a number: to give it as "
+                              "text, quote it for Hydra inside the shell's quotes ('results_dir=\"2024\"'), or give a "
+                              "file or folder of that name as ./2024", None),
     "bad-threads": (["threads_per_rank=0"], "threads_per_rank must be null or a positive integer", None),
     "threads-beyond-the-cpus": (["threads_per_rank=99999999999"],
                                 "threads_per_rank=99999999999 is more threads than the ", None),

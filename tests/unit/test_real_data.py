@@ -346,6 +346,19 @@ def test_a_utf16_or_utf32_file_with_its_byte_order_mark_is_read_as_the_same_text
     assert load_lengths("jsonl", str(other)).tolist() == load_lengths("jsonl", str(plain)).tolist() == [12, 3, 7]
 
 
+def test_a_file_named_like_a_number_is_read_as_the_refusal_says(tmp_path, monkeypatch):
+    """dataset.path=2024 reaches the config as the number 2024 (Hydra's grammar): refused in one
+    line that says how to give it; both ways it names read the file."""
+    write_jsonl(tmp_path / "2024", [100, 200, 300, 400])
+    monkeypatch.chdir(tmp_path)
+    data = ("dataset=jsonl", "world_size=2", "minibatch_size=2", "num_minibatches=1", "warmup_minibatches=0")
+    said = r"""dataset\.path must be a string or null, got 2024; .* \('dataset\.path="2024"'\), or give a file """
+    with pytest.raises(ConfigError, match=said + r"or folder of that name as \./2024$"):
+        run_config(*data, "dataset.path=2024")
+    for given in ('dataset.path="2024"', "dataset.path=./2024"):
+        assert sorted(resolve(run_config(*data, given)).minibatches[0].lengths) == [100, 200, 300, 400]
+
+
 def test_for_a_length_profile_the_hint_names_its_pool_size_which_changes_the_outcome():
     small = ("world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
     with pytest.raises(ConfigError, match=r"or raise dataset.num_samples to at least 8 \(the profile's pool\)"):
