@@ -95,6 +95,13 @@ def _chosen_sweep(overrides: Sequence[str]) -> str | None:
 def _check_sweeps_dir(overrides: Sequence[str]) -> None:
     if (chosen := _chosen_sweep(overrides)) is None:
         return
+    if chosen.startswith((".", "~", "/")) or chosen.endswith((".yaml", ".yml")):
+        # Hydra looked the path up as an option name: "unknown sweep/. option 'mine.yaml'".
+        path = Path(chosen).expanduser()
+        where = (f"run it as ODC_SWEEPS_DIR={path.resolve().parent} python -m odc_bench sweep={path.stem}"
+                 if path.is_file() else "no such file; give a sweep file's name without .yaml")
+        raise ConfigError(f"sweep={chosen}: a sweep is chosen by its file's name, not its path: {where} "
+                          f"(ODC_SWEEPS_DIR: a folder of sweep files; docs/sweeps.md)")
     own = any(o.startswith(("-cd", "--config-dir", "hydra.searchpath")) for o in overrides)  # may hold sweep/
     if not own and not any(SWEEPS_DIR.glob("*.yaml")):
         # The sweep files live beside the package, in the repository: an installed wheel has none,

@@ -231,6 +231,11 @@ def load(cfg: DictConfig | Mapping[str, Any]) -> RunConfig:
             cfg.pop("hydra", None)  # it holds interpolations only a running Hydra job resolves
         container: Any = OmegaConf.to_container(cfg, resolve=True)
         values = {str(k): v for k, v in container.items()}
+        # Hydra puts a file of DIR/sweep/ under `sweep` unless its first line says otherwise.
+        require("sweep" not in values, "a sweep file's settings came under a key `sweep`: a sweep of your config "
+                                       "folder (DIR/sweep/NAME.yaml) sets keys of the whole config "
+                                       "(hydra.sweeper.params, ...), so its first line must be `# @package _global_`; "
+                                       "add it")
     else:
         values = {str(k): v for k, v in cfg.items() if k != "hydra"}
     return run_config(values)

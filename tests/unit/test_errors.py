@@ -27,6 +27,7 @@ from odc_bench.config.compose import CONF_DIR, options_with_key
 from odc_bench.errors import ConfigError, interrupt_within
 from odc_bench.plan.spec import Planner
 from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
+from odc_bench.results.table import read_table
 from tests.helpers import REPO, odc_bench
 
 ERRORS_DOC = REPO / "docs" / "errors.md"
@@ -916,6 +917,39 @@ def test_a_sweep_chosen_where_there_are_no_sweep_files_says_where_they_are(tmp_p
         f"folder of sweep files (NAME.yaml, as the repository's sweeps/ holds them), or unset it for the "
         f"repository's\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_given_by_its_path_or_without_its_package_line_is_one_line_saying_how_to_run_it(tmp_path,
+                                                                                                   monkeypatch, capsys):
+    """`sweep=./pathsweep.yaml` said "unknown sweep/. option 'pathsweep.yaml'", and a sweep file of a user's
+    config folder without `# @package _global_` "unknown config key 'sweep'"; the ways each line
+    names run the sweep."""
+    sweep_file = "hydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n      seed: 0,1\n"
+    (tmp_path / "pathsweep.yaml").write_text(sweep_file)
+    (tmp_path / "conf" / "sweep").mkdir(parents=True)
+    (tmp_path / "conf" / "sweep" / "pathsweep.yaml").write_text(sweep_file)
+    monkeypatch.chdir(tmp_path)
+    results = (f"results_dir={tmp_path / 'r'}", "backend=sim", "num_minibatches=2", "warmup_minibatches=0")
+    assert odc_bench("sweep=./pathsweep.yaml", *results) == 2
+    assert capsys.readouterr().err == (
+        f"odc_bench: error: sweep=./pathsweep.yaml: a sweep is chosen by its file's name, not its path: run it as "
+        f"ODC_SWEEPS_DIR={tmp_path} python -m odc_bench sweep=pathsweep (ODC_SWEEPS_DIR: a folder of sweep files; "
+        f"docs/sweeps.md)\n")
+    assert odc_bench("--config-dir", str(tmp_path / "conf"), "sweep=pathsweep", *results) == 2
+    assert capsys.readouterr().err.startswith("odc_bench: error: a sweep file's settings came under a key `sweep`: "
+                                              "a sweep of your config folder (DIR/sweep/NAME.yaml) sets keys of the "
+                                              "whole config")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf", "pathsweep.yaml"], "nothing written"
+    # The package line added: the config folder's sweep runs; then the file beside, by its folder.
+    (tmp_path / "conf" / "sweep" / "pathsweep.yaml").write_text("# @package _global_\n" + sweep_file)
+    assert odc_bench("--config-dir", str(tmp_path / "conf"), "sweep=pathsweep", *results,
+                     f"hydra.sweep.dir={tmp_path / 'm'}") == 0
+    from odc_bench.config import compose as compose_module
+
+    monkeypatch.setenv("ODC_SWEEPS_DIR", str(tmp_path))
+    monkeypatch.setattr(compose_module, "SWEEPS_DIR", tmp_path)
+    assert odc_bench("sweep=pathsweep", *results, f"hydra.sweep.dir={tmp_path / 'm2'}") == 0
+    assert len(read_table(tmp_path / "r" / "runs.csv")) == 2, "the second sweep resumed the first one's two runs"
 
 
 def test_local_ranks_started_without_the_commands_check_meet_the_same_refusal(tmp_path, monkeypatch):
