@@ -107,15 +107,3 @@ def hf_model_shape(value: str) -> dict[str, object]:
     if model.head_dim is None:  # the width's share stated (Llama 3's 128 of 4096 / 32): no setting to print
         shape.pop("head_dim", None)
     return shape
-
-
-def hf_model_overrides(value: str) -> list[str]:
-    """The `python -m odc_bench` settings of the model that `value`'s config describes, which
-    rerun without the file (the what-if's printed commands); ConfigError as hf_model_shape."""
-    # `tiny` is only the base the settings replace, field by field: every field of the shape is set.
-    return ["model=tiny", *(f"model.{key}={_setting(v)}" for key, v in hf_model_shape(value).items())]
-
-
-def _setting(value: object) -> str:
-    """A value as a command line gives it: floats whole (repr), booleans as YAML writes them."""
-    return repr(value) if isinstance(value, float) else str(value).lower() if isinstance(value, bool) else str(value)

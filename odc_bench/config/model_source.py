@@ -1,10 +1,11 @@
-"""`model=PATH`: a Hugging Face model folder or config.json as an option of Hydra's model group.
+"""`model=PATH`: a model's own file (model_file.py: a Hugging Face model folder or config.json, or
+a model section of this harness written as a YAML file) as an option of Hydra's model group.
 
 Hydra looks an option up as `model/<value>` in each config source of its search path; these
-sources answer for a value that names a model folder holding a config.json, or such a file, with
-the model section hf_model.hf_model_shape reads from it (the what-if's reader: one reader for
-both). Two of them, as a value can be a path or a bare name:
-- a value only a path can be (`./qwen2_7b`, `~/m`, `/abs/m`, `x.json`), or a relative path
+sources answer for a value that names such a file or folder with the model section
+model_file.model_file_shape reads from it (the what-if's reader: one reader for both). Two of
+them, as a value can be a path or a bare name:
+- a value only a path can be (`./qwen2_7b`, `~/m`, `/abs/m`, `x.json`, `x.yaml`), or a relative path
   with a `/` that names a model's folder, is answered first, before any config option is looked
   up: Hydra's package source would otherwise find the stock option in some
   (`model/./qwen2_7b.yaml` is the stock qwen2_7b.yaml, so `model=./qwen2_7b` ran the stock 7B
@@ -24,7 +25,7 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
 from odc_bench.config.compose import no_model_line
-from odc_bench.config.hf_model import hf_model_shape, is_hf_model
+from odc_bench.config.model_file import is_model_file, model_file_shape
 from odc_bench.errors import ConfigError
 
 SCHEME, PATH_SCHEME = "hfmodel", "hfpath"
@@ -39,7 +40,7 @@ def _model_path(config_path: str) -> str | None:
 def only_a_path(value: str) -> bool:
     """Whether a model= value can only be a path, never the name of a config option (which may
     hold a /: model=llama/7b is DIR/model/llama/7b.yaml of a user's config folder)."""
-    return value.startswith((".", "~", "/")) or value.endswith(".json")
+    return value.startswith((".", "~", "/")) or value.endswith((".json", ".yaml", ".yml"))
 
 
 class HfModelSource(ConfigSource):
@@ -52,7 +53,7 @@ class HfModelSource(ConfigSource):
     def load_config(self, config_path: str) -> ConfigResult:
         path = _model_path(config_path)
         assert path is not None
-        return ConfigResult(config=OmegaConf.create(hf_model_shape(path)), path=f"{SCHEME}://",
+        return ConfigResult(config=OmegaConf.create(model_file_shape(path)), path=f"{SCHEME}://",
                             provider=self.provider, header={"package": "model"})
 
     def is_group(self, config_path: str) -> bool:
@@ -60,7 +61,7 @@ class HfModelSource(ConfigSource):
 
     def is_config(self, config_path: str) -> bool:
         path = _model_path(config_path)
-        return path is not None and path != "" and is_hf_model(path)
+        return path is not None and path != "" and is_model_file(path)
 
     def available(self) -> bool:
         return True
@@ -79,13 +80,13 @@ class HfPathSource(HfModelSource):
     def load_config(self, config_path: str) -> ConfigResult:
         path = _model_path(config_path)
         assert path is not None
-        if not is_hf_model(path):
+        if not is_model_file(path):
             raise ConfigError(no_model_line(path))
         return super().load_config(config_path)
 
     def is_config(self, config_path: str) -> bool:
         path = _model_path(config_path)
-        return path is not None and (only_a_path(path) or ("/" in path and is_hf_model(path)))
+        return path is not None and (only_a_path(path) or ("/" in path and is_model_file(path)))
 
 
 class HfModelSearchPath(SearchPathPlugin):

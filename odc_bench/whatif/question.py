@@ -21,8 +21,8 @@ from odc_bench.balancers.registry import BALANCERS
 from odc_bench.config.compose import hydra_error_line, hydra_quote, string_override
 from odc_bench.config.engine import ENGINES
 from odc_bench.config.fields import require
-from odc_bench.config.hf_model import hf_model_name, hf_model_overrides, is_hf_model
 from odc_bench.config.hub import hub_hint
+from odc_bench.config.model_file import is_model_file, model_file_name, model_file_overrides
 from odc_bench.data.profiles import PROFILES
 from odc_bench.data.real import loader_for
 from odc_bench.errors import ConfigError, in_options
@@ -148,9 +148,10 @@ class Question:
         for o in self.overrides:
             key = o.split("=", 1)[0].lstrip("+")
             require(key not in OWN_KEYS, f"{o!r}: the what-if sets {key} itself; use its options (--help) instead")
-        require(self.model in MODELS or is_hf_model(self.model),
-                f"--model {self.model} is neither a model config ({', '.join(MODELS)}) nor a Hugging Face model "
-                f"folder holding a config.json, nor such a .json file{hub_hint(self.model, 'model', '--model {}')}")
+        require(self.model in MODELS or is_model_file(self.model),
+                f"--model {self.model} is neither a model config ({', '.join(MODELS)}), nor a Hugging Face model "
+                f"folder holding a config.json or such a .json file, nor a model config's .yaml file"
+                f"{hub_hint(self.model, 'model', '--model {}')}")
         if self.hardware not in HARDWARE:
             path = Path(self.hardware).expanduser()
             require(path.is_file() and path.suffix == ".yaml" and path.parent.name == "hardware"
@@ -180,11 +181,11 @@ class Question:
     @property
     def model_name(self) -> str:
         """The model as rows and titles name it."""
-        return self.model if self.model in MODELS else hf_model_name(self.model)
+        return self.model if self.model in MODELS else model_file_name(self.model)
 
     def model_overrides(self) -> list[str]:
-        """The model's settings: its config, or the shape its Hugging Face config gives."""
-        return [f"model={self.model}"] if self.model in MODELS else hf_model_overrides(self.model)
+        """The model's settings: its config, or the shape its own file gives."""
+        return [f"model={self.model}"] if self.model in MODELS else model_file_overrides(self.model)
 
     @property
     def world_size(self) -> int:

@@ -17,13 +17,13 @@ import pytest
 from odc_bench.calibrate import cluster_profile as cc
 from odc_bench.cli.precheck import precheck
 from odc_bench.config.compose import compose_run
-from odc_bench.config.hf_model import hf_model_overrides
+from odc_bench.config.model_file import model_file_overrides
 from odc_bench.errors import ConfigError
 from odc_bench.plan.spec import Planner
 from odc_bench.results.table import read_table
 from odc_bench.whatif.answer import compose_config
 from odc_bench.whatif.question import Question, Series
-from tests.helpers import run_cli
+from tests.helpers import REPO, run_cli
 
 pytest.importorskip("transformers", reason="reading a Hugging Face config needs transformers: pip install "
                                            "'odc-bench[hf]'")
@@ -69,10 +69,10 @@ LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 ])
 def test_a_config_json_gives_the_model_config_of_its_shape(tmp_path, name, model_type, extra):
     folder = write(tmp_path / "My Model v1", hf_config(name, model_type, **extra))
-    read = _model(hf_model_overrides(str(folder)))
+    read = _model(model_file_overrides(str(folder)))
     assert read.name == "My-Model-v1", "the folder names it, in characters a command line takes"
     assert read == replace(_model([f"model={name}"]), name=read.name)
-    assert _model(hf_model_overrides(str(folder / "config.json"))) == read, "the file itself names it as well"
+    assert _model(model_file_overrides(str(folder / "config.json"))) == read, "the file itself names it as well"
 
 
 # mistralai/Mistral-Nemo-Base-2407's config.json (as quoted in kevinstephano/thunder_model_blocks,
@@ -103,13 +103,13 @@ def test_heads_narrower_or_wider_than_the_width_are_read_and_counted_as_transfor
 
     from odc_bench.models.decoder import count_parameters
 
-    read = _model(hf_model_overrides(str(write(tmp_path / name, config))))
+    read = _model(model_file_overrides(str(write(tmp_path / name, config))))
     assert (read.head_dim, read.attention_width, read.hidden_size) == widths
     with torch.device("meta"):
         theirs = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
     assert count_parameters(read) == sum(p.numel() for p in theirs.parameters())
     stated = hf_config("llama3_8b", "llama", head_dim=128)  # 4096 / 32: the width's share, stated
-    assert _model(hf_model_overrides(str(write(tmp_path / "llama3_8b", stated)))) == _model(["model=llama3_8b"])
+    assert _model(model_file_overrides(str(write(tmp_path / "llama3_8b", stated)))) == _model(["model=llama3_8b"])
 
 
 def _transformers_name(name: str) -> str:
@@ -152,7 +152,7 @@ def test_the_decoder_computes_the_loss_transformers_computes_with_the_same_weigh
 def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
     config = hf_config("llama2_7b", "llama")
     del config["num_key_value_heads"], config["tie_word_embeddings"]
-    read = _model(hf_model_overrides(str(write(tmp_path / "m", config))))
+    read = _model(model_file_overrides(str(write(tmp_path / "m", config))))
     assert read.num_kv_heads == read.num_heads, "no key-value heads stated: as many as query heads"
     assert read.tie_embeddings is False, "LlamaConfig does not tie by default (PretrainedConfig would)"
 
@@ -173,7 +173,7 @@ def test_what_the_file_leaves_out_takes_its_model_types_defaults(tmp_path):
 def test_a_config_it_cannot_simulate_is_refused_in_one_line(tmp_path, config, message):
     folder = write(tmp_path / "m", config)
     with pytest.raises(ConfigError) as refused:
-        hf_model_overrides(str(folder))
+        model_file_overrides(str(folder))
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
@@ -207,7 +207,7 @@ def test_the_runs_file_names_a_model_folder_beside_it(tmp_path):
 
 def test_model_equals_a_folder_or_its_config_json_in_the_harness_as_in_the_whatif(tmp_path):
     folder = write(tmp_path / "Llama-3.1-8B", hf_config("llama3_8b", "llama", rope_scaling=LLAMA3_ROPE))
-    read = compose_run(["backend=sim", *hf_model_overrides(str(folder))])  # what the what-if's commands run
+    read = compose_run(["backend=sim", *model_file_overrides(str(folder))])  # what the what-if's commands run
     assert compose_run(["backend=sim", f"model={folder}"]) == read
     assert compose_run(["backend=sim", f"model={folder / 'config.json'}"]) == read
     assert read.model == replace(_model(["model=llama3_8b"]), name="Llama-3.1-8B")
@@ -256,3 +256,27 @@ def test_a_sweep_takes_a_model_folder_beside_a_model_config(tmp_path):
     lines = later.stderr.strip().splitlines()
     assert later.returncode == 2 and len(lines) == 1 and "model_type 'qwen3_moe' is not one" in lines[0], later.stderr
     assert not (tmp_path / "res2").exists() and not (tmp_path / "multirun2").exists(), "nothing ran"
+
+
+def test_a_model_section_of_the_harness_as_a_yaml_file_is_read_by_its_path(tmp_path, monkeypatch):
+    """`model=./mine.yaml` and `--model ./mine.yaml`: a copy of a stock model file, edited, read
+    without a config folder (it was "no model config, and no Hugging Face model folder"); named
+    by its `name:`, or its file's name without one; a file named as a stock config is the file."""
+    tiny = (REPO / "odc_bench" / "conf" / "model" / "tiny.yaml").read_text(encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    mine_yaml = tiny.replace("name: tiny", "name: mine").replace("num_layers: 4", "num_layers: 3")
+    (tmp_path / "mine.yaml").write_text(mine_yaml)
+    (tmp_path / "tiny.yaml").write_text(tiny.replace("num_layers: 4", "num_layers: 2"))
+    (tmp_path / "unnamed.yml").write_text("\n".join(line for line in tiny.splitlines() if not line.startswith("name:")))
+    stock = _model(["model=tiny"])
+    mine = compose_run(["backend=sim", "model=./mine.yaml"]).model
+    assert mine == replace(stock, name="mine", num_layers=3)
+    assert compose_run(["backend=sim", f"model={tmp_path / 'mine.yaml'}"]).model == mine
+    assert compose_run(["backend=sim", *model_file_overrides("mine.yaml")]).model == mine, "the what-if's commands"
+    assert compose_run(["backend=sim", "model=./tiny.yaml"]).model == replace(stock, num_layers=2)
+    assert compose_run(["backend=sim", "model=./unnamed.yml"]).model == replace(stock, name="unnamed")
+    question = Question(model="./mine.yaml", lengths="longalign", hardware="h100", nodes=1, minibatch_sizes=(2,))
+    assert question.model_name == "mine"
+    (tmp_path / "bad.yaml").write_text(tiny.replace("num_layers: 4", "num_layers: 4\nlayers: 9"))
+    with pytest.raises(ConfigError, match=r"bad\.yaml: unknown config key 'model\.layers'"):
+        compose_run(["backend=sim", "model=./bad.yaml"])
