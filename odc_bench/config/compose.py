@@ -213,15 +213,27 @@ def hydra_error_line(error: Exception) -> str:
             reason = "a character it reads only inside quotes, such as a quote or a non-ASCII letter"
         return f"{error.override!r}: Hydra cannot read it ({reason}); if the value is one string, quote it: {quoted}"
     if isinstance(error, MissingConfigException) and error.options:
-        group, _, value = (error.missing_cfg_file or "").partition("/")
+        group, value = _group_and_option(error.missing_cfg_file or "")
         if group == "model" and "/" in value:
             return no_model_line(value)
-        missing = (error.missing_cfg_file or "").rsplit("/", 1)
-        if len(missing) == 2:
-            return (f"unknown {missing[0]} option {missing[1]!r}; choose one of {', '.join(sorted(error.options))}")
+        if value.startswith((".", "~", "/")) or value.endswith((".yaml", ".yml")):
+            # Hydra looked the path up as an option's name: "unknown backend/hardware/. option 'mine.yaml'".
+            return (f"{group}={value}: an option of {group} is chosen by its name, not its path: put the file in "
+                    f"DIR/{group}/NAME.yaml and add --config-dir DIR, then {group}=NAME (docs/configuration.md)")
+        if group:
+            return f"unknown {group} option {value!r}; choose one of {', '.join(sorted(error.options))}"
     first = str(error).strip().splitlines()
     text = " ".join(line.strip() for line in first[:2] if line.strip())
     return text or type(error).__name__
+
+
+def _group_and_option(missing: str) -> tuple[str, str]:
+    """The config group and the option asked of it in the file Hydra missed (`backend/hardware/h1`:
+    backend/hardware and h1; `model/small/mine`: model and small/mine, an option in a subfolder of
+    a user's config folder); ("", missing) where no group of the package's starts it."""
+    groups = {p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*") if p.is_dir()} | {"sweep"}
+    group = max((g for g in groups if missing.startswith(f"{g}/")), key=len, default="")
+    return group, missing[len(group) + 1:] if group else missing
 
 
 def no_model_line(value: str) -> str:

@@ -138,6 +138,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                      "unknown config key 'balancer.options.nosuch'", None),
     "unknown-option": (["engine=nosuch"], "unknown engine option 'nosuch'; choose one of collective, odc", None),
     "unknown-task": (["task=nosuch"], "unknown task option 'nosuch'", None),
+    "option-given-by-path": (["backend=sim", "backend/hardware=./mine.yaml"],
+                             "backend/hardware=./mine.yaml: an option of backend/hardware is chosen by its name, not "
+                             "its path: put the file in DIR/backend/hardware/NAME.yaml and add --config-dir DIR, then "
+                             "backend/hardware=NAME (docs/configuration.md)", None),
     "malformed-override": (["world_size=[1,"], "'world_size=[1,': Hydra cannot read it (no viable alternative at input "
                            "'[1,'); if the value is one string, quote it: 'world_size=\"[1,\"'", None),
     # A path Hydra reads only quoted: the line gives the override quoted as one shell word.
