@@ -371,9 +371,11 @@ def check_parameters(model: nn.Module | None, wrapped: dict[str, int]) -> None:
                            f"wrap()")
 
 
-def configured(step: OptimizerStep | None) -> OptimizerStep:
+def configured(step: OptimizerStep | None, call: str = "this") -> OptimizerStep:
+    """The optimizer step configure_optimizer() built; RuntimeError naming `call` before it."""
     if step is None:
-        raise RuntimeError("configure_optimizer() first")
+        raise RuntimeError(f"{call} before configure_optimizer(): the engine steps each minibatch with the optimizer "
+                           f"configure_optimizer(factory) builds; call it first")
     return step
 
 

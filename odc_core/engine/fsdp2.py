@@ -196,16 +196,17 @@ class CollectiveEngine:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return configured(self._step).optimizer
+        return configured(self._step, "engine.optimizer").optimizer
 
     @property
     def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
-        return configured(self._step).scheduler
+        return configured(self._step, "engine.scheduler").scheduler
 
     def begin_minibatch(self) -> None:
         """FSDP2 synchronises inside every unit's forward and backward; here the microbatch count starts."""
         check_parameters(self.model, self.wrapped)
         check_order("begin_minibatch", self._minibatch if self._inside else None, self._closed)
+        configured(self._step, "begin_minibatch()")  # a minibatch that cannot be stepped is refused before it opens
         self._minibatch += 1
         self._microbatches, self._inside = 0, True
 

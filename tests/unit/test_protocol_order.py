@@ -97,6 +97,28 @@ def test_a_protocol_call_out_of_order_is_one_line(case, engine_name, one_rank_gr
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_minibatch_before_configure_optimizer_is_refused_as_it_begins(engine_name, one_rank_group):
+    """Refused at finish_minibatch() before, where ODC had taken the minibatch as finished: its
+    close() then waited timeout_s for a step nobody would take (PeerTimeout naming rank 0)."""
+    model = Net()
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        with pytest.raises(RuntimeError, match=r"^begin_minibatch\(\) before configure_optimizer\(\): the engine "
+                                                r"steps each minibatch with the optimizer "
+                                                r"configure_optimizer\(factory\) builds; call it first$"):
+            engine.begin_minibatch()
+        with pytest.raises(RuntimeError, match=r"^engine\.optimizer before configure_optimizer\(\)"):
+            _ = engine.optimizer
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        engine.begin_minibatch()  # configured now: the minibatch runs
+        _microbatch(model)
+        engine.finish_minibatch()
+    finally:
+        engine.close()
+
+
 def test_a_model_odc_wrapped_is_refused_by_a_second_engine_without_reading_its_freed_parameters(one_rank_group):
     model = Net()
     first, second = _engine("odc", one_rank_group), _engine("odc", one_rank_group)

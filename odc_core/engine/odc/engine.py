@@ -250,11 +250,11 @@ class OdcEngine:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return configured(self.versions.step_rule).optimizer
+        return configured(self.versions.step_rule, "engine.optimizer").optimizer
 
     @property
     def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
-        return configured(self.versions.step_rule).scheduler
+        return configured(self.versions.step_rule, "engine.scheduler").scheduler
 
     # ---- the minibatch protocol (versions.py) ------------------------------------------
     def read_version(self, minibatch: int) -> int:
@@ -273,6 +273,8 @@ class OdcEngine:
                                        f"requires_grad before wrap(), which decides what is pushed and stepped")
         check_order("begin_minibatch", self.minibatch if self.versions.inside else None,
                     self.versions.closing.is_set())
+        # Before the minibatch opens: one that cannot be stepped left close() waiting for its step.
+        configured(self.versions.step_rule, "begin_minibatch()")
         self.versions.begin()
 
     def finish_minibatch(self) -> float | None:
