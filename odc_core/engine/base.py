@@ -371,7 +371,7 @@ def check_parameters(model: nn.Module | None, wrapped: dict[str, int]) -> None:
                            f"wrap()")
 
 
-def configured(step: OptimizerStep | None, call: str = "this") -> OptimizerStep:
+def configured(step: OptimizerStep | None, call: str) -> OptimizerStep:
     """The optimizer step configure_optimizer() built; RuntimeError naming `call` before it."""
     if step is None:
         raise RuntimeError(f"{call} before configure_optimizer(): the engine steps each minibatch with the optimizer "

@@ -242,7 +242,7 @@ class CollectiveEngine:
         else to wait for: FSDP2's post-backward callback already waited for the last
         reduce-scatter. The gradient norm before clipping when it clips (base.py)."""
         check_order("finish_minibatch", self._minibatch if self._inside else None, self._closed)
-        step, model = configured(self._step), self.model
+        step, model = configured(self._step, "finish_minibatch()"), self.model
         assert model is not None
         self._inside = False
         self._agree(starting=False)

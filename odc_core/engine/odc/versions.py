@@ -219,7 +219,7 @@ class Versions:
         """Version k + 1 = AdamW(version k, minibatch k's gradients), written into its own slot;
         then minibatch k's accumulator slot is zeroed for minibatch k + s + 1 and the version
         published. The slot version k + 1 takes held version k - s, which only minibatch k read."""
-        step = configured(self.step_rule)
+        step = configured(self.step_rule, "the step")
         t0 = self._now()
         now, new = k % self.slots, (k + 1) % self.slots
         for unit in self.units:
