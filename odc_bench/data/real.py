@@ -512,6 +512,11 @@ def load_pool(loader: str, path: str | None, *, field: str | None = None, text_f
         raise DataError(f"dataset.path {source} does not exist; point it at your data{hint}")
     cache = Path(cache_dir).expanduser() if cache_dir else None
     if loader == "jsonl":
+        if source.is_fifo():
+            # The source is read more than once (its key, its samples) and its cache goes beside it.
+            raise DataError(f"dataset.path {source} is a pipe (as the shell's <(command) gives), which the harness "
+                            f"cannot read twice or cache beside; write it to a file (command > lengths.jsonl) and "
+                            f"give that")
         if not source.is_file():
             raise DataError(f"dataset.path {source} is not a file; dataset=jsonl reads one .jsonl file")
         key = cache_key(source, dict(loader=loader, field=field))

@@ -359,6 +359,15 @@ def test_a_file_named_like_a_number_is_read_as_the_refusal_says(tmp_path, monkey
         assert sorted(resolve(run_config(*data, given)).minibatches[0].lengths) == [100, 200, 300, 400]
 
 
+def test_a_pipe_is_refused_in_one_line_that_says_to_write_it_to_a_file(tmp_path):
+    """`dataset.path=<(command)` names a pipe, read once: it was "is not a file"."""
+    pipe = tmp_path / "lengths.jsonl"
+    os.mkfifo(pipe)
+    with pytest.raises(DataError, match=r"is a pipe \(as the shell's <\(command\) gives\), which the harness cannot "
+                                        r"read twice or cache beside; write it to a file"):
+        load_lengths("jsonl", str(pipe))
+
+
 def test_for_a_length_profile_the_hint_names_its_pool_size_which_changes_the_outcome():
     small = ("world_size=4", "minibatch_size=2", "num_minibatches=2", "warmup_minibatches=0")
     with pytest.raises(ConfigError, match=r"or raise dataset.num_samples to at least 8 \(the profile's pool\)"):
