@@ -196,8 +196,12 @@ def _jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
         with text as f:
             for n, line in enumerate(f, 1):
                 if "\x00" in line:
-                    raise DataError(f"{path} is not text: line {n} holds NUL bytes; dataset=jsonl reads a text file "
-                                    f"with {_FORMAT}")
+                    # Every other character NUL: UTF-16 text whose byte-order mark, which text_encoding reads
+                    # it by, is missing.
+                    utf16 = len(line) > 2 and (line[1::2].strip("\x00\n") == "" or line[::2].strip("\x00\n") == "")
+                    hint = " (UTF-16 text without its byte-order mark: save it as UTF-8)" if utf16 else ""
+                    raise DataError(f"{path} is not text: line {n} holds NUL bytes{hint}; dataset=jsonl reads a text "
+                                    f"file with {_FORMAT}")
                 if line.strip():
                     yield n, line
     except UnicodeDecodeError:

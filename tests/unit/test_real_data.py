@@ -344,6 +344,11 @@ def test_a_utf16_or_utf32_file_with_its_byte_order_mark_is_read_as_the_same_text
     else:
         other.write_text(text, encoding=encoding)
     assert load_lengths("jsonl", str(other)).tolist() == load_lengths("jsonl", str(plain)).tolist() == [12, 3, 7]
+    unmarked = tmp_path / f"{encoding}-unmarked.jsonl"
+    unmarked.write_bytes(text.encode("utf-16-be" if encoding == "utf-16-be-marked" else "utf-16-le"))
+    with pytest.raises(DataError, match=r"line 1 holds NUL bytes \(UTF-16 text without its byte-order mark: save it "
+                                        r"as UTF-8\)"):
+        load_lengths("jsonl", str(unmarked))
 
 
 def test_a_file_named_like_a_number_is_read_as_the_refusal_says(tmp_path, monkeypatch):
