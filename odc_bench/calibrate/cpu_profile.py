@@ -190,7 +190,8 @@ def fit(runs: dict[str, list[tuple[RunSpec, pd.DataFrame]]]) -> dict:
     c = first.config
     return dict(version=2, model=c.model.name, shape=unit_shape(c.model), world_size=first.world_size,
                 precision=c.precision, compiled=c.compiles("cpu"),
-                threads_per_rank=c.threads_per_rank, threads=threads_per_rank(first, first.world_size),
+                threads_per_rank=c.threads_per_rank,
+                threads=threads_per_rank(first, first.world_size, first.world_size),
                 host=socket.gethostname(), fingerprint=host_fingerprint(),
                 date=time.strftime("%Y-%m-%d"), knots=list(knots), compute=fit_compute(units), engines=engines,
                 runs={e: [spec.run_id for spec, _ in pairs] for e, pairs in runs.items()})

@@ -158,7 +158,7 @@ def launch(spec: RunSpec, start: Starter, entry: Entry, collect_params: bool = F
 
     with tempfile.TemporaryDirectory(prefix="odc-run-") as out_dir:
         job = RankJob(spec=spec, store_host="127.0.0.1", store_port=store.port, out_dir=out_dir,
-                      job_id=f"{spec.run_id[:8]}-{store.port}", threads=threads_per_rank(spec, world),
+                      job_id=f"{spec.run_id[:8]}-{store.port}", threads=threads_per_rank(spec, world, world),
                       collect_params=collect_params)
         ranks: RankProcesses | None = None
         try:

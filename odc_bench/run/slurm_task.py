@@ -171,7 +171,7 @@ def _run_task(spec: RunSpec, repeat_index: int, ending: _Ending) -> list[dict] |
         os.environ.update(NETWORK_ONLY_ENV)  # before the heap starts MPI
     job = RankJob(spec=spec, store_host=host, store_port=port, out_dir=str(shared),
                   job_id=_job_id(spec, env.job_id, shared.name.removeprefix("ranks.")),
-                  threads=threads_per_rank(spec, world // env.num_nodes), store_rank=0)
+                  threads=threads_per_rank(spec, world // env.num_nodes, 1), store_rank=0)
     try:
         run_rank(rank, job, local_rank)
     except Exception as e:  # reported through the shared folder: rank 0 names the failing rank

@@ -60,10 +60,14 @@ class RankJob:
     store_rank: int | None = None
 
 
-def threads_per_rank(spec: RunSpec, ranks_on_host: int) -> int:
-    """CPU threads a rank computes with: the config's, the SLURM task's CPUs, or the CPUs this
-    process may use shared by the host's ranks."""
-    return (spec.config.threads_per_rank or int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
+def threads_per_rank(spec: RunSpec, ranks_on_host: int, ranks_in_task: int) -> int:
+    """CPU threads a rank computes with: the config's; else the SLURM task's CPUs shared by the
+    ranks the task runs (one in a task per rank; all of them where a process inside a SLURM job
+    starts its ranks itself, as a local run does); else the CPUs this process may use shared by
+    the host's ranks. Each rank of a local run took all the task's CPUs before: 4 ranks of
+    `sbatch -c 8` ran 32 threads on 8 CPUs."""
+    task_cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
+    return (spec.config.threads_per_rank or (task_cpus and max(1, task_cpus // ranks_in_task))
             or max(1, usable_cpus() // ranks_on_host))
 
 

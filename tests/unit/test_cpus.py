@@ -14,6 +14,7 @@ import pytest
 
 from odc_bench.forked import usable_cpus
 from odc_bench.run import worker
+from odc_bench.run.launch import launch
 from tests.helpers import REPO, run_spec
 
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
@@ -54,8 +55,26 @@ def test_the_ranks_on_a_host_share_the_cpus_the_process_may_use(monkeypatch):
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     monkeypatch.setattr(worker, "usable_cpus", lambda: 9)
     spec = run_spec("world_size=2")
-    assert worker.threads_per_rank(spec, 2) == 4
-    assert worker.threads_per_rank(spec, 16) == 1, "at least one each"
-    assert worker.threads_per_rank(run_spec("world_size=2", "threads_per_rank=3"), 2) == 3
+    assert worker.threads_per_rank(spec, 2, 2) == 4
+    assert worker.threads_per_rank(spec, 16, 16) == 1, "at least one each"
+    assert worker.threads_per_rank(run_spec("world_size=2", "threads_per_rank=3"), 2, 2) == 3
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "5")
-    assert worker.threads_per_rank(spec, 2) == 5
+    assert worker.threads_per_rank(spec, 2, 1) == 5, "a SLURM task per rank: the task's CPUs"
+
+
+class _Started(Exception):
+    pass
+
+
+def test_a_local_runs_ranks_share_the_cpus_of_the_slurm_task_that_starts_them(monkeypatch):
+    """`python -m odc_bench world_size=2` inside `sbatch -c 8` (SLURM_CPUS_PER_TASK=8): each of
+    the two ranks the launcher starts gets 4 threads, where each took all 8 before."""
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
+    monkeypatch.setattr(worker, "usable_cpus", lambda: 64)  # a node's cores, more than the task's
+
+    def start(entry, job, world):
+        raise _Started(job.threads, world)
+
+    with pytest.raises(_Started) as started:
+        launch(run_spec("world_size=2"), start, worker.run_rank)
+    assert started.value.args == (4, 2)
