@@ -27,7 +27,7 @@ from hydra.core.override_parser.types import Override, RangeSweep, ValueType
 from omegaconf import DictConfig, OmegaConf
 
 from odc_bench.cli.slurm import check_slurm_available, gpus_requested, job_parameters
-from odc_bench.config.compose import COMPOSE_ERRORS, CONF_DIR, hydra_error_line, overrides_parser, refuse_null_groups
+from odc_bench.config.compose import COMPOSE_ERRORS, CONF_DIR, hydra_error_line, overrides_parser, refuse_odd_groups
 from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError
@@ -260,7 +260,7 @@ def precheck(argv: Sequence[str], planner: Planner) -> None:
         with _hydra(_flag_value(argv, ("--config-dir", "-cd"))):
             cannot_run: CombinationError | None = None
             for combination in combinations(overrides):
-                refuse_null_groups(combination)
+                refuse_odd_groups(combination)
                 cfg = _compose(config_name, overrides=combination, return_hydra_config=True)
                 _refuse_added_keys(parsed, combination, config_name)
                 if info_only:

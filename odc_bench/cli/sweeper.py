@@ -50,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 from odc_bench.app import Job
 from odc_bench.cli.outcomes import print_summary
 from odc_bench.cli.precheck import check_run, require_listable, swept_values
-from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_null_groups
+from odc_bench.config.compose import COMPOSE_ERRORS, hydra_error_line, overrides_parser, refuse_odd_groups
 from odc_bench.config.run import load
 from odc_bench.errors import CombinationError, ConfigError, ends_cleanly, fail
 from odc_bench.files import interrupts_deferred, interrupts_live
@@ -185,7 +185,7 @@ class GridSweeper(Sweeper):
         runnable, cannot_run = [], []
         for job in jobs:
             try:
-                refuse_null_groups(job)
+                refuse_odd_groups(job)
                 with interrupts_deferred():  # OmegaConf interrupted mid-merge (cli/__init__.py)
                     cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
             except COMPOSE_ERRORS as e:  # a later job's option (model=PATH, ...)

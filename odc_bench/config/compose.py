@@ -144,18 +144,34 @@ def overrides_parser() -> OverridesParser:
     return OverridesParser.create(config_loader=hydra.config_loader() if hydra.is_initialized() else None)
 
 
-def refuse_null_groups(overrides: Sequence[str]) -> None:
-    """ConfigError, one line, for a config group set to null (`model=null`, `hydra/launcher=null`),
-    which Hydra's composition ends in a ValueError's traceback; the initialised Hydra says which
-    keys are groups and their options."""
+def refuse_odd_groups(overrides: Sequence[str]) -> None:
+    """ConfigError, one line, for a config group set to what names no option of it: null
+    (`model=null`, `hydra/launcher=null`), a number or a boolean (`task=0`, `dataset=true`), each of
+    which Hydra's composition ends in a traceback, or a list of several options (`balancer=[a,b]`),
+    which Hydra merges into one config and which failed on a key of one in the other's. The
+    initialised Hydra says which keys are groups and their options."""
     loader = GlobalHydra.instance().config_loader()
     for override in overrides_parser().parse_overrides(list(overrides)):
-        if override.is_delete() or override.is_sweep_override() or override.value() is not None:
+        if override.is_delete() or override.is_sweep_override():
             continue
-        key = override.key_or_group
-        if options := loader.get_group_options(key):
-            raise ConfigError(f"{override.input_line} names no {key} option; choose one of {', '.join(options)}, "
-                              f"or leave {key} out for its default")
+        key, value = override.key_or_group, override.value()
+        if isinstance(value, str) or not (options := loader.get_group_options(key)):
+            continue
+        if isinstance(value, list) and len(value) > 1 and all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{override.input_line} chooses several {key} options at once, which Hydra merges "
+                              f"into one; choose one, or sweep them: --multirun {key}={','.join(value)}")
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+            continue
+        typed = str(override.input_line).partition("=")[2]
+        if value is None:
+            read_as = ""
+        elif isinstance(value, list | dict):
+            read_as = f" (Hydra reads {typed} as a {'list' if isinstance(value, list) else 'mapping'})"
+        else:
+            read_as = (f" (Hydra reads {typed} as a {'boolean' if isinstance(value, bool) else 'number'}; quote it, "
+                       f"{key}='{typed}', where an option or folder has that name)")
+        raise ConfigError(f"{override.input_line} names no {key} option{read_as}; choose one of {', '.join(options)}, "
+                          f"or leave {key} out for its default")
 
 
 def hydra_quote(value: str) -> str:

@@ -284,6 +284,12 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                "engine.backend=shm (the CPU default) runs FSDP2 over shared memory, which cannot span "
                                "hydra.launcher.nodes=2; set engine.backend=gloo", None),
     "group-set-to-null": (["model=null"], "model=null names no model option; choose one of llama2_7b, ", None),
+    "group-set-to-a-number": (["task=0"], "task=0 names no task option (Hydra reads 0 as a number; quote it, "
+                              "task='0', where an option or folder has that name); choose one of primitives, train",
+                              None),
+    "several-options-of-a-group": (["balancer=[lb_mini,lb_micro]"], "balancer=[lb_mini,lb_micro] chooses several "
+                                   "balancer options at once, which Hydra merges into one; choose one, or sweep them: "
+                                   "--multirun balancer=lb_mini,lb_micro", None),
     "basic-sweeper": (["-m", "hydra/sweeper=basic", "engine=odc,collective", "balancer=lb_mini", "backend=sim"],
                       "hydra/sweeper=basic is Hydra's own, which checks no run before the sweep starts", None),
     "stock-submitit-launcher": (["-m", "hydra/launcher=submitit_slurm", "backend=sim"],

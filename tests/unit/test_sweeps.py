@@ -394,13 +394,14 @@ def test_relative_paths_are_the_launch_folders_under_hydras_job_chdir(multirun, 
     assert [p.name for p in tmp_path.rglob("runs.csv")] == ["runs.csv"], "one table, in the launch folder"
 
 
-def test_a_group_set_to_null_in_a_later_run_stops_the_sweep_before_any_run(tmp_path, sweep):
-    """Hydra's composition of `model=null` ends in a ValueError: a traceback from the sweeper."""
-    status, _, err = sweep("model=tiny,null", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
+@pytest.mark.parametrize("value", ["null", "7"])
+def test_a_group_set_to_null_or_a_number_in_a_later_run_stops_the_sweep_before_any_run(tmp_path, sweep, value):
+    """Hydra's composition of `model=null` or `model=7` ends in a ValueError: a traceback from the sweeper."""
+    status, _, err = sweep(f"model=tiny,{value}", *SIM_SWEEP, f"results_dir={tmp_path / 'r'}",
                            f"hydra.sweep.dir={tmp_path / 'm'}")
     assert status == 2 and err.count("\n") == 1, err
-    assert err.startswith("odc_bench: error: model=null ") and ": model=null names no model option; choose one of " \
-        "llama2_7b, " in err
+    assert err.startswith(f"odc_bench: error: model={value} ") and f": model={value} names no model option" in err
+    assert "; choose one of llama2_7b, " in err
     assert not (tmp_path / "r").exists()
 
 
