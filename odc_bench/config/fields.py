@@ -75,6 +75,8 @@ def convert(value: Any, tp: Any, key: str) -> Any:
                 return convert(value, options[0], key)  # its own message names the key inside
             try:
                 return convert(value, options[0], key)
+            except _BlankText:
+                raise
             except ConfigError:
                 hint = _text_hint(key, value) if options[0] is str else ""
                 raise ConfigError(f"{key} must be {_kind(options[0])} or null, got {value!r}{hint}") from None
@@ -106,7 +108,15 @@ def convert(value: Any, tp: Any, key: str) -> Any:
         require(_is_number(value), f"{key} must be a number, got {value!r}")
     elif tp is str:
         require(isinstance(value, str), f"{key} must be a string, got {value!r}{_text_hint(key, value)}")
+        if not value.strip():
+            raise _BlankText(f"{key} is {'empty' if not value else f'blank ({value!r})'}; give it a value, or leave "
+                             f"it out where it has a default")
     return value
+
+
+class _BlankText(ConfigError):
+    """A text setting given as '' or spaces: a file, folder or name that is none (results_dir='' wrote
+    the table into the working folder, balancer.calibration='' was keyed apart and read nothing)."""
 
 
 # Each section class's field types, resolved once: its annotations are strings (postponed
