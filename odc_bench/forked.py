@@ -42,6 +42,19 @@ def usable_cpus() -> int:
     return cpu_count()
 
 
+def cpu_share(ranks_on_host: int, ranks_in_task: int | None = None) -> int:
+    """CPU threads for each rank: inside a SLURM job, the task's CPUs (SLURM_CPUS_PER_TASK, set by
+    -c; its affinity may span the node) shared by the ranks the task runs (one in a task per rank;
+    all of them, `ranks_in_task` defaulting to `ranks_on_host`, where a process inside a task starts
+    its ranks itself, as a local run does); else the CPUs this process may use shared by the host's
+    ranks. Each rank of a local run took all the task's CPUs before: 4 ranks of `sbatch -c 8` ran
+    32 threads on 8 CPUs."""
+    task = int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
+    if task:
+        return max(1, task // (ranks_in_task or ranks_on_host))
+    return max(1, usable_cpus() // ranks_on_host)
+
+
 def in_processes(fn: Callable[..., T], calls: list[tuple[Any, ...]], workers: int,
                  meanwhile: Callable[[], object] | None = None) -> list[T]:
     """fn(*args) for each args in `calls`, in up to `workers` forked processes, the results in

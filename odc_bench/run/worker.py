@@ -26,7 +26,7 @@ import torch.distributed as dist
 from odc_bench.data.batches import on_device, packed_batch
 from odc_bench.data.tokens import token_source
 from odc_bench.files import atomic_write_text
-from odc_bench.forked import usable_cpus
+from odc_bench.forked import cpu_share
 from odc_bench.models.checkpointing import layer_contexts
 from odc_bench.models.decoder import build_model, compile_dense
 from odc_bench.plan.identity import checkpoint_folder
@@ -61,14 +61,8 @@ class RankJob:
 
 
 def threads_per_rank(spec: RunSpec, ranks_on_host: int, ranks_in_task: int) -> int:
-    """CPU threads a rank computes with: the config's; else the SLURM task's CPUs shared by the
-    ranks the task runs (one in a task per rank; all of them where a process inside a SLURM job
-    starts its ranks itself, as a local run does); else the CPUs this process may use shared by
-    the host's ranks. Each rank of a local run took all the task's CPUs before: 4 ranks of
-    `sbatch -c 8` ran 32 threads on 8 CPUs."""
-    task_cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or 0)
-    return (spec.config.threads_per_rank or (task_cpus and max(1, task_cpus // ranks_in_task))
-            or max(1, usable_cpus() // ranks_on_host))
+    """CPU threads a rank computes with: the config's, else its share of the CPUs (cpu_share)."""
+    return spec.config.threads_per_rank or cpu_share(ranks_on_host, ranks_in_task)
 
 
 def rank_device(spec: RunSpec, local_rank: int) -> torch.device:

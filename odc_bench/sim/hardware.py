@@ -27,7 +27,7 @@ from odc_bench.config.fields import build
 from odc_bench.config.model import ModelConfig
 from odc_bench.config.run import RunConfig
 from odc_bench.errors import ConfigError
-from odc_bench.forked import usable_cpus
+from odc_bench.forked import cpu_share
 from odc_bench.models.flops import layer_linear_params
 from odc_bench.provenance import host_fingerprint
 from odc_bench.sim.layout import KINDS, PHASES, Layout
@@ -429,7 +429,7 @@ class CalibratedProfile:
         if threads is None:
             if self.data.get("fingerprint") != host_fingerprint():
                 return
-            threads = max(1, usable_cpus() // world)  # a local run's share (run/worker.py threads_per_rank)
+            threads = cpu_share(world)  # a local run's share (run/worker.py threads_per_rank)
         if threads != int(calibrated):
             said = f"threads_per_rank={threads}" if config.threads_per_rank is not None else \
                 f"threads_per_rank=null ({threads} threads per rank on this host)"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from odc_bench import forked
 from odc_bench.forked import usable_cpus
 from odc_bench.run import worker
 from odc_bench.run.launch import launch
@@ -53,7 +54,7 @@ def test_a_containers_cpu_quota_lowers_the_count(tmp_path):
 
 def test_the_ranks_on_a_host_share_the_cpus_the_process_may_use(monkeypatch):
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
-    monkeypatch.setattr(worker, "usable_cpus", lambda: 9)
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 9)
     spec = run_spec("world_size=2")
     assert worker.threads_per_rank(spec, 2, 2) == 4
     assert worker.threads_per_rank(spec, 16, 16) == 1, "at least one each"
@@ -70,7 +71,7 @@ def test_a_local_runs_ranks_share_the_cpus_of_the_slurm_task_that_starts_them(mo
     """`python -m odc_bench world_size=2` inside `sbatch -c 8` (SLURM_CPUS_PER_TASK=8): each of
     the two ranks the launcher starts gets 4 threads, where each took all 8 before."""
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "8")
-    monkeypatch.setattr(worker, "usable_cpus", lambda: 64)  # a node's cores, more than the task's
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 64)  # a node's cores, more than the task's
 
     def start(entry, job, world):
         raise _Started(job.threads, world)

@@ -177,11 +177,11 @@ def test_a_cpu_profile_refuses_runs_whose_ranks_compute_otherwise_than_its_calib
     calibration's timings are its runs' alone: a threads_per_rank set otherwise is refused, and
     so is null where the file was calibrated on this machine and null gives another share of its
     CPUs; so are compile=true on eager timings and device=cuda on a CPU's."""
-    from odc_bench.forked import usable_cpus
+    from odc_bench.forked import cpu_share
     from odc_bench.provenance import host_fingerprint
 
     data = json.loads((REPO / "results" / "calibration" / "sim-tiny-cpu.json").read_text())
-    null_share = max(1, usable_cpus() // 2)
+    null_share = cpu_share(2)
     file = tmp_path / "sim-tiny-cpu.json"
 
     def simulated(threads: int, fingerprint: dict, *overrides: str) -> None:
