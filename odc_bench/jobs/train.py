@@ -24,6 +24,7 @@ from rich.table import Table
 
 from odc_bench.config.backend import SimBackendConfig
 from odc_bench.config.run import RunConfig
+from odc_bench.config.unused import unused_settings
 from odc_bench.data.lengths import reuse_note
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import RunFailed
@@ -205,6 +206,8 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
                         f"gpus_per_node to run CPU ranks")
     spec = (planner or Planner()).resolve(config)
     check_results_dir(results_dir)
+    for unused in unused_settings(config):
+        print(f"odc_bench: note: {unused.note()}", file=sys.stderr)
     # Claimed before anything else, so that a re-run takes over the claim a killed command left,
     # whatever it finds. A SLURM job's tasks all run this, and its driver keeps the folder's runs
     # from being submitted twice (cli/submissions.py).

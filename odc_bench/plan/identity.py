@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from odc_bench.config.run import RunConfig
+from odc_bench.config.unused import unused_settings
 from odc_bench.data.profiles import PROFILES
 
 # Top-level keys that do not change what a run measures.
@@ -56,6 +57,12 @@ def keyed_config(config: RunConfig, drawn: str | None = None,
     the README's first steps suggest after `make demo`, planned every later run of the same
     config otherwise, and a re-run sweep skipped them all, keeping the rows of the old fit."""
     keyed = {**config.to_dict(), **GUARDS}
+    for unused in unused_settings(config):  # keyed as the run without it (config/unused.py)
+        section, _, name = unused.key.rpartition(".")
+        if not section:
+            keyed[name] = unused.default
+        elif name in keyed.get(section, {}):
+            keyed[section] = {**keyed[section], name: unused.default}
     if config.dataset.loader == "profile" and config.dataset.profile in PROFILES:
         keyed["dataset"] = {**keyed["dataset"], "profile_definition": asdict(PROFILES[config.dataset.profile])}
     if drawn is not None:

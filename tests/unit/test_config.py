@@ -182,6 +182,30 @@ def test_the_limits_on_waiting_and_running_leave_the_key_as_config_yaml_gives_th
     assert resolve(run_config("seed=1")).run_id not in keys
 
 
+@pytest.mark.parametrize("base,unused,read", [
+    (("balancer.cost_model=linear",), ("balancer.quadratic_fit=7b",), ("balancer.cost_model=quadratic",)),
+    (("balancer.cost_model=flops",), ("balancer.calibration=/nowhere/cal.json",), ()),
+    (("backend=sim",), ("backend.recompute_mode=op", "backend.recompute_blocks=0.25"), ("backend.recompute=true",)),
+    (("backend=sim", "backend.recompute=true"), ("backend.recompute_blocks=0.25",), ("backend.recompute_mode=blocks",)),
+    (("backend=sim", "engine=collective"), ("backend.odc_gather_bytes=2", "backend.odc_fetch=nearest"),
+     ("engine=odc",)),
+    (("backend=sim",), ("threads_per_rank=1", "optim.lr=0.1", "optim.betas=[0.9,0.9]"), ()),
+])
+def test_a_setting_nothing_reads_keys_the_run_as_without_it_and_is_noted(base, unused, read, tmp_path, capsys,
+                                                                            monkeypatch):
+    """A sweep that sets it beside the choice that ignores it (`-m balancer.cost_model=linear,quadratic
+    balancer.quadratic_fit=7b`) measured its linear run again under a key of its own, without a word."""
+    assert resolve(run_config(*base, *unused)).run_id == resolve(run_config(*base)).run_id
+    if read:
+        assert resolve(run_config(*base, *unused, *read)).run_id != resolve(run_config(*base, *read)).run_id
+    monkeypatch.chdir(tmp_path)
+    assert odc_bench(*base, *unused, "backend=sim", "num_minibatches=2", "warmup_minibatches=0",
+                     f"results_dir={tmp_path / 'r'}") == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("odc_bench: note: ")]
+    assert sorted(n.split()[2] for n in notes) == sorted(unused)
+    assert all(" has no effect here: only " in n and "; the run is the one without it (" in n for n in notes)
+
+
 def test_data_rewritten_under_its_name_gives_its_runs_new_keys_and_a_copy_keeps_them(tmp_path):
     """The key named the data by its path alone: with max_tokens set (so the resolved config did
     not move with the lengths), a re-run sweep over rewritten data skipped its runs as done and
