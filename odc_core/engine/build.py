@@ -24,8 +24,9 @@ def engine_context(device: torch.device | str | None = None, *, precision: str |
     master weights and reduces in fp32 (MixedPrecision(torch.bfloat16, torch.float32)), a
     MixedPrecision names both dtypes. Rank 0 names the engine's shared segments (job_id) for
     all ranks through the group's store. `device` may be named as torch.device takes it ("cuda",
-    "cuda:1", "cpu"); ValueError, one line, for a CUDA device this machine lacks or a timeout that
-    is not a positive number of seconds (0 or NaN made every wait for a peer fail or never end)."""
+    "cuda:1", "cpu"); ValueError, one line, for a device neither engine runs on or this machine
+    lacks (_device) or a timeout that is not a positive number of seconds (0 or NaN made every wait
+    for a peer fail or never end)."""
     if not dist.is_initialized():
         raise RuntimeError("engine_context() needs torch.distributed initialised: call "
                            "dist.init_process_group() first (torchrun sets up its environment)")
@@ -33,10 +34,7 @@ def engine_context(device: torch.device | str | None = None, *, precision: str |
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"engine_context(timeout_s=...) must be a positive number of seconds, got {timeout_s!r}")
     if device is not None:
-        device = torch.device(device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"engine_context(device={str(device)!r}): this machine has no CUDA device "
-                             f"(torch.cuda.is_available() is False); give device='cpu'")
+        device = _device(device)
     if device is None:
         nccl = "nccl" in str(dist.get_backend())
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
@@ -47,6 +45,29 @@ def engine_context(device: torch.device | str | None = None, *, precision: str |
         store.set(key, uuid.uuid4().hex[:12])
     job_id = store.get(key).decode()
     return EngineContext(device, dist.PrefixStore(f"odc_core/{job_id}", store), job_id, timeout_s, precision)
+
+
+def _device(named: torch.device | str) -> torch.device:
+    """The device an engine runs on, or ValueError, one line: a name torch does not know, a kind
+    neither engine runs on (mps, xpu, meta: the collective engine failed in an AttributeError of
+    torch.mps or an assertion inside FSDP2), or a CUDA device this machine lacks (cuda:3 with one
+    GPU failed in CUDA's "invalid device ordinal" at the first tensor)."""
+    try:
+        device = torch.device(named)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"engine_context(device={named!r}) is not a device torch knows ({e}); give 'cpu', 'cuda' "
+                         f"or 'cuda:N'") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"engine_context(device={str(device)!r}): odc_core's engines run on CPU and CUDA devices "
+                         f"only; give device='cpu' or 'cuda'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"engine_context(device={str(device)!r}): this machine has no CUDA device "
+                         f"(torch.cuda.is_available() is False); give device='cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= (count := torch.cuda.device_count()):
+        seen = f"{count} CUDA devices (cuda:0 to cuda:{count - 1})" if count > 1 else f"{count} CUDA device (cuda:0)"
+        raise ValueError(f"engine_context(device={str(device)!r}): this process sees {seen}; give one of those "
+                         f"(CUDA_VISIBLE_DEVICES may hide the others)")
+    return device
 
 
 def make_engine(name: str, ctx: EngineContext | None = None,

@@ -171,15 +171,35 @@ def test_a_collective_call_one_rank_makes_alone_times_out_naming_the_call():
     (dict(timeout_s=float("nan")), "must be a positive number of seconds, got nan"),
     pytest.param(dict(device="cuda"), "engine_context(device='cuda'): this machine has no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    (dict(device="mps"), "engine_context(device='mps'): odc_core's engines run on CPU and CUDA devices only"),
+    (dict(device="meta"), "engine_context(device='meta'): odc_core's engines run on CPU and CUDA devices only"),
+    (dict(device="gpu"), "engine_context(device='gpu') is not a device torch knows ("),
 ])
 def test_an_engine_context_it_cannot_use_is_refused_in_one_line(kwargs, said, one_rank_group):
     """A timeout of 0 or NaN was taken (every wait for a peer would fail at once, or never end),
-    and device="cuda" failed later in AttributeError: 'str' object has no attribute 'type'."""
+    and device="cuda" failed later in AttributeError: 'str' object has no attribute 'type';
+    the collective engine on device="mps" failed in an AttributeError of torch.mps, on "meta" in
+    one of None, and "gpu" raised torch's RuntimeError."""
     from odc_core import engine_context
 
     with pytest.raises(ValueError) as refused:
         engine_context(**kwargs)
     assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_cuda_device_this_process_does_not_see_is_refused_in_one_line(one_rank_group, monkeypatch):
+    """cuda:3 on a machine of one GPU failed in CUDA's "invalid device ordinal" at the first tensor."""
+    from odc_core import engine_context
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"^engine_context\(device='cuda:3'\): this process sees 1 CUDA device "
+                                         r"\(cuda:0\); give one of those \(CUDA_VISIBLE_DEVICES may hide the "
+                                         r"others\)$"):
+        engine_context("cuda:3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"sees 2 CUDA devices \(cuda:0 to cuda:1\)"):
+        engine_context("cuda:2")
 
 
 def test_an_engine_context_whose_job_id_no_segment_name_holds_is_refused_in_one_line(one_rank_group):
