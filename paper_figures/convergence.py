@@ -30,6 +30,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from odc_bench.data.chain import entropy_rate
+from odc_bench.record.metrics import sum_kept_nan
 from odc_bench.results.series import SETTING, config_value
 from paper_figures.inputs import NO_RUNS, Inputs, Skip, by_source, read_trace, with_traces
 from paper_figures.series import (
@@ -55,7 +56,7 @@ def loss_curve(trace: pd.DataFrame) -> pd.DataFrame:
     mbs = trace[trace["kind"] == "minibatch"]
     micro = trace[trace["kind"] == "microbatch"]
     labelled = (micro["tokens"] - micro["samples"]).groupby(micro["minibatch"]).sum()
-    loss_sum = mbs.groupby("minibatch")["loss_sum"].sum()
+    loss_sum = sum_kept_nan(mbs.groupby("minibatch")["loss_sum"])  # a diverged run's NaN is not a loss of 0
     end = mbs.groupby("minibatch")["t1"].max()
     start = mbs.loc[mbs["minibatch"] == mbs["minibatch"].min(), "t0"].min()
     steps = sorted(loss_sum.index)

@@ -28,6 +28,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from odc_bench.record.metrics import sum_kept_nan
 from paper_figures.inputs import Inputs, Skip, per_source, read_trace, with_traces
 from paper_figures.series import BALANCER_NAMES, describe_setting, ordered, palette, with_series
 
@@ -45,7 +46,8 @@ def loss_curve(trace: pd.DataFrame) -> pd.DataFrame:
     spans = trace[trace["kind"] == "minibatch"]
     micro = trace[trace["kind"] == "microbatch"]
     labelled = (micro["tokens"] - micro["samples"]).groupby(micro["minibatch"]).sum()
-    per_step = spans.groupby("minibatch").agg(loss_sum=("loss_sum", "sum"), t1=("t1", "max"))
+    steps = spans.groupby("minibatch")
+    per_step = pd.DataFrame({"loss_sum": sum_kept_nan(steps["loss_sum"]), "t1": steps["t1"].max()})
     start = float(spans["t0"].min())
     return pd.DataFrame({"step": per_step.index.astype(int),
                          "loss": (per_step["loss_sum"] / labelled.reindex(per_step.index)).to_numpy(),

@@ -12,6 +12,7 @@ Definitions (also in results/README.md):
 from __future__ import annotations
 
 import pandas as pd
+from pandas.api.typing import SeriesGroupBy
 
 BUSY_KINDS = ("fwd", "bwd", "optimizer")
 
@@ -54,7 +55,14 @@ def summarize(events: pd.DataFrame, world_size: int, warmup: int, samples: int, 
     return summary(window_totals(events, warmup), world_size, samples, tokens)
 
 
+def sum_kept_nan(groups: SeriesGroupBy) -> pd.Series:
+    """Each group's sum, NaN where any of its values is NaN (a loss that diverged)."""
+    return groups.agg(lambda values: values.sum(skipna=False))
+
+
 def minibatch_losses(events: pd.DataFrame, labelled_tokens: list[int]) -> list[float]:
-    """Global mean token loss of each minibatch: per-rank loss sums over the global token count."""
-    mb = events[events["kind"] == "minibatch"].groupby("minibatch")["loss_sum"].sum()
+    """Global mean token loss of each minibatch: per-rank loss sums over the global token count.
+    A rank's NaN stays NaN (sum_kept_nan): pandas' sum skips it, so a run whose loss diverged to
+    NaN recorded a loss of 0, the best there is."""
+    mb = sum_kept_nan(events[events["kind"] == "minibatch"].groupby("minibatch")["loss_sum"])
     return [float(mb.loc[k]) / labelled_tokens[k] for k in sorted(mb.index)]
