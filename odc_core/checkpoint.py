@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from odc_core.state import sharded_tensors_quietly
+
 if TYPE_CHECKING:  # the engines import this module's flat_pieces
     from odc_core.engine.base import DataParallelEngine
 
@@ -190,7 +192,7 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     state = {**engine.sharded_state(), "extra": io.BytesIO(extra_bytes)}
     if schedule is not None and schedule_bytes is not None:
         state[_schedule_key(schedule)] = io.BytesIO(schedule_bytes)
-    with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
+    with sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
         dcp.save(state, checkpoint_id=partial)
     dist.barrier()  # every rank's files and DCP's metadata are written
     if dist.get_rank() == 0:
@@ -234,7 +236,8 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     if "optim" in state:
         _start_absent_fresh(state["optim"]["state"], stored)
         _keep_absent_options(state["optim"]["param_groups"], stored)
-    _check_fits(state, stored, folder)
+    with sharded_tensors_quietly():
+        _check_fits(state, stored, folder)
     saved = next((key for key in stored if key.startswith(_SCHEDULE)), None)
     if schedule is not None and saved is not None and saved != _schedule_key(schedule):
         raise ValueError(f"checkpoint {folder} holds the state of a {saved.removeprefix(_SCHEDULE)} LR schedule, and "
@@ -247,7 +250,7 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
                       f"it): the schedule starts from its first step", stacklevel=2)
     # No ShardedTensor here nests another, and the pass that unnests them would turn the
     # optimizer's param_groups (plain values only) into one key the checkpoint does not have.
-    with _sharded_tensors_quietly(), _dcp_errors(f"checkpoint {folder} cannot be loaded",
+    with sharded_tensors_quietly(), _dcp_errors(f"checkpoint {folder} cannot be loaded",
                                                  "move it away to resume from the one before"):
         dcp.load(state, checkpoint_id=folder, planner=dcp.DefaultLoadPlanner(flatten_sharded_tensors=False))
     engine.load_sharded_state(state)
@@ -358,15 +361,6 @@ def _keep_absent_options(groups: list[dict[str, Any]], stored: Mapping[str, Any]
     for i, group in enumerate(groups):
         for key in [k for k in group if k != "params" and f"optim.param_groups.{i}.{k}" not in stored]:
             del group[key]
-
-
-@contextlib.contextmanager
-def _sharded_tensors_quietly() -> Iterator[None]:
-    """DCP warns on every ShardedTensor that DTensor replaces it; but a DTensor is an even split
-    of whole dimensions and cannot hold ODC's flat ranges, which ShardedTensor's boxes can."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Please use DTensor instead", FutureWarning)
-        yield
 
 
 def _fsync_dir(path: Path) -> None:

@@ -6,10 +6,24 @@ ODC's ShardedTensors of the flat ranges each rank holds (odc_core/checkpoint.py 
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from odc_core.engine.base import DataParallelEngine
+
+
+@contextlib.contextmanager
+def sharded_tensors_quietly() -> Iterator[None]:
+    """torch warns at every use of a ShardedTensor (its size(), DCP's planning) that DTensor
+    replaces it; but a DTensor is an even split of whole dimensions and cannot hold ODC's flat
+    ranges, which ShardedTensor's boxes can. Users saw the warning at every load of an ODC state
+    dict or checkpoint, a dozen of them where the model had as many parameters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Please use DTensor instead", FutureWarning)
+        yield
 
 
 def get_state_dict(engine: DataParallelEngine, *, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -21,7 +35,8 @@ def get_state_dict(engine: DataParallelEngine, *, full: bool = False) -> tuple[d
     The FSDP2 counterpart: torch.distributed.checkpoint.state_dict.get_state_dict(model,
     optimizer, options=StateDictOptions(full_state_dict=full))."""
     engine.between_minibatches("get_state_dict")
-    return engine.state_dict(full)
+    with sharded_tensors_quietly():
+        return engine.state_dict(full)
 
 
 def set_state_dict(engine: DataParallelEngine, model_state_dict: dict[str, Any],
@@ -37,4 +52,5 @@ def set_state_dict(engine: DataParallelEngine, model_state_dict: dict[str, Any],
     The FSDP2 counterpart: set_state_dict(model, optimizer, model_state_dict=...,
     optim_state_dict=..., options=StateDictOptions(full_state_dict=..., broadcast_from_rank0=...))."""
     engine.between_minibatches("set_state_dict")
-    engine.load_state_dict(model_state_dict, optim_state_dict, broadcast_from_rank0=broadcast_from_rank0)
+    with sharded_tensors_quietly():
+        engine.load_state_dict(model_state_dict, optim_state_dict, broadcast_from_rank0=broadcast_from_rank0)

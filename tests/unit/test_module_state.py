@@ -151,3 +151,27 @@ def test_a_state_dict_of_another_model_is_refused_in_one_line_and_loads_nothing(
         assert all(torch.equal(engine.full_parameters()[n], p + 1) for n, p in before.items())
     finally:
         engine.close()
+
+
+def test_odc_state_dicts_and_checkpoints_do_not_warn_of_sharded_tensors(one_rank_group, tmp_path):
+    """ODC's shards are ShardedTensors, which torch warns at every use that DTensor replaces (a
+    DTensor cannot hold ODC's flat ranges): a load warned once per parameter's line of odc_core."""
+    import warnings
+
+    from odc_core import checkpoint
+
+    torch.manual_seed(0)
+    model = Net()
+    engine = _odc(one_rank_group)
+    try:
+        _trained_once(engine, model, partial(torch.optim.AdamW, lr=0.1))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            sharded = get_state_dict(engine)
+            set_state_dict(engine, *sharded)
+            set_state_dict(engine, *get_state_dict(engine, full=True))
+            checkpoint.save(engine, tmp_path, 1, {})
+            checkpoint.load(engine, checkpoint.latest(tmp_path))
+        assert not [str(w.message) for w in seen if "ShardedTensor" in str(w.message)]
+    finally:
+        engine.close()
