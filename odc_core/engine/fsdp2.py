@@ -61,7 +61,7 @@ from odc_core.engine.base import (
     reduction_device,
 )
 from odc_core.engine.closing import peer_closed, tell_peers
-from odc_core.engine.outputs import Walk, check_output, unit_labels
+from odc_core.engine.outputs import Walk, check_output, grad_outputs, unit_labels
 from odc_core.engine.rank0 import skeleton_from_rank0
 from odc_core.engine.registry import Backend, CollectiveOptions, shard_group_size
 from odc_core.engine.sharing import check_units, sharing_groups, unit_parameters
@@ -104,6 +104,9 @@ class CollectiveEngine:
         # Where this rank stands: the minibatch, its microbatches so far, and whether it is in one.
         self._minibatch, self._microbatches, self._inside = -1, 0, False
         self._closed = False
+        # The minibatch of the backward pass under way through the model's output, until autograd
+        # runs the callback queued at its start; still set outside any pass, an exception cut it short.
+        self._backward_in: int | None = None
 
     def _mesh(self) -> DeviceMesh:
         """1D over every rank, or (hybrid) 2D: replicas across nodes by shard within a node."""
@@ -175,6 +178,7 @@ class CollectiveEngine:
         # Ahead of FSDP2's own pre-forward hook (fully_shard prepended it): the count's check must
         # come before a microbatch's first all-gather.
         model.register_forward_pre_hook(self._microbatch_starts, prepend=True)
+        model.register_forward_hook(self._watch_backward)
         self.model, self.wrapped = model, parameter_ids(model)
         return model
 
@@ -212,8 +216,37 @@ class CollectiveEngine:
 
     def _microbatch_starts(self, _module: nn.Module, _args: tuple) -> None:
         if self._inside and torch.is_grad_enabled():
+            self._refuse_cut_short()
             self._microbatches += 1
             self._agree(starting=True)
+
+    def _watch_backward(self, _module: nn.Module, _args: tuple, output: object) -> None:
+        if torch.is_grad_enabled():
+            for t in grad_outputs(output, _FSDP2_WALK):
+                t.register_hook(self._backward_begins)
+
+    def _backward_begins(self, _grad: torch.Tensor) -> None:
+        if self._backward_in is None:
+            self._backward_in = self._minibatch
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ends)
+
+    def _backward_ends(self) -> None:
+        self._backward_in = None
+
+    def _refuse_cut_short(self) -> None:
+        """A RuntimeError, one line, where this rank's last backward through the model was cut
+        short by an exception (an out-of-memory a loop catches to skip its microbatch): FSDP2 never
+        reduce-scattered the units it had not reached, so this rank's next collectives would pair
+        with its peers' reduce-scatters, and on one rank its state is left mid-backward; either way
+        it trained on, away from one process, without an error. ODC keeps what such a backward
+        computed, as one process keeps its .grad."""
+        if self._backward_in is None or torch._C._current_graph_task_id() != -1:
+            return
+        cut, self._backward_in = self._backward_in, None
+        raise RuntimeError(f"this rank's backward in minibatch {cut} was cut short by an exception, and FSDP2 cannot "
+                           f"go on from it (the reduce-scatters of the units it did not reach would pair with its "
+                           f"peers' next collectives); end the run here and resume from a checkpoint, or use engine "
+                           f"odc, which keeps the gradients such a backward computed")
 
     def _agree(self, starting: bool) -> None:
         """Every rank must be at the same point: all starting their next microbatch, or all
@@ -244,6 +277,7 @@ class CollectiveEngine:
         check_order("finish_minibatch", self._minibatch if self._inside else None, self._closed)
         step, model = configured(self._step, "finish_minibatch()"), self.model
         assert model is not None
+        self._refuse_cut_short()
         self._inside = False
         self._agree(starting=False)
         self._emit("sync", self.clock())  # a span of nothing, as a real and a simulated trace both have

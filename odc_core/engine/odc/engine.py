@@ -283,6 +283,8 @@ class OdcEngine:
         gradient norm before clipping when the engine clips (base.py)."""
         check_order("finish_minibatch", self.minibatch if self.versions.inside else None,
                     self.versions.closing.is_set())
+        if self._hooks is not None:
+            self._hooks.finish_cut_short()
         for unit in self.units:
             if unit.grad is not None:
                 raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")

@@ -69,6 +69,7 @@ class UnitHooks:
         return None if pos is None else self.group_of[pos]
 
     def pre_forward(self, unit: FlatUnit, pos: int, args: tuple, kwargs: dict):
+        self.finish_cut_short()
         self.versions.serve()
         self.fetcher.ensure(unit)
         if unit.backward is not Backward.RUNNING:  # not a recomputation inside its backward
@@ -184,6 +185,15 @@ class UnitHooks:
         unit.pushed_in = torch._C._current_graph_task_id()
         unit.free()
         self.versions.serve()
+
+    def finish_cut_short(self) -> None:
+        """Outside any backward pass, push each unit that a backward cut short by an exception (an
+        out-of-memory a loop catches to skip its microbatch) left running: autograd drops the
+        queued finish_backward then. The gradients it computed are kept, as one process keeps the
+        .grad it accumulated; before, the next forward took such a unit for a recomputation and
+        finish_minibatch() failed in "backward finished without pushing its gradients"."""
+        if self._finishing and torch._C._current_graph_task_id() == -1:
+            self.finish_backward()
 
     def finish_backward(self) -> None:
         """The end of a backward pass: push each unit whose backward began but did not finish
