@@ -107,9 +107,16 @@ def unwinding_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def said(error: BaseException | str) -> str:
+    """An error's message on one line: a message that quotes another's (pandas' parser errors
+    end in a newline, "... saw 2\n") broke the one line a refusal is, its ")" on a line alone."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "".join(line if i == 0 or line[0] in ")]},.;:" else f" {line}" for i, line in enumerate(lines))
+
+
 def fail(error: BaseException, prog: str = "odc_bench") -> NoReturn:
     """End the command for bad input: the one-line message on stderr, exit status 2."""
-    print(f"{prog}: error: {error}", file=sys.stderr)
+    print(f"{prog}: error: {said(error)}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -170,7 +177,7 @@ class CommandParser(argparse.ArgumentParser):
         return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {said(message)} (see {self.prog} --help)\n")
 
 
 def _at_least(text: str, least: int) -> int:

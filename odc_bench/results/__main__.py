@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from odc_bench.errors import CommandParser, PairingError, TableError, ends_cleanly
+from odc_bench.errors import CommandParser, PairingError, TableError, ends_cleanly, said
 from odc_bench.files import writable_file
 from odc_bench.results.collect import collect, merged, tables_under, without_copies
 from odc_bench.results.compare import comparison, print_comparison
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except (TableError, PairingError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {said(e)}", file=sys.stderr)
         return 2
 
 

@@ -975,3 +975,18 @@ def test_local_ranks_started_without_the_commands_check_meet_the_same_refusal(tm
     with pytest.raises(ConfigError, match="is too long for the socket that starts the local ranks"):
         run_local(run_spec("world_size=2", "num_minibatches=2", "warmup_minibatches=1"))
     assert list(folder.iterdir()) == []
+
+
+def test_a_refusal_quoting_a_multi_line_error_stays_one_line(tmp_path, capsys):
+    """pandas' parser errors end in a newline: a timings file that is not a CSV of its columns was
+    refused over two lines, its ")" alone on the second."""
+    from odc_bench.calibrate import cost_model
+
+    timings = tmp_path / "timings.csv"
+    timings.write_bytes(b"model\nqwen2_1p5b\nqwen2_1p5b,layer\n")
+    with pytest.raises(SystemExit) as ended:
+        cost_model.main(["--timings", str(timings), "--out", str(tmp_path / "c.json"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("python -m odc_bench.calibrate.cost_model: error: cannot read unit timings ")
+    assert err.endswith("saw 2)\n") and not (tmp_path / "c.json").exists()
