@@ -157,6 +157,7 @@ class CollectiveEngine:
             # "Could not run 'fsdp::chunk_cat' with arguments from the 'SparseCPU' backend".
             raise ValueError(f"{labels[id(sparse[0])]} makes sparse gradients (sparse=True), which FSDP2 cannot "
                              f"reduce-scatter; build it with sparse=False, or use engine odc")
+        _refuse_gradient_hooks(model, sharded=False)
         mesh = self._mesh()
         mp = _fsdp2_policy(self.policy)
         # Units that share a parameter (tied embeddings), with each other or with the root's own
@@ -209,6 +210,8 @@ class CollectiveEngine:
     def begin_minibatch(self) -> None:
         """FSDP2 synchronises inside every unit's forward and backward; here the microbatch count starts."""
         check_parameters(self.model, self.wrapped)
+        if self.model is not None:
+            _refuse_gradient_hooks(self.model, sharded=True)
         check_order("begin_minibatch", self._minibatch if self._inside else None, self._closed)
         configured(self._step, "begin_minibatch()")  # a minibatch that cannot be stepped is refused before it opens
         self._minibatch += 1
@@ -438,6 +441,28 @@ def _inner_first(units: list[nn.Module]) -> list[nn.Module]:
         ordered += ready
         units = [u for u in units if all(u is not r for r in ready)]
     return ordered
+
+
+def _refuse_gradient_hooks(model: nn.Module, sharded: bool) -> None:
+    """A ValueError (at wrap()) or RuntimeError (at a minibatch), one line, for a parameter gradient
+    hook FSDP2 never runs (probed: a hook halving a weight's gradient trained as without it). Before
+    `fully_shard`, every hook (`register_hook`, `register_post_accumulate_grad_hook`) is on a
+    parameter it replaces with its sharded one; on that one, `register_hook` is never reached, as
+    FSDP2 sets its .grad itself after its reduce-scatter, where it runs post-accumulate hooks. ODC,
+    whose parameters get their gradients through autograd, runs both as one process does."""
+    for name, p in model.named_parameters():
+        kind = ("register_hook" if p._backward_hooks else "register_post_accumulate_grad_hook"
+                if not sharded and getattr(p, "_post_accumulate_grad_hooks", None) else None)
+        if kind is None:
+            continue
+        where = ("on a parameter fully_shard replaces with its sharded one" if not sharded else
+                 "on its sharded parameter, whose .grad it sets itself after its reduce-scatter")
+        fix = ("register it after wrap(), on the parameter the model then holds, where FSDP2 runs it" if
+               kind == "register_post_accumulate_grad_hook" else "change the gradient through the loss or a "
+               "module's backward hook (register_full_backward_hook)")
+        error = RuntimeError if sharded else ValueError
+        raise error(f"parameter {name} has a gradient hook ({kind}), which FSDP2 never runs {where}; {fix}, or use "
+                    f"engine odc, which runs it")
 
 
 def _check_one_dtype_per_group(model: nn.Module, units: list[nn.Module], labels: dict[int, str]) -> None:
