@@ -129,11 +129,20 @@ def in_options(message: str, options: Sequence[tuple[str, str]]) -> str:
     return message
 
 
+def given_path(text: str, what: str) -> Path:
+    """A path option's text as a Path, a leading ~ the home folder; an empty or blank one refused
+    (argparse's one line), which Path() took for the working folder: `--out ''` was refused as
+    ". is a directory", and an input folder of '' read the working folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"an empty path; give {what}")
+    return Path(text).expanduser()
+
+
 def _user_path(text: str) -> Path:
     """A Path option's value: a leading ~ is the home folder; a path no file system can hold (a
     name over its NAME_MAX bytes) is refused here, where the command's first look at it was a
     traceback."""
-    path = Path(text).expanduser()
+    path = given_path(text, "a file or folder")
     try:
         path.stat()
     except OSError as e:

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from odc_bench.errors import NO_LOCKS, NO_ROOM
+from odc_bench.errors import NO_LOCKS, NO_ROOM, given_path
 from odc_bench.sizes import size_label
 
 
@@ -409,7 +409,7 @@ def writable_folder(text: str) -> Path:
     """An output folder option's argparse type: the folder, or the one-line reason it cannot be
     written, before the command does any work (results_dir: check_results_dir). A leading ~ is
     the home folder, as the shell makes it where the path is not quoted."""
-    folder = Path(text).expanduser()
+    folder = given_path(text, "a folder")
     problem = folder_problem(folder)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{folder} {problem[0]}; give {problem[1]}")
@@ -419,7 +419,7 @@ def writable_folder(text: str) -> Path:
 def readable_file(text: str) -> Path:
     """An input file option's argparse type: the file must be there, or the command is refused in
     one line before any work (it was a FileNotFoundError's traceback once the work reached it)."""
-    path = Path(text).expanduser()
+    path = given_path(text, "a file")
     if (too_long := name_too_long(path)) is not None:
         raise argparse.ArgumentTypeError(f"{text} {too_long}: no file can have it")
     if not path.is_file():
@@ -434,7 +434,7 @@ def missing_inputs(folder: Path, names: Sequence[str]) -> list[str]:
 
 def writable_file(text: str) -> Path:
     """An output file option's argparse type, as writable_folder: the file's folder must take it."""
-    path = Path(text).expanduser()
+    path = given_path(text, "a file's path")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a directory; give a file's path")
     problem = folder_problem(path.parent)

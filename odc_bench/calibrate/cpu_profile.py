@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
         composed = compose_run(base)
     except COMPOSE_ERRORS as e:
         fail(ConfigError(hydra_error_line(e)), ap.prog)
+    except ConfigError as e:  # a value the config refuses (world_size=-1): it was a traceback
+        fail(e, ap.prog)
     if composed.device == "cuda":
         fail(ConfigError("the CPU profile is fitted on this machine's CPU ranks (backend/hardware=cpu simulates them): "
                          "drop device=cuda; a GPU cluster's profile comes from its runs (python -m "

@@ -120,6 +120,7 @@ def compose_config(overrides: Sequence[str] = (), hydra: bool = False) -> DictCo
     with `hydra`, Hydra's own section too."""
     register_chosen_sweep(overrides)
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
+        refuse_odd_groups(overrides)
         return compose("config", overrides=list(overrides), return_hydra_config=hydra)
 
 
@@ -133,6 +134,8 @@ def compose_runs(runs: Sequence[Sequence[str]]) -> list[RunConfig]:
     is set up once for all of them)."""
     register_chosen_sweep(*runs)
     with initialize_config_module("odc_bench.conf", version_base="1.3"):
+        for overrides in runs:  # the calibration tools' and the what-if's command lines too
+            refuse_odd_groups(overrides)
         return [load(compose("config", overrides=list(overrides))) for overrides in runs]
 
 

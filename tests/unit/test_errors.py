@@ -799,6 +799,13 @@ def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
      "the CPU profile is fitted on runs without activation checkpointing, which the simulator adds to it"),
     ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "device=cuda"],
      "the CPU profile is fitted on this machine's CPU ranks (backend/hardware=cpu simulates them): drop device=cuda"),
+    ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "world_size=-1"],
+     "world_size must be at least 1, got -1"),
+    ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "{t}/c.json", "model=0"],
+     "model=0 names no model option (Hydra reads 0 as a number; "),
+    ("calibrate.cpu_profile", ["--results-dir", "{t}/r", "--out", "", "model=tiny"],
+     "argument --out: an empty path; give a file's path"),
+    ("calibrate.cost_model", ["model=true"], "model=true names no model option (Hydra reads true as a boolean; "),
     ("studies.staleness", ["{t}/none"], "no such folder or table: {t}/none"),
 ])
 def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, tmp_path, capsys):
