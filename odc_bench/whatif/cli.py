@@ -166,6 +166,11 @@ def main(argv: Sequence[str] | None = None, figure: Helper | None = None) -> Non
         return
     if args.lengths is None:
         ap.error("the following arguments are required: lengths")
+    if not args.lengths.strip():  # Path('') is the working folder, which datasets then tried to load
+        ap.error("argument lengths: an empty path; give a length profile or a file or folder of lengths")
+    for option in ("model", "hardware"):
+        if not str(getattr(args, option)).strip():
+            ap.error(f"argument --{option}: empty; give a name or a path")
     args.overrides = [*args.overrides, *overrides]
     t0 = time.perf_counter()
     console = Console(width=max(Console().width, 140))  # the table's columns, also in logs

@@ -997,3 +997,21 @@ def test_a_refusal_quoting_a_multi_line_error_stays_one_line(tmp_path, capsys):
     assert ended.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("python -m odc_bench.calibrate.cost_model: error: cannot read unit timings ")
     assert err.endswith("saw 2)\n") and not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["", "--model", "qwen2_7b"], "argument lengths: an empty path; give a length profile or a file or folder"),
+    (["examples/lengths.jsonl", "--model", ""], "argument --model: empty; give a name or a path"),
+    (["examples/lengths.jsonl", "--hardware", " "], "argument --hardware: empty; give a name or a path"),
+])
+def test_the_what_ifs_empty_input_is_one_line(argv, said, tmp_path, capsys):
+    """An empty lengths path was the working folder, which datasets then failed to load ("cannot
+    load . with datasets")."""
+    from odc_bench.whatif.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m odc_bench.whatif: error: {said}"), err
+    assert not (tmp_path / "o").exists()
