@@ -101,6 +101,10 @@ def plan_from_config(config: RunConfig) -> Plan:
     p = config.primitives
     require(p is not None, "the primitives section is missing; run with task=primitives")
     assert p is not None
+    # It ran this host's real ranks, world_size of them (backend=sim world_size=64 started 64 here).
+    require(not config.simulated, "task=primitives measures this host's transports with real ranks; backend=sim has "
+                                  "no model of them to run (the simulator's bandwidths are backend.hardware's: "
+                                  "docs/simulator.md); leave backend out")
     itemsize = DTYPES[p.dtype].itemsize
     world = config.world_size
     require(p.transport != "cuda_ipc" or torch.cuda.is_available(),

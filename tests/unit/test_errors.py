@@ -286,6 +286,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "group-set-to-null": (["model=null"], "model=null names no model option; choose one of llama2_7b, ", None),
     "empty-text-setting": (["results_dir=''"], "results_dir is empty; give it a value, or leave it out where it "
                                                 "has a default", None),
+    "primitives-on-sim": (["task=primitives", "backend=sim"], "task=primitives measures this host's transports with "
+                                                             "real ranks; backend=sim has no model of them", None),
     "group-set-to-a-number": (["task=0"], "task=0 names no task option (Hydra reads 0 as a number; quote it, "
                               "task='0', where an option or folder has that name); choose one of primitives, train",
                               None),
