@@ -242,7 +242,10 @@ def plan_digest(spec: RunSpec) -> str:
 
 
 def check_combination(config: RunConfig) -> None:
-    """CombinationError when the engine, its options, the balancer and the backend cannot run together."""
+    """CombinationError when the engine, its options, the balancer and the backend cannot run together;
+    nothing for task=primitives, which trains nothing (it was refused for a balancer it never plans with)."""
+    if config.task != "train":
+        return
     engine, balancer = config.engine.spec, balancer_spec(config.balancer.name)
     if engine.equal_microbatch_counts and not balancer.equal_counts:
         raise CombinationError(f"balancer {balancer.name} gives ranks different microbatch counts, which "

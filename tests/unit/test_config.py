@@ -277,3 +277,14 @@ def test_a_checkpoint_dir_shared_by_two_results_folders_gives_each_its_own_check
     assert {checkpoint_folder(c, run_id).parent for c in (a, b)} == {tmp_path / "scratch"}
     own = run_config(f"results_dir={tmp_path / 'a'}")
     assert checkpoint_folder(own, run_id) == tmp_path / "a" / "checkpoints" / run_id
+
+
+def test_the_primitives_benchmark_is_not_refused_for_a_training_combination():
+    """task=primitives plans no minibatch: `balancer=lb_mini` beside the default collective engine
+    was refused for the microbatch counts a training run would give its ranks."""
+    from odc_bench.errors import CombinationError
+    from odc_bench.plan.spec import check_combination
+
+    with pytest.raises(CombinationError, match="gives ranks different microbatch counts"):
+        check_combination(run_config("balancer=lb_mini"))
+    check_combination(run_config("task=primitives", "balancer=lb_mini"))
