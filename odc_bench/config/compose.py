@@ -3,6 +3,7 @@ sweep files (sweeps/NAME.yaml, offered as `sweep=NAME`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -158,7 +159,10 @@ def refuse_odd_groups(overrides: Sequence[str]) -> None:
         if override.is_delete() or override.is_sweep_override():
             continue
         key, value = override.key_or_group, override.value()
-        if isinstance(value, str) or not (options := loader.get_group_options(key)):
+        # Looking a key up as a group costs milliseconds (Hydra searches its path): only those that may be one.
+        if isinstance(value, str) or not (key in _package_groups() or key.startswith("hydra/")):
+            continue
+        if not (options := loader.get_group_options(key)):
             continue
         if isinstance(value, list) and len(value) > 1 and all(isinstance(v, str) for v in value):
             raise ConfigError(f"{override.input_line} chooses several {key} options at once, which Hydra merges "
@@ -246,12 +250,17 @@ def hydra_error_line(error: Exception) -> str:
     return text or type(error).__name__
 
 
+@functools.cache
+def _package_groups() -> frozenset[str]:
+    """The package's config groups (odc_bench/conf's folders, and `sweep`)."""
+    return frozenset({p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*") if p.is_dir()} | {"sweep"})
+
+
 def _group_and_option(missing: str) -> tuple[str, str]:
     """The config group and the option asked of it in the file Hydra missed (`backend/hardware/h1`:
     backend/hardware and h1; `model/small/mine`: model and small/mine, an option in a subfolder of
     a user's config folder); ("", missing) where no group of the package's starts it."""
-    groups = {p.relative_to(CONF_DIR).as_posix() for p in CONF_DIR.rglob("*") if p.is_dir()} | {"sweep"}
-    group = max((g for g in groups if missing.startswith(f"{g}/")), key=len, default="")
+    group = max((g for g in _package_groups() if missing.startswith(f"{g}/")), key=len, default="")
     return group, missing[len(group) + 1:] if group else missing
 
 
