@@ -171,6 +171,13 @@ class OdcEngine:
             # of a third dtype would meet inputs of its own dtype with weights of another. FSDP2
             # keeps each parameter's own dtype as its master instead (a bf16 model, bf16 moments).
             name, dtype = odd[0]
+            if not dtype.is_floating_point:
+                # A frozen integer weight (a quantized base under LoRA) would be gathered as floats, its
+                # dtype changed under the model's forward; loading it "in float32" is no answer.
+                raise ValueError(f"parameter {name} is {dtype} ({len(odd)} of the model's are not float32): engine "
+                                 f"odc's units hold floating-point parameters only, so a quantized weight is not "
+                                 f"sharded yet; register it as a buffer (each rank keeps it whole), or use engine "
+                                 f"collective, whose FSDP2 shards it in its own dtype")
             raise ValueError(f"parameter {name} is {dtype} ({len(odd)} of the model's are not float32), and engine odc "
                              f"computes in {self.compute_dtype} on float32 master weights: load the model in float32, "
                              f"with precision='bf16' for bf16 compute (a bf16 model works there too)")
