@@ -175,8 +175,8 @@ class OdcEngine:
                 # A frozen integer weight (a quantized base under LoRA) would be gathered as floats, its
                 # dtype changed under the model's forward; loading it "in float32" is no answer.
                 raise ValueError(f"parameter {name} is {dtype} ({len(odd)} of the model's are not float32): engine "
-                                 f"odc's units hold floating-point parameters only, so a quantized weight is not "
-                                 f"sharded yet; register it as a buffer (each rank keeps it whole), or use engine "
+                                 f"odc's units hold real floating-point parameters only (a quantized integer weight is "
+                                 f"not sharded yet); register it as a buffer (each rank keeps it whole), or use engine "
                                  f"collective, whose FSDP2 shards it in its own dtype")
             raise ValueError(f"parameter {name} is {dtype} ({len(odd)} of the model's are not float32), and engine odc "
                              f"computes in {self.compute_dtype} on float32 master weights: load the model in float32, "
