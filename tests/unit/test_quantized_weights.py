@@ -45,7 +45,8 @@ def test_odc_refuses_a_frozen_integer_parameter_and_trains_it_as_a_buffer(one_ra
         model = _Model(as_buffer=False)
         with pytest.raises(ValueError, match=r"^parameter quantized\.qweight is torch\.int8 \(1 of the model's are not "
                                              r"float32\): engine odc's units hold real floating-point parameters only "
-                                             r"\(a quantized integer weight is not sharded yet\); register it as a buffer"):
+                                             r"\(a quantized integer weight is not sharded yet\); register it as a "
+                                             r"buffer"):
             engine.wrap(model, [model.quantized, model.head])
     finally:
         engine.close()
