@@ -1,7 +1,8 @@
 """Settings a run takes nothing from: a key that only another key's choice reads
 (balancer.quadratic_fit under a cost model other than quadratic, the simulator's ODC model under
-the collective engine), or one a simulation has no use for (optim.*; threads_per_rank on a GPU
-profile).
+the collective engine), or one a simulation has no use for (optim.*; threads_per_rank, device
+and compile on a GPU profile, which models neither the machine that runs the simulator nor the
+decoder's compilation).
 
 Such a setting changes nothing the run measures, so the run's key holds its default in its
 place (plan/identity.py): a sweep that sets it beside the choice that ignores it
@@ -69,9 +70,13 @@ def unused_settings(config: RunConfig) -> list[Unused]:
         for name in ("lr", "betas", "eps", "weight_decay"):
             unless(False, OptimConfig, "optim", name, getattr(config.optim, name),
                    "a real run (backend=local); the simulator trains no weights")
-        if isinstance(backend.hardware, GpuHardwareConfig) and config.threads_per_rank is not None:
-            found.append(Unused("threads_per_rank", config.threads_per_rank, None, "a run of CPU ranks, real or on "
-                                "the calibrated CPU profile (backend/hardware=cpu)"))
+        if isinstance(backend.hardware, GpuHardwareConfig):
+            # device has no dataclass default: config.yaml's "auto" (the test of these keys checks it).
+            for name, value, default in (("threads_per_rank", config.threads_per_rank, None),
+                                         ("device", config.device, "auto"), ("compile", config.compile, None)):
+                if value != default:
+                    found.append(Unused(name, value, default, "a real run, or a simulated one on the calibrated CPU "
+                                        "profile (backend/hardware=cpu)"))
         odc = config.engine.spec.simulated_as == "odc"
         for name in ("odc_gather_bytes", "contention_passes", "odc_fetch", "odc_internode_slowdown"):
             unless(odc, SimBackendConfig, "backend", name, getattr(backend, name),

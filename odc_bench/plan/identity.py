@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +56,15 @@ def keyed_config(config: RunConfig, drawn: str | None = None,
     _fitted) for a calibration rewritten under its name: `calibrate.cost_model` run again, as
     the README's first steps suggest after `make demo`, planned every later run of the same
     config otherwise, and a re-run sweep skipped them all, keeping the rows of the old fit."""
-    keyed = {**config.to_dict(), **GUARDS}
-    for unused in unused_settings(config):  # keyed as the run without it (config/unused.py)
-        section, _, name = unused.key.rpartition(".")
-        if not section:
-            keyed[name] = unused.default
-        elif name in keyed.get(section, {}):
-            keyed[section] = {**keyed[section], name: unused.default}
+    unused = unused_settings(config)  # each keyed as the run without it (config/unused.py)
+    # A top-level setting through the config, whose dict leaves some unset ones out (compile).
+    top: dict[str, Any] = {u.key: u.default for u in unused if "." not in u.key}
+    plain = replace(config, **top)
+    keyed = {**plain.to_dict(), **GUARDS}
+    for u in unused:
+        section, _, name = u.key.rpartition(".")
+        if section and name in keyed.get(section, {}):
+            keyed[section] = {**keyed[section], name: u.default}
     if config.dataset.loader == "profile" and config.dataset.profile in PROFILES:
         keyed["dataset"] = {**keyed["dataset"], "profile_definition": asdict(PROFILES[config.dataset.profile])}
     if drawn is not None:

@@ -190,6 +190,8 @@ def test_the_limits_on_waiting_and_running_leave_the_key_as_config_yaml_gives_th
     (("backend=sim", "engine=collective"), ("backend.odc_gather_bytes=2", "backend.odc_fetch=nearest"),
      ("engine=odc",)),
     (("backend=sim",), ("threads_per_rank=1", "optim.lr=0.1", "optim.betas=[0.9,0.9]"), ()),
+    (("backend=sim",), ("device=cpu", "compile=false"), ()),
+    (("backend=sim",), ("device=cuda", "compile=true"), ()),
 ])
 def test_a_setting_nothing_reads_keys_the_run_as_without_it_and_is_noted(base, unused, read, tmp_path, capsys,
                                                                             monkeypatch):
