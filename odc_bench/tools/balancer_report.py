@@ -21,10 +21,10 @@ what run-time claiming does. Cost models are written `linear`, `quadratic:1p5b`,
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
-from odc_bench.balancers.cost import CostModel, linear, load_calibration, quadratic
+from odc_bench.balancers.cost import QUADRATIC_FITS, CostModel, linear, load_calibration, quadratic
 from odc_bench.balancers.dynamic import scheduled
 from odc_bench.balancers.quality import (
     SEMANTICS,
@@ -54,6 +54,7 @@ from odc_bench.errors import (
     positive_float,
     positive_int,
 )
+from odc_bench.files import readable_file
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,26 @@ OPTIONS = (("world_size", "--world-size"), ("minibatch_size", "--minibatch-size"
 
 
 def parse_cost(spec: str) -> CostModel:
+    """A cost option's argparse type: `linear`, `quadratic:FIT` or a calibration file; anything else
+    is refused in one line (an unknown fit was a KeyError's traceback, a missing or damaged file a
+    FileNotFoundError's or ValueError's)."""
     if spec == "linear":
         return linear()
     if spec.startswith("quadratic:"):
-        return quadratic(spec.split(":", 1)[1])
-    return load_calibration(Path(spec))
+        fit = spec.split(":", 1)[1]
+        if fit not in QUADRATIC_FITS:
+            raise argparse.ArgumentTypeError(f"no quadratic fit {fit!r}; choose one of "
+                                             f"{', '.join(f'quadratic:{f}' for f in QUADRATIC_FITS)}")
+        return quadratic(fit)
+    choices = "give linear, quadratic:FIT or a file `python -m odc_bench.calibrate.cost_model` wrote"
+    if not spec.strip():
+        raise argparse.ArgumentTypeError(f"an empty cost model; {choices}")
+    try:
+        return load_calibration(readable_file(spec))
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}; {choices}") from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def plan_quality(profile: str = "longalign", world_size: int = 8, minibatch_size: int = 4,
@@ -147,8 +163,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world-size", type=positive_int, default=8, help="ranks a minibatch is split over")
     parser.add_argument("--minibatch-size", type=positive_int, default=4, help="samples per rank per minibatch")
     parser.add_argument("--num-minibatches", type=positive_int, default=50, help="minibatches planned")
-    parser.add_argument("--cost", default="quadratic:1p5b", help="the cost model that scores plans (the truth)")
-    parser.add_argument("--plan-cost", default=None, help="the cost model balancers plan with (default: --cost)")
+    parser.add_argument("--cost", type=parse_cost, default="quadratic:1p5b",
+                        help="the cost model that scores plans (the truth): linear, quadratic:FIT or a "
+                             "calibration file")
+    parser.add_argument("--plan-cost", type=parse_cost, default=None,
+                        help="the cost model balancers plan with (default: --cost)")
     parser.add_argument("--packing-ratio", type=positive_float, default=1.0,
                         help="the packing limit (max_tokens) over the longest sample")
     parser.add_argument("--length-scale", type=positive_float, default=1.0, help="every length multiplied by this")
@@ -156,8 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--staleness", type=nonnegative_int, default=0,
                         help="also time the plans as stale-synchronous ODC with this staleness")
     args = parser.parse_args(argv)
-    cost = parse_cost(args.cost)
-    plan_cost = parse_cost(args.plan_cost) if args.plan_cost else cost
+    cost = args.cost
+    plan_cost = args.plan_cost or cost
     try:
         rows = plan_quality(args.profile, args.world_size, args.minibatch_size, args.num_minibatches, cost, plan_cost,
                             args.packing_ratio, args.length_scale, args.seed, args.staleness)

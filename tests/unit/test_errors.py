@@ -1017,3 +1017,24 @@ def test_the_what_ifs_empty_input_is_one_line(argv, said, tmp_path, capsys):
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"python -m odc_bench.whatif: error: {said}"), err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("cost,said", [
+    ("quadratic:13b", "no quadratic fit '13b'; choose one of quadratic:1p5b, quadratic:7b"),
+    ("nowhere.json", "nowhere.json: no such file; give linear, quadratic:FIT or a file"),
+    (" ", "an empty cost model; give linear"),
+    ("{folder}", ": a folder, not a file; give linear"),
+    ("{bad}", "is not a calibration file (KeyError"),
+])
+@pytest.mark.parametrize("option", ["--cost", "--plan-cost"])
+def test_the_balancer_reports_cost_model_is_one_line_naming_what_it_takes(option, cost, said, tmp_path, capsys):
+    """An unknown fit was a KeyError's traceback, a missing file a FileNotFoundError's, and a file
+    that is no calibration a ValueError's, each after the command had started."""
+    from odc_bench.tools import balancer_report
+
+    (tmp_path / "bad.json").write_text('{"a": 1}')
+    with pytest.raises(SystemExit) as stop:
+        balancer_report.main([option, cost.format(folder=tmp_path, bad=tmp_path / "bad.json")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"python -m odc_bench.tools.balancer_report: error: argument {option}: ") and said in err
