@@ -45,13 +45,19 @@ def paired_ratios(tables: Mapping[str, pd.DataFrame], engine: str, baseline: str
     """One row per pair: samples/s of both series and engine / baseline, labelled by results folder."""
     if engine == baseline:
         raise PairingError(f"engine and baseline are both {engine}; compare two different series")
-    pairs = []
+    labelled = {}
     for run, table in tables.items():
         ok = table[table["status"] == "ok"].drop_duplicates(subset=["run_id"], keep="last")
-        if ok.empty:
-            continue
-        ok = with_workload(ok).assign(balancer_options=balancer_options(ok))
-        labels = _labels(ok)
+        if not ok.empty:
+            ok = with_workload(ok).assign(balancer_options=balancer_options(ok))
+            labelled[run] = ok, _labels(ok)
+    held = {name for ok, labels in labelled.values() for name in (*ok["engine"], *labels)}
+    for series in (engine, baseline):
+        if series not in held:  # else "no workload ran as both", which reads as a pairing problem
+            raise PairingError(f"no ok run of these folders is of series {series!r}; they hold "
+                               f"{', '.join(sorted(held)) or 'none'}")
+    pairs = []
+    for run, (ok, labels) in labelled.items():
         sides = []
         for series, column in ((engine, "engine_samples_per_s"), (baseline, "baseline_samples_per_s")):
             rows = _pick(ok, labels, series)

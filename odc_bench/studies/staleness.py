@@ -157,7 +157,7 @@ def summary(pairs: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(command_name(__spec__.name), description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="results folders (or runs.csv tables)")
-    parser.add_argument("--simulate", metavar="CALIBRATION", default=None,
+    parser.add_argument("--simulate", metavar="CALIBRATION", type=Path, default=None,
                         help="also simulate every real run with this CPU profile (results/calibration/sim-*-cpu.json)")
     args = parser.parse_args(argv)
     try:
@@ -166,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"no such folder or table: {', '.join(missing)}")
         calibration = None
         if args.simulate is not None:
-            if not Path(args.simulate).exists():
+            if not args.simulate.exists():
                 raise ConfigError(f"no calibration at {args.simulate}; run `python -m odc_bench.calibrate.cpu_profile "
                                   "--engines collective odc` first")
             # Read once here, so that a file that cannot be read is one line, not a NaN for every run.
-            calibration = str(Path(args.simulate).resolve())
+            calibration = str(args.simulate.resolve())
             load_profile(CalibratedHardwareConfig(name="cpu", calibration=calibration), "")
         print(summary(side_by_side(merged(tables_under(args.dirs)), calibration)))
     except ConfigError as e:

@@ -164,10 +164,21 @@ def test_pairs_command_prints_each_pair_and_refuses_folders_without_pairs_in_one
     captured = capsys.readouterr()
     assert "median 1.025 over 4 pairs in 2 results folders" in captured.out
     assert "3 row(s) of " not in captured.err and "6 row(s) of " in captured.err and "(a copy)" in captured.err
-    assert results_main(["pairs", str(tmp_path / "a"), "--engine", "odc_lockstep"]) == 2
+    for option, series in (("--engine", "odc_lockstep"), ("--baseline", ""), ("--baseline", "collective[nccl]")):
+        # A series no folder holds (a typo, an empty name) was "no workload and seed ran as both".
+        assert results_main(["pairs", str(tmp_path / "a"), option, series]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"python -m odc_bench.results: error: no ok run of these folders is of series {series!r}; "
+                       f"they hold collective, odc")
+    odc_only, collective_only = tmp_path / "o", tmp_path / "c"
+    for folder, engine in ((odc_only, "odc"), (collective_only, "collective")):
+        folder.mkdir()
+        rows = pd.read_csv(tmp_path / "a" / "runs.csv")
+        rows[rows.engine == engine].to_csv(folder / "runs.csv", index=False)
+    assert results_main(["pairs", str(odc_only), str(collective_only)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("python -m odc_bench.results: error: no workload and seed ran as both odc_lockstep and "
-                          "collective")
+    assert err.startswith("python -m odc_bench.results: error: no workload and seed ran as both odc and collective in "
+                          "one results folder")
     assert "\n" not in err
 
 

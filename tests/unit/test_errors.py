@@ -809,6 +809,7 @@ def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
      "argument --out: an empty path; give a file's path"),
     ("calibrate.cost_model", ["model=true"], "model=true names no model option (Hydra reads true as a boolean; "),
     ("studies.staleness", ["{t}/none"], "no such folder or table: {t}/none"),
+    ("studies.staleness", ["{t}", "--simulate", ""], "argument --simulate: an empty path"),
 ])
 def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, tmp_path, capsys):
     """Each was a FileNotFoundError's or Hydra's traceback, once its work reached the input; the
