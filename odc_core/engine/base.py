@@ -333,11 +333,17 @@ def is_absent(t: torch.Tensor) -> bool:
 
 
 def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
-    """One model per engine, wrapped once; and not a model an ODC engine holds already (its
-    parameters placeholders or views of a freed buffer: their values are in its shards)."""
+    """One model per engine, wrapped once; its parameters initialized (not a lazy module's before
+    its first forward); and not a model an ODC engine holds already (its parameters placeholders
+    or views of a freed buffer: their values are in its shards)."""
     if wrapped is not None:
         raise RuntimeError("wrap() was called already: an engine shards one model, once; make another engine for "
                            "another model")
+    lazy = [n for n, p in model.named_parameters() if nn.parameter.is_lazy(p)]
+    if lazy:  # torch's own error came from the first numel() either engine took, over several lines
+        raise ValueError(f"parameter {lazy[0]} is uninitialized ({len(lazy)} of the model's are: a lazy module's, such "
+                         f"as nn.LazyLinear's, shaped by its first forward): run the model once on a sample batch "
+                         f"before wrap()")
     held = [n for n, p in model.named_parameters()
             if type(p.data) is torch.Tensor and p.numel() and (is_absent(p) or not p.untyped_storage().nbytes())]
     if held:

@@ -260,3 +260,41 @@ def test_a_call_on_the_whole_state_inside_a_minibatch_is_one_line_and_the_miniba
         engine.close()
     assert str(refused.value) == f"{call}() while minibatch 0 is open: call it between minibatches, after " \
                                  f"finish_minibatch()"
+
+
+class LazyNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = nn.LazyLinear(4), nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.tanh(self.first(x))).square().sum()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_lazy_modules_parameters_are_refused_until_a_forward_shapes_them(engine_name, one_rank_group):
+    """Before its first forward a LazyLinear's weight has no shape: both engines failed in torch's
+    several-line error from their first numel(). After one, the model trains as in one process."""
+    import copy
+
+    from tests.helpers.reference import trains_like_one_process
+
+    torch.manual_seed(0)
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        with pytest.raises(ValueError, match=r"^parameter first\.weight is uninitialized \(2 of the model's are: a "
+                                             r"lazy module's, such as nn.LazyLinear's, shaped by its first forward\): "
+                                             r"run the model once on a sample batch before wrap\(\)$"):
+            engine.wrap(LazyNet(), [])
+    finally:
+        engine.close()
+    model = LazyNet()
+    model(torch.zeros(1, 5))
+    reference = copy.deepcopy(model)
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, [model.first, model.last])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        trains_like_one_process(engine, model, reference, [torch.randn(3, 5) for _ in range(2)])
+    finally:
+        engine.close()
