@@ -41,6 +41,7 @@ from statistics import NormalDist
 import numpy as np
 
 from odc_bench.config.dataset import GrpoConfig
+from odc_bench.errors import ConfigError
 
 _NORMAL = NormalDist()
 
@@ -79,7 +80,15 @@ def mean_prompt(spec: GrpoConfig) -> float:
 
 
 def response_fit(spec: GrpoConfig) -> tuple[float, float]:
-    return fit_response(spec.mean_sample - mean_prompt(spec), spec.clip_fraction, spec.max_response_length)
+    """The responses' log-normal; ConfigError, in one line naming the settings, where the mean
+    sample cannot be drawn (fit_response's bounds on the response's mean, shifted by the prompt's)."""
+    prompt, cut, limit = mean_prompt(spec), spec.clip_fraction, spec.max_response_length
+    if not cut * limit < spec.mean_sample - prompt < limit:
+        raise ConfigError(f"dataset.grpo.mean_sample={spec.mean_sample:g} cannot be drawn: with prompts of "
+                          f"{prompt:.0f} tokens on average and dataset.grpo.clip_fraction={cut:g} of the responses cut "
+                          f"at dataset.grpo.max_response_length={limit}, it must lie between "
+                          f"{prompt + cut * limit:.0f} and {prompt + limit:.0f}; change one of them")
+    return fit_response(spec.mean_sample - prompt, cut, limit)
 
 
 AIME = GrpoConfig()

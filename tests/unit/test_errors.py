@@ -335,6 +335,11 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                          "dataset.num_samples does not apply to dataset=grpo", None),
     "bad-grpo-option": (["dataset=grpo", "dataset.grpo.clip_fraction=0"],
                         "dataset.grpo.clip_fraction must lie strictly between 0 and 1, got 0", None),
+    "grpo-mean-out-of-reach": (["dataset=grpo", "dataset.grpo.mean_sample=100000"],
+                               "dataset.grpo.mean_sample=100000 cannot be drawn: with prompts of 173 tokens on average "
+                               "and dataset.grpo.clip_fraction=0.1 of the responses cut at "
+                               "dataset.grpo.max_response_length=16384, it must lie between 1812 and 16557; change one "
+                               "of them", None),
     "data-file-missing": (["dataset=jsonl", "dataset.path={tmp}/missing.jsonl"], "missing.jsonl does not exist", None),
     "data-hub-id": (["dataset=hf_disk", "dataset.path=zai-org/LongAlign-10k"],
                     "dataset.path zai-org/LongAlign-10k does not exist; point it at your data (if "
