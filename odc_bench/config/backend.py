@@ -77,8 +77,9 @@ class GpuHardwareConfig:
                     "a positive number" if strict else
                     "a number of tokens >= 0" if key == "attention_half_length" else "a number of seconds >= 0")
             require(inside, f"backend.hardware.{key} must be {what}, got {value!r}")
-        require(self.gpus_per_node >= 1, f"backend.hardware.gpus_per_node must be at least 1, got {self.gpus_per_node}")
-        require(self.nic_rails >= 1 and self.gpus_per_node % self.nic_rails == 0,
+        for key in ("gpus_per_node", "nic_rails"):
+            require(getattr(self, key) >= 1, f"backend.hardware.{key} must be at least 1, got {getattr(self, key)}")
+        require(self.gpus_per_node % self.nic_rails == 0,
                 f"the hardware's NIC rails per node, backend.hardware.nic_rails ({self.nic_rails}), must divide "
                 f"gpus_per_node ({self.gpus_per_node}): give gpus_per_node a multiple of {self.nic_rails}, or set "
                 f"backend.hardware.nic_rails to a divisor of {self.gpus_per_node}")

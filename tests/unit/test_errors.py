@@ -208,6 +208,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                       "the hardware's NIC rails per node, backend.hardware.nic_rails (3), must divide "
                       "gpus_per_node (8): give gpus_per_node a multiple of 3, or set backend.hardware.nic_rails "
                       "to a divisor of 8", None),
+    "no-nic-rails": (["backend=sim", "backend.hardware.nic_rails=0"], "backend.hardware.nic_rails must be at least 1, "
+                     "got 0", None),
     "model-size-zero": (["model.hidden_size=0"], "model.hidden_size must be at least 1, got 0", None),
     "optim-lr-negative": (["optim.lr=-1"], "optim.lr must be >= 0 (AdamW's learning rate), got -1", None),
     "optim-beta-of-one": (["optim.betas=[0.9,1.0]"], "optim.betas must each lie in [0, 1), got [0.9, 1.0]", None),
