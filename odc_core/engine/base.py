@@ -294,13 +294,17 @@ def group_options(named: Sequence[tuple[str, nn.Parameter]],
     return groups
 
 
-def check_order(call: str, open_minibatch: int | None, closed: bool) -> None:
+def check_order(call: str, open_minibatch: int | None, closed: bool, wrapped: bool = True) -> None:
     """A one-line error for a protocol call out of order: the engine closed, `begin_minibatch`
     while a minibatch is open, `finish_minibatch` while none is (an ODC rank would wait for a
     version no owner will publish; FSDP2 would step on whatever gradients there are), any other
-    call while one is open (between_minibatches)."""
+    call while one is open (between_minibatches), or before wrap() (ODC failed on a heap buffer
+    wrap() allocates, "no buffer 'odc/flags'", FSDP2 in a bare assertion)."""
     if closed:
         raise RuntimeError(f"{call}() after close(): the engine freed its shards; make another engine")
+    if not wrapped:
+        raise RuntimeError(f"{call}() before wrap(): the engine holds no model yet; call engine.wrap(model, units) "
+                           f"first")
     if call == "begin_minibatch" and open_minibatch is not None:
         raise RuntimeError(f"begin_minibatch() while minibatch {open_minibatch} is open: call finish_minibatch() "
                            f"first")

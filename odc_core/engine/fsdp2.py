@@ -295,7 +295,7 @@ class CollectiveEngine:
         self.between_minibatches("drain")
 
     def between_minibatches(self, call: str) -> None:
-        check_order(call, self._minibatch if self._inside else None, self._closed)
+        check_order(call, self._minibatch if self._inside else None, self._closed, self.model is not None)
 
     def _emit(self, kind: str, t0: Any) -> None:
         if self.trace is not None:
@@ -321,8 +321,7 @@ class CollectiveEngine:
         self.between_minibatches("sharded_state")
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        if self.model is None:
-            raise RuntimeError("wrap() the model before saving or loading a checkpoint")
+        assert self.model is not None  # between_minibatches refused a call before wrap()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
@@ -342,8 +341,7 @@ class CollectiveEngine:
         self.between_minibatches("state_dict")
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        if self.model is None:
-            raise RuntimeError("wrap() the model before reading its state")
+        assert self.model is not None  # between_minibatches refused a call before wrap()
         return get_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=full))
 
     def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any], *,
@@ -359,8 +357,7 @@ class CollectiveEngine:
             set_state_dict,
         )
 
-        if self.model is None:
-            raise RuntimeError("wrap() the model before loading its state")
+        assert self.model is not None  # between_minibatches refused a call before wrap()
         if broadcast_from_rank0:
             # Refuses sharded ones on every rank; and keys are checked on every rank here, where torch
             # refused a key rank 0 lacks on rank 0 alone and the others waited for its broadcast.

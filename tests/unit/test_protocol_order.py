@@ -262,6 +262,29 @@ def test_a_call_on_the_whole_state_inside_a_minibatch_is_one_line_and_the_miniba
                                  f"finish_minibatch()"
 
 
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_call_on_the_whole_state_before_wrap_is_one_line(engine_name, one_rank_group, tmp_path):
+    """ODC failed on a heap buffer wrap() allocates ("no buffer 'odc/flags' on this heap"), FSDP2's
+    full_parameters() in a bare AssertionError, and drain() there returned."""
+    model = Net()
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        saved = checkpoint.save(engine, tmp_path, 0)
+    finally:
+        engine.close()
+    for call in sorted(INSIDE):
+        engine = _engine(engine_name, one_rank_group)
+        try:
+            with pytest.raises(RuntimeError) as refused:
+                INSIDE[call](engine, saved)
+        finally:
+            engine.close()
+        assert str(refused.value) == f"{call}() before wrap(): the engine holds no model yet; call " \
+                                     f"engine.wrap(model, units) first"
+
+
 class LazyNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -313,7 +313,8 @@ class OdcEngine:
         self.versions.drain()
 
     def between_minibatches(self, call: str) -> None:
-        check_order(call, self.minibatch if self.versions.inside else None, self.versions.closing.is_set())
+        check_order(call, self.minibatch if self.versions.inside else None, self.versions.closing.is_set(),
+                    self.model is not None)
 
     def claim(self) -> int:
         return self.versions.claim()

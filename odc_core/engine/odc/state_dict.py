@@ -82,8 +82,7 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
     from odc_core.checkpoint import flat_pieces
 
     model = engine.model
-    if model is None:
-        raise RuntimeError("wrap() the model before saving or loading a checkpoint")
+    assert model is not None  # the engine's between_minibatches refused a call before wrap()
     if engine.owners is not None:
         raise ValueError("checkpoints of hybrid-sharded ODC are not supported yet; save with shard=full")
     if for_load and engine.staleness and engine.versions.minibatch >= 0:
@@ -135,8 +134,7 @@ def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
     as get_state_dict(full_state_dict=True) gives FSDP2's; collective. Each optimizer state
     tensor is gathered per unit with one all-gather of every rank's shard."""
     model = engine.model
-    if model is None:
-        raise RuntimeError("wrap() the model before reading its state")
+    assert model is not None  # the engine's between_minibatches refused a call before wrap()
     if engine.owners is not None:
         raise ValueError("state dicts of hybrid-sharded ODC are not supported yet; use shard=full")
     params = full_parameters(engine)
