@@ -337,12 +337,28 @@ def is_absent(t: torch.Tensor) -> bool:
 
 
 def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
-    """One model per engine, wrapped once; its parameters initialized (not a lazy module's before
-    its first forward); and not a model an ODC engine holds already (its parameters placeholders
+    """One model per engine, wrapped once; not inside another data-parallel wrapper (DDP, FSDP)
+    nor sharded already (DTensor parameters); its parameters initialized (not a lazy module's
+    before its first forward); and not a model an ODC engine holds already (its parameters placeholders
     or views of a freed buffer: their values are in its shards)."""
     if wrapped is not None:
         raise RuntimeError("wrap() was called already: an engine shards one model, once; make another engine for "
                            "another model")
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    wrapper = next(((n, m) for n, m in model.named_modules()
+                    if isinstance(m, nn.parallel.DistributedDataParallel | FullyShardedDataParallel)), None)
+    if wrapper is not None:  # its own gradient hooks would reduce every backward, a collective of all ranks
+        where = f"the model is a {type(wrapper[1]).__name__}" if not wrapper[0] else \
+            f"module {wrapper[0]} is a {type(wrapper[1]).__name__}"
+        raise ValueError(f"{where}: the engine shards the model and sums its gradients itself; give it the module "
+                         f"inside (.module), unwrapped")
+    sharded = [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
+    if sharded or any(isinstance(m, FSDPModule) for m in model.modules()):
+        what = f"parameter {sharded[0]} is a DTensor" if sharded else "the model holds a module fully_shard wrapped"
+        raise ValueError(f"{what} (the model was sharded already, by fully_shard or tensor parallelism): give the "
+                         f"engine the model before fully_shard; it shards the model itself")
     lazy = [n for n, p in model.named_parameters() if nn.parameter.is_lazy(p)]
     if lazy:  # torch's own error came from the first numel() either engine took, over several lines
         raise ValueError(f"parameter {lazy[0]} is uninitialized ({len(lazy)} of the model's are: a lazy module's, such "

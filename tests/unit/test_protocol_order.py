@@ -285,6 +285,37 @@ def test_a_call_on_the_whole_state_before_wrap_is_one_line(engine_name, one_rank
                                      f"engine.wrap(model, units) first"
 
 
+def _fully_sharded(model: Net) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers:
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("wrapped,said", [
+    (nn.parallel.DistributedDataParallel, "the model is a DistributedDataParallel: the engine shards the model and "
+                                          "sums its gradients itself; give it the module inside (.module), unwrapped"),
+    (lambda model: nn.Sequential(nn.parallel.DistributedDataParallel(model)),
+     "module 0 is a DistributedDataParallel: the engine shards"),
+    (_fully_sharded, "parameter layers.0.weight is a DTensor (the model was sharded already, by fully_shard or tensor "
+                     "parallelism): give the engine the model before fully_shard; it shards the model itself"),
+])
+def test_a_model_another_data_parallel_wrapper_holds_is_refused_at_wrap(engine_name, wrapped, said, one_rank_group):
+    """A model ported from a DDP or FSDP2 loop with its wrapper kept: FSDP2's sharded parameters
+    failed both engines in a DTensor error ("Sharding propagation failed for aten.view"), and
+    DDP's hooks all-reduced every backward, a collective ODC's uneven microbatch counts hang in."""
+    model = Net()
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        with pytest.raises(ValueError) as refused:
+            engine.wrap(wrapped(model), list(model.layers))
+    finally:
+        engine.close()
+    assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
+
+
 class LazyNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
