@@ -371,15 +371,19 @@ def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
                          f"wrapped by another engine already? wrap a model once")
 
 
-def parameter_ids(model: nn.Module) -> dict[str, int]:
-    """The parameters an engine took at wrap(), by name, as check_parameters compares them."""
-    return {name: id(p) for name, p in model.named_parameters()}
+def parameter_ids(model: nn.Module) -> dict[str, tuple[int, torch.dtype]]:
+    """The parameters an engine took at wrap(), by name, with the dtypes it left them in (ODC's:
+    the compute dtype), as check_parameters compares them."""
+    return {name: (id(p), p.dtype) for name, p in model.named_parameters()}
 
 
-def check_parameters(model: nn.Module | None, wrapped: dict[str, int]) -> None:
-    """The model's parameters are still those wrap() sharded. Added or replaced since, a parameter
-    is one no engine holds: nothing sums its gradient over ranks or steps it (ODC), or it meets
-    FSDP2's DTensors in a storage or type error mid-step; removed, the state dicts miss it."""
+def check_parameters(model: nn.Module | None, wrapped: dict[str, tuple[int, torch.dtype]]) -> None:
+    """The model's parameters are still those wrap() sharded, of the dtypes it found. Added or
+    replaced since, a parameter is one no engine holds: nothing sums its gradient over ranks or
+    steps it (ODC), or it meets FSDP2's DTensors in a storage or type error mid-step; removed, the
+    state dicts miss it. Cast since (model.to(torch.bfloat16)), ODC's gathers still gave the
+    dtype it sharded, meeting inputs cast to the new one, and FSDP2 stepped bf16 masters or, cast
+    to float64, trained on in float32 without a word."""
     if model is None:
         return
     now = dict(model.named_parameters())
@@ -387,10 +391,14 @@ def check_parameters(model: nn.Module | None, wrapped: dict[str, int]) -> None:
         if name not in wrapped:
             raise RuntimeError(f"parameter {name} was added to the model after wrap(): the engine shards, sums and "
                                f"steps the parameters wrap() found; add it before wrap()")
-        if id(p) != wrapped[name]:
+        if id(p) != wrapped[name][0]:
             raise RuntimeError(f"parameter {name} was replaced after wrap() (a new nn.Parameter assigned to its "
                                f"module, as resize_token_embeddings does): the engine holds the one wrap() found; "
                                f"change the model before wrap(), and load values with set_state_dict(engine, ...)")
+        if p.dtype != wrapped[name][1]:
+            raise RuntimeError(f"parameter {name} is {p.dtype} now, {wrapped[name][1]} as wrap() left it (the model "
+                               f"was cast since, model.to(dtype)): the engine keeps the dtypes of wrap(); cast the "
+                               f"model before wrap(), or compute in another dtype with engine_context(precision=...)")
     gone = [name for name in wrapped if name not in now]
     if gone:
         raise RuntimeError(f"parameter {gone[0]} was removed from the model after wrap(); change the model before "

@@ -99,7 +99,7 @@ class CollectiveEngine:
         self.trace: TraceHook | None = None
         self.clock: Clock = perf_counter
         self.model: nn.Module | None = None
-        self.wrapped: dict[str, int] = {}  # parameter_ids at wrap(): the sharded DTensor parameters
+        self.wrapped: dict[str, tuple[int, torch.dtype]] = {}  # parameter_ids at wrap(): the sharded DTensor parameters
         self._step: OptimizerStep | None = None
         # Where this rank stands: the minibatch, its microbatches so far, and whether it is in one.
         self._minibatch, self._microbatches, self._inside = -1, 0, False

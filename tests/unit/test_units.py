@@ -367,12 +367,17 @@ CHANGED = {"added": (_add, "parameter layers.0.0.scale was added to the model af
                                   "found; change the model before wrap(), and load values with "
                                   "set_state_dict(engine, ...)"),
            "removed": (_remove, "parameter head.bias was removed from the model after wrap(); change the model "
-                                "before wrap()")}
+                                "before wrap()"),
+           # ODC's gathers still gave float32, FSDP2 trained on in float32 without a word (to bfloat16: bf16 masters)
+           "cast": (lambda model: model.double(), "parameter layers.0.0.weight is torch.float64 now, torch.float32 as "
+                                                  "wrap() left it (the model was cast since, model.to(dtype)): the "
+                                                  "engine keeps the dtypes of wrap(); cast the model before wrap(), or "
+                                                  "compute in another dtype with engine_context(precision=...)")}
 
 
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 @pytest.mark.parametrize("change", list(CHANGED))
-def test_a_parameter_added_replaced_or_removed_after_wrap_is_refused_at_the_next_minibatch(
+def test_a_parameter_added_replaced_removed_or_cast_after_wrap_is_refused_at_the_next_minibatch(
         change, engine_name, one_rank_group):
     """Before: ODC never stepped an added parameter (nor summed its gradient over ranks), FSDP2
     failed on it in clipping or full_parameters, a replaced one went on untrained."""

@@ -128,7 +128,7 @@ class OdcEngine:
         self.fetcher = make_fetcher(device, heap, self.versions, self.owners, prefetch, self._emit, self._now)
         self.units: list[FlatUnit] = []
         self.model: nn.Module | None = None
-        self.wrapped: dict[str, int] = {}  # parameter_ids at wrap()
+        self.wrapped: dict[str, tuple[int, torch.dtype]] = {}  # parameter_ids at wrap()
         self.group_names: list[list[str]] = []  # the parameters of each optimizer group, by name
         self._hooks: UnitHooks | None = None
         self.module_state = state_dict.ModuleStateGuard()
@@ -181,7 +181,7 @@ class OdcEngine:
             raise ValueError(f"parameter {name} is {dtype} ({len(odd)} of the model's are not float32), and engine odc "
                              f"computes in {self.compute_dtype} on float32 master weights: load the model in float32, "
                              f"with precision='bf16' for bf16 compute (a bf16 model works there too)")
-        self.model, self.wrapped = model, parameter_ids(model)
+        self.model = model
         modules, groups, params_of = flat_groups(model, list(units))
         group_of: list[FlatUnit | None] = [None] * len(modules)
         for group, params in zip(groups, params_of, strict=True):
@@ -192,6 +192,7 @@ class OdcEngine:
             self.units.append(unit)
             for pos in group:
                 group_of[pos] = unit
+        self.wrapped = parameter_ids(model)  # in the compute dtype, as sharding left them
         self.versions.units = self.units
         if self.owners is not None:
             self.versions.replicas = self._replica_group(len(self.owners))
