@@ -378,7 +378,7 @@ def parameter_ids(model: nn.Module) -> dict[str, tuple[int, torch.dtype]]:
 
 
 def check_parameters(model: nn.Module | None, wrapped: dict[str, tuple[int, torch.dtype]]) -> None:
-    """The model's parameters are still those wrap() sharded, of the dtypes it found. Added or
+    """The model's parameters are still those wrap() sharded, in the dtypes it left them. Added or
     replaced since, a parameter is one no engine holds: nothing sums its gradient over ranks or
     steps it (ODC), or it meets FSDP2's DTensors in a storage or type error mid-step; removed, the
     state dicts miss it. Cast since (model.to(torch.bfloat16)), ODC's gathers still gave the
