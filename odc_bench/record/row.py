@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
+from odc_bench.config.fields import require
 from odc_bench.config.run import RunConfig
 from odc_bench.models.flops import train_flops
 from odc_bench.plan.spec import RunSpec
@@ -73,7 +74,11 @@ def timing(spec: RunSpec, events: pd.DataFrame, resumed_from: int = 0) -> dict[s
 def sim_timing(spec: RunSpec, sim: Simulation) -> dict[str, float]:
     """The same columns from a simulated timeline, without building its trace."""
     warmup = spec.config.warmup_minibatches
-    return summary(sim.totals(warmup), spec.world_size, **_measured_work(spec, warmup))
+    totals = sim.totals(warmup)
+    # Only a profile of unbounded rates and no latency gets here (it was a ZeroDivisionError).
+    require(totals["wall_s"] > 0, "the simulated minibatches take no time (backend.hardware's rates too high to "
+                                  "count and every latency 0 s); give it a real device's figures")
+    return summary(totals, spec.world_size, **_measured_work(spec, warmup))
 
 
 def failed_row(spec: RunSpec, error: str) -> dict[str, Any]:

@@ -437,3 +437,18 @@ def test_a_simulated_run_and_the_what_if_import_neither_torch_nor_scipy(tmp_path
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "r" / "runs.csv").exists()
+
+
+def test_a_profile_whose_minibatches_take_no_time_is_one_line_and_writes_no_row(tmp_path, monkeypatch, capsys):
+    """Rates too high to count and every latency 0 s made the window 0 s: a ZeroDivisionError's
+    traceback from the row's throughput."""
+    monkeypatch.chdir(tmp_path)
+    zero = [f"backend.hardware.{key}=0" for key in ("unit_overhead_s", "optimizer_overhead_s", "collective_latency_s",
+                                                     "ring_step_s", "p2p_latency_s", "barrier_s")]
+    rates = [f"backend.hardware.{key}=1e300" for key in ("peak_tflops", "hbm_gbps", "link_gbps", "nic_gbps")]
+    assert odc_bench("backend=sim", *rates, *zero,
+                     "num_minibatches=2", "warmup_minibatches=0", f"results_dir={tmp_path / 'r'}") == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "odc_bench: error: the simulated minibatches take no time (backend.hardware's rates too high to count and "
+        "every latency 0 s); give it a real device's figures")
+    assert not (tmp_path / "r" / "runs.csv").exists()
