@@ -284,6 +284,9 @@ def shape_lengths(shape: str) -> list[int]:
     if match is None:
         raise ConfigError(f"unknown shape {shape!r} in the timings; shapes are NxL (L tokens, or Lk) or mix16k")
     count, length, kilo = match.groups()
+    if int(count) < 1 or int(length) < 1:
+        raise ConfigError(f"shape {shape!r} in the timings holds no tokens; a shape is N documents of L tokens, "
+                          f"each at least 1")
     return [int(length) * (1024 if kilo else 1)] * int(count)
 
 
@@ -334,9 +337,29 @@ def fit_timings(csv_path: Path, device_name: str) -> dict:
         rows.append(dict(model=r["model"], unit=r["unit"], doc_lens=shape_lengths(r["shape"]),
                          fwd=_seconds(r["fwd_ms"], "fwd_ms", where), bwd=_seconds(r["bwd_ms"], "bwd_ms", where),
                          bwd_recompute=_seconds(r.get("bwd_recompute_ms"), "bwd_recompute_ms", where, optional=True)))
+    _check_determined(rows, models, csv_path)
     return dict(units_record(rows, models, device_name), provenance=dict(
         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), commit=git_commit(), timings=str(csv_path),
         command=" ".join([Path(sys.executable).name, "-m", "odc_bench.calibrate.cost_model", *sys.argv[1:]])))
+
+
+def _check_determined(rows: list[dict], models: dict[str, ModelConfig], csv_path: Path) -> None:
+    """ConfigError where a unit kind's timings are too few to judge its fit: as many shapes as the
+    terms they can tell apart fit them exactly, whatever the timings, and the calibration said so
+    with a median error of 0 (one layer timing gave a fit of 0.0%)."""
+    def rank(points: set[tuple[str, tuple[int, ...]]], kind: str) -> int:
+        design = np.array([unit_fit.features(models[m], kind, lens) for m, lens in points])
+        return int(np.linalg.matrix_rank(design / np.maximum(np.abs(design).max(axis=0), 1e-300)))
+
+    for kind in unit_fit.TERMS:
+        points = {(r["model"], tuple(r["doc_lens"])) for r in rows if r["unit"] == kind}
+        # What the GPU calibration's shapes of these models can tell apart (terms move together
+        # within one model: a layer's matrix products and attention's per-token part).
+        full = rank({(m, tuple(lens)) for m, _ in points for lens in UNIT_SHAPES["full"]}, kind) if points else 0
+        if points and len(points) <= min(rank(points, kind), full):
+            raise ConfigError(f"{csv_path}: the {kind} timings hold {len(points)} shape(s), which its fit matches "
+                              f"exactly whatever they measured; time at least {full + 1} shapes of other token counts "
+                              f"and document lengths (the GPU calibration's: 1x1k, 1x4k, 1x16k, 16x512, 4x4k, mix16k)")
 
 
 def _compose(overrides: list[str]) -> RunConfig:

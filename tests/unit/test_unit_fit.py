@@ -248,3 +248,27 @@ def test_a_compute_profile_named_relative_to_the_working_folder_is_read_there(tm
     np.testing.assert_array_equal(
         GpuProfile(replace(hw, compute_calibration="results/measured.json")).compute_table(layout, none),
         GpuProfile(replace(hw, compute_calibration=str(SEED / "compute.json"))).compute_table(layout, none))
+
+
+@pytest.mark.parametrize(("rows", "said"), [
+    ("qwen2_7b,layer,1x1k,1.2,1.7,\n", "the layer timings hold 1 shape(s), which its fit matches exactly whatever "
+                                       "they measured; time at least 4 shapes"),
+    ("qwen2_7b,layer,1x1k,1.2,1.7,\nqwen2_7b,layer,1x4k,2,3,\nqwen2_7b,layer,4x4k,5,9,\n",
+     "the layer timings hold 3 shape(s)"),
+    ("qwen2_7b,head,1x4k,4,5,\n", "the head timings hold 2 shape(s), which its fit matches exactly whatever they "
+                                  "measured; time at least 3 shapes"),
+    ("qwen2_7b,layer,0x1k,1.2,1.7,\n", "shape '0x1k' in the timings holds no tokens"),
+    ("qwen2_7b,layer,2x0,1.2,1.7,\n", "shape '2x0' in the timings holds no tokens"),
+], ids=["one-layer", "three-layers", "two-heads", "no-documents", "empty-documents"])
+def test_timings_too_few_to_judge_their_fit_are_refused_in_one_line(rows, said, tmp_path):
+    """One layer timing was fitted exactly and the calibration reported a median error of 0.0%;
+    a shape of no tokens was taken as one."""
+    timings = tmp_path / "t.csv"
+    timings.write_text(HEADER + GOOD + rows, encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(said)) as refused:
+        fit_timings(timings, "NVIDIA H100 80GB HBM3")
+    assert "\n" not in str(refused.value)
+    enough = "".join(f"qwen2_7b,{kind},{shape},{1 + i},{2 + i},\n" for kind in ("layer", "head")
+                     for i, shape in enumerate(("1x1k", "1x4k", "4x4k", "16x512")))
+    timings.write_text(HEADER + enough, encoding="utf-8")
+    assert set(fit_timings(timings, "NVIDIA H100 80GB HBM3")["units"]) == {"layer", "head"}
