@@ -337,7 +337,7 @@ def is_absent(t: torch.Tensor) -> bool:
 
 
 def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
-    """One model per engine, wrapped once; not inside another data-parallel wrapper (DDP, FSDP)
+    """One model per engine, wrapped once; not inside another data-parallel wrapper (DP, DDP, FSDP)
     nor sharded already (DTensor parameters); its parameters initialized (not a lazy module's
     before its first forward); and not a model an ODC engine holds already (its parameters placeholders
     or views of a freed buffer: their values are in its shards)."""
@@ -348,7 +348,8 @@ def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
     from torch.distributed.tensor import DTensor
 
     wrapper = next(((n, m) for n, m in model.named_modules()
-                    if isinstance(m, nn.parallel.DistributedDataParallel | FullyShardedDataParallel)), None)
+                    if isinstance(m, nn.DataParallel | nn.parallel.DistributedDataParallel | FullyShardedDataParallel)),
+                   None)
     if wrapper is not None:  # its own gradient hooks would reduce every backward, a collective of all ranks
         where = f"the model is a {type(wrapper[1]).__name__}" if not wrapper[0] else \
             f"module {wrapper[0]} is a {type(wrapper[1]).__name__}"

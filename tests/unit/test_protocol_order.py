@@ -299,6 +299,7 @@ def _fully_sharded(model: Net) -> nn.Module:
                                           "sums its gradients itself; give it the module inside (.module), unwrapped"),
     (lambda model: nn.Sequential(nn.parallel.DistributedDataParallel(model)),
      "module 0 is a DistributedDataParallel: the engine shards"),
+    (nn.DataParallel, "the model is a DataParallel: the engine shards"),
     (_fully_sharded, "parameter layers.0.weight is a DTensor (the model was sharded already, by fully_shard or tensor "
                      "parallelism): give the engine the model before fully_shard; it shards the model itself"),
 ])
