@@ -154,8 +154,11 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
     so a crash mid-save still leaves the previous one."""
     import torch.distributed.checkpoint as dcp
 
-    if keep is not None and keep < 1:
-        raise ValueError(f"keep must be at least 1 (the checkpoint just saved), or None to keep every one; got {keep}")
+    # A count of another type failed after the save, in the pruning (keep=1.5: "slice indices
+    # must be integers"), and keep=True kept one.
+    if keep is not None and (isinstance(keep, bool) or not hasattr(keep, "__index__") or operator.index(keep) < 1):
+        raise ValueError(f"keep must be a whole number of at least 1 (the checkpoint just saved), or None to keep "
+                         f"every one; got {keep!r}")
     # latest() finds step-<N> by its whole number: a checkpoint saved as step-3.0 or step--1 was
     # written and never found, so a resume started again from the first step.
     if isinstance(step, bool) or not hasattr(step, "__index__") or operator.index(step) < 0:
@@ -163,6 +166,9 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
                          f"{step!r}")
     step = operator.index(step)
     engine.between_minibatches("checkpoint.save")
+    if extra is not None and not isinstance(extra, Mapping):  # dict() of a list failed as if it did not pickle
+        raise TypeError(f"a checkpoint's extra must be a dict of names to plain values (load() returns it), got "
+                        f"{type(extra).__name__}; save {{'name': value}}")
     try:  # before anything is written: a lambda or an open file in it failed once the save was under way
         extra_bytes = pickle.dumps(dict(extra or {}))
     except Exception as e:  # pickle raises PicklingError, AttributeError or TypeError by what it meets

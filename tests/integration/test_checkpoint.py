@@ -215,7 +215,7 @@ def test_save_keeps_the_newest_checkpoints_it_is_asked_to(tmp_path: Path) -> Non
     assert left == ["step-1", "step-1 step-2", "step-2 step-3", "step-3 step-4"]
     every = run_ranks(_save_steps, 2, str(tmp_path / "all"), None, timeout_s=120)[0]
     assert every[-1] == "step-1 step-2 step-3 step-4", "keep=None keeps every checkpoint"
-    with pytest.raises(ValueError, match="keep must be at least 1"):
+    with pytest.raises(ValueError, match="keep must be a whole number of at least 1"):
         checkpoint.save(None, tmp_path, 1, keep=0)  # type: ignore[arg-type]
 
 

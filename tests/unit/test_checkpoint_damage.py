@@ -117,6 +117,25 @@ def test_an_extra_that_does_not_pickle_is_refused_before_anything_is_written(eng
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("kwargs,error,said", [
+    (dict(extra=[1, 2]), TypeError, "a checkpoint's extra must be a dict of names to plain values (load() returns "
+                                    "it), got list; save {'name': value}"),
+    (dict(keep=1.5), ValueError, "keep must be a whole number of at least 1 (the checkpoint just saved), or None to "
+                                 "keep every one; got 1.5"),
+    (dict(keep="2"), ValueError, "keep must be a whole number of at least 1"),
+    (dict(keep=True), ValueError, "keep must be a whole number of at least 1"),
+])
+def test_a_checkpoints_extra_or_keep_of_another_type_is_refused_before_anything_is_written(engine, tmp_path, kwargs,
+                                                                                          error, said):
+    """A list as extra was refused as if it did not pickle ("cannot convert dictionary update
+    sequence"); keep=1.5 saved, then failed in the pruning ("slice indices must be integers"),
+    and keep=True kept one."""
+    with pytest.raises(error) as refused:
+        checkpoint.save(engine, tmp_path / "root", 1, **kwargs)
+    assert str(refused.value).startswith(said)
+    assert list(tmp_path.iterdir()) == []
+
+
 class _Warmup(torch.optim.lr_scheduler.LRScheduler):
     """An LR schedule that keeps a function among its attributes, so in its state_dict()."""
 
