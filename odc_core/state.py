@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ def get_state_dict(engine: DataParallelEngine, *, full: bool = False) -> tuple[d
     The FSDP2 counterpart: torch.distributed.checkpoint.state_dict.get_state_dict(model,
     optimizer, options=StateDictOptions(full_state_dict=full))."""
     engine.between_minibatches("get_state_dict")
+    if not isinstance(full, bool):  # full="no" gave whole tensors
+        raise TypeError(f"get_state_dict's full is True or False, got {full!r}")
     with sharded_tensors_quietly():
         return engine.state_dict(full)
 
@@ -52,5 +54,12 @@ def set_state_dict(engine: DataParallelEngine, model_state_dict: dict[str, Any],
     The FSDP2 counterpart: set_state_dict(model, optimizer, model_state_dict=...,
     optim_state_dict=..., options=StateDictOptions(full_state_dict=..., broadcast_from_rank0=...))."""
     engine.between_minibatches("set_state_dict")
+    if not (isinstance(model_state_dict, Mapping) and isinstance(optim_state_dict, Mapping)):
+        # a list or None failed in "'list' object has no attribute 'items'"
+        raise TypeError(f"set_state_dict takes the model's and the optimizer's state dicts, as get_state_dict returns "
+                        f"them ({{}} for both on the ranks other than 0 with broadcast_from_rank0); got "
+                        f"{type(model_state_dict).__name__} and {type(optim_state_dict).__name__}")
+    if not isinstance(broadcast_from_rank0, bool):
+        raise TypeError(f"set_state_dict's broadcast_from_rank0 is True or False, got {broadcast_from_rank0!r}")
     with sharded_tensors_quietly():
         engine.load_state_dict(model_state_dict, optim_state_dict, broadcast_from_rank0=broadcast_from_rank0)

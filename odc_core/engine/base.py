@@ -211,6 +211,23 @@ class DataParallelEngine(Protocol):
     def close(self) -> None: ...
 
 
+def check_factories(factory: object, scheduler: object, param_groups: object) -> None:
+    """configure_optimizer's arguments are functions: TypeError, in one line, for what a loop
+    ported from FSDP2 passes in their place (an optimizer or LR schedule built already, a dict of
+    options), where it was torch's "'SGD' object is not callable"."""
+    wanted = (("factory", factory, "the parameters it steps", "lambda params: torch.optim.AdamW(params, lr=...)"),
+              ("scheduler", scheduler, "the optimizer it builds",
+               "lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, ...)"),
+              ("param_groups", param_groups, "a parameter's name and the parameter",
+               "lambda name, p: {'weight_decay': 0.0} if p.dim() < 2 else {}"))
+    for what, given, argument, example in wanted:
+        if not callable(given) and (given is not None or what == "factory"):
+            built = " (built already, over other tensors)" if isinstance(
+                given, torch.optim.Optimizer | torch.optim.lr_scheduler.LRScheduler) else ""
+            raise TypeError(f"configure_optimizer's {what} is a function of {argument}, which the engine calls "
+                            f"({example}); got {type(given).__name__}{built}")
+
+
 @dataclass
 class OptimizerStep:
     """The user's optimizer as an engine applies it, the same in every engine: clip by the global

@@ -52,6 +52,7 @@ from odc_core.engine.base import (
     ParamGroups,
     SchedulerFactory,
     TraceHook,
+    check_factories,
     check_order,
     check_parameters,
     check_wrap,
@@ -189,6 +190,7 @@ class CollectiveEngine:
         param_groups' groups passed through as torch-style group dicts."""
         if self.model is None:
             raise RuntimeError("wrap() the model before configure_optimizer()")
+        check_factories(factory, scheduler, param_groups)
         params: list[Any] = list(self.model.parameters())
         if param_groups is not None:
             named = dict(self.model.named_parameters())

@@ -353,3 +353,47 @@ def test_a_lazy_modules_parameters_are_refused_until_a_forward_shapes_them(engin
         trains_like_one_process(engine, model, reference, [torch.randn(3, 5) for _ in range(2)])
     finally:
         engine.close()
+
+
+def _sgd(params: object) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1)  # type: ignore[arg-type]
+
+
+# What a loop ported from FSDP2 passes where the engine takes a function or a state dict.
+MISTAKEN: dict[str, tuple[Callable[[DataParallelEngine], object], str]] = {
+    "an optimizer built already": (
+        lambda engine: engine.configure_optimizer(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1)),
+        "configure_optimizer's factory is a function of the parameters it steps, which the engine calls (lambda "
+        "params: torch.optim.AdamW(params, lr=...)); got SGD (built already, over other tensors)"),
+    "no factory": (lambda engine: engine.configure_optimizer(None),  # type: ignore[arg-type]
+                   "configure_optimizer's factory is a function of the parameters it steps"),
+    "a schedule's number": (lambda engine: engine.configure_optimizer(_sgd, scheduler=3),  # type: ignore[arg-type]
+                            "configure_optimizer's scheduler is a function of the optimizer it builds"),
+    "a dict of group options": (
+        lambda engine: engine.configure_optimizer(_sgd, param_groups={"weight_decay": 0.0}),  # type: ignore[arg-type]
+        "configure_optimizer's param_groups is a function of a parameter's name and the parameter"),
+    "full as text": (lambda engine: (engine.configure_optimizer(_sgd), get_state_dict(engine, full="no")),  # type: ignore[arg-type]
+                     "get_state_dict's full is True or False, got 'no'"),
+    "state dicts as lists": (lambda engine: (engine.configure_optimizer(_sgd), set_state_dict(engine, [], [])),  # type: ignore[arg-type]
+                             "set_state_dict takes the model's and the optimizer's state dicts, as get_state_dict "
+                             "returns them ({} for both on the ranks other than 0 with broadcast_from_rank0); got "
+                             "list and list"),
+}
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+@pytest.mark.parametrize("case", sorted(MISTAKEN))
+def test_an_argument_of_another_kind_is_one_line_naming_what_it_takes(case, engine_name, one_rank_group):
+    """An optimizer built already was torch's "'SGD' object is not callable", a dict of group
+    options "'dict' object is not callable", state dicts as lists "'list' object has no attribute
+    'items'"; get_state_dict(full="no") gave whole tensors."""
+    model = Net()
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        call, said = MISTAKEN[case]
+        with pytest.raises(TypeError) as refused:
+            call(engine)
+    finally:
+        engine.close()
+    assert str(refused.value).startswith(said) and "\n" not in str(refused.value)

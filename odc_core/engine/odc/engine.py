@@ -49,6 +49,7 @@ from odc_core.engine.base import (
     ParamGroups,
     SchedulerFactory,
     TraceHook,
+    check_factories,
     check_order,
     check_parameters,
     check_wrap,
@@ -228,6 +229,7 @@ class OdcEngine:
         loop, calls step()."""
         if self._hooks is None or self.model is None:
             raise RuntimeError("wrap() the model before configure_optimizer()")
+        check_factories(factory, scheduler, param_groups)
         if max_grad_norm is not None and self.staleness:
             # The global norm of minibatch k needs every owner's part of it before any owner
             # steps: a barrier per step, which stale-synchronous ODC exists to avoid.
