@@ -361,6 +361,9 @@ def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
     if wrapped is not None:
         raise RuntimeError("wrap() was called already: an engine shards one model, once; make another engine for "
                            "another model")
+    if not isinstance(model, nn.Module):  # None failed in "'NoneType' object has no attribute 'named_modules'"
+        raise TypeError(f"wrap() takes the model, an nn.Module, and the list of its modules to shard by; got "
+                        f"{type(model).__name__}")
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     from torch.distributed.tensor import DTensor
 
