@@ -302,15 +302,18 @@ def _fully_sharded(model: Net) -> nn.Module:
     (nn.DataParallel, "the model is a DataParallel: the engine shards"),
     (_fully_sharded, "parameter layers.0.weight is a DTensor (the model was sharded already, by fully_shard or tensor "
                      "parallelism): give the engine the model before fully_shard; it shards the model itself"),
+    (lambda model: None, "wrap() takes the model, an nn.Module, and the list of its modules to shard by; got "
+                         "NoneType"),
 ])
 def test_a_model_another_data_parallel_wrapper_holds_is_refused_at_wrap(engine_name, wrapped, said, one_rank_group):
     """A model ported from a DDP or FSDP2 loop with its wrapper kept: FSDP2's sharded parameters
     failed both engines in a DTensor error ("Sharding propagation failed for aten.view"), and
-    DDP's hooks all-reduced every backward, a collective ODC's uneven microbatch counts hang in."""
+    DDP's hooks all-reduced every backward, a collective ODC's uneven microbatch counts hang in.
+    No model at all failed in an AttributeError."""
     model = Net()
     engine = _engine(engine_name, one_rank_group)
     try:
-        with pytest.raises(ValueError) as refused:
+        with pytest.raises((ValueError, TypeError)) as refused:
             engine.wrap(wrapped(model), list(model.layers))
     finally:
         engine.close()
