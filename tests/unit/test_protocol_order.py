@@ -238,15 +238,24 @@ def test_options_built_by_hand_hold_the_types_they_declare(engine, options, said
         engine_spec(engine).options(**options)
 
 
+def _wrapped(name: str, store: object) -> tuple[DataParallelEngine, Net]:
+    """An engine that has wrapped a Net and configured SGD (closed, like the model, by the caller)."""
+    model, engine = Net(), _engine(name, store)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+    except BaseException:
+        engine.close()
+        raise
+    return engine, model
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 @pytest.mark.parametrize("call", sorted(INSIDE))
 def test_a_call_on_the_whole_state_inside_a_minibatch_is_one_line_and_the_minibatch_goes_on(call, engine_name,
                                                                                             one_rank_group, tmp_path):
-    model = Net()
-    engine = _engine(engine_name, one_rank_group)
+    engine, model = _wrapped(engine_name, one_rank_group)
     try:
-        engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
         saved = checkpoint.save(engine, tmp_path, 0)
         engine.begin_minibatch()
         _microbatch(model)
@@ -266,11 +275,8 @@ def test_a_call_on_the_whole_state_inside_a_minibatch_is_one_line_and_the_miniba
 def test_a_call_on_the_whole_state_before_wrap_is_one_line(engine_name, one_rank_group, tmp_path):
     """ODC failed on a heap buffer wrap() allocates ("no buffer 'odc/flags' on this heap"), FSDP2's
     full_parameters() in a bare AssertionError, and drain() there returned."""
-    model = Net()
-    engine = _engine(engine_name, one_rank_group)
+    engine, _ = _wrapped(engine_name, one_rank_group)
     try:
-        engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
         saved = checkpoint.save(engine, tmp_path, 0)
     finally:
         engine.close()
