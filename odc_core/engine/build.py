@@ -79,6 +79,9 @@ def make_engine(name: str, ctx: EngineContext | None = None,
     spec = engine_spec(name)
     if ctx is None:
         ctx = engine_context()
+    elif not isinstance(ctx, EngineContext):  # a device given as ctx failed in "'str' object has no attribute"
+        raise TypeError(f"make_engine's ctx is an EngineContext, got {type(ctx).__name__}: for a device, "
+                        f"make_engine({name!r}, engine_context(device={str(ctx)!r}))")
     chosen = spec.options() if options is None else options
     if not isinstance(chosen, spec.options):
         raise TypeError(f"engine {name!r} takes {spec.options.__name__}, got {type(chosen).__name__}")

@@ -221,6 +221,14 @@ def test_an_engine_context_takes_a_device_by_name(one_rank_group):
     assert engine_context("cpu").device == torch.device("cpu")
 
 
+@pytest.mark.parametrize("ctx", ["cpu", torch.device("cpu")])
+def test_a_device_given_as_make_engines_context_is_one_line(ctx, one_rank_group):
+    """It failed in "'str' object has no attribute 'device'"."""
+    with pytest.raises(TypeError, match=r"^make_engine's ctx is an EngineContext, got (str|device): for a device, "
+                                        r"make_engine\('odc', engine_context\(device='cpu'\)\)$"):
+        make_engine("odc", ctx)
+
+
 @pytest.mark.parametrize("engine,options,said", [
     ("odc", dict(staleness=1.5), "engine.staleness must be an integer, got 1.5"),
     ("odc", dict(staleness=None), "engine.staleness must be an integer, got None"),
