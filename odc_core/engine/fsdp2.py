@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp import _common_utils as _fsdp_common
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves, tree_map_only
@@ -211,6 +211,7 @@ class CollectiveEngine:
 
     def begin_minibatch(self) -> None:
         """FSDP2 synchronises inside every unit's forward and backward; here the microbatch count starts."""
+        self._reshard()
         check_parameters(self.model, self.wrapped)
         if self.model is not None:
             _refuse_gradient_hooks(self.model, sharded=True)
@@ -298,6 +299,16 @@ class CollectiveEngine:
 
     def between_minibatches(self, call: str) -> None:
         check_order(call, self._minibatch if self._inside else None, self._closed, self.model is not None)
+        self._reshard()
+
+    def _reshard(self) -> None:
+        """Between minibatches, FSDP2's sharded parameters in the model: with reshard_after_forward
+        off, a forward no backward follows (an evaluation under no_grad) leaves the unsharded ones
+        registered, and the next begin_minibatch() took them for parameters replaced since wrap()."""
+        if self.model is not None and not self._inside and not self._closed:
+            for module in self.model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def _emit(self, kind: str, t0: Any) -> None:
         if self.trace is not None:

@@ -414,3 +414,41 @@ def test_an_argument_of_another_kind_is_one_line_naming_what_it_takes(case, engi
     finally:
         engine.close()
     assert str(refused.value).startswith(said) and "\n" not in str(refused.value)
+
+
+def test_an_evaluation_between_minibatches_with_reshard_after_forward_off_trains_like_one_process(one_rank_group):
+    """FSDP2 keeps the unsharded parameters a forward without a backward gathered: the next
+    begin_minibatch() refused them as parameters replaced since wrap()."""
+    import copy
+
+    from odc_core import CollectiveOptions
+
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    engine = make_engine("collective", EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 10.0,
+                                                     "fp32"), CollectiveOptions(reshard_after_forward=False))
+    inputs, probe = [torch.randn(3, 4) for _ in range(3)], torch.ones(1, 4)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        evaluated = []
+        for x in inputs:
+            engine.begin_minibatch()
+            model(x).sum().backward()
+            engine.finish_minibatch()
+            with torch.no_grad():
+                evaluated.append(model(probe))
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    optimizer, expected = torch.optim.SGD(reference.parameters(), lr=0.1), []
+    for x in inputs:
+        optimizer.zero_grad()
+        reference(x).sum().backward()
+        optimizer.step()
+        with torch.no_grad():
+            expected.append(reference(probe))
+    torch.testing.assert_close(evaluated, expected)
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), msg=name)
