@@ -286,6 +286,7 @@ class CollectiveEngine:
         self._refuse_cut_short()
         self._inside = False
         self._agree(starting=False)
+        self._reshard()  # before clipping reads model.parameters() and the step changes the shards
         self._emit("sync", self.clock())  # a span of nothing, as a real and a simulated trace both have
         t0 = self.clock()
         # DTensor gradients: the norm's partial sums are reduced over the mesh inside.
@@ -303,8 +304,10 @@ class CollectiveEngine:
 
     def _reshard(self) -> None:
         """Between minibatches, FSDP2's sharded parameters in the model: with reshard_after_forward
-        off, a forward no backward follows (an evaluation under no_grad) leaves the unsharded ones
-        registered, and the next begin_minibatch() took them for parameters replaced since wrap()."""
+        off, a forward no backward follows (an evaluation under no_grad, or old log-probs computed
+        inside a minibatch) leaves the unsharded ones registered, which the next begin_minibatch()
+        took for parameters replaced since wrap(), and which a forward after the step read, a step
+        behind."""
         if self.model is not None and not self._inside and not self._closed:
             for module in self.model.modules():
                 if isinstance(module, FSDPModule):

@@ -418,7 +418,9 @@ def test_an_argument_of_another_kind_is_one_line_naming_what_it_takes(case, engi
 
 def test_an_evaluation_between_minibatches_with_reshard_after_forward_off_trains_like_one_process(one_rank_group):
     """FSDP2 keeps the unsharded parameters a forward without a backward gathered: the next
-    begin_minibatch() refused them as parameters replaced since wrap()."""
+    begin_minibatch() refused them as parameters replaced since wrap(); gathered inside a
+    minibatch after its backward, clipping missed the gradients and a forward after the step
+    read the parameters before it."""
     import copy
 
     from odc_core import CollectiveOptions
@@ -431,24 +433,28 @@ def test_an_evaluation_between_minibatches_with_reshard_after_forward_off_trains
     inputs, probe = [torch.randn(3, 4) for _ in range(3)], torch.ones(1, 4)
     try:
         engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
-        evaluated = []
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1), max_grad_norm=0.5)
+        evaluated, norms = [], []
         for x in inputs:
             engine.begin_minibatch()
             model(x).sum().backward()
-            engine.finish_minibatch()
+            with torch.no_grad():
+                model(x)  # old log-probs, say, inside the minibatch
+            norms.append(engine.finish_minibatch())
             with torch.no_grad():
                 evaluated.append(model(probe))
         got = engine.full_parameters()
     finally:
         engine.close()
-    optimizer, expected = torch.optim.SGD(reference.parameters(), lr=0.1), []
+    optimizer, expected, expected_norms = torch.optim.SGD(reference.parameters(), lr=0.1), [], []
     for x in inputs:
         optimizer.zero_grad()
         reference(x).sum().backward()
+        expected_norms.append(float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)))
         optimizer.step()
         with torch.no_grad():
             expected.append(reference(probe))
+    assert norms == pytest.approx(expected_norms)
     torch.testing.assert_close(evaluated, expected)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(got[name], p.detach(), msg=name)
