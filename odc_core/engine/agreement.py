@@ -117,7 +117,8 @@ def fingerprints(model: nn.Module) -> list[float | None]:
     for i, p in enumerate(model.parameters()):
         if p.is_meta:
             continue
-        flat = p.detach().reshape(-1)
+        # A complex parameter's real and imaginary parts both count (.double() drops the second, warning).
+        flat = (torch.view_as_real(p.detach()) if p.is_complex() else p.detach()).reshape(-1)
         sums.append(flat[:: max(1, flat.numel() // 1024)][:1024].double().sum())
         at.append(i)
     values = torch.stack(sums).cpu().tolist() if sums else []

@@ -178,7 +178,8 @@ class DataParallelEngine(Protocol):
         ...
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        """Unsharded fp32 copies of every parameter; may communicate, so call between minibatches."""
+        """Unsharded copies of every parameter, fp32 (float64 and complex ones in their dtype); may
+        communicate, so call between minibatches."""
         ...
 
     def sharded_state(self, for_load: bool = False) -> dict[str, Any]:

@@ -159,6 +159,7 @@ class CollectiveEngine:
             raise ValueError(f"{labels[id(sparse[0])]} makes sparse gradients (sparse=True), which FSDP2 cannot "
                              f"reduce-scatter; build it with sparse=False, or use engine odc")
         _refuse_gradient_hooks(model, sharded=False)
+        _lay_out_contiguously(model)
         mesh = self._mesh()
         mp = _fsdp2_policy(self.policy)
         # Units that share a parameter (tied embeddings), with each other or with the root's own
@@ -325,7 +326,8 @@ class CollectiveEngine:
         self.between_minibatches("full_parameters")
         assert self.model is not None
         # fully_shard made every parameter a DTensor sharded over the ranks (and replicated across nodes).
-        return {n: cast(DTensor, p).full_tensor().detach().float().cpu() for n, p in self.model.named_parameters()}
+        return {n: _at_least_fp32(cast(DTensor, p).full_tensor().detach().cpu())
+                for n, p in self.model.named_parameters()}
 
     @property
     def heap_bytes(self) -> int:
@@ -454,6 +456,25 @@ def _inner_first(units: list[nn.Module]) -> list[nn.Module]:
         ordered += ready
         units = [u for u in units if all(u is not r for r in ready)]
     return ordered
+
+
+def _at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """bf16 and fp16 as fp32; a float64 or complex parameter (which FSDP2 shards and steps in its
+    own dtype) as it is, where .float() rounded the one and dropped the other's imaginary part."""
+    if tensor.is_floating_point() and tensor.element_size() < 4:
+        return tensor.float()
+    return tensor
+
+
+def _lay_out_contiguously(model: nn.Module) -> None:
+    """fully_shard refuses a parameter that is not contiguous (a transposed view, a convolution
+    in channels_last) in "FSDP does not support non-contiguous parameters yet", where ODC trains
+    it; its unsharded parameter is contiguous anyway, so the same values in that layout compute
+    the same. In place (.data), so a parameter shared by two modules stays one."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.is_contiguous():
+                param.data = param.data.contiguous()
 
 
 def _refuse_gradient_hooks(model: nn.Module, sharded: bool) -> None:
