@@ -229,6 +229,8 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
                 from odc_bench.run.mpiexec import mpiexec_path
 
                 mpiexec_path()
+            if (shared := spec.cpus_shared()) is not None:
+                print(f"odc_bench: note: {shared}", file=sys.stderr)
         if config.simulated:
             check_hardware(spec)
             # Answered anyway (a sweep at paper scale holds configs that do not fit), but not

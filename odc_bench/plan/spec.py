@@ -174,6 +174,27 @@ class RunSpec:
             raise ConfigError(f"{needs}, and GPU {i} has no peer access to GPU {j} (see nvidia-smi topo -p2p rw); "
                               "make CUDA_VISIBLE_DEVICES name GPUs that have it, or one GPU for the ranks to share")
 
+    def cpus_shared(self) -> str | None:
+        """For ranks of this host on CPU with more threads than the CPUs this process may use
+        (more ranks than CPUs, or threads_per_rank times the ranks), a note: the run is right, but
+        a rank that waits for a core waits in the middle of its step too (a transport's lock
+        held by a rank taken off its core), so its times measure the host's scheduling as much
+        as the engines. A note, not a refusal: a correctness run or a test of many ranks is
+        what such a command often is."""
+        if self.config.simulated or self.device_type != "cpu":
+            return None
+        from odc_bench.forked import usable_cpus  # joblib: slow to import, only for real runs
+
+        world, threads, cpus = self.config.world_size, self.config.threads_per_rank, usable_cpus()
+        if world * (threads or 1) <= cpus:
+            return None
+        what = f"{world} ranks" if not threads or threads == 1 else f"{world} ranks of {threads} threads each"
+        fix = (f"a world_size of at most {cpus}" if world > cpus else
+               f"threads_per_rank={max(1, cpus // world)} or null (the CPUs split among the ranks)")
+        return (f"world_size={world} runs {what} on the {cpus} CPUs this command may use: they take turns on "
+                f"the cores, so the times measure the host's scheduling as much as the engines; use {fix} "
+                f"for times to compare, or backend=sim")
+
     def check_compile(self) -> None:
         """ConfigError, for a real run on CPU with compile=true, where torch.compile cannot build or
         load its code (plan/device.py cpu_compile_problem): there every compiled part fell back to

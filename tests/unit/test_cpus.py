@@ -79,3 +79,21 @@ def test_a_local_runs_ranks_share_the_cpus_of_the_slurm_task_that_starts_them(mo
     with pytest.raises(_Started) as started:
         launch(run_spec("world_size=2"), start, worker.run_rank)
     assert started.value.args == (4, 2)
+
+
+@pytest.mark.parametrize(("overrides", "note"), [
+    (("world_size=2",), None),
+    (("world_size=3",), "world_size=3 runs 3 ranks on the 2 CPUs this command may use: they take turns on the cores, "
+                        "so the times measure the host's scheduling as much as the engines; use a world_size of at "
+                        "most 2 for times to compare, or backend=sim"),
+    (("world_size=2", "threads_per_rank=2"), "world_size=2 runs 2 ranks of 2 threads each on the 2 CPUs this command "
+                                             "may use: they take turns on the cores, so the times measure the host's "
+                                             "scheduling as much as the engines; use threads_per_rank=1 or null"),
+    (("world_size=3", "backend=sim"), None)],
+    ids=["as many as CPUs", "more ranks", "more threads", "simulated"])
+def test_a_real_run_of_more_threads_than_cpus_says_its_times_are_the_hosts_scheduling(overrides, note, monkeypatch):
+    """4 ranks on 2 CPUs ran and recorded times like any other run, without a word: ranks that take
+    turns on a core wait inside their steps (a lock held by a rank off its core)."""
+    monkeypatch.setattr(forked, "usable_cpus", lambda: 2)
+    said = run_spec(*overrides).cpus_shared()
+    assert said == note if note is None else said is not None and said.startswith(note)
