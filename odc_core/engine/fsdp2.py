@@ -379,7 +379,7 @@ class CollectiveEngine:
         if broadcast_from_rank0:
             # Refuses sharded ones on every rank; and keys are checked on every rank here, where torch
             # refused a key rank 0 lacks on rank 0 alone and the others waited for its broadcast.
-            held, _ = skeleton_from_rank0(model_state_dict, optim_state_dict)
+            held, optim_skeleton = skeleton_from_rank0(model_state_dict, optim_state_dict)
             missing = [name for name, _ in self.model.named_parameters() if name not in held]
             if missing:
                 more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -393,6 +393,10 @@ class CollectiveEngine:
             # "optimizer only", and rank 0 then broadcast the model's tensors to nobody.
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
             set_model_state_dict(self.model, model_state_dict, options=options)
+            if _nothing_to_shard(optim_skeleton):  # the skeleton is rank 0's whole dict then
+                set_optimizer_state_dict(self.model, self.optimizer, optim_skeleton,
+                                         options=StateDictOptions(full_state_dict=False))
+                return
             set_optimizer_state_dict(self.model, self.optimizer, tree_map_only(torch.Tensor, torch.Tensor.clone,
                                                                                  optim_state_dict), options=options)
             return
@@ -413,6 +417,11 @@ class CollectiveEngine:
         optim_state_dict = tree_map_only(torch.Tensor, torch.Tensor.clone, optim_state_dict)
         # torch puts what it loaded into the model dict it is given (DTensors where a full dict
         # held the caller's tensors): a copy, not the caller's.
+        if full and _nothing_to_shard(optim_state_dict):
+            set_model_state_dict(self.model, dict(model_state_dict), options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict,
+                                     options=StateDictOptions(full_state_dict=False))
+            return
         set_state_dict(self.model, self.optimizer, model_state_dict=dict(model_state_dict),
                        optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
 
@@ -435,6 +444,14 @@ class CollectiveEngine:
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def _nothing_to_shard(optim_state_dict: dict[str, Any]) -> bool:
+    """Whether an optimizer state dict holds no tensor with a dimension (SGD without momentum,
+    whose state per parameter is a momentum_buffer of None): full or sharded, it is the same dict.
+    torch's full load spreads a state over the device of the optimizer's own state tensors, and
+    asserted "Expected device to be set" where there are none."""
+    return not any(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tree_leaves(optim_state_dict))
 
 
 def _onto_mesh(mesh: DeviceMesh, t: DTensor) -> DTensor:

@@ -60,3 +60,35 @@ def test_an_optimizer_steps_a_wrapped_model_as_in_one_process(optimizer, engine_
     for name, p in reference.named_parameters():
         assert not torch.equal(p, initial[name]), f"{name} trained"
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("rank0", [False, True], ids=["every rank", "broadcast_from_rank0"])
+@pytest.mark.parametrize("source", ["odc", "collective"])
+def test_a_full_state_of_an_optimizer_without_state_tensors_loads_into_fsdp2(source, rank0, one_rank_group):
+    """SGD without momentum keeps a momentum_buffer of None per parameter: torch's full load into
+    FSDP2 asserted "Expected device to be set" (it had no state tensor to take a device from).
+    The state's learning rate, not the loading optimizer's own, steps on after it."""
+    from odc_core import get_state_dict, set_state_dict
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    loading = copy.deepcopy(model)
+    saved, loader = one_rank_engine(source, one_rank_group), one_rank_engine("collective", one_rank_group)
+    try:
+        saved.wrap(model, [model[0], model[2]])
+        saved.configure_optimizer(functools.partial(torch.optim.SGD, lr=0.1))
+        loader.wrap(loading, [loading[0], loading[2]])
+        loader.configure_optimizer(functools.partial(torch.optim.SGD, lr=0.5))
+        x = torch.randn(3, 4)
+        saved.begin_minibatch()
+        model(x).sum().backward()
+        saved.finish_minibatch()
+        set_state_dict(loader, *get_state_dict(saved, full=True), broadcast_from_rank0=rank0)
+        for engine, m in ((saved, model), (loader, loading)):
+            engine.begin_minibatch()
+            m(x).sum().backward()
+            engine.finish_minibatch()
+        torch.testing.assert_close(loader.full_parameters(), saved.full_parameters(), rtol=0, atol=0)
+    finally:
+        saved.close()
+        loader.close()
