@@ -372,7 +372,6 @@ class CollectiveEngine:
             StateDictOptions,
             set_model_state_dict,
             set_optimizer_state_dict,
-            set_state_dict,
         )
 
         assert self.model is not None  # between_minibatches refused a call before wrap()
@@ -393,12 +392,12 @@ class CollectiveEngine:
             # "optimizer only", and rank 0 then broadcast the model's tensors to nobody.
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
             set_model_state_dict(self.model, model_state_dict, options=options)
-            if _nothing_to_shard(optim_skeleton):  # the skeleton is rank 0's whole dict then
-                set_optimizer_state_dict(self.model, self.optimizer, optim_skeleton,
-                                         options=StateDictOptions(full_state_dict=False))
-                return
-            set_optimizer_state_dict(self.model, self.optimizer, tree_map_only(torch.Tensor, torch.Tensor.clone,
-                                                                                 optim_state_dict), options=options)
+            # Where nothing is to be sent, the skeleton is rank 0's whole dict, on every rank.
+            as_given = _nothing_to_shard(optim_skeleton)
+            given = optim_skeleton if as_given else optim_state_dict
+            set_optimizer_state_dict(self.model, self.optimizer, tree_map_only(torch.Tensor, torch.Tensor.clone, given),
+                                     options=_optimizer_options(as_given, full=True, from_rank0=True))
+            self._start_fresh(optim_skeleton)
             return
         check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
                           state_description(model_state_dict, optim_state_dict), STATE_FIX)
@@ -417,13 +416,22 @@ class CollectiveEngine:
         optim_state_dict = tree_map_only(torch.Tensor, torch.Tensor.clone, optim_state_dict)
         # torch puts what it loaded into the model dict it is given (DTensors where a full dict
         # held the caller's tensors): a copy, not the caller's.
-        if full and _nothing_to_shard(optim_state_dict):
-            set_model_state_dict(self.model, dict(model_state_dict), options=StateDictOptions(full_state_dict=True))
-            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict,
-                                     options=StateDictOptions(full_state_dict=False))
-            return
-        set_state_dict(self.model, self.optimizer, model_state_dict=dict(model_state_dict),
-                       optim_state_dict=optim_state_dict, options=StateDictOptions(full_state_dict=full))
+        set_model_state_dict(self.model, dict(model_state_dict), options=StateDictOptions(full_state_dict=full))
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict,
+                                 options=_optimizer_options(_nothing_to_shard(optim_state_dict), full))
+        self._start_fresh(optim_state_dict)
+
+    def _start_fresh(self, loaded: dict[str, Any]) -> None:
+        """Drop the optimizer state of the trainable parameters `loaded` (an optimizer state dict)
+        holds none for, so that each starts as in a fresh optimizer at its next step, as one
+        process's load_state_dict leaves it: torch's full load gives every parameter state first
+        (a step at learning rate 0), and such a parameter then kept that step's count with
+        moments of zero (its first AdamW step after the load bias-corrected as a later one's)."""
+        assert self.model is not None and self.optimizer is not None
+        held = loaded.get("state", {})
+        for name, param in self.model.named_parameters():
+            if param.requires_grad and name not in held:
+                self.optimizer.state.pop(param, None)
 
     def _peer_closed(self, what: str) -> str | None:
         """The error of this rank's collective for `what` where a peer closed its engine first
@@ -444,6 +452,19 @@ class CollectiveEngine:
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def _optimizer_options(as_given: bool, full: bool, from_rank0: bool = False) -> Any:
+    """torch's StateDictOptions for loading an optimizer's state into FSDP2's: `as_given` where
+    the state has nothing to shard (_nothing_to_shard). Not strict: FSDP2's optimizer keeps no
+    state for a parameter that never had a gradient, and torch's strict load refused FSDP2's own
+    state dict then ("Missing optimizer state for parameter ..."); such a parameter starts
+    fresh, as odc_core.checkpoint loads it (the model's state stays strict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    if as_given:
+        return StateDictOptions(full_state_dict=False, strict=False)
+    return StateDictOptions(full_state_dict=full, broadcast_from_rank0=from_rank0, strict=False)
 
 
 def _nothing_to_shard(optim_state_dict: dict[str, Any]) -> bool:

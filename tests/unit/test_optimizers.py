@@ -92,3 +92,48 @@ def test_a_full_state_of_an_optimizer_without_state_tensors_loads_into_fsdp2(sou
     finally:
         saved.close()
         loader.close()
+
+
+class _Branch(nn.Module):
+    """A side layer the first minibatch leaves out: FSDP2's optimizer keeps no state for it then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.side, self.b = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+        self.use_side = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        return self.b(h + self.side(h) if self.use_side else h).sum()
+
+
+@pytest.mark.parametrize("how", ["full", "full from rank 0", "sharded"])
+def test_fsdp2s_state_of_a_parameter_never_stepped_loads_and_it_starts_fresh(how, one_rank_group):
+    """FSDP2's own state dict, taken before a layer had its first gradient: torch's strict load
+    refused it ("Missing optimizer state for parameter 'side.weight'"), and with strict off its full
+    load gave that layer the others' step count, its next AdamW step 0.04 off the saving engine's."""
+    from odc_core import get_state_dict, set_state_dict
+
+    torch.manual_seed(0)
+    model = _Branch()
+    loading = copy.deepcopy(model)
+    saved, loader = one_rank_engine("collective", one_rank_group), one_rank_engine("collective", one_rank_group)
+    try:
+        for engine, m in ((saved, model), (loader, loading)):
+            engine.wrap(m, [m.a, m.side, m.b])
+            engine.configure_optimizer(functools.partial(torch.optim.AdamW, lr=0.1))
+        x = torch.randn(3, 4)
+        saved.begin_minibatch()
+        model(x).backward()
+        saved.finish_minibatch()
+        set_state_dict(loader, *get_state_dict(saved, full=how != "sharded"), broadcast_from_rank0=how.endswith("0"))
+        for engine, m in ((saved, model), (loader, loading)):
+            m.use_side = True
+            for _ in range(2):
+                engine.begin_minibatch()
+                m(x).backward()
+                engine.finish_minibatch()
+        torch.testing.assert_close(loader.full_parameters(), saved.full_parameters(), rtol=0, atol=0)
+    finally:
+        saved.close()
+        loader.close()
