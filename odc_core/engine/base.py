@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Protocol
@@ -227,6 +227,40 @@ def check_factories(factory: object, scheduler: object, param_groups: object) ->
                 given, torch.optim.Optimizer | torch.optim.lr_scheduler.LRScheduler) else ""
             raise TypeError(f"configure_optimizer's {what} is a function of {argument}, which the engine calls "
                             f"({example}); got {type(given).__name__}{built}")
+
+
+def optimizer_state_problem(optim_sd: Mapping[str, Any]) -> str | None:
+    """What set_state_dict cannot load in an optimizer state dict, in one line; None where it can.
+    {} is the model alone. torch's optimizer.state_dict() keys parameters by their index: the
+    collective engine failed on it in a KeyError, and ODC found no state under the names and
+    started every moment at zero, without a word."""
+    if not optim_sd:
+        return None
+    missing = [key for key in ("state", "param_groups") if key not in optim_sd]
+    if missing:
+        held = ", ".join(map(repr, optim_sd))
+        return (f"the optimizer state dict has no {missing[0]!r} (it holds {held}): pass get_state_dict's second "
+                f"dict, or {{}} to load the model alone")
+    state, groups = optim_sd["state"], optim_sd["param_groups"]
+    if not isinstance(state, Mapping) or not isinstance(groups, list | tuple) or not all(
+            isinstance(g, Mapping) and isinstance(g.get("params"), list | tuple) for g in groups):
+        return ("the optimizer state dict's 'state' is not a dict of each parameter's state, or its 'param_groups' not "
+                "a list of groups with their 'params': pass get_state_dict's second dict")
+    keys = [*state, *(p for g in groups for p in g["params"])]
+    if not all(isinstance(k, str) for k in keys):
+        index = next(k for k in keys if not isinstance(k, str))
+        return (f"the optimizer state dict names a parameter by {type(index).__name__} {index!r}, as torch's "
+                f"optimizer.state_dict() keys them by index, and the engines by name: pass get_state_dict(engine)'s, "
+                f"or torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)'s for a model in one "
+                f"process")
+    return None
+
+
+def check_optimizer_state(optim_sd: Mapping[str, Any]) -> None:
+    """A ValueError, one line, where set_state_dict cannot load `optim_sd` (optimizer_state_problem;
+    with broadcast_from_rank0, rank 0's is checked on every rank instead: rank0.py)."""
+    if (problem := optimizer_state_problem(optim_sd)) is not None:
+        raise ValueError(problem)
 
 
 @dataclass

@@ -53,6 +53,7 @@ from odc_core.engine.base import (
     SchedulerFactory,
     TraceHook,
     check_factories,
+    check_optimizer_state,
     check_order,
     check_parameters,
     check_wrap,
@@ -392,6 +393,8 @@ class CollectiveEngine:
             # "optimizer only", and rank 0 then broadcast the model's tensors to nobody.
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
             set_model_state_dict(self.model, model_state_dict, options=options)
+            if not optim_skeleton:  # the model alone: the optimizer stays as it is
+                return
             # Where nothing is to be sent, the skeleton is rank 0's whole dict, on every rank.
             as_given = _nothing_to_shard(optim_skeleton)
             given = optim_skeleton if as_given else optim_state_dict
@@ -399,6 +402,7 @@ class CollectiveEngine:
                                      options=_optimizer_options(as_given, full=True, from_rank0=True))
             self._start_fresh(optim_skeleton)
             return
+        check_optimizer_state(optim_state_dict)
         check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
                           state_description(model_state_dict, optim_state_dict), STATE_FIX)
         values = list(model_state_dict.values())
@@ -417,6 +421,8 @@ class CollectiveEngine:
         # torch puts what it loaded into the model dict it is given (DTensors where a full dict
         # held the caller's tensors): a copy, not the caller's.
         set_model_state_dict(self.model, dict(model_state_dict), options=StateDictOptions(full_state_dict=full))
+        if not optim_state_dict:  # the model alone: the optimizer stays as it is
+            return
         set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict,
                                  options=_optimizer_options(_nothing_to_shard(optim_state_dict), full))
         self._start_fresh(optim_state_dict)

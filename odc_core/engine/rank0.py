@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_leaves, tree_map_only
 
+from odc_core.engine.base import optimizer_state_problem
+
 
 def skeleton_from_rank0(model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Rank 0's state dicts: its own there, their skeleton elsewhere; a ValueError on every rank
@@ -27,9 +29,10 @@ def skeleton_from_rank0(model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> t
     if dist.get_rank() == 0:
         sharded = next((type(v).__name__ for v in tree_leaves((model_sd, optim_sd))
                         if isinstance(v, DTensor | ShardedTensor)), None)
-        box = [(f"broadcast_from_rank0 loads full state dicts, and rank 0's holds a {sharded}: pass "
-                f"get_state_dict(engine, full=True)'s, or load sharded ones on every rank without it", None)
-               if sharded else (None, tree_map_only(torch.Tensor, _placeholder, (model_sd, optim_sd)))]
+        problem = (f"broadcast_from_rank0 loads full state dicts, and rank 0's holds a {sharded}: pass "
+                   f"get_state_dict(engine, full=True)'s, or load sharded ones on every rank without it"
+                   if sharded else optimizer_state_problem(optim_sd))
+        box = [(problem, None) if problem else (None, tree_map_only(torch.Tensor, _placeholder, (model_sd, optim_sd)))]
     dist.broadcast_object_list(box, src=0)
     problem, skeleton = box[0]
     if problem is not None:

@@ -50,6 +50,7 @@ from odc_core.engine.base import (
     SchedulerFactory,
     TraceHook,
     check_factories,
+    check_optimizer_state,
     check_order,
     check_parameters,
     check_wrap,
@@ -360,6 +361,7 @@ class OdcEngine:
         if broadcast_from_rank0:
             model_state_dict, optim_state_dict = skeleton_from_rank0(model_state_dict, optim_state_dict)
         else:
+            check_optimizer_state(optim_state_dict)
             check_ranks_agree(self.store, self.job_id, self.rank, self.world_size, self.timeout_s,
                               state_description(model_state_dict, optim_state_dict), STATE_FIX)
         state_dict.set_state(self, model_state_dict, optim_state_dict, broadcast_from_rank0)

@@ -76,9 +76,10 @@ def full_parameters(engine: OdcEngine) -> dict[str, torch.Tensor]:
     return out
 
 
-def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
+def sharded_state(engine: OdcEngine, for_load: bool = False, optimizer: bool = True) -> dict[str, Any]:
     """The parameters and optimizer state in DCP's FSDP2 layout: each parameter by name as a
-    ShardedTensor of the boxes this rank's flat shards hold, viewing the heap."""
+    ShardedTensor of the boxes this rank's flat shards hold, viewing the heap. Without
+    `optimizer`, the optimizer's is left out ({}), and a fresh optimizer is left without state."""
     from odc_core.checkpoint import flat_pieces
 
     model = engine.model
@@ -91,8 +92,9 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
     opt = engine.optimizer
     if for_load:
         engine.drain()  # every owner's step is applied before its shard is overwritten
-    _init_state(engine)
-    template = _template(engine)
+    if optimizer:
+        _init_state(engine)
+    template = _template(engine) if optimizer else {}
     slot = engine.versions.newest_slot
     aliases = _aliases(model)
     model_sd: dict[str, Any] = {}
@@ -113,7 +115,7 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
 
             for alias in aliases[id(p)]:
                 model_sd[alias] = sharded(unit.master[slot], slice(a, b) if a < b else slice(0, 0))
-            if not unit.trainable[j]:
+            if not unit.trainable[j] or not optimizer:
                 continue  # no optimizer state, as FSDP2's optimizer keeps none for a frozen parameter
             if a < b:  # the piece holding this rank's elements of the parameter
                 held = unit.piece_at(a)
@@ -126,7 +128,7 @@ def sharded_state(engine: OdcEngine, for_load: bool = False) -> dict[str, Any]:
         for name, buf in model.state_dict().items():  # persistent buffers, replicated
             if name not in model_sd:
                 model_sd[name] = buf
-    return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": _groups(engine)}}
+    return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": _groups(engine)} if optimizer else {}}
 
 
 def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -180,8 +182,9 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
     takes it), from a DTensor (FSDP2's sharded dicts, made whole first, collectively) or from a
     sharded ODC dict of the same layout (its own get_state_dict at this world size). With
     `from_rank0`, rank 0's whole dicts, of which the other ranks hold a skeleton (rank0.py):
-    every tensor comes from rank 0, buffers too."""
-    target = sharded_state(engine, for_load=True)
+    every tensor comes from rank 0, buffers too. An empty `optim_sd` loads the model alone and
+    leaves the optimizer as it is (a fresh one steps from pretrained weights as in one process)."""
+    target = sharded_state(engine, for_load=True, optimizer=bool(optim_sd))
     assert engine.model is not None
     aliases = _aliases(engine.model)
     names = {alias: group for group in aliases.values() for alias in group}
@@ -198,13 +201,14 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
     # Every shape before any copy: a refusal loads nothing.
     for key, view in target["model"].items():
         _check_shape(view, weights[key], key)
-    for name, views in target["optim"]["state"].items():
+    targets = target["optim"]["state"] if optim_sd else {}
+    for name, views in targets.items():
         for key, view in views.items() if name in optim_sd["state"] else ():
             _check_shape(view, optim_sd["state"][name][key], f"{name} {key}")
     on = reduction_device(engine.device)
     model = {key: _fill(view, weights[key], key, on, from_rank0) for key, view in target["model"].items()}
     state: dict[str, Any] = {}
-    for name, views in target["optim"]["state"].items():
+    for name, views in targets.items():
         given = optim_sd["state"].get(name)
         if given is None:
             from odc_core.checkpoint import start_fresh
@@ -212,7 +216,8 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
             start_fresh(views)
             continue
         state[name] = {key: _fill(view, given[key], f"{name} {key}", on, from_rank0) for key, view in views.items()}
-    load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}})
+    load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}
+                                if optim_sd else None})
 
 
 def _check_shape(view: Any, given: Any, what: str) -> None:
@@ -229,6 +234,7 @@ def _check_shape(view: Any, given: Any, what: str) -> None:
                          f"load a state dict of this model")
 
 
+@torch.no_grad()  # a state dict of nn.Parameters (dict(model.named_parameters())) is a model's state too
 def _fill(view: Any, given: Any, what: str, on: torch.device, from_rank0: bool) -> Any:
     """Copy what `given` holds of a ShardedTensor view's local boxes into them; any other value
     is taken as given (a scalar, a buffer; with `from_rank0`, a buffer as rank 0 holds it). A
@@ -276,11 +282,12 @@ def _groups(engine: OdcEngine) -> list[dict[str, Any]]:
 
 def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
     """After DCP has loaded into sharded_state(for_load=True)'s views: what is not a view
-    (scalars, hyperparameters, buffers) is applied, and the version published to peers."""
+    (scalars, hyperparameters, buffers) is applied, and the version published to peers. An
+    optimizer state of None (set_state's model alone) leaves the optimizer as it is."""
     model = engine.model
     assert model is not None
     opt = engine.optimizer
-    loaded = state["optim"]
+    loaded = state["optim"] or {"state": {}, "param_groups": opt.param_groups}
     if len(loaded["param_groups"]) != len(opt.param_groups):
         raise ValueError(f"the state has {len(loaded['param_groups'])} optimizer parameter groups, this optimizer "
                          f"{len(opt.param_groups)}: configure_optimizer with the param_groups it was saved with")
@@ -295,7 +302,7 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
             # holds, or where the state has none of those (start_fresh), from any it has.
             inside = [unit.names[j] for j in range(len(unit.params)) if held.lo <= unit.local_range(j)[0] < held.hi]
             given = [loaded["state"][n] for n in inside if n in loaded["state"]] + list(loaded["state"].values())
-            for key, value in opt.state[held.param].items():
+            for key, value in opt.state.get(held.param, {}).items():
                 source = next((g[key] for g in given if key in g), None)
                 if torch.is_tensor(value) and not _flat(value, held) and source is not None:
                     value.copy_(source)
