@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Protocol
@@ -254,6 +254,23 @@ def optimizer_state_problem(optim_sd: Mapping[str, Any]) -> str | None:
                 f"or torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)'s for a model in one "
                 f"process")
     return None
+
+
+def check_state_keys(groups: Sequence[Sequence[str]], given: Collection[str]) -> None:
+    """A ValueError, one line, where a model state dict's keys (`given`) are not the model's:
+    `groups` holds each tensor's names (tied weights have several, of which one will do). Before
+    anything loads: FSDP2's full load took a dict lacking a key without a word, leaving that
+    tensor as it was, and refused an unexpected one in torch's lines."""
+    names = {name for group in groups for name in group}
+    unexpected = [key for key in given if key not in names]
+    missing = [group[0] for group in groups if not any(name in given for name in group)]
+    for keys, said in ((unexpected, "has {}{}, which the model has not; load a state dict of this model"),
+                       (missing, "has no {}{}; load a whole state dict of this model (to keep some weights as "
+                                 "they are, load the others into the model before wrap(), with "
+                                 "load_state_dict(strict=False))")):
+        if keys:
+            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+            raise ValueError("the model state dict " + said.format(repr(keys[0]), more))
 
 
 def check_optimizer_state(optim_sd: Mapping[str, Any]) -> None:

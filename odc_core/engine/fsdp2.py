@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from time import perf_counter
 from typing import Any, cast
 
@@ -56,6 +56,7 @@ from odc_core.engine.base import (
     check_optimizer_state,
     check_order,
     check_parameters,
+    check_state_keys,
     check_wrap,
     configured,
     group_options,
@@ -380,14 +381,11 @@ class CollectiveEngine:
             # Refuses sharded ones on every rank; and keys are checked on every rank here, where torch
             # refused a key rank 0 lacks on rank 0 alone and the others waited for its broadcast.
             held, optim_skeleton = skeleton_from_rank0(model_state_dict, optim_state_dict)
-            missing = [name for name, _ in self.model.named_parameters() if name not in held]
-            if missing:
-                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-                raise ValueError(f"rank 0's model state dict has no {missing[0]!r}{more}; load a state dict of this "
-                                 f"model")
+            groups = _state_names(self.model)
+            check_state_keys(groups, held.keys())
             # torch reads the model's own keys on the other ranks, and no values; on rank 0 it puts
             # what it loaded into the dict it is given (below): a copy, not the caller's.
-            model_state_dict = dict(model_state_dict) if dist.get_rank() == 0 else {}
+            model_state_dict = _with_aliases(model_state_dict, groups) if dist.get_rank() == 0 else {}
             optim_state_dict = optim_state_dict if dist.get_rank() == 0 else {}
             # One call each: set_state_dict takes an empty model dict (the other ranks') for
             # "optimizer only", and rank 0 then broadcast the model's tensors to nobody.
@@ -405,6 +403,9 @@ class CollectiveEngine:
         check_optimizer_state(optim_state_dict)
         check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
                           state_description(model_state_dict, optim_state_dict), STATE_FIX)
+        groups = _state_names(self.model)
+        check_state_keys(groups, model_state_dict.keys())
+        model_state_dict = _with_aliases(model_state_dict, groups)
         values = list(model_state_dict.values())
         if any(isinstance(v, ShardedTensor) for v in values):
             raise ValueError("a sharded ODC state dict cannot load into collective FSDP; pass a full one "
@@ -419,8 +420,8 @@ class CollectiveEngine:
         # steps. ODC copies what it loads into its shards.
         optim_state_dict = tree_map_only(torch.Tensor, torch.Tensor.clone, optim_state_dict)
         # torch puts what it loaded into the model dict it is given (DTensors where a full dict
-        # held the caller's tensors): a copy, not the caller's.
-        set_model_state_dict(self.model, dict(model_state_dict), options=StateDictOptions(full_state_dict=full))
+        # held the caller's tensors): a copy (_with_aliases'), not the caller's.
+        set_model_state_dict(self.model, model_state_dict, options=StateDictOptions(full_state_dict=full))
         if not optim_state_dict:  # the model alone: the optimizer stays as it is
             return
         set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict,
@@ -458,6 +459,25 @@ class CollectiveEngine:
         groups, self.groups = self.groups, []
         for group in groups:
             dist.destroy_process_group(group)
+
+
+def _state_names(model: nn.Module) -> list[list[str]]:
+    """The names of each tensor of the model's state dict: tied weights have several."""
+    groups: dict[int, list[str]] = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(value), []).append(name)
+    return list(groups.values())
+
+
+def _with_aliases(model_sd: Mapping[str, Any], groups: list[list[str]]) -> dict[str, Any]:
+    """A copy of `model_sd` holding a tied weight under each of its names, where it held one (as a
+    Hugging Face checkpoint leaves out lm_head.weight when it is the embedding's)."""
+    out = dict(model_sd)
+    for group in groups:
+        present = [name for name in group if name in out]
+        for name in group if present else ():
+            out.setdefault(name, out[present[0]])
+    return out
 
 
 def _optimizer_options(as_given: bool, full: bool, from_rank0: bool = False) -> Any:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from odc_core.engine.base import reduction_device
+from odc_core.engine.base import check_state_keys, reduction_device
 from odc_core.engine.odc.unit import Piece, buffer_name
 from odc_core.engine.rank0 import rank0_tensor
 from odc_core.primitives import gather
@@ -188,16 +188,8 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
     assert engine.model is not None
     aliases = _aliases(engine.model)
     names = {alias: group for group in aliases.values() for alias in group}
-    unexpected = [key for key in model_sd if key not in target["model"] and key not in names]
-    if unexpected:  # torch's strict loading, which FSDP2's set_state_dict applies, refuses them too
-        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise ValueError(f"the model state dict has {unexpected[0]!r}{more}, which the model has not; load a state "
-                         f"dict of this model")
-    weights = {}
-    for key in target["model"]:
-        weights[key] = next((model_sd[n] for n in names.get(key, [key]) if n in model_sd), None)
-        if weights[key] is None:
-            raise ValueError(f"the model state dict has no {key!r}")
+    check_state_keys([names.get(key, [key]) for key in target["model"]], model_sd.keys())
+    weights = {key: next(model_sd[n] for n in names.get(key, [key]) if n in model_sd) for key in target["model"]}
     # Every shape before any copy: a refusal loads nothing.
     for key, view in target["model"].items():
         _check_shape(view, weights[key], key)
