@@ -273,6 +273,17 @@ def check_state_keys(groups: Sequence[Sequence[str]], given: Collection[str]) ->
             raise ValueError("the model state dict " + said.format(repr(keys[0]), more))
 
 
+def check_state_shape(what: str, given: object, shape: tuple[int, ...]) -> None:
+    """A ValueError, one line, where a state dict's `given` (a tensor of any kind) is not of the
+    model's `shape`: ODC's shards would take a slice of a larger tensor, and FSDP2 refused it in
+    torch's lines."""
+    held = tuple(given.size()) if isinstance(given, torch.Tensor) else None
+    if held != shape:
+        said = f"a tensor of shape {held}" if held is not None else f"a {type(given).__name__}"
+        raise ValueError(f"{what}: the state dict holds {said} where the model's has shape {shape}; load a state dict "
+                         f"of this model")
+
+
 def check_optimizer_state(optim_sd: Mapping[str, Any]) -> None:
     """A ValueError, one line, where set_state_dict cannot load `optim_sd` (optimizer_state_problem;
     with broadcast_from_rank0, rank 0's is checked on every rank instead: rank0.py)."""

@@ -57,6 +57,7 @@ from odc_core.engine.base import (
     check_order,
     check_parameters,
     check_state_keys,
+    check_state_shape,
     check_wrap,
     configured,
     group_options,
@@ -383,6 +384,7 @@ class CollectiveEngine:
             held, optim_skeleton = skeleton_from_rank0(model_state_dict, optim_state_dict)
             groups = _state_names(self.model)
             check_state_keys(groups, held.keys())
+            _check_state_shapes(self.model, held)
             # torch reads the model's own keys on the other ranks, and no values; on rank 0 it puts
             # what it loaded into the dict it is given (below): a copy, not the caller's.
             model_state_dict = _with_aliases(model_state_dict, groups) if dist.get_rank() == 0 else {}
@@ -410,6 +412,7 @@ class CollectiveEngine:
         if any(isinstance(v, ShardedTensor) for v in values):
             raise ValueError("a sharded ODC state dict cannot load into collective FSDP; pass a full one "
                              "(get_state_dict(engine, full=True)) or go through odc_core.checkpoint")
+        _check_state_shapes(self.model, model_state_dict)
         full = not any(isinstance(v, DTensor) for v in values)
         if not full:
             mesh = next(p.device_mesh for p in self.model.parameters() if isinstance(p, DTensor))
@@ -467,6 +470,15 @@ def _state_names(model: nn.Module) -> list[list[str]]:
     for name, value in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(value), []).append(name)
     return list(groups.values())
+
+
+def _check_state_shapes(model: nn.Module, model_sd: Mapping[str, Any]) -> None:
+    """Each tensor of a model state dict of the model's keys is of its tensor's whole shape (a
+    DTensor's is the whole one), or a one-line ValueError before anything loads."""
+    own = model.state_dict(keep_vars=True)
+    for name, given in model_sd.items():
+        if isinstance(own[name], torch.Tensor):  # not a module's extra state (get_extra_state)
+            check_state_shape(name, given, tuple(own[name].shape))
 
 
 def _with_aliases(model_sd: Mapping[str, Any], groups: list[list[str]]) -> dict[str, Any]:

@@ -268,11 +268,11 @@ class _Tied(nn.Module):
 
 @pytest.mark.parametrize("rank0", [False, True], ids=["every rank", "broadcast_from_rank0"])
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
-def test_a_model_state_dict_lacking_a_weight_is_refused_and_one_name_of_a_tied_one_will_do(engine_name, rank0,
-                                                                                          one_rank_group):
+def test_a_model_state_dict_lacking_a_weight_or_of_other_shapes_is_refused_and_a_tied_ones_one_name_will_do(
+        engine_name, rank0, one_rank_group):
     """FSDP2's full load took a state dict without mid.weight without a word, leaving the weight as
-    it was. A tied weight under one of its names (a Hugging Face checkpoint without lm_head.weight)
-    loads on both engines."""
+    it was, and refused one of another shape in torch's lines. A tied weight under one of its
+    names (a Hugging Face checkpoint without lm_head.weight) loads on both engines."""
     from tests.helpers.reference import one_rank_engine
 
     torch.manual_seed(0)
@@ -282,11 +282,14 @@ def test_a_model_state_dict_lacking_a_weight_is_refused_and_one_name_of_a_tied_o
         engine.wrap(model, [model.mid])
         engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1))
         weights = {n: t for n, t in pretrained.state_dict().items() if n != "head.weight"}
-        with pytest.raises(ValueError) as refused:
-            set_state_dict(engine, {n: t for n, t in weights.items() if n != "mid.weight"}, {},
-                           broadcast_from_rank0=rank0)
-        assert str(refused.value).startswith("the model state dict has no 'mid.weight'; load a whole state dict of "
-                                             "this model")
+        for given, said in (({n: t for n, t in weights.items() if n != "mid.weight"},
+                             "the model state dict has no 'mid.weight'; load a whole state dict of this model"),
+                            ({**weights, "mid.weight": weights["mid.weight"].t()[:3]},
+                             "mid.weight: the state dict holds a tensor of shape (3, 4) where the model's has shape "
+                             "(4, 4); load a state dict of this model")):
+            with pytest.raises(ValueError) as refused:
+                set_state_dict(engine, given, {}, broadcast_from_rank0=rank0)
+            assert str(refused.value).startswith(said)
         set_state_dict(engine, weights, {}, broadcast_from_rank0=rank0)
         got = engine.full_parameters()
     finally:

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from odc_core.engine.base import check_state_keys, reduction_device
+from odc_core.engine.base import check_state_keys, check_state_shape, reduction_device
 from odc_core.engine.odc.unit import Piece, buffer_name
 from odc_core.engine.rank0 import rank0_tensor
 from odc_core.primitives import gather
@@ -217,13 +217,8 @@ def _check_shape(view: Any, given: Any, what: str) -> None:
     would take a slice of a larger tensor, or fail in a smaller one."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-    if not isinstance(view, ShardedTensor):
-        return
-    shape = given.size() if isinstance(given, ShardedTensor | torch.Tensor) else None
-    if shape is None or tuple(shape) != tuple(view.size()):
-        held = f"a tensor of shape {tuple(shape)}" if shape is not None else f"a {type(given).__name__}"
-        raise ValueError(f"{what}: the state dict holds {held} where the model's has shape {tuple(view.size())}; "
-                         f"load a state dict of this model")
+    if isinstance(view, ShardedTensor):
+        check_state_shape(what, given, tuple(view.size()))
 
 
 @torch.no_grad()  # a state dict of nn.Parameters (dict(model.named_parameters())) is a model's state too
