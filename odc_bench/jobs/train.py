@@ -34,7 +34,7 @@ from odc_bench.plan.device import cuda_available
 from odc_bench.plan.identity import checkpoint_folder
 from odc_bench.plan.spec import Planner, RunSpec
 from odc_bench.record.metrics import events_frame
-from odc_bench.record.row import failed_row, run_row, sim_row
+from odc_bench.record.row import diverged, failed_row, run_row, sim_row
 from odc_bench.results.table import TRACE_SUFFIX, append_row, check_results_dir, ok_runs, write_trace
 from odc_bench.run import slurm_task
 from odc_bench.sim import check_hardware, simulate
@@ -248,6 +248,8 @@ def run_training(config: RunConfig, in_sweep: bool = False, job_gpus: int | None
             row = execute(spec, results_dir, repeat_index=index)
             if row is not None:
                 print_row(row)
+                if (note := diverged(row)) is not None:
+                    print(f"odc_bench: note: {note}", file=sys.stderr)
                 rows.append(row)
     if any(r["status"] != "ok" for r in rows) and not in_sweep:
         sys.exit(1)

@@ -6,6 +6,7 @@ resolved config rides along as YAML, so a row says exactly what ran.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -95,6 +96,18 @@ def run_row(spec: RunSpec, rank_results: list[dict], events: pd.DataFrame, trace
             "peak_mem_mb": max(r["peak_bytes"] + r["heap_bytes"] for r in rank_results) / MB,
             "heap_mb": max(r["heap_bytes"] for r in rank_results) / MB,
             "loss_first": losses[0], "loss_last": losses[-1], "trace": trace}
+
+
+def diverged(row: dict[str, Any]) -> str | None:
+    """A note where a real run's training loss ended as NaN or infinity (a learning rate too
+    high): the row is kept, its times being of the work the run did, but a table read for its
+    losses (a convergence study) would otherwise show it among the others without a word."""
+    last = row.get("loss_last")
+    if row.get("status") != "ok" or last is None or math.isfinite(last):
+        return None
+    return (f"run {row['run_id']}'s training loss is {last} at its last minibatch ({row['loss_first']:.4g} at its "
+            f"first): the model diverged (a lower optim.lr trains it); the row is kept, its times those of the work "
+            f"the run did")
 
 
 def sim_row(spec: RunSpec, sim: Simulation, trace: str) -> dict[str, Any]:

@@ -41,3 +41,17 @@ def test_ctrl_c_while_the_trace_is_written_lands_once_its_row_is_written(tmp_pat
     rows = read_table(tmp_path / "runs.csv")
     assert len(rows) == 1 and (tmp_path / rows["trace"][0]).is_file()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize(("last", "status", "noted"), [
+    (float("nan"), "ok", True), (float("inf"), "ok", True), (3.2, "ok", False), (None, "ok", False),
+    (float("nan"), "failed", False)], ids=["nan", "inf", "finite", "simulated", "failed"])
+def test_a_run_whose_loss_ended_nan_or_infinite_is_noted(last, status, noted):
+    """optim.lr=1e9 ended the tiny model's loss as nan, and the run printed and kept an ok row
+    without a word: a convergence study reading the table took it among the others."""
+    from odc_bench.record.row import diverged
+
+    note = diverged({"run_id": "r1", "status": status, "loss_first": 7.6459, "loss_last": last})
+    assert (note is not None) == noted
+    assert note is None or note.startswith(f"run r1's training loss is {last} at its last minibatch (7.646 at its "
+                                           f"first): the model diverged (a lower optim.lr trains it)")
