@@ -2,9 +2,11 @@
 state_dict() and load_state_dict(), on the model or any module of it, are refused in one line,
 since between its unit's uses a parameter views a freed buffer (before, state_dict() gave
 tensors without data, which torch.save wrote as if they were the model, and load_state_dict()
-crashed the process). odc_core's state dicts, which read the buffers through them, still work,
-and the guard goes with the engine."""
+crashed the process); so are a copy or a pickle of it (a model of NaN), and after close(), whose
+shards are gone, a forward too. odc_core's state dicts, which read the buffers through them, still
+work."""
 
+import copy
 import io
 import uuid
 from functools import partial
@@ -62,9 +64,20 @@ def test_the_wrapped_models_own_state_calls_are_refused_and_odc_cores_work(one_r
         assert all(torch.equal(full[n], p) for n, p in parameters.items())
         set_state_dict(engine, full, optim)  # loads the buffers through the model's own load_state_dict
         torch.save(get_state_dict(engine, full=True)[0], io.BytesIO())
+        for call, said in ((lambda: copy.deepcopy(model), r"copy.deepcopy\(model\)"),
+                           (lambda: copy.deepcopy(model.layers[0]), r"copy.deepcopy\(model\)"),
+                           (lambda: torch.save(model, io.BytesIO()), r"pickling the model \(torch.save\(model\)\)")):
+            with pytest.raises(RuntimeError, match=rf"^{said} on a model wrapped by engine odc: "):
+                call()
     finally:
         engine.close()
-    assert model.state_dict().keys() == Net().state_dict().keys()  # closed: the guard is gone
+    # The shards are freed: state_dict() and a forward read NaN without a word.
+    for call, said in ((model.state_dict, r"state_dict\(\)"), (lambda: model(torch.ones(2, 4)), "a forward"),
+                       (lambda: model.layers[1](torch.ones(2, 4)), "a forward"),
+                       (lambda: copy.deepcopy(model), r"copy.deepcopy\(model\)")):
+        with pytest.raises(RuntimeError, match=rf"^{said} on a model whose engine odc was closed: .* take them before "
+                                               rf"close\(\), with odc_core.get_state_dict\(engine, full=True\)"):
+            call()
 
 
 def _train(model: Net, engine, read_between: bool) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]

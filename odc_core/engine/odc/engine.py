@@ -395,7 +395,7 @@ class OdcEngine:
         tell_peers(self.store, self.job_id, self.rank, v.minibatch, v.inside, raised or ended)
         if self._hooks is not None:
             self._hooks.remove()
-        self.module_state.remove()
+        self.module_state.close()
         self.fetcher.close()
         if self.device.type == "cuda":  # no copy of a prefetch still writes a buffer freed here
             torch.cuda.synchronize(self.device)

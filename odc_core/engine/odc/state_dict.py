@@ -23,22 +23,38 @@ if TYPE_CHECKING:
 
 
 class ModuleStateGuard:
-    """The wrapped model's own state_dict() and load_state_dict(), refused in one line: outside
-    its unit's forward and backward a parameter views a freed buffer (its values live in the
-    shards), so state_dict() gave tensors without data, which torch.save wrote without a word,
-    and load_state_dict() crashed the process writing into none. ODC's own state functions read
-    and load the buffers through them inside `internal()`."""
+    """The wrapped model's own state calls, refused in one line: outside its unit's forward and
+    backward a parameter holds no values (they live in the shards), so state_dict() gave tensors
+    without data, which torch.save wrote without a word, load_state_dict() crashed the process
+    writing into none, and copy.deepcopy(model) (an RL reference model, an EMA copy) gave a
+    model of NaN. ODC's own state functions read and load the buffers through them inside
+    `internal()`. After close() the shards are gone: those calls and any forward are refused
+    naming the close (before, state_dict() and a forward gave NaN without a word)."""
 
     def __init__(self) -> None:
         self._internal = False
+        self._closed = False
         self.handles: list[RemovableHandle] = []
+        self._holders: list[nn.Module] = []
 
     def watch(self, model: nn.Module) -> None:
-        holders = [m for m in model.modules() if next(m.parameters(recurse=False), None) is not None]
+        self._holders = [m for m in model.modules() if next(m.parameters(recurse=False), None) is not None]
         # Functions, not bound methods: torch marks a state-dict hook with an attribute.
-        self.handles += [h for m in holders for h in (
+        self.handles += [h for m in self._holders for h in (
             m.register_state_dict_post_hook(lambda *_: self._refuse("state_dict()")),
             m.register_load_state_dict_pre_hook(lambda *_: self._refuse("load_state_dict()")))]
+        # Looked up on the instance by copy and pickle, ahead of nn.Module's own; on every module,
+        # so that a copy or pickle of any part of the model stops at its first.
+        copied, pickled = "copy.deepcopy(model)", "pickling the model (torch.save(model))"
+        for m in model.modules():
+            object.__setattr__(m, "__deepcopy__", lambda memo: self._refuse(copied, always=True))
+            object.__setattr__(m, "__reduce_ex__", lambda protocol: self._refuse(pickled, always=True))
+
+    def close(self) -> None:
+        """The engine closed: its shards are freed. A forward, which read NaN, is refused from
+        here on too (hooks added only now: a hook per module costs every forward while training)."""
+        self._closed = True
+        self.handles += [m.register_forward_pre_hook(lambda *_: self._refuse("a forward")) for m in self._holders]
 
     @contextmanager
     def internal(self) -> Iterator[None]:
@@ -48,17 +64,17 @@ class ModuleStateGuard:
         finally:
             self._internal = False
 
-    def _refuse(self, call: str) -> None:
-        if not self._internal:
+    def _refuse(self, call: str, always: bool = False) -> None:
+        if self._closed:
+            raise RuntimeError(f"{call} on a model whose engine odc was closed: its parameters' values lived in the "
+                               f"engine's shards, which close() freed; take them before close(), with "
+                               f"odc_core.get_state_dict(engine, full=True), engine.full_parameters() or "
+                               f"odc_core.checkpoint.save")
+        if always or not self._internal:
             raise RuntimeError(f"{call} on a model wrapped by engine odc: its parameters hold values only inside "
                                f"their unit's forward and backward; use odc_core.get_state_dict(engine) (sharded, as "
                                f"FSDP2's model.state_dict() is) or get_state_dict(engine, full=True), and "
                                f"odc_core.set_state_dict(engine, ...) to load")
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
 
 
 def full_parameters(engine: OdcEngine) -> dict[str, torch.Tensor]:
