@@ -93,7 +93,8 @@ def swept_values(override: Override) -> list[str]:
 
 
 # Flags that ask Hydra for information rather than a run: only the command line is checked.
-_INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--shell-completion", "-sc"}
+_INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help"}
+_COMPLETION = ("--shell-completion", "-sc")
 
 # Hydra's flags that take a value as the next argument (`--cfg job`, `-cn config`, ...).
 _VALUED_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
@@ -243,9 +244,24 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
             raise ConfigError(too_long)
 
 
+def check_completion(argv: Sequence[str]) -> None:
+    """ConfigError unless `--shell-completion` has one of Hydra's subcommands, which Hydra then
+    answers (nothing composed: `install=bash` is no config key; the precheck refused it as one,
+    and without a subcommand Hydra failed in a traceback). Hydra's shell hooks complete a script
+    by its own name, so the `odc-bench` command, not `python -m odc_bench`."""
+    given = [a for a in argv if a.split("=", 1)[0] in ("install", "uninstall", "query")]
+    if len(given) != 1:
+        raise ConfigError("--shell-completion takes one of install=SHELL, uninstall=SHELL or query=SHELL (SHELL: bash, "
+                          "zsh or fish), e.g. eval \"$(odc-bench --shell-completion install=bash)\"; the completion is "
+                          "of the odc-bench command (Hydra's shell hooks do not complete python -m odc_bench)")
+
+
 def precheck(argv: Sequence[str], planner: Planner) -> None:
     """Compose the command line's config (for a sweep, its first combination that can run) and
     check the run, planned with `planner`; ConfigError if anything is wrong."""
+    if any(a in _COMPLETION for a in argv):
+        check_completion(argv)
+        return
     overrides = overrides_of(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv) or any(
         o.startswith(("sweep=", "hydra.mode=")) for o in overrides)

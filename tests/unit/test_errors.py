@@ -211,6 +211,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "no-nic-rails": (["backend=sim", "backend.hardware.nic_rails=0"], "backend.hardware.nic_rails must be at least 1, "
                      "got 0", None),
     "model-size-zero": (["model.hidden_size=0"], "model.hidden_size must be at least 1, got 0", None),
+    "completion-without-subcommand": (["--shell-completion"], "--shell-completion takes one of install=SHELL, "
+                                      "uninstall=SHELL or query=SHELL (SHELL: bash, zsh or fish)", None),
     "optim-lr-negative": (["optim.lr=-1"], "optim.lr must be >= 0 (AdamW's learning rate), got -1", None),
     "optim-beta-of-one": (["optim.betas=[0.9,1.0]"], "optim.betas must each lie in [0, 1), got [0.9, 1.0]", None),
     "primitives-on-cuda-ipc-without-gpu": (["task=primitives", "primitives.transport=cuda_ipc"],

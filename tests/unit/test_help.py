@@ -74,3 +74,15 @@ def test_every_command_prints_its_help_and_exits_0(module, monkeypatch, capsys):
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: python -m {module}"), out[:200]
+
+
+def test_shell_completion_installs_and_completes_the_odc_bench_command(tmp_path, monkeypatch, capsys):
+    """`odc-bench --shell-completion install=bash` was refused as an unknown config key (install),
+    so Hydra's completion could not be set up; a query completes a group's options."""
+    monkeypatch.chdir(tmp_path)
+    assert odc_bench("--shell-completion", "install=bash") == 0
+    assert "complete -o nospace -o default -F hydra_bash_completion" in capsys.readouterr().out
+    monkeypatch.setenv("COMP_LINE", "odc-bench engine=")
+    assert odc_bench("-sc", "query=bash") == 0
+    assert set(capsys.readouterr().out.split()) == {"engine=collective", "engine=odc"}
+    assert not list(tmp_path.iterdir()), "nothing written"
