@@ -378,6 +378,13 @@ class CollectiveEngine:
         )
 
         assert self.model is not None  # between_minibatches refused a call before wrap()
+        meta = [name for name, p in self.model.named_parameters() if p.is_meta]
+        if meta:
+            # torch's load put new parameters in their place, which the next minibatch then refused
+            # as replaced since wrap().
+            more = f" (and {len(meta) - 1} more)" if len(meta) > 1 else ""
+            raise ValueError(f"parameter {meta[0]}{more} is on the meta device, which FSDP2 sharded without memory: "
+                             f"call model.to_empty(device=...) after wrap(), then set_state_dict(...)")
         if broadcast_from_rank0:
             # Refuses sharded ones on every rank; and keys are checked on every rank here, where torch
             # refused a key rank 0 lacks on rank 0 alone and the others waited for its broadcast.

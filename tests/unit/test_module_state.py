@@ -311,3 +311,38 @@ def test_a_model_state_dict_lacking_a_weight_or_of_other_shapes_is_refused_and_a
         if name in got:
             torch.testing.assert_close(got[name], p.detach(), rtol=0, atol=0, msg=name)
     assert "embed.weight" in got or "head.weight" in got
+
+
+def test_fsdp2_of_a_model_built_on_the_meta_device_loads_weights_once_given_memory(one_rank_group):
+    """FSDP2 shards a model built on the meta device (deferred initialisation); a state dict loaded
+    before model.to_empty() put new parameters in place, which the next minibatch refused as
+    replaced since wrap(). After to_empty() the weights load and train as in one process."""
+    from tests.helpers.reference import one_rank_engine
+
+    torch.manual_seed(0)
+    pretrained = Net()
+    with torch.device("meta"):
+        model = Net()
+    reference = Net()
+    reference.load_state_dict(pretrained.state_dict())
+    engine = one_rank_engine("collective", one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        with pytest.raises(ValueError, match=r"^parameter layers\.0\.0\.weight \(and 7 more\) is on the meta device, "
+                                             r"which FSDP2 sharded without memory: call model\.to_empty\(device=\.\.\.\) "
+                                             r"after wrap\(\), then set_state_dict\(\.\.\.\)$"):
+            set_state_dict(engine, pretrained.state_dict(), {})
+        model.to_empty(device="cpu")
+        set_state_dict(engine, pretrained.state_dict(), {})
+        engine.begin_minibatch()
+        model(torch.ones(2, 4)).backward()
+        engine.finish_minibatch()
+        optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+        reference(torch.ones(2, 4)).backward()
+        optimizer.step()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
