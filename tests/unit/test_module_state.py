@@ -329,9 +329,10 @@ def test_fsdp2_of_a_model_built_on_the_meta_device_loads_weights_once_given_memo
     try:
         engine.wrap(model, list(model.layers))
         engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
-        with pytest.raises(ValueError, match=r"^parameter layers\.0\.0\.weight \(and 7 more\) is on the meta device, "
-                                             r"which FSDP2 sharded without memory: call model\.to_empty\(device=\.\.\.\) "
-                                             r"after wrap\(\), then set_state_dict\(\.\.\.\)$"):
+        with pytest.raises(ValueError, match=r"^parameter layers\.0\.0\.weight \(and 7 more\) is on the meta "
+                                             r"device, which FSDP2 sharded without memory: call "
+                                             r"model\.to_empty\(device=\.\.\.\) after wrap\(\), then "
+                                             r"set_state_dict\(\.\.\.\)$"):
             set_state_dict(engine, pretrained.state_dict(), {})
         model.to_empty(device="cpu")
         set_state_dict(engine, pretrained.state_dict(), {})
