@@ -152,6 +152,8 @@ def test_a_state_dict_of_another_model_is_refused_in_one_line_and_loads_nothing(
                                                                 r"the model has not; load a state dict of this model$"),
             (({**moved, "layers.1.0.weight": taller}, optim), r"^layers.1.0.weight: the state dict holds a tensor of "
                                                                 r"shape \(8, 4\) where the model's has shape \(4, 4\)"),
+            (({**moved, "scale": torch.ones(2)}, optim), r"^scale: the state dict holds a tensor of shape \(2,\) where "
+                                                         r"the model's has shape \(1,\)"),
             ((moved, {**optim, "state": {**optim["state"], "layers.0.1.bias": {
                 **optim["state"]["layers.0.1.bias"], "exp_avg": torch.zeros(5)}}}),
              r"^layers.0.1.bias exp_avg: the state dict holds a tensor of shape \(5,\) where the model's has shape "

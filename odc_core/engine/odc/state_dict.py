@@ -229,11 +229,10 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
 
 
 def _check_shape(view: Any, given: Any, what: str) -> None:
-    """A one-line error where `given` cannot fill a ShardedTensor view: the boxes of its shards
-    would take a slice of a larger tensor, or fail in a smaller one."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    if isinstance(view, ShardedTensor):
+    """A one-line error where `given` cannot fill a ShardedTensor view (the boxes of its shards
+    would take a slice of a larger tensor, or fail in a smaller one) or a buffer (which torch's
+    load_state_dict refused in its lines); a module's extra state is not a tensor."""
+    if isinstance(view, torch.Tensor):  # a ShardedTensor is one too
         check_state_shape(what, given, tuple(view.size()))
 
 
