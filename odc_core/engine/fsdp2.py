@@ -363,7 +363,10 @@ class CollectiveEngine:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         assert self.model is not None  # between_minibatches refused a call before wrap()
-        return get_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=full))
+        # An engine without an optimizer (a reference model's) has the model's state alone, as
+        # torch's get_state_dict of no optimizers gives it.
+        optimizers = () if self._step is None else (self.optimizer,)
+        return get_state_dict(self.model, optimizers, options=StateDictOptions(full_state_dict=full))
 
     def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any], *,
                         broadcast_from_rank0: bool = False) -> None:

@@ -349,3 +349,31 @@ def test_fsdp2_of_a_model_built_on_the_meta_device_loads_weights_once_given_memo
         engine.close()
     for name, p in reference.named_parameters():
         torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full", "sharded"])
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_an_engine_without_an_optimizer_loads_and_gives_the_models_state_alone(engine_name, full, one_rank_group):
+    """A reference model (RL) or a teacher has no optimizer: ODC refused its pretrained weights
+    ("engine.optimizer before configure_optimizer(): ... call it first") and both engines refused
+    get_state_dict so."""
+    from tests.helpers.reference import one_rank_engine
+
+    torch.manual_seed(0)
+    model, pretrained = Net(), Net()
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        set_state_dict(engine, pretrained.state_dict(), {})
+        with torch.no_grad():
+            torch.testing.assert_close(model(torch.ones(2, 4)), pretrained(torch.ones(2, 4)), rtol=0, atol=0)
+        weights, optim = get_state_dict(engine, full=full)
+        assert optim == {} and set(weights) == set(pretrained.state_dict())
+        set_state_dict(engine, weights, {})
+        with pytest.raises(RuntimeError, match=r"^engine\.optimizer before configure_optimizer\(\)"):
+            set_state_dict(engine, weights, {"state": {}, "param_groups": []})
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    for name, p in pretrained.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=0, atol=0, msg=name)

@@ -349,9 +349,11 @@ class OdcEngine:
     @_collective
     def state_dict(self, full: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         self.between_minibatches("state_dict")
+        # An engine without an optimizer (a reference model's) has the model's state alone.
+        optimizer = self.versions.step_rule is not None
         if full:
-            return state_dict.full_state(self)
-        state = state_dict.sharded_state(self)
+            return state_dict.full_state(self, optimizer)
+        state = state_dict.sharded_state(self, optimizer=optimizer)
         return state["model"], state["optim"]
 
     @_collective

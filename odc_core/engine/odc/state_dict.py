@@ -105,9 +105,9 @@ def sharded_state(engine: OdcEngine, for_load: bool = False, optimizer: bool = T
     if for_load and engine.staleness and engine.versions.minibatch >= 0:
         raise RuntimeError("with staleness > 0, load state before the first minibatch: the minibatches after "
                            "it would still read the versions before it")
-    opt = engine.optimizer
     if for_load:
         engine.drain()  # every owner's step is applied before its shard is overwritten
+    opt = engine.optimizer if optimizer else None
     if optimizer:
         _init_state(engine)
     template = _template(engine) if optimizer else {}
@@ -131,7 +131,7 @@ def sharded_state(engine: OdcEngine, for_load: bool = False, optimizer: bool = T
 
             for alias in aliases[id(p)]:
                 model_sd[alias] = sharded(unit.master[slot], slice(a, b) if a < b else slice(0, 0))
-            if not unit.trainable[j] or not optimizer:
+            if not unit.trainable[j] or opt is None:
                 continue  # no optimizer state, as FSDP2's optimizer keeps none for a frozen parameter
             if a < b:  # the piece holding this rank's elements of the parameter
                 held = unit.piece_at(a)
@@ -147,10 +147,11 @@ def sharded_state(engine: OdcEngine, for_load: bool = False, optimizer: bool = T
     return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": _groups(engine)} if optimizer else {}}
 
 
-def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
+def full_state(engine: OdcEngine, optimizer: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """The model's and optimizer's state dicts with every tensor whole, the same on every rank,
     as get_state_dict(full_state_dict=True) gives FSDP2's; collective. Each optimizer state
-    tensor is gathered per unit with one all-gather of every rank's shard."""
+    tensor is gathered per unit with one all-gather of every rank's shard. Without `optimizer`
+    (an engine that has none: a reference model), the optimizer's is {}."""
     model = engine.model
     assert model is not None  # the engine's between_minibatches refused a call before wrap()
     if engine.owners is not None:
@@ -165,6 +166,8 @@ def full_state(engine: OdcEngine) -> tuple[dict[str, Any], dict[str, Any]]:
         for name, buf in model.state_dict().items():
             if name not in model_sd:
                 model_sd[name] = buf.detach().cpu().clone()
+    if not optimizer:
+        return model_sd, {}
     opt = engine.optimizer
     _init_state(engine)
     template = _template(engine)
@@ -288,8 +291,22 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
     optimizer state of None (set_state's model alone) leaves the optimizer as it is."""
     model = engine.model
     assert model is not None
+    if state["optim"] is not None:
+        _load_optimizer(engine, state["optim"])
+    slot = engine.versions.newest_slot
+    for unit in engine.units:
+        if unit.shadow is not None:
+            unit.shadow[slot].copy_(unit.master[slot])
+    buffers = {n for n, _ in model.named_buffers()}
+    with engine.module_state.internal():
+        model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
+    engine.heap.barrier(engine.timeout_s)  # nobody gathers a shard before its owner has loaded it
+
+
+def _load_optimizer(engine: OdcEngine, loaded: dict[str, Any]) -> None:
+    """An optimizer state's groups and scalars, into the optimizer (its moments are views DCP or
+    set_state filled)."""
     opt = engine.optimizer
-    loaded = state["optim"] or {"state": {}, "param_groups": opt.param_groups}
     if len(loaded["param_groups"]) != len(opt.param_groups):
         raise ValueError(f"the state has {len(loaded['param_groups'])} optimizer parameter groups, this optimizer "
                          f"{len(opt.param_groups)}: configure_optimizer with the param_groups it was saved with")
@@ -297,23 +314,16 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
         for key, value in given.items():
             if key != "params":
                 group[key] = value
-    slot = engine.versions.newest_slot
     for unit in engine.units:
         for held in (piece for piece in unit.pieces if not piece.frozen):
             # Scalars (a step count) are a piece's own, not views: take them from a parameter it
             # holds, or where the state has none of those (start_fresh), from any it has.
             inside = [unit.names[j] for j in range(len(unit.params)) if held.lo <= unit.local_range(j)[0] < held.hi]
             given = [loaded["state"][n] for n in inside if n in loaded["state"]] + list(loaded["state"].values())
-            for key, value in opt.state.get(held.param, {}).items():
+            for key, value in opt.state[held.param].items():
                 source = next((g[key] for g in given if key in g), None)
                 if torch.is_tensor(value) and not _flat(value, held) and source is not None:
                     value.copy_(source)
-        if unit.shadow is not None:
-            unit.shadow[slot].copy_(unit.master[slot])
-    buffers = {n for n, _ in model.named_buffers()}
-    with engine.module_state.internal():
-        model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
-    engine.heap.barrier(engine.timeout_s)  # nobody gathers a shard before its owner has loaded it
 
 
 def _flat(value: object, piece: Piece) -> bool:
