@@ -219,8 +219,9 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
 
 
 def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """Load a checkpoint (of either engine, any world size) into a wrapped engine whose
-    optimizer is configured, before its first minibatch; collective. Returns its `extra`."""
+    """Load a checkpoint (of either engine, any world size) into a wrapped engine, before its
+    first minibatch; collective. Returns its `extra`. The model alone where the engine has no
+    optimizer (a reference model) or the checkpoint holds none (saved by such an engine)."""
     import torch.distributed.checkpoint as dcp
 
     if folder is None:  # load(engine, latest(root)) where root holds no complete checkpoint
@@ -232,12 +233,16 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     engine.between_minibatches("checkpoint.load")
     _same_on_every_rank("the checkpoint to load", str(folder), "every rank must load the same checkpoint (find it "
                         "with latest(root) on one rank and broadcast it, or give every rank the same folder)")
-    state = {**engine.sharded_state(for_load=True), "extra": io.BytesIO()}
     try:
         stored = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
     except Exception as e:  # as damage() reads it: a pickle of another torch, cut short, or not a pickle
         raise CheckpointError(f"checkpoint {folder} cannot be loaded: its .metadata cannot be read "
                               f"({type(e).__name__}: {e}); move it away to resume from the one before") from None
+    # A checkpoint of the model alone (an engine without an optimizer saved it: a reference model,
+    # weights to start from) loads the model and leaves the optimizer as it is, fresh or not;
+    # DCP refused it, missing the optimizer's groups, in words that called it damaged.
+    model_alone = not any(key.startswith("optim.") for key in stored)
+    state = {**engine.sharded_state(for_load=True, optimizer=not model_alone), "extra": io.BytesIO()}
     schedule = _schedule(engine)
     if "optim" in state:
         _start_absent_fresh(state["optim"]["state"], stored)

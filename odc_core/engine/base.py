@@ -182,9 +182,11 @@ class DataParallelEngine(Protocol):
         communicate, so call between minibatches."""
         ...
 
-    def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+    def sharded_state(self, for_load: bool = False, optimizer: bool = True) -> dict[str, Any]:
         """{"model": ..., "optim": ...} as DCP's get_state_dict lays them out for FSDP2, this
-        rank's shards; with for_load, views that a DCP load fills (odc_core/checkpoint.py)."""
+        rank's shards; with for_load, views that a DCP load fills (odc_core/checkpoint.py). No
+        "optim" without `optimizer` (a load of the model alone) or without an optimizer configured
+        (a reference model's engine); a fresh optimizer is then left without state."""
         ...
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:

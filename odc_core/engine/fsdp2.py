@@ -337,12 +337,16 @@ class CollectiveEngine:
         """Shared memory this rank owns for the shm group's collectives (0 on other groups)."""
         return sum(getattr(group, "heap_bytes", 0) for group in self.groups)
 
-    def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
-        """The model's and optimizer's state dicts as DCP's get_state_dict gives them (DTensors)."""
+    def sharded_state(self, for_load: bool = False, optimizer: bool = True) -> dict[str, Any]:
+        """The model's and optimizer's state dicts as DCP's get_state_dict gives them (DTensors);
+        the model's alone without `optimizer` or an optimizer (torch's get_state_dict would give a
+        fresh optimizer state, a step at learning rate 0, that a load of the model alone keeps)."""
         self.between_minibatches("sharded_state")
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         assert self.model is not None  # between_minibatches refused a call before wrap()
+        if self._step is None or not optimizer:
+            return {"model": get_state_dict(self.model, ())[0]}
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
@@ -351,9 +355,12 @@ class CollectiveEngine:
         of parameters the checkpoint has none for (odc_core/checkpoint.py): those start fresh,
         as they would in a new optimizer; torch's strict check would refuse them."""
         self.between_minibatches("load_sharded_state")
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
         assert self.model is not None
+        if "optim" not in state:  # the model alone (an engine without an optimizer)
+            set_model_state_dict(self.model, state["model"], options=StateDictOptions(strict=False))
+            return
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=StateDictOptions(strict=False))
 

@@ -337,9 +337,9 @@ class OdcEngine:
         return state_dict.full_parameters(self)
 
     @_collective
-    def sharded_state(self, for_load: bool = False) -> dict[str, Any]:
+    def sharded_state(self, for_load: bool = False, optimizer: bool = True) -> dict[str, Any]:
         self.between_minibatches("sharded_state")
-        return state_dict.sharded_state(self, for_load)
+        return state_dict.sharded_state(self, for_load, optimizer=optimizer and self.versions.step_rule is not None)
 
     @_collective
     def load_sharded_state(self, state: dict[str, Any]) -> None:
@@ -354,7 +354,7 @@ class OdcEngine:
         if full:
             return state_dict.full_state(self, optimizer)
         state = state_dict.sharded_state(self, optimizer=optimizer)
-        return state["model"], state["optim"]
+        return state["model"], state.get("optim", {})
 
     @_collective
     def load_state_dict(self, model_state_dict: dict[str, Any], optim_state_dict: dict[str, Any], *,

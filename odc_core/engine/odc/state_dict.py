@@ -95,7 +95,8 @@ def full_parameters(engine: OdcEngine) -> dict[str, torch.Tensor]:
 def sharded_state(engine: OdcEngine, for_load: bool = False, optimizer: bool = True) -> dict[str, Any]:
     """The parameters and optimizer state in DCP's FSDP2 layout: each parameter by name as a
     ShardedTensor of the boxes this rank's flat shards hold, viewing the heap. Without
-    `optimizer`, the optimizer's is left out ({}), and a fresh optimizer is left without state."""
+    `optimizer` (an engine that has none, or a load of the model alone), "optim" is left out and
+    a fresh optimizer is left without state."""
     from odc_core.checkpoint import flat_pieces
 
     model = engine.model
@@ -144,7 +145,9 @@ def sharded_state(engine: OdcEngine, for_load: bool = False, optimizer: bool = T
         for name, buf in model.state_dict().items():  # persistent buffers, replicated
             if name not in model_sd:
                 model_sd[name] = buf
-    return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": _groups(engine)} if optimizer else {}}
+    if opt is None:  # a checkpoint of the model alone (odc_core/checkpoint.py)
+        return {"model": model_sd}
+    return {"model": model_sd, "optim": {"state": optim_sd, "param_groups": _groups(engine)}}
 
 
 def full_state(engine: OdcEngine, optimizer: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -212,7 +215,7 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
     # Every shape before any copy: a refusal loads nothing.
     for key, view in target["model"].items():
         _check_shape(view, weights[key], key)
-    targets = target["optim"]["state"] if optim_sd else {}
+    targets = target["optim"]["state"] if "optim" in target else {}
     for name, views in targets.items():
         for key, view in views.items() if name in optim_sd["state"] else ():
             _check_shape(view, optim_sd["state"][name][key], f"{name} {key}")
@@ -227,8 +230,8 @@ def set_state(engine: OdcEngine, model_sd: dict[str, Any], optim_sd: dict[str, A
             start_fresh(views)
             continue
         state[name] = {key: _fill(view, given[key], f"{name} {key}", on, from_rank0) for key, view in views.items()}
-    load_sharded_state(engine, {"model": model, "optim": {"state": state, "param_groups": optim_sd["param_groups"]}
-                                if optim_sd else None})
+    optim = {"optim": {"state": state, "param_groups": optim_sd["param_groups"]}} if optim_sd else {}
+    load_sharded_state(engine, {"model": model, **optim})
 
 
 def _check_shape(view: Any, given: Any, what: str) -> None:
@@ -288,10 +291,10 @@ def _groups(engine: OdcEngine) -> list[dict[str, Any]]:
 def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
     """After DCP has loaded into sharded_state(for_load=True)'s views: what is not a view
     (scalars, hyperparameters, buffers) is applied, and the version published to peers. An
-    optimizer state of None (set_state's model alone) leaves the optimizer as it is."""
+    state without "optim" (the model alone) leaves the optimizer as it is."""
     model = engine.model
     assert model is not None
-    if state["optim"] is not None:
+    if "optim" in state:
         _load_optimizer(engine, state["optim"])
     slot = engine.versions.newest_slot
     for unit in engine.units:

@@ -1,0 +1,83 @@
+"""A checkpoint of the model alone: an engine without an optimizer (an RL reference model, a
+teacher) loads the model from a training run's checkpoint and saves its model alone, and such a
+checkpoint loads into a training engine as the weights it starts from (odc_core/checkpoint.py).
+Before, both engines asked for configure_optimizer(), and DCP refused a checkpoint without the
+optimizer's groups in words that called it damaged."""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+from odc_core import checkpoint, set_state_dict
+from tests.helpers.reference import one_rank_engine
+
+AdamW = partial(torch.optim.AdamW, lr=0.1)
+
+
+def _model() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+
+
+@pytest.mark.parametrize(("saver", "loader"), [("odc", "collective"), ("collective", "odc")])
+def test_an_engine_without_an_optimizer_loads_the_model_from_a_training_checkpoint(saver, loader, one_rank_group,
+                                                                                tmp_path):
+    torch.manual_seed(0)
+    trained, reference = _model(), _model()
+    training = one_rank_engine(saver, one_rank_group)
+    try:
+        training.wrap(trained, [trained[0], trained[2]])
+        training.configure_optimizer(AdamW)
+        training.begin_minibatch()
+        trained(torch.ones(2, 4)).sum().backward()
+        training.finish_minibatch()
+        folder = checkpoint.save(training, tmp_path, 1, {"step": 1})
+        want = training.full_parameters()
+    finally:
+        training.close()
+    frozen = one_rank_engine(loader, one_rank_group)
+    try:
+        frozen.wrap(reference, [reference[0], reference[2]])
+        assert checkpoint.load(frozen, folder) == {"step": 1}
+        got = frozen.full_parameters()
+    finally:
+        frozen.close()
+    assert all(torch.equal(got[name], want[name]) for name in want)
+
+
+@pytest.mark.parametrize("loader", ["odc", "collective"])
+@pytest.mark.parametrize("saver", ["odc", "collective"])
+def test_a_checkpoint_of_the_model_alone_loads_as_weights_a_fresh_optimizer_steps_from(saver, loader, one_rank_group,
+                                                                                     tmp_path):
+    torch.manual_seed(0)
+    pretrained, held, model = _model(), _model(), _model()
+    reference = copy.deepcopy(pretrained)
+    frozen = one_rank_engine(saver, one_rank_group)
+    try:
+        frozen.wrap(held, [held[0], held[2]])
+        set_state_dict(frozen, pretrained.state_dict(), {})
+        folder = checkpoint.save(frozen, tmp_path, 1, {})
+    finally:
+        frozen.close()
+    engine = one_rank_engine(loader, one_rank_group)
+    try:
+        engine.wrap(model, [model[0], model[2]])
+        engine.configure_optimizer(AdamW)
+        checkpoint.load(engine, folder)
+        optimizer = AdamW(reference.parameters())
+        for x in (torch.ones(2, 4), torch.randn(2, 4)):
+            engine.begin_minibatch()
+            model(x).sum().backward()
+            engine.finish_minibatch()
+            optimizer.zero_grad()
+            reference(x).sum().backward()
+            optimizer.step()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
