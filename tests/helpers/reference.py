@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -73,16 +74,19 @@ def one_rank_engine(engine_name: str, store: torch.distributed.Store) -> DataPar
 
 
 def trains_like_one_process(engine: DataParallelEngine, model: nn.Module, reference: nn.Module,
-                            inputs: list[torch.Tensor], lr: float = 0.1) -> None:
-    """`model`, wrapped and given SGD at `lr` by `engine`, takes one step per input as
-    `reference` (a copy of it before wrap()) does in one process: their parameters end equal."""
+                            inputs: list[torch.Tensor], lr: float = 0.1,
+                            factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None) -> None:
+    """`model`, wrapped and given SGD at `lr` (or the optimizer `factory` builds) by `engine`,
+    takes one step per input as `reference` (a copy of it before wrap(), or a model holding the
+    weights the engine was loaded with) does in one process: their parameters end equal."""
     for x in inputs:
         engine.begin_minibatch()
         model(x).backward()
         engine.finish_minibatch()
     engine.drain()
     got = engine.full_parameters()
-    opt = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=lr)
+    trained = [p for p in reference.parameters() if p.requires_grad]
+    opt = factory(trained) if factory is not None else torch.optim.SGD(trained, lr=lr)
     for x in inputs:
         opt.zero_grad()
         reference(x).backward()

@@ -18,6 +18,7 @@ from torch import nn
 from odc_core import get_state_dict, set_state_dict
 from odc_core.engine.base import EngineContext
 from odc_core.engine.build import make_engine
+from tests.helpers.reference import one_rank_engine, trains_like_one_process
 
 
 class Net(nn.Module):
@@ -207,7 +208,6 @@ def test_pretrained_weights_alone_load_and_a_fresh_optimizer_steps_from_them_as_
     """set_state_dict(engine, weights, {}), as torch's set_model_state_dict: ODC failed in
     "KeyError: 'state'", FSDP2 in torch's "optim state_dict is empty"; the Parameters of
     named_parameters() failed ODC's copy as an in-place use of a leaf that requires grad."""
-    from tests.helpers.reference import one_rank_engine
 
     torch.manual_seed(0)
     model, pretrained = Net(), Net()
@@ -221,17 +221,8 @@ def test_pretrained_weights_alone_load_and_a_fresh_optimizer_steps_from_them_as_
         engine.wrap(model, list(model.layers))
         engine.configure_optimizer(partial(torch.optim.AdamW, lr=0.1))
         set_state_dict(engine, given, {}, broadcast_from_rank0=rank0)
-        optimizer = torch.optim.AdamW(reference.parameters(), lr=0.1)
-        for x in (torch.ones(2, 4), torch.randn(2, 4)):
-            engine.begin_minibatch()
-            model(x).backward()
-            engine.finish_minibatch()
-            optimizer.zero_grad()
-            reference(x).backward()
-            optimizer.step()
-        got = engine.full_parameters()
-        for name, p in reference.named_parameters():
-            torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
+        trains_like_one_process(engine, model, reference, [torch.ones(2, 4), torch.randn(2, 4)],
+                                factory=partial(torch.optim.AdamW, lr=0.1))
     finally:
         engine.close()
 
@@ -256,7 +247,6 @@ def test_an_optimizer_state_dict_keyed_by_index_or_without_its_parts_is_one_line
                                                                                  one_rank_group):
     """torch's optimizer.state_dict() keys parameters by index: ODC found no state under the names
     and started every moment at zero without a word; FSDP2 failed in "KeyError: 'state.0.step'"."""
-    from tests.helpers.reference import one_rank_engine
 
     torch.manual_seed(0)
     model = Net()
@@ -288,7 +278,6 @@ def test_a_model_state_dict_lacking_a_weight_or_of_other_shapes_is_refused_and_a
     """FSDP2's full load took a state dict without mid.weight without a word, leaving the weight as
     it was, and refused one of another shape in torch's lines. A tied weight under one of its
     names (a Hugging Face checkpoint without lm_head.weight) loads on both engines."""
-    from tests.helpers.reference import one_rank_engine
 
     torch.manual_seed(0)
     model, pretrained = _Tied(), _Tied()
@@ -319,7 +308,6 @@ def test_fsdp2_of_a_model_built_on_the_meta_device_loads_weights_once_given_memo
     """FSDP2 shards a model built on the meta device (deferred initialisation); a state dict loaded
     before model.to_empty() put new parameters in place, which the next minibatch refused as
     replaced since wrap(). After to_empty() the weights load and train as in one process."""
-    from tests.helpers.reference import one_rank_engine
 
     torch.manual_seed(0)
     pretrained = Net()
@@ -338,17 +326,9 @@ def test_fsdp2_of_a_model_built_on_the_meta_device_loads_weights_once_given_memo
             set_state_dict(engine, pretrained.state_dict(), {})
         model.to_empty(device="cpu")
         set_state_dict(engine, pretrained.state_dict(), {})
-        engine.begin_minibatch()
-        model(torch.ones(2, 4)).backward()
-        engine.finish_minibatch()
-        optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-        reference(torch.ones(2, 4)).backward()
-        optimizer.step()
-        got = engine.full_parameters()
+        trains_like_one_process(engine, model, reference, [torch.ones(2, 4)])
     finally:
         engine.close()
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("full", [True, False], ids=["full", "sharded"])
@@ -357,7 +337,6 @@ def test_an_engine_without_an_optimizer_loads_and_gives_the_models_state_alone(e
     """A reference model (RL) or a teacher has no optimizer: ODC refused its pretrained weights
     ("engine.optimizer before configure_optimizer(): ... call it first") and both engines refused
     get_state_dict so."""
-    from tests.helpers.reference import one_rank_engine
 
     torch.manual_seed(0)
     model, pretrained = Net(), Net()
