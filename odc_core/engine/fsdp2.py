@@ -399,9 +399,10 @@ class CollectiveEngine:
             # Refuses sharded ones on every rank; and keys are checked on every rank here, where torch
             # refused a key rank 0 lacks on rank 0 alone and the others waited for its broadcast.
             held, optim_skeleton = skeleton_from_rank0(model_state_dict, optim_state_dict)
-            groups = _state_names(self.model)
+            own = self.model.state_dict(keep_vars=True)
+            groups = _state_names(own)
             check_state_keys(groups, held.keys())
-            _check_state_shapes(self.model, held)
+            _check_state_shapes(own, held)
             # torch reads the model's own keys on the other ranks, and no values; on rank 0 it puts
             # what it loaded into the dict it is given (below): a copy, not the caller's.
             model_state_dict = _with_aliases(model_state_dict, groups) if dist.get_rank() == 0 else {}
@@ -422,14 +423,15 @@ class CollectiveEngine:
         check_optimizer_state(optim_state_dict)
         check_ranks_agree(self.store, self.job_id, dist.get_rank(), self.world_size, self.timeout_s,
                           state_description(model_state_dict, optim_state_dict), STATE_FIX)
-        groups = _state_names(self.model)
+        own = self.model.state_dict(keep_vars=True)
+        groups = _state_names(own)
         check_state_keys(groups, model_state_dict.keys())
         model_state_dict = _with_aliases(model_state_dict, groups)
         values = list(model_state_dict.values())
         if any(isinstance(v, ShardedTensor) for v in values):
             raise ValueError("a sharded ODC state dict cannot load into collective FSDP; pass a full one "
                              "(get_state_dict(engine, full=True)) or go through odc_core.checkpoint")
-        _check_state_shapes(self.model, model_state_dict)
+        _check_state_shapes(own, model_state_dict)
         full = not any(isinstance(v, DTensor) for v in values)
         if not full:
             mesh = next(p.device_mesh for p in self.model.parameters() if isinstance(p, DTensor))
@@ -481,18 +483,19 @@ class CollectiveEngine:
             dist.destroy_process_group(group)
 
 
-def _state_names(model: nn.Module) -> list[list[str]]:
-    """The names of each tensor of the model's state dict: tied weights have several."""
+def _state_names(own: Mapping[str, Any]) -> list[list[str]]:
+    """The names of each tensor of the model's state dict (`own`, its state_dict(keep_vars=True)):
+    tied weights have several."""
     groups: dict[int, list[str]] = {}
-    for name, value in model.state_dict(keep_vars=True).items():
+    for name, value in own.items():
         groups.setdefault(id(value), []).append(name)
     return list(groups.values())
 
 
-def _check_state_shapes(model: nn.Module, model_sd: Mapping[str, Any]) -> None:
-    """Each tensor of a model state dict of the model's keys is of its tensor's whole shape (a
-    DTensor's is the whole one), or a one-line ValueError before anything loads."""
-    own = model.state_dict(keep_vars=True)
+def _check_state_shapes(own: Mapping[str, Any], model_sd: Mapping[str, Any]) -> None:
+    """Each tensor of a model state dict of the model's keys is of the whole shape of its tensor
+    in `own` (the model's state_dict(keep_vars=True); a DTensor's shape is the whole one), or a
+    one-line ValueError before anything loads."""
     for name, given in model_sd.items():
         if isinstance(own[name], torch.Tensor):  # not a module's extra state (get_extra_state)
             check_state_shape(name, given, tuple(own[name].shape))
