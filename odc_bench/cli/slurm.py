@@ -76,6 +76,7 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
     checks SLURM cannot make for us."""
     world_size = spec.world_size
     params = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}") for k in PER_RUN_KEYS}
+    check_time_limit(cfg, params["timeout_min"])
     if spec.config.simulated:
         # The simulator is one process whatever world_size it models: one task, no GPU. With a
         # task per rank, each simulated the run and wrote its row (or found the other's and
@@ -100,6 +101,19 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
         check_srun_mpi()
         params["srun_args"] = [f"--mpi={SRUN_MPI}"]  # submitit's slurm_srun_args: the tasks' MPI bootstrap
     return params
+
+
+def check_time_limit(cfg: DictConfig, timeout_min: Any) -> None:
+    """A time limit inside SLURM's warning window signals the job as soon as it starts, and
+    submitit's hook requeues it, max_num_timeout times over, before it has trained at all."""
+    signal_s = OmegaConf.select(cfg, "hydra.launcher.signal_delay_s")
+    requeues = OmegaConf.select(cfg, "hydra.launcher.max_num_timeout")
+    if not (timeout_min and signal_s and requeues) or timeout_min * 60 > signal_s:
+        return
+    raise ConfigError(f"hydra.launcher.timeout_min={timeout_min} ends the job within SLURM's time-limit warning "
+                      f"(hydra.launcher.signal_delay_s={signal_s} s before the end), so submitit would requeue it "
+                      f"as soon as it starts, {requeues} times (max_num_timeout), before it trains; set timeout_min "
+                      f"above {signal_s / 60:g}, or signal_delay_s below {timeout_min * 60}")
 
 
 def check_slurm_available() -> None:

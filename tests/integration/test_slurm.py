@@ -5,6 +5,7 @@ test needs `sbatch` on PATH and a cluster it talks to, and skips without one.
 """
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -336,7 +337,7 @@ def _job_held_once_it_checkpointed(results: Path, hold: Path, after: int = -1) -
 def test_a_job_preempted_and_then_at_its_time_limit_resumes_each_time_and_writes_one_row(tmp_path):
     """Both ways SLURM ends a job early and starts it again. `scontrol requeue` of a running job is
     what a preemption with requeue does: SLURM kills its tasks. A job nearing its time limit is
-    signalled (submitit's --signal=USR2@90), and submitit's hook requeues it. Each time the
+    signalled (submitit's --signal=USR2@120), and submitit's hook requeues it. Each time the
     requeued job goes on from the run's newest checkpoint."""
     results, sweep, hold = tmp_path / "results", tmp_path / "multirun", tmp_path / "hold"
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench", "-m", "hydra/launcher=slurm", "num_minibatches=20",
@@ -349,9 +350,12 @@ def test_a_job_preempted_and_then_at_its_time_limit_resumes_each_time_and_writes
         _requeued_then_started(job_id)
         hold.unlink()
         _job_held_once_it_checkpointed(results, hold, after=_newest_step(results))
-        # A one-minute limit puts the job inside its warning window: slurmctld signals it at its
-        # next time-limit check (every 30 s); the held job is still running then.
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=1"], check=True)
+        # A limit one to two minutes past the job's run time puts it inside its warning window
+        # (120 s): slurmctld signals it at its next time-limit check (every 30 s), the held job still
+        # running. A limit below the run time times the job out at that same check: SIGTERM then
+        # killed submitit's `scontrol requeue` and the run failed (a loaded host, once).
+        limit_min = math.ceil(_run_time_s(job_id) / 60) + 1
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit_min}"], check=True)
         _requeued_then_started(job_id, within_s=90)
         hold.unlink()
         out, err = proc.communicate(timeout=420)
@@ -368,6 +372,17 @@ def test_a_job_preempted_and_then_at_its_time_limit_resumes_each_time_and_writes
     assert not list(results.glob("checkpoints/*/*")), "the recorded run's checkpoints are removed"
     # The killed attempts' ranks could not remove their shared memory; the next attempt did.
     assert not [name for name in os.listdir("/dev/shm") if name.startswith("odc-") and f"_{job_id}_" in name]
+
+
+def _run_time_s(job_id: str) -> int:
+    """How long the job's current attempt has run, in seconds (squeue's [days-][hours:]minutes:seconds)."""
+    elapsed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%M"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    days, _, clock = elapsed.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return int(days or 0) * 86400 + seconds
 
 
 def _newest_step(results: Path) -> int:

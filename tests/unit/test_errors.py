@@ -276,6 +276,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                            "hydra.launcher.tasks_per_node=1 ranks each, and engine.ranks_per_node is unset", None),
     "slurm-nodes-do-not-divide": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "world_size=3"],
                                   "hydra.launcher.nodes (2) x tasks_per_node (3) must equal world_size (3)", None),
+    "slurm-time-limit-inside-its-warning": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=2"],
+                                            "hydra.launcher.timeout_min=2 ends the job within SLURM's time-limit "
+                                            "warning (hydra.launcher.signal_delay_s=120 s before the end)", None),
     "slurm-tasks-per-node": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "world_size=4"],
                              "set hydra.launcher.tasks_per_node=2", None),
     "slurm-odc-across-nodes": ([*TWO_NODES, "engine=odc"],
