@@ -106,6 +106,8 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
 def check_time_limit(cfg: DictConfig, timeout_min: Any) -> None:
     """A time limit inside SLURM's warning window signals the job as soon as it starts, and
     submitit's hook requeues it, max_num_timeout times over, before it has trained at all."""
+    require(timeout_min is None or timeout_min >= 0, f"hydra.launcher.timeout_min, each run's time limit in "
+            f"minutes, cannot be negative (0: no limit, as sbatch --time=0), got {timeout_min}")
     signal_s = OmegaConf.select(cfg, "hydra.launcher.signal_delay_s")
     requeues = OmegaConf.select(cfg, "hydra.launcher.max_num_timeout")
     if not (timeout_min and signal_s and requeues) or timeout_min * 60 > signal_s:

@@ -279,6 +279,9 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "slurm-time-limit-inside-its-warning": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=2"],
                                             "hydra.launcher.timeout_min=2 ends the job within SLURM's time-limit "
                                             "warning (hydra.launcher.signal_delay_s=120 s before the end)", None),
+    "slurm-negative-time-limit": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=-1"],
+                                  "hydra.launcher.timeout_min, each run's time limit in minutes, cannot be negative "
+                                  "(0: no limit, as sbatch --time=0), got -1", None),
     "slurm-tasks-per-node": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "world_size=4"],
                              "set hydra.launcher.tasks_per_node=2", None),
     "slurm-odc-across-nodes": ([*TWO_NODES, "engine=odc"],
