@@ -36,6 +36,7 @@ from submitit.core.utils import FailedJobError, JobPaths
 from odc_bench.app import Job
 from odc_bench.cli import submissions
 from odc_bench.cli.outcomes import measurements, outcome_of
+from odc_bench.cli.slurm_logs import read_why_it_ended
 from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.data.real import write_pending_caches
@@ -386,8 +387,9 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
                 elif states is None or job.job_id in states:
                     continue
                 elif time.monotonic() - left_queue.setdefault(i, time.monotonic()) > GONE_GRACE_S:
-                    error = RuntimeError(f"SLURM job {job.job_id} left the queue without a result; "
-                                         f"see {job.paths.stderr}")
+                    why = read_why_it_ended(job.paths.stderr)
+                    error = RuntimeError(f"SLURM job {job.job_id} left the queue without a result"
+                                         f"{': ' + why if why else ''}; see {job.paths.stderr}")
                     returns[i] = _job_return(job_overrides[i], JobStatus.FAILED, error)
                 else:
                     continue

@@ -1,0 +1,48 @@
+"""Why a SLURM job left the queue without a result, from slurmstepd's lines in its log.
+
+The logs are SLURM's own lines, as this project's one-node cluster wrote them (a job past its
+time limit, a scancel, a requeue and then a time-limit warning), and the out-of-memory line in
+the form public job logs show it."""
+
+import pytest
+
+from odc_bench.cli.slurm_logs import why_it_ended
+
+TIMED_OUT = """\
+submitit WARNING (2026-12-07 22:40:45,001) - Bypassing signal SIGCONT
+slurmstepd-localhost: error: *** STEP 503.0 ON localhost CANCELLED AT 2026-12-07T22:42:06 DUE TO TIME LIMIT ***
+slurmstepd-localhost: error: *** JOB 503 ON localhost CANCELLED AT 2026-12-07T22:42:06 DUE TO TIME LIMIT ***
+srun: got SIGCONT
+srun: forcing job termination
+srun: error: localhost: task 1: Killed
+"""
+SCANCELLED = """\
+srun: Job step aborted: Waiting up to 7 seconds for job step to finish.
+slurmstepd-localhost: error: *** STEP 511.0 ON localhost CANCELLED AT 2026-12-07T22:43:11 ***
+slurmstepd-localhost: error: *** JOB 511 ON localhost CANCELLED AT 2026-12-07T22:43:11 ***
+srun: error: localhost: task 0: Terminated
+"""
+REQUEUED = """\
+slurmstepd-localhost: error: *** JOB 500 ON localhost CANCELLED AT 2026-12-07T22:36:29 DUE TO JOB REQUEUE ***
+slurmstepd-localhost: error: *** STEP 500.0 ON localhost CANCELLED AT 2026-12-07T22:36:29 DUE TO JOB REQUEUE ***
+submitit WARNING (2026-12-07 22:38:06,213) - Caught signal SIGUSR2 on localhost: this job is timed-out.
+"""
+OUT_OF_MEMORY = ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=706.0. Some of your processes may have "
+                 "been killed by the cgroup out-of-memory handler.\nsrun: error: c-8-42: task 0: Out Of Memory\n")
+
+
+@pytest.mark.parametrize(("log", "said"), [
+    (TIMED_OUT, "SLURM cancelled it at its time limit: raise hydra.launcher.timeout_min"),
+    (SCANCELLED, "it was cancelled (scancel)"),
+    (OUT_OF_MEMORY, "SLURM killed a task out of memory: raise hydra.launcher.mem_gb"),
+    (REQUEUED + TIMED_OUT, "SLURM cancelled it at its time limit"),  # the last attempt's end counts
+    (TIMED_OUT.replace("TIME LIMIT", "PREEMPTION"), "SLURM preempted it"),
+    (TIMED_OUT.replace("TIME LIMIT", "SOMETHING NEW"), "SLURM cancelled it (something new)"),
+])
+def test_slurms_own_line_says_why_the_job_ended(log, said):
+    assert why_it_ended(log).startswith(said)
+
+
+@pytest.mark.parametrize("log", ["", REQUEUED, "Traceback (most recent call last):\nKeyError: 'x'\n"])
+def test_a_log_without_slurms_reason_says_nothing(log):
+    assert why_it_ended(log) == ""
