@@ -138,7 +138,7 @@ def _run_task(spec: RunSpec, repeat_index: int, ending: _Ending) -> list[dict] |
     import torch.distributed as dist
 
     from odc_bench.run.worker import RankJob, run_rank, threads_per_rank
-    from odc_core.liveness import PeerLost, one_line
+    from odc_core.liveness import PeerLost
     from odc_core.transport.mpi import NETWORK_ONLY_ENV
     from odc_core.transport.shm import sweep_stale_segments
 
@@ -175,13 +175,13 @@ def _run_task(spec: RunSpec, repeat_index: int, ending: _Ending) -> list[dict] |
     try:
         run_rank(rank, job, local_rank)
     except Exception as e:  # reported through the shared folder: rank 0 names the failing rank
-        atomic_write_text(shared / f"rank{rank}.error", one_line(e))
+        atomic_write_text(shared / f"rank{rank}.error", in_words(e))
         if ending.explains(e):
             return None
         rank0_lost = isinstance(e, PeerLost) and 0 in e.peers
         if (rank != 0 and not rank0_lost) or not _claim_report(shared):
             return None
-        raise RunFailed(_first_error(shared) if rank == 0 else f"rank {rank} failed: {one_line(e)}") from None
+        raise RunFailed(_first_error(shared) if rank == 0 else f"rank {rank} failed: {in_words(e)}") from None
     if rank != 0:
         atomic_write_text(shared / f"rank{rank}.done", "")
         return None
@@ -194,6 +194,20 @@ def _run_task(spec: RunSpec, repeat_index: int, ending: _Ending) -> list[dict] |
     results = [json.loads((shared / f"rank{r}.json").read_text()) for r in range(world)]
     shutil.rmtree(shared, ignore_errors=True)
     return results
+
+
+def in_words(error: Exception) -> str:
+    """A rank's error in one line; submitit's refusal to requeue, raised from its time-limit
+    handler into the run, in the words of this launcher's settings."""
+    from submitit.core.utils import UncompletedJobError
+
+    from odc_core.liveness import one_line
+
+    if isinstance(error, UncompletedJobError):
+        return (f"SLURM warned that the job's time limit was near (hydra.launcher.signal_delay_s ahead of "
+                f"timeout_min) after its last requeue (hydra.launcher.max_num_timeout), and submitit ended the run "
+                f"({one_line(error)}); raise timeout_min, or set checkpoint.every and raise max_num_timeout")
+    return one_line(error)
 
 
 def _claim_report(shared: Path) -> bool:

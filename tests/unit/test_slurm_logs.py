@@ -46,3 +46,17 @@ def test_slurms_own_line_says_why_the_job_ended(log, said):
 @pytest.mark.parametrize("log", ["", REQUEUED, "Traceback (most recent call last):\nKeyError: 'x'\n"])
 def test_a_log_without_slurms_reason_says_nothing(log):
     assert why_it_ended(log) == ""
+
+
+def test_submitits_refusal_to_requeue_is_said_in_the_launchers_settings():
+    """submitit raises UncompletedJobError from its time-limit handler, into the run, once the job
+    has used its requeues (or max_num_timeout=0): the run's row said it in submitit's words only."""
+    from submitit.core.utils import UncompletedJobError
+
+    from odc_bench.run.slurm_task import in_words
+
+    said = in_words(UncompletedJobError("Job not requeued because: timed-out too many times."))
+    assert said.startswith("SLURM warned that the job's time limit was near"), said
+    assert "(UncompletedJobError: Job not requeued because: timed-out too many times.)" in said, said
+    assert said.endswith("raise timeout_min, or set checkpoint.every and raise max_num_timeout"), said
+    assert in_words(KeyError("x")) == "KeyError: 'x'"
