@@ -453,8 +453,10 @@ def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
     held = [n for n, p in model.named_parameters()
             if type(p.data) is torch.Tensor and p.numel() and (is_absent(p) or not p.untyped_storage().nbytes())]
     if held:
-        raise ValueError(f"parameter {held[0]} holds no values (an ODC engine keeps them in its shards): is the model "
-                         f"wrapped by another engine already? wrap a model once")
+        raise ValueError(f"parameter {held[0]} holds no values (an ODC engine keeps them in its shards): the model is "
+                         f"wrapped by another engine already, or was by one that close() ended, which freed them; "
+                         f"wrap a model once, and to train on after close(), take the weights before it "
+                         f"(odc_core.get_state_dict(engine, full=True)) and load them into a new model")
 
 
 def parameter_ids(model: nn.Module) -> dict[str, tuple[int, torch.dtype]]:

@@ -119,14 +119,22 @@ def test_a_minibatch_before_configure_optimizer_is_refused_as_it_begins(engine_n
         engine.close()
 
 
-def test_a_model_odc_wrapped_is_refused_by_a_second_engine_without_reading_its_freed_parameters(one_rank_group):
+@pytest.mark.parametrize("second_engine", ["odc", "collective"])
+@pytest.mark.parametrize("first_closed", [False, True])
+def test_a_model_odc_wrapped_is_refused_by_a_second_engine_without_reading_its_freed_parameters(
+        one_rank_group, first_closed, second_engine):
+    """Wrapped by ODC, or by an ODC engine closed since (its values freed with its shards): the
+    close case was told "is the model wrapped by another engine already?", which it was not."""
     model = Net()
-    first, second = _engine("odc", one_rank_group), _engine("odc", one_rank_group)
+    first, second = _engine("odc", one_rank_group), _engine(second_engine, one_rank_group)
     try:
         first.wrap(model, list(model.layers))
+        if first_closed:
+            first.close()
         with pytest.raises(ValueError, match=r"^parameter layers\.0\.weight holds no values \(an ODC engine keeps "
-                                             r"them in its shards\): is the model wrapped by another engine already\? "
-                                             r"wrap a model once$"):
+                                             r"them in its shards\): the model is wrapped by another engine already, "
+                                             r"or was by one that close\(\) ended, which freed them; wrap a model "
+                                             r"once, and to train on after close\(\), take the weights before it"):
             second.wrap(model, list(model.layers))
     finally:
         second.close()
