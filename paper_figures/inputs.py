@@ -28,7 +28,7 @@ import pandas as pd
 from odc_bench.data.real import UnusedFieldError, source_name
 from odc_bench.data.real import read_lengths as read_source
 from odc_bench.results.series import in_layout, known_engines, layouts, with_workload
-from odc_bench.results.table import TEXT_DTYPES, repeated_header, text_in_numbers
+from odc_bench.results.table import read_csv, repeated_header, text_in_numbers
 
 SCRATCH = "local"
 # Columns the figures cannot do without; a table lacking any is left out with a note.
@@ -72,7 +72,7 @@ def _tables(root: Path, filename: str) -> list[Path]:
 
 
 def _read(path: Path, required: list[str], notes: list[str]) -> pd.DataFrame | None:
-    table = pd.read_csv(path, dtype=TEXT_DTYPES)  # as the harness reads it: a model named 0007 stays 0007
+    table = read_csv(path)  # as the harness reads it: a model named 0007 stays 0007, one named NA stays NA
     missing = [c for c in required if c not in table]
     if missing:
         notes.append(f"{path} left out: it lacks the column(s) {', '.join(missing)}")

@@ -67,7 +67,7 @@ from odc_bench.plan.spec import RunSpec, resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import MB
 from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION
-from odc_bench.results.table import TEXT_DTYPES, TRACE_SUFFIX, compressed, repeated_header, table_paths
+from odc_bench.results.table import TEXT_DTYPES, TRACE_SUFFIX, compressed, read_csv, repeated_header, table_paths
 
 HARDWARE_DIR = REPO_ROOT / "odc_bench" / "conf" / "backend" / "hardware"
 
@@ -116,7 +116,7 @@ def series_from_config(engine: object, backend: object, config_yaml: object) -> 
 def migrate_table(path: Path) -> int:
     """Rewrite one runs.csv in this schema, atomically; return how many rows changed."""
     with locked(path):
-        table = pd.read_csv(path, dtype={**TEXT_DTYPES, "schema_version": str})
+        table = read_csv(path, {**TEXT_DTYPES, "schema_version": str})
         if (header := repeated_header(table)) is not None:
             raise TableError(f"{path}: {header}")
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()

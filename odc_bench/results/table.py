@@ -134,10 +134,22 @@ def check_results_dir(results_dir: Path) -> None:
 TEXT_DTYPES = dict.fromkeys(TEXT_COLUMNS, str)
 
 
+def read_csv(path: Path, dtype: Mapping[str, object] = TEXT_DTYPES) -> pd.DataFrame:
+    """A results table as it was written: the `dtype` columns as text, in which only an empty
+    cell is missing. pandas takes NA, null, None, nan and its other missing-value words for
+    missing in every column, so a model or dataset named NA read as missing, and an append or a
+    migration wrote it back empty; the numeric columns keep pandas' words."""
+    from pandas._libs.parsers import STR_NA_VALUES  # pandas' own list of those words
+
+    header = pd.read_csv(path, nrows=0).columns
+    missing = {c: [""] if c in dtype else sorted(STR_NA_VALUES) for c in header}
+    return pd.read_csv(path, dtype=dtype, keep_default_na=False, na_values=missing)
+
+
 def read_table(path: Path) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame(columns=COLUMNS)
-    return pd.read_csv(path, dtype=TEXT_DTYPES)
+    return read_csv(path)
 
 
 def append_row(path: Path, row: Mapping) -> int:

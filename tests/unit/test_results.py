@@ -87,6 +87,32 @@ def test_text_that_looks_like_a_number_stays_text_through_appends_collect_and_th
     assert sorted(read_runs(tmp_path / "ours", [])["model"]) == ["0007", "0007"]
 
 
+# Text that pandas takes for a missing value wherever it stands: a model, dataset or host so named.
+MISSING_LIKE = {"model": "NA", "host": "null", "dataset": "None", "error": "N/A", "variant": "nan"}
+
+
+def test_text_that_pandas_takes_for_missing_stays_text_through_appends_collect_figures_and_migration(tmp_path):
+    """A model named NA read back as missing: the next append wrote the row's model empty."""
+    from odc_bench.results.collect import collect
+    from odc_bench.results.migrate import migrate_table
+    from paper_figures.inputs import read_runs
+
+    path = tmp_path / "ours" / "runs.csv"
+    for run_id in ("a", "b"):  # the second append reads the first row back and writes it again
+        append_row(path, {"run_id": run_id, "schema_version": SCHEMA_VERSION, "status": "ok", "engine": "odc",
+                          "samples_per_s": 1.5, **MISSING_LIKE})
+    table = read_table(path)
+    for column, text in MISSING_LIKE.items():
+        assert list(table[column]) == [text, text], column
+    assert table["balancer"].isna().all() and table["loss_last"].isna().all()  # empty cells are still missing
+    assert sorted(collect([tmp_path / "ours"], tmp_path / "all.csv")["model"]) == ["NA", "NA"]
+    assert sorted(read_runs(tmp_path / "ours", [])["model"]) == ["NA", "NA"]
+    table.loc[:, "schema_version"] = SCHEMA_VERSION - 1  # any earlier schema: migrate rewrites the table
+    table.drop(columns=["resumed_from", "requeues"]).to_csv(path, index=False)
+    migrate_table(path)
+    assert list(read_table(path)["model"]) == ["NA", "NA"]
+
+
 def test_a_table_of_its_own_schema_is_written_back_as_it_was_read(tmp_path):
     from odc_bench.results.table import append_rows
 
