@@ -389,7 +389,7 @@ def _newest_step(results: Path) -> int:
     return max(int(p.name.split("-")[1]) for p in results.glob("checkpoints/*/step-*[0-9]"))
 
 
-def _requeued_then_started(job_id: str, within_s: float = 10) -> None:
+def _requeued_then_started(job_id: str, within_s: float = 30) -> None:
     """Wait for the job to be requeued, then start it at once with time to finish: SLURM holds a
     requeued job back for a while (its BeginTime), and root administers this test's cluster. Not
     its five minutes back: on a loaded host a last attempt once outlasted them, SLURM's time-limit
