@@ -270,6 +270,9 @@ def precheck(argv: Sequence[str], planner: Planner) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         sweeps = [o.input_line for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
+        if own := [o.input_line for o in parsed if o.is_sweep_override() and o.is_hydra_override()]:
+            raise ConfigError(f"{own[0]!r} lists several values of a setting of Hydra's, which Hydra does not sweep; "
+                              f"give it one value, and run the command once per value")
         if sweeps and not multirun:
             raise ConfigError(f"{sweeps[0]!r} lists several values; add --multirun to sweep over them, "
                               f"or quote the value to pass it as one string")

@@ -201,6 +201,12 @@ def pending_reason(reason: str, partition: str, nodes: str) -> str:
     """Why a job waits, in a user's words where SLURM's reason code is about its size."""
     if reason in ("PartitionNodeLimit", "Resources", "ReqNodeNotAvail", "PartitionConfig", "BadConstraints"):
         have = _partition_nodes(partition)
+        if reason == "PartitionConfig" and have and nodes.isdigit() and int(nodes) <= have:
+            # Not the node count, then: SLURM queues a job asking a node for more than the
+            # partition's nodes have, and it never starts (cpus_per_task=64 on 2-CPU nodes).
+            return (f"it asks for more than partition {partition} offers, so SLURM will not start it: compare "
+                    f"hydra.launcher.cpus_per_task x tasks_per_node, mem_gb, gpus_per_node and timeout_min with "
+                    f"sinfo -p {partition} -o '%D %c %m %G %l' (SLURM: {reason})")
         size = f"needs {nodes} node{'s' * (nodes != '1')}" + (f", partition {partition} has {have}" if have else "")
         return f"{size} (SLURM: {reason})"
     return f"SLURM: {reason}"

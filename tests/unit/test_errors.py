@@ -279,6 +279,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "slurm-time-limit-inside-its-warning": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=2"],
                                             "hydra.launcher.timeout_min=2 ends the job within SLURM's time-limit "
                                             "warning (hydra.launcher.signal_delay_s=120 s before the end)", None),
+    "sweep-of-a-hydra-setting": (["-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug,gpu"],
+                                 "'hydra.launcher.partition=debug,gpu' lists several values of a setting of Hydra's, "
+                                 "which Hydra does not sweep; give it one value, and run the command once per value",
+                                 None),
     "slurm-negative-time-limit": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=-1"],
                                   "hydra.launcher.timeout_min, each run's time limit in minutes, cannot be negative "
                                   "(0: no limit, as sbatch --time=0), got -1", None),

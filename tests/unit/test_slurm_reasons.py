@@ -1,4 +1,5 @@
-"""Why a SLURM job left the queue without a result, from slurmstepd's lines in its log.
+"""Why a SLURM job waits, from squeue's reason, and why it left the queue without a result,
+from slurmstepd's lines in its log.
 
 The logs are SLURM's own lines, as this project's one-node cluster wrote them (a job past its
 time limit, a scancel, a requeue and then a time-limit warning), and the out-of-memory line in
@@ -60,3 +61,19 @@ def test_submitits_refusal_to_requeue_is_said_in_the_launchers_settings():
     assert "(UncompletedJobError: Job not requeued because: timed-out too many times.)" in said, said
     assert said.endswith("raise timeout_min, or set checkpoint.every and raise max_num_timeout"), said
     assert in_words(KeyError("x")) == "KeyError: 'x'"
+
+
+@pytest.mark.parametrize(("reason", "nodes", "said"), [
+    # squeue's reason for cpus_per_task=64 on this cluster's one 2-CPU node: the node count fits.
+    ("PartitionConfig", "1", "it asks for more than partition debug offers, so SLURM will not start it: compare "
+                             "hydra.launcher.cpus_per_task x tasks_per_node, mem_gb, gpus_per_node and timeout_min "
+                             "with sinfo -p debug -o '%D %c %m %G %l' (SLURM: PartitionConfig)"),
+    ("PartitionConfig", "2", "needs 2 nodes, partition debug has 1 (SLURM: PartitionConfig)"),
+    ("Resources", "1", "needs 1 node, partition debug has 1 (SLURM: Resources)"),
+    ("BeginTime", "1", "SLURM: BeginTime"),
+])
+def test_a_pending_jobs_reason_says_what_to_change(monkeypatch, reason, nodes, said):
+    from odc_bench.cli import slurm
+
+    monkeypatch.setattr(slurm, "_partition_nodes", lambda partition: 1)
+    assert slurm.pending_reason(reason, "debug", nodes) == said
