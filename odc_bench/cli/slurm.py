@@ -89,6 +89,9 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
         # task per rank had every task run the whole benchmark, at once, each writing its rows.
         return {**params, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": (params["cpus_per_task"] or 1) * world_size}
     nodes, per_node = params["nodes"], params["tasks_per_node"]
+    for key, value in (("nodes", nodes), ("tasks_per_node", per_node)):
+        require(isinstance(value, int) and value >= 1, f"hydra.launcher.{key} must be a whole number, at least 1, "
+                                                        f"got {value}")
     if nodes * per_node != world_size:
         fix = (f"set hydra.launcher.tasks_per_node={world_size // nodes}" if world_size % nodes == 0 else
                f"world_size must divide evenly over the nodes: choose a multiple of {nodes} or other nodes")

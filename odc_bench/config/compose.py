@@ -247,7 +247,10 @@ def hydra_error_line(error: Exception) -> str:
             return f"unknown {group} option {value!r}; choose one of {', '.join(sorted(error.options))}"
     first = str(error).strip().splitlines()
     text = " ".join(line.strip() for line in first[:2] if line.strip())
-    return text or type(error).__name__
+    # "Error merging override hydra.launcher.nodes=1.5" says what but not why; OmegaConf's cause does.
+    cause = str(error.__cause__ or "").strip().splitlines()
+    return f"{text} ({cause[0].strip()})" if text and cause and cause[0].strip() not in text else \
+        text or type(error).__name__
 
 
 @functools.cache

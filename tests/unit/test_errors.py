@@ -283,6 +283,11 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                  "'hydra.launcher.partition=debug,gpu' lists several values of a setting of Hydra's, "
                                  "which Hydra does not sweep; give it one value, and run the command once per value",
                                  None),
+    "launcher-setting-of-another-type": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=1.5"],
+                                         "Error merging override hydra.launcher.nodes=1.5 (Value '1.5' of type "
+                                         "'float' could not be converted to Integer)", None),
+    "slurm-no-nodes": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=0"],
+                       "hydra.launcher.nodes must be a whole number, at least 1, got 0", None),
     "slurm-negative-time-limit": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=-1"],
                                   "hydra.launcher.timeout_min, each run's time limit in minutes, cannot be negative "
                                   "(0: no limit, as sbatch --time=0), got -1", None),
