@@ -71,6 +71,11 @@ COUNT_LIMIT = 2**31
 _FORMAT = "one JSON value per line: a token count, a list of token ids, or an object holding either (dataset.field)"
 
 
+# datasets reads a CSV file through pandas, which takes more than an empty cell for missing.
+_CSV_MISSING = ("; in a CSV file, an empty cell or one reading NA, None, null, N/A or nan, which pandas takes for "
+                "missing")
+
+
 def _json_name(value: object) -> str:
     """How the file spells the value (null, true, an object), not Python's type name."""
     if value is None or isinstance(value, bool):
@@ -109,7 +114,8 @@ def _sample(value: object, where: str) -> tuple[int, list[int] | None]:
         raise DataError(f"{where}: expected a token count or a list of token ids, got text; tokenize it first, or "
                         f"use dataset=hf_disk with dataset.tokenizer, which tokenizes a column of text (a JSONL "
                         f"file's objects too, dataset.text_field naming the key)")
-    raise DataError(f"{where}: expected a token count or a list of token ids, got {_json_name(value)}")
+    missing = f" ({_CSV_MISSING.removeprefix('; ')})" if value is None else ""
+    raise DataError(f"{where}: expected a token count or a list of token ids, got {_json_name(value)}{missing}")
 
 
 def _collect(samples: Iterable[tuple[int, list[int] | None]]) -> tuple[np.ndarray, np.ndarray]:
@@ -262,6 +268,8 @@ def _text(value: object, where: str) -> str:
         return "\n".join(str(m["content"]) for m in value)
     if isinstance(value, list) and all(isinstance(m, str) for m in value):
         return "\n".join(value)
+    if value is None:
+        raise DataError(f"{where}: a sample has no text (null{_CSV_MISSING}); fill it in or drop that sample")
     raise DataError(f"{where}: expected text or chat messages to tokenize, got {type(value).__name__}")
 
 

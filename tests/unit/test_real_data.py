@@ -425,3 +425,20 @@ def test_a_csv_with_a_header_is_a_table_and_one_of_bare_counts_stays_json_lines(
     bare = tmp_path / "bare.csv"
     bare.write_text("120\n45\n")
     assert real.data_file_kind(bare) is None and load_lengths("jsonl", str(bare)).tolist() == [120, 45]
+
+
+def test_a_csv_cell_pandas_takes_for_missing_is_named_as_such(tmp_path):
+    """datasets reads CSV through pandas, which reads a cell saying NA or None as missing: the
+    refusal said "got NoneType" of a file that holds no such thing."""
+    tok = str(write_tokenizer(tmp_path / "tok"))
+    texts = tmp_path / "texts.csv"
+    texts.write_text("text\nhello world\nNone\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"texts\.csv column 'text' \(batch 0\): a sample has no text \(null; in a CSV "
+                                        r"file, an empty cell or one reading NA, None, null, N/A or nan, which pandas "
+                                        r"takes for missing\); fill it in or drop that sample$"):
+        load_lengths("hf_disk", str(texts), tokenizer=tok)
+    counts = tmp_path / "counts.csv"
+    counts.write_text("id,length\n0,120\n1,NA\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"expected a token count or a list of token ids, got null \(in a CSV file, an "
+                                        r"empty cell or one reading NA"):
+        load_lengths("hf_disk", str(counts), text_field="length")
