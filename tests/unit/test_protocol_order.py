@@ -466,3 +466,32 @@ def test_an_evaluation_between_minibatches_with_reshard_after_forward_off_trains
     torch.testing.assert_close(evaluated, expected)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(got[name], p.detach(), msg=name)
+
+
+class _FailingStep(torch.optim.SGD):
+    """An optimizer whose step raises, as SparseAdam's does on dense gradients."""
+
+    def step(self, closure=None):  # type: ignore[override]
+        raise RuntimeError("the step failed")
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_failed_step_the_loop_caught_leaves_close_to_end_at_once(engine_name, one_rank_group):
+    """A loop that catches a failed minibatch and closes the engine in its `finally`: ODC's close()
+    drained, waiting out timeout_s for this rank's own step, then raised PeerTimeout naming it."""
+    model = Net()
+    engine = _engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(_FailingStep, lr=0.1))
+        engine.begin_minibatch()
+        _microbatch(model)
+        with pytest.raises(RuntimeError, match="the step failed"):
+            engine.finish_minibatch()
+        if engine_name == "odc":  # its peers wait for the step it could not apply
+            with pytest.raises(RuntimeError, match=r"^begin_minibatch\(\) after minibatch 0 failed \(RuntimeError: "
+                                                   r"the step failed\): the engine cannot go on from it; close\(\) "
+                                                   r"it and resume from a checkpoint$"):
+                engine.begin_minibatch()
+    finally:
+        engine.close()

@@ -68,6 +68,7 @@ from odc_core.engine.outputs import unit_labels
 from odc_core.engine.rank0 import skeleton_from_rank0
 from odc_core.engine.registry import OdcOptions, shard_group_size
 from odc_core.engine.sharing import check_units
+from odc_core.liveness import one_line
 from odc_core.transport.base import PeerTimeout, SymmetricHeap
 from odc_core.transport.registry import TRANSPORTS, make_heap
 
@@ -286,6 +287,10 @@ class OdcEngine:
                     self.versions.closing.is_set())
         # Before the minibatch opens: one that cannot be stepped left close() waiting for its step.
         configured(self.versions.step_rule, "begin_minibatch()")
+        if self.versions.failed is not None:  # its peers wait for the step it could not finish
+            raise RuntimeError(f"begin_minibatch() after minibatch {self.minibatch} failed "
+                               f"({one_line(self.versions.failed)}): the engine cannot go on from it; close() it "
+                               f"and resume from a checkpoint")
         self.versions.begin()
 
     def finish_minibatch(self) -> float | None:
@@ -294,6 +299,13 @@ class OdcEngine:
         gradient norm before clipping when the engine clips (base.py)."""
         check_order("finish_minibatch", self.minibatch if self.versions.inside else None,
                     self.versions.closing.is_set())
+        try:
+            return self._finish_minibatch()
+        except BaseException as e:
+            self.versions.failed = self.versions.failed or e
+            raise
+
+    def _finish_minibatch(self) -> float | None:
         if self._hooks is not None:
             self._hooks.finish_cut_short()
         for unit in self.units:
@@ -380,7 +392,10 @@ class OdcEngine:
             return None
 
     def close(self) -> None:
-        v, raised = self.versions, sys.exc_info()[1]
+        # A failure the loop caught (an optimizer step that raised) left a minibatch this rank
+        # cannot finish: a drain waited out timeout_s for its own step, then named this rank.
+        v = self.versions
+        raised = sys.exc_info()[1] or v.failed
         ended: BaseException | None = None
         if raised is None and v.minibatch >= 0 and not v.inside and not v.closing.is_set():
             # A close between minibatches, no error unwinding, ends the run: it drains, so that a

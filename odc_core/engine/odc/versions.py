@@ -87,6 +87,9 @@ class Versions:
         self._unstepped: deque[int] = deque()
         self._done_seen = [0] * heap.world_size
         self.closing = threading.Event()
+        # What broke a minibatch of this rank (finish_minibatch or a step raised): close() then
+        # tells the peers instead of waiting for that minibatch's steps.
+        self.failed: BaseException | None = None
 
     def allocate(self) -> None:
         """The flags, collectively; every rank calls it once its shards are allocated."""
@@ -219,6 +222,13 @@ class Versions:
         """Version k + 1 = AdamW(version k, minibatch k's gradients), written into its own slot;
         then minibatch k's accumulator slot is zeroed for minibatch k + s + 1 and the version
         published. The slot version k + 1 takes held version k - s, which only minibatch k read."""
+        try:
+            return self._apply_step(k)
+        except BaseException as e:
+            self.failed = self.failed or e
+            raise
+
+    def _apply_step(self, k: int) -> float | None:
         step = configured(self.step_rule, "the step")
         t0 = self._now()
         now, new = k % self.slots, (k + 1) % self.slots
