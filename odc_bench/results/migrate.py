@@ -119,6 +119,12 @@ def migrate_table(path: Path) -> int:
         table = read_csv(path, {**TEXT_DTYPES, "schema_version": str})
         if (header := repeated_header(table)) is not None:
             raise TableError(f"{path}: {header}")
+        # Every schema since 1 only added columns: one outside this schema's was added by hand,
+        # and the rewrite below, to this schema's columns, dropped it without a word.
+        if foreign := [str(c) for c in table.columns if c not in COLUMNS]:
+            raise TableError(f"{path} has the column(s) {', '.join(foreign)}, which no schema of the results table "
+                             f"holds: migrating would drop them; keep them in a file of your own, remove them from "
+                             f"the table, then migrate it")
         versions = set(table["schema_version"].dropna()) if "schema_version" in table else set()
         current = versions <= {str(SCHEMA_VERSION)} and list(table.columns) == COLUMNS
         rekeyable = pd.Series([_keyed_otherwise_before(c) for c in table["config"]], index=table.index, dtype=bool) \

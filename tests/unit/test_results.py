@@ -113,6 +113,24 @@ def test_text_that_pandas_takes_for_missing_stays_text_through_appends_collect_f
     assert list(read_table(path)["model"]) == ["NA", "NA"]
 
 
+def test_migrate_refuses_a_column_added_by_hand_and_writes_nothing(tmp_path):
+    """A column no schema holds (notes a user added in a spreadsheet): the rewrite to this schema's
+    columns dropped it without a word."""
+    from odc_bench.errors import TableError
+    from odc_bench.results.migrate import migrate_table
+
+    path = tmp_path / "runs.csv"
+    append_row(path, {"run_id": "a", "schema_version": SCHEMA_VERSION, "status": "ok", "engine": "odc"})
+    table = read_table(path).assign(schema_version=SCHEMA_VERSION - 1, notes="keep me")
+    table.to_csv(path, index=False)
+    before = path.read_bytes()
+    with pytest.raises(TableError, match=r"runs\.csv has the column\(s\) notes, which no schema of the results "
+                                         r"table holds: migrating would drop them; keep them in a file of your "
+                                         r"own, remove them from the table, then migrate it$"):
+        migrate_table(path)
+    assert path.read_bytes() == before
+
+
 def test_a_table_of_its_own_schema_is_written_back_as_it_was_read(tmp_path):
     from odc_bench.results.table import append_rows
 
