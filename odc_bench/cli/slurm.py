@@ -109,17 +109,18 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
 
 def check_time_limit(cfg: DictConfig, timeout_min: Any) -> None:
     """A time limit inside SLURM's warning window signals the job as soon as it starts, and
-    submitit's hook requeues it, max_num_timeout times over, before it has trained at all."""
+    submitit answers the signal at once: it requeues the job, max_num_timeout times over, and
+    after the last (at once with max_num_timeout=0) ends the run, before it has trained at all."""
     require(timeout_min is None or timeout_min >= 0, f"hydra.launcher.timeout_min, each run's time limit in "
             f"minutes, cannot be negative (0: no limit, as sbatch --time=0), got {timeout_min}")
     signal_s = OmegaConf.select(cfg, "hydra.launcher.signal_delay_s")
-    requeues = OmegaConf.select(cfg, "hydra.launcher.max_num_timeout")
-    if not (timeout_min and signal_s and requeues) or timeout_min * 60 > signal_s:
+    if not (timeout_min and signal_s) or timeout_min * 60 > signal_s:
         return
+    requeues = OmegaConf.select(cfg, "hydra.launcher.max_num_timeout")
     raise ConfigError(f"hydra.launcher.timeout_min={timeout_min} ends the job within SLURM's time-limit warning "
-                      f"(hydra.launcher.signal_delay_s={signal_s} s before the end), so submitit would requeue it "
-                      f"as soon as it starts, {requeues} times (max_num_timeout), before it trains; set timeout_min "
-                      f"above {signal_s / 60:g}, or signal_delay_s below {timeout_min * 60}")
+                      f"(hydra.launcher.signal_delay_s={signal_s} s before the end), which comes as the job starts: "
+                      f"submitit would requeue it {requeues} times (max_num_timeout), then end the run, before it "
+                      f"trains; set timeout_min above {signal_s / 60:g}, or signal_delay_s below {timeout_min * 60}")
 
 
 def check_slurm_available() -> None:

@@ -278,7 +278,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
                                   "hydra.launcher.nodes (2) x tasks_per_node (3) must equal world_size (3)", None),
     "slurm-time-limit-inside-its-warning": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=2"],
                                             "hydra.launcher.timeout_min=2 ends the job within SLURM's time-limit "
-                                            "warning (hydra.launcher.signal_delay_s=120 s before the end)", None),
+                                            "warning (hydra.launcher.signal_delay_s=120 s before the end), which "
+                                            "comes as the job starts: submitit would requeue it 3 times "
+                                            "(max_num_timeout), then end the run, before it trains; set timeout_min "
+                                            "above 2, or signal_delay_s below 120", None),
     "sweep-of-a-hydra-setting": (["-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug,gpu"],
                                  "'hydra.launcher.partition=debug,gpu' lists several values of a setting of Hydra's, "
                                  "which Hydra does not sweep; give it one value, and run the command once per value",
