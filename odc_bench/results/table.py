@@ -68,8 +68,12 @@ def check_table(path: Path) -> None:
         extra = [str(c) for c in table.columns if c not in COLUMNS]
         diff = "; ".join(part for part in (f"missing {_some(missing)}" if missing else "",
                                            f"unexpected {_some(extra)}" if extra else "") if part)
+        # A spreadsheet's edits: a column added (which migrate refuses to drop), or the columns
+        # reordered (which migrate puts back in order).
+        undo = ("remove the column(s) it added (keep them in a file of your own), or " if extra and not missing else
+                f"put them back in order with `python -m odc_bench.results migrate {path}`, or " if not diff else "")
         raise TableError(f"{path} does not have the columns of results schema version {SCHEMA_VERSION} "
-                         f"({diff or 'same columns in another order'}); {fix}")
+                         f"({diff or 'same columns in another order'}); {undo}{fix}")
     if (header := repeated_header(table)) is not None:
         raise TableError(f"{path}: {header}")
     versions = set(table["schema_version"].dropna())

@@ -114,6 +114,9 @@ ROW_OTHER = ",".join(str(OTHER_VERSION) if c == "schema_version" else "x" for c 
 ROW_TEXT_IN_NUMBERS = ",".join({"run_id": "abc", "schema_version": str(SCHEMA_VERSION),
                                 "samples_per_s": "fast"}.get(c, "") for c in COLUMNS)
 ROW_OK = ",".join({"run_id": "abc", "schema_version": str(SCHEMA_VERSION), "status": "ok"}.get(c, "") for c in COLUMNS)
+# The table with its first two columns swapped, as a spreadsheet's drag leaves it.
+_REORDERED = "\n".join(",".join([line.split(",")[1], line.split(",")[0], *line.split(",")[2:]])
+                        for line in (HEADER, ROW_OK))
 
 # case -> (command line, the message it must give, set-up of the files it names, which may return
 # environment variables the case needs)
@@ -446,6 +449,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "runs-csv-is-a-folder": ([], "runs.csv is not a file", _runs_csv(None)),
     "runs-csv-other-columns": ([], f"does not have the columns of results schema version {SCHEMA_VERSION} (missing ",
                                _runs_csv("run_id,status,samples_per_s\nabc,ok,1.0\n")),
+    "runs-csv-column-added": ([], "(unexpected notes); remove the column(s) it added (keep them in a file of your "
+                                  "own), or move it away", _runs_csv(f"{HEADER},notes\n{ROW_OK},mine\n")),
+    "runs-csv-columns-reordered": ([], "(same columns in another order); put them back in order with `python -m "
+                                       "odc_bench.results migrate ", _runs_csv(f"{_REORDERED}\n")),
     "runs-csv-other-schema-version": ([], f"holds rows of schema_version {OTHER_VERSION}, this code writes "
                                           f"{SCHEMA_VERSION}", _runs_csv(f"{HEADER}\n{ROW_OTHER}\n")),
     "runs-csv-not-csv": ([], "is not a readable results table", _runs_csv('a,b\n"unterminated\n')),
