@@ -41,7 +41,7 @@ from odc_bench.config.fields import require
 from odc_bench.config.run import load
 from odc_bench.data.real import write_pending_caches
 from odc_bench.errors import ConfigError, fail
-from odc_bench.files import interrupts_deferred, interrupts_live
+from odc_bench.files import folder_problem, interrupts_deferred, interrupts_live
 from odc_bench.jobs import progress
 from odc_bench.jobs.train import uses_mpi
 from odc_bench.plan.spec import Planner, RunSpec
@@ -78,6 +78,7 @@ def job_parameters(cfg: DictConfig, spec: RunSpec) -> dict[str, Any]:
     world_size = spec.world_size
     params = {k: OmegaConf.select(cfg, f"hydra.launcher.{k}") for k in PER_RUN_KEYS}
     check_time_limit(cfg, params["timeout_min"])
+    check_submitit_folder(cfg)
     if spec.config.simulated:
         # The simulator is one process whatever world_size it models: one task, no GPU. With a
         # task per rank, each simulated the run and wrote its row (or found the other's and
@@ -121,6 +122,17 @@ def check_time_limit(cfg: DictConfig, timeout_min: Any) -> None:
                       f"(hydra.launcher.signal_delay_s={signal_s} s before the end), which comes as the job starts: "
                       f"submitit would requeue it {requeues} times (max_num_timeout), then end the run, before it "
                       f"trains; set timeout_min above {signal_s / 60:g}, or signal_delay_s below {timeout_min * 60}")
+
+
+def check_submitit_folder(cfg: DictConfig) -> None:
+    """The folder submitit writes each job's script, logs and results under (up to its first
+    %-pattern, which SLURM fills in) can be made and written: submitit failed in a traceback."""
+    given = str(OmegaConf.select(cfg, "hydra.launcher.submitit_folder") or "")
+    prefix = given.split("%", 1)[0]
+    base = Path(prefix if "%" not in given or prefix.endswith("/") else Path(prefix).parent).absolute()
+    if given and (problem := folder_problem(base)) is not None:
+        raise ConfigError(f"hydra.launcher.submitit_folder={given}: {base} {problem[0]}; set it to {problem[1]} "
+                          f"(one every node shares)")
 
 
 def check_slurm_available() -> None:

@@ -292,6 +292,10 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "launcher-setting-of-another-type": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=1.5"],
                                          "Error merging override hydra.launcher.nodes=1.5 (Value '1.5' of type "
                                          "'float' could not be converted to Integer)", None),
+    "slurm-submitit-folder-under-a-file": (["-m", "hydra/launcher=slurm",
+                                            "hydra.launcher.submitit_folder={tmp}/file/%j"],
+                                           "/file is not a directory; set it to a folder (one every node shares)",
+                                           _file),
     "slurm-no-nodes": (["-m", "hydra/launcher=slurm", "hydra.launcher.nodes=0"],
                        "hydra.launcher.nodes must be a whole number, at least 1, got 0", None),
     "slurm-negative-time-limit": (["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=-1"],
