@@ -224,6 +224,12 @@ def check_run(cfg: DictConfig, planner: Planner) -> None:
     check_results_dir(Path(config.results_dir))
     if config.simulated:
         check_hardware(spec)
+    elif config.checkpoint.every and config.checkpoint.dir is not None:
+        # Checked here, not at the first save: there the run failed in an OSError and wrote a failed row.
+        folder = Path(config.checkpoint.dir).absolute()
+        if (problem := folder_problem(folder)) is not None:
+            raise ConfigError(f"checkpoint.dir {folder} {problem[0]}; set it to {problem[1]}, or to null (the "
+                              f"results folder's checkpoints/)")
     spec.check_compile()  # a SLURM job's ranks run this Python and torch too
     if on_slurm:
         job_parameters(cfg, spec)

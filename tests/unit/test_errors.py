@@ -445,6 +445,8 @@ CASES: dict[str, tuple[list[str], str, Callable[[Path], dict[str, str] | None] |
     "results-dir-name-too-long": ([f"results_dir={{tmp}}/{'r' * 300}/sub"],
                                   "has a name of 300 bytes (rrrrrrrrrrrr...), over the 255 its file system takes; set "
                                   "results_dir to a folder with shorter names", None),
+    "checkpoint-dir-under-a-file": (["num_minibatches=4", "checkpoint.every=2", "checkpoint.dir={tmp}/file/ckpt"],
+                                    "/file/ckpt cannot be created: ", _file),
     "hydra-output-under-a-file": (["hydra.run.dir={tmp}/file/out"], "/file/out cannot be created: ", _file),
     "hydra-sweep-output-on-proc": (["--multirun", "world_size=1,2", "hydra.sweep.dir=/proc/x"],
                                    "Hydra's output folder /proc/x is on proc (/proc), a pseudo-filesystem showing the "
