@@ -76,6 +76,11 @@ _CSV_MISSING = ("; in a CSV file, an empty cell or one reading NA, None, null, N
                 "missing")
 
 
+def _csv_missing(where: str) -> str:
+    """_CSV_MISSING where `where` (the message's place: a file and column, or a line) is a CSV file's."""
+    return _CSV_MISSING if ".csv" in where.lower() else ""
+
+
 def _json_name(value: object) -> str:
     """How the file spells the value (null, true, an object), not Python's type name."""
     if value is None or isinstance(value, bool):
@@ -114,7 +119,7 @@ def _sample(value: object, where: str) -> tuple[int, list[int] | None]:
         raise DataError(f"{where}: expected a token count or a list of token ids, got text; tokenize it first, or "
                         f"use dataset=hf_disk with dataset.tokenizer, which tokenizes a column of text (a JSONL "
                         f"file's objects too, dataset.text_field naming the key)")
-    missing = f" ({_CSV_MISSING.removeprefix('; ')})" if value is None else ""
+    missing = f" ({_csv_missing(where).removeprefix('; ')})" if value is None and _csv_missing(where) else ""
     raise DataError(f"{where}: expected a token count or a list of token ids, got {_json_name(value)}{missing}")
 
 
@@ -269,7 +274,7 @@ def _text(value: object, where: str) -> str:
     if isinstance(value, list) and all(isinstance(m, str) for m in value):
         return "\n".join(value)
     if value is None:
-        raise DataError(f"{where}: a sample has no text (null{_CSV_MISSING}); fill it in or drop that sample")
+        raise DataError(f"{where}: a sample has no text (null{_csv_missing(where)}); fill it in or drop that sample")
     raise DataError(f"{where}: expected text or chat messages to tokenize, got {type(value).__name__}")
 
 
