@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -207,6 +208,10 @@ def in_words(error: Exception) -> str:
         return (f"SLURM warned that the job's time limit was near (hydra.launcher.signal_delay_s ahead of "
                 f"timeout_min) after its last requeue (hydra.launcher.max_num_timeout), and submitit ended the run "
                 f"({one_line(error)}); raise timeout_min, or set checkpoint.every and raise max_num_timeout")
+    if isinstance(error, subprocess.CalledProcessError) and list(error.cmd)[:2] == ["scontrol", "requeue"]:
+        # SLURM's warning and its time-out at one check (a limit lowered below the job's run time).
+        return (f"SLURM ended the job (its time limit, or a cancel) while submitit requeued it at SLURM's warning "
+                f"({one_line(error)}); run the sweep again to resume from the newest checkpoint")
     return one_line(error)
 
 

@@ -5,6 +5,8 @@ The logs are SLURM's own lines, as this project's one-node cluster wrote them (a
 time limit, a scancel, a requeue and then a time-limit warning), and the out-of-memory line in
 the form public job logs show it."""
 
+import subprocess
+
 import pytest
 
 from odc_bench.cli.slurm_logs import why_it_ended
@@ -61,6 +63,12 @@ def test_submitits_refusal_to_requeue_is_said_in_the_launchers_settings():
     assert "(UncompletedJobError: Job not requeued because: timed-out too many times.)" in said, said
     assert said.endswith("raise timeout_min, or set checkpoint.every and raise max_num_timeout"), said
     assert in_words(KeyError("x")) == "KeyError: 'x'"
+    # The last stop's CI: the warning and the time-out at one check, SLURM's SIGTERM killing the requeue.
+    killed = subprocess.CalledProcessError(-15, ["scontrol", "requeue", "494"])
+    assert in_words(killed) == ("SLURM ended the job (its time limit, or a cancel) while submitit requeued it at "
+                                "SLURM's warning (CalledProcessError: Command '['scontrol', 'requeue', '494']' died "
+                                "with <Signals.SIGTERM: 15>.); run the sweep again to resume from the newest "
+                                "checkpoint")
 
 
 @pytest.mark.parametrize(("reason", "nodes", "said"), [
