@@ -495,3 +495,41 @@ def test_a_failed_step_the_loop_caught_leaves_close_to_end_at_once(engine_name, 
                 engine.begin_minibatch()
     finally:
         engine.close()
+
+
+def _close_after_a_failed_drain(rank: int, world: int, store: object) -> str:
+    import torch.distributed as dist
+
+    from odc_core.engine.registry import OdcOptions
+
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
+    engine = make_engine("odc", EngineContext(torch.device("cpu"), store, "drained", 2.0, "fp32"),
+                         OdcOptions(staleness=1))
+    said = ""
+    try:
+        model = Net()
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        if rank == 0:  # rank 1 never finishes its minibatch: the drain times out, and the loop catches it
+            engine.begin_minibatch()
+            _microbatch(model)
+            engine.finish_minibatch()
+            with pytest.raises(TimeoutError):
+                engine.drain()
+            try:
+                engine.close()
+            except Exception as e:  # before: the close drained again, and timed out again
+                said = f"close() raised {type(e).__name__}: {e}"
+            store.set("closed", "1")  # type: ignore[attr-defined]
+        else:
+            store.wait(["closed"])  # type: ignore[attr-defined]
+        return said
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def test_a_drain_that_timed_out_and_was_caught_leaves_close_to_end_at_once():
+    from odc_bench.run.ranks import run_ranks
+
+    assert run_ranks(_close_after_a_failed_drain, 2, timeout_s=60)[0] == ""

@@ -154,6 +154,13 @@ class Versions:
         """Wait until every owner has applied the step of every minibatch begun so far (this
         rank's own steps included, which it applies here as their pushes land); `traced`: the
         wait is a "sync" span of the trace (stale-synchronous ODC)."""
+        try:
+            self._drain(traced)
+        except BaseException as e:  # a peer gone or late: close() must not wait for it again
+            self.failed = self.failed or e
+            raise
+
+    def _drain(self, traced: bool) -> None:
         t0 = self._now()
         while self._unstepped:
             k = self._unstepped[0]
