@@ -392,8 +392,8 @@ class OdcEngine:
             return None
 
     def close(self) -> None:
-        # A failure the loop caught (an optimizer step that raised) left a minibatch this rank
-        # cannot finish: a drain waited out timeout_s for its own step, then named this rank.
+        # A failure the loop caught (a step that raised, a drain that timed out) left steps that
+        # will not come: a drain here waited out timeout_s for them, then named a rank.
         v = self.versions
         raised = sys.exc_info()[1] or v.failed
         ended: BaseException | None = None

@@ -87,8 +87,8 @@ class Versions:
         self._unstepped: deque[int] = deque()
         self._done_seen = [0] * heap.world_size
         self.closing = threading.Event()
-        # What broke a minibatch of this rank (finish_minibatch or a step raised): close() then
-        # tells the peers instead of waiting for that minibatch's steps.
+        # What broke this rank's protocol (finish_minibatch, a step or a drain raised): close()
+        # then tells the peers instead of waiting for steps that will not come.
         self.failed: BaseException | None = None
 
     def allocate(self) -> None:
