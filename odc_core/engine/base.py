@@ -505,3 +505,15 @@ def reduction_device(device: torch.device) -> torch.device:
     """Where a small reduction over the default group runs: on the host where the group can (gloo
     or MPI beside NCCL: GPU ranks may share one device, where NCCL cannot run), else on `device`."""
     return torch.device("cpu") if any(name in str(dist.get_backend()) for name in ("gloo", "mpi")) else device
+
+
+def refuse_create_graph(where: str, engine: str) -> None:
+    """A RuntimeError, one line, for a backward with create_graph=True through a wrapped unit
+    (seen in a hook as grad mode on inside backward): a second backward through the gradients'
+    graph reads parameters the engine has freed, and ODC's flat gradient misses what autograd
+    then accumulates out of place. FSDP2 without a second backward is refused too: the graph is
+    then of no use, and the line is the same on both engines."""
+    raise RuntimeError(f"a backward with create_graph=True (a gradient penalty, a Hessian-vector product) reached "
+                       f"{where}: {engine} frees a unit's gathered parameters once its backward is over, so no "
+                       f"second backward can go through the graph of its gradients; compute such terms through "
+                       f"parameters no engine wraps or in one process, or leave create_graph off")

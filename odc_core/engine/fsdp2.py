@@ -63,6 +63,7 @@ from odc_core.engine.base import (
     group_options,
     parameter_ids,
     reduction_device,
+    refuse_create_graph,
 )
 from odc_core.engine.closing import peer_closed, tell_peers
 from odc_core.engine.outputs import Walk, check_output, grad_outputs, unit_labels
@@ -236,6 +237,8 @@ class CollectiveEngine:
                 t.register_hook(self._backward_begins)
 
     def _backward_begins(self, _grad: torch.Tensor) -> None:
+        if torch.is_grad_enabled():  # the backward records a graph of itself: create_graph=True
+            refuse_create_graph(f"the model ({type(self.model).__qualname__})", "FSDP2")
         if self._backward_in is None:
             self._backward_in = self._minibatch
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_ends)

@@ -309,6 +309,14 @@ class OdcEngine:
         if self._hooks is not None:
             self._hooks.finish_cut_short()
         for unit in self.units:
+            # The engine's own .grad views are gone once a unit has pushed: one left is the user's.
+            hand_set = next((n for n, p in zip(unit.names, unit.params, strict=True) if p.grad is not None), None)
+            if unit.grad is None and hand_set is not None:
+                raise RuntimeError(f"parameter {hand_set} holds a .grad that no backward() gave it (set by hand, as "
+                                   f"from torch.autograd.grad(loss, model.parameters())), which the step would not "
+                                   f"see: ODC sends each unit's gradients to their owners from inside backward(); "
+                                   f"compute them with loss.backward()")
+        for unit in self.units:
             if unit.grad is not None:
                 raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")
             # A unit whose forward ran but no gradient reached (an output the loss did not use)

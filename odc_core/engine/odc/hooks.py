@@ -20,9 +20,11 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
+from odc_core.engine.base import refuse_create_graph
 from odc_core.engine.odc.fetch import Fetcher
 from odc_core.engine.odc.order import ExecutionOrder
 from odc_core.engine.odc.unit import Backward, FlatUnit
@@ -85,6 +87,11 @@ class UnitHooks:
             args, kwargs = tree_map_only(torch.Tensor, self._in_compute_dtype, (args, kwargs))
         if not torch.is_grad_enabled():
             return args, kwargs
+        # A leaf that carries a gradient (a perturbation of the input, x.requires_grad_()) enters
+        # as a view of itself: torch's multi-grad hook below cannot ask whether a
+        # torch.autograd.grad() that asks for the leaf's gradient will reach it (it refused: "A
+        # leaf node was passed to _will_engine_execute_node"), and of a view it can.
+        args, kwargs = tree_map_only(torch.Tensor, _as_view_if_leaf, (args, kwargs))
         # Every input that carries a gradient, positional or keyword (transformers' layers take
         # hidden_states either way), found where the unit's outputs are (a dataclass one unit
         # returns is the next one's input): their gradients leaving the unit end its backward.
@@ -135,6 +142,8 @@ class UnitHooks:
             t.register_hook(lambda _g, u=unit, pos=pos: self.pre_backward(u, pos))
 
     def pre_backward(self, unit: FlatUnit, pos: int) -> None:
+        if torch.is_grad_enabled():  # the backward records a graph of itself: create_graph=True
+            refuse_create_graph(self.labels[pos], "ODC")
         if unit.backward is Backward.IDLE:  # its gradients are pushed and its parameters freed
             if unit.pushed_in is None or unit.pushed_in == torch._C._current_graph_task_id():
                 self._second_backward(unit)
@@ -148,7 +157,7 @@ class UnitHooks:
             self.fetcher.ensure(unit)
             if unit.trainable_count:
                 unit.attach_grad(torch.zeros(unit.layout.padded_numel, dtype=self.compute_dtype, device=self.device))
-            unit.grads_ready = 0
+            unit.grads_ready, unit.grads_due = 0, _grads_due(unit)
             if not self._finishing:
                 self._finishing = True
                 self.order.pass_over()
@@ -173,12 +182,13 @@ class UnitHooks:
     def _maybe_push(self, unit: FlatUnit) -> None:
         """Push once the unit's backward is over: all its trainable parameters' gradients have
         accumulated and (when it has any) the gradients of its inputs have left it."""
-        if unit.backward is Backward.RUNNING and unit.grads_ready >= unit.trainable_count and not unit.inputs_pending:
+        if unit.backward is Backward.RUNNING and unit.grads_ready >= unit.grads_due and not unit.inputs_pending:
             self._push(unit)
 
     def _push(self, unit: FlatUnit) -> None:
         if unit.grad is not None:  # None: every parameter is frozen, nothing to push
-            self.fetcher.push(unit)
+            if unit.grads_ready:  # none: a pass that left .grad alone (torch.autograd.grad()), zeros to add
+                self.fetcher.push(unit)
             unit.detach_grad()
         unit.backward = Backward.IDLE
         unit.inputs_pending = 0
@@ -202,3 +212,33 @@ class UnitHooks:
         for unit in self.group_of:  # a shared group is listed once per unit: pushed once, then IDLE
             if unit is not None and unit.backward is Backward.RUNNING:
                 self._push(unit)
+
+
+def _as_view_if_leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.view_as(t) if t.is_leaf and t.requires_grad else t
+
+
+def _accumulates(p: nn.Parameter) -> bool:
+    """Whether the backward pass running now accumulates into p.grad: not a torch.autograd.grad()
+    (which returns the gradients it is asked for, raising here for p's own), nor a
+    backward(inputs=...) without p, nor a backward that p is not in."""
+    try:
+        return torch._C._will_engine_execute_node(get_gradient_edge(p).node)
+    except RuntimeError:  # torch.autograd.grad() asked for p's gradient: it returns it, leaving .grad
+        return False
+
+
+def _grads_due(unit: FlatUnit) -> int:
+    """How many of the unit's trainable parameters the backward pass now beginning will give a
+    gradient: its backward is over once they have and its inputs' gradients have left it. Only a
+    unit whose inputs carry a gradient expects fewer than all of them (so a torch.autograd.grad()
+    of a perturbation frees each unit as it passes, where the whole model stayed gathered to the
+    pass's end): a reentrant checkpoint inside a unit accumulates its parameters in a backward
+    of its own, which the pass outside cannot see but which ends before the inputs' gradients
+    leave. The first parameter's answer stands for all in a backward that accumulates it (one
+    query per unit and pass); a parameter it does not reach ends the unit at the pass's end."""
+    trainable = [p for p, kept in zip(unit.params, unit.trainable, strict=True) if kept]
+    if not unit.inputs_pending or not trainable or _accumulates(trainable[0]):
+        return len(trainable)
+    return sum(map(_accumulates, trainable[1:]))
+

@@ -90,6 +90,7 @@ class FlatUnit:
     pending: Any = None                 # the prefetch filling `full` while FETCHING (fetch.py's handle)
     grad: torch.Tensor | None = None    # flat gradient of the current backward, compute dtype
     grads_ready: int = 0
+    grads_due: int = 0                  # the trainable parameters this backward pass gives a gradient (hooks.py)
     # Gradients of its units' inputs still to leave them in this backward: until they have, the
     # units' backward still reads the gathered parameters.
     inputs_pending: int = 0
