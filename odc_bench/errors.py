@@ -220,6 +220,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def ratio_at_least_one(text: str) -> float:
+    """A packing ratio's argparse type: a finite number of at least 1, as the run's packing_ratio
+    (below it the longest sample is over the limit, and a plan failed in a ValueError's traceback)."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number of at least 1 (the limit over the longest sample, which "
+                                         f"must fit), got {value:g}")
+    return value
+
+
 def command_name(module: str) -> str:
     """`python -m` and the module, for a command module's `__spec__.name` (a package's __main__
     runs as the package)."""

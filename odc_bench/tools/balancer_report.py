@@ -53,6 +53,7 @@ from odc_bench.errors import (
     nonnegative_int,
     positive_float,
     positive_int,
+    ratio_at_least_one,
 )
 from odc_bench.files import readable_file
 
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
                              "calibration file")
     parser.add_argument("--plan-cost", type=parse_cost, default=None,
                         help="the cost model balancers plan with (default: --cost)")
-    parser.add_argument("--packing-ratio", type=positive_float, default=1.0,
+    parser.add_argument("--packing-ratio", type=ratio_at_least_one, default=1.0,
                         help="the packing limit (max_tokens) over the longest sample")
     parser.add_argument("--length-scale", type=positive_float, default=1.0, help="every length multiplied by this")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="draws the samples and minibatches")

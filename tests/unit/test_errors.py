@@ -716,6 +716,8 @@ def test_every_command_line_of_the_project_parses_with_command_parser():
     (["--minibatch-size", "0"], "--minibatch-size: must be an integer of at least 1, got 0"),
     (["--length-scale", "0"], "--length-scale: must be a number above 0, got 0"),
     (["--staleness", "-1"], "--staleness: must be an integer of at least 0, got -1"),
+    (["--packing-ratio", "0.5"], "--packing-ratio: must be a number of at least 1 (the limit over the longest "
+                                 "sample, which must fit), got 0.5"),
 ])
 def test_a_tool_run_as_a_module_names_itself_and_its_counts_are_counts(argv, said, capsys):
     """A count of 0 (ranks, samples, steps) was a ZeroDivisionError or an empty max() deep inside."""
