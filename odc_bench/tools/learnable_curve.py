@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--max-len", type=positive_int, default=300, help="longest document, in tokens")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="the weights' and the documents' seed")
     args = parser.parse_args()
+    if args.min_len < 2:  # a step of such documents alone had a loss of nan
+        parser.error(f"argument --min-len: must be at least 2, got {args.min_len}: a one-token document has no next "
+                     f"token to predict")
     if args.min_len > args.max_len:
         parser.error(f"--min-len ({args.min_len}) must be at most --max-len ({args.max_len})")
     # One process on this host, the harness's model on CPU: the run's memory check, for a step's

@@ -751,6 +751,8 @@ def test_a_tools_sizes_that_cannot_be_planned_are_one_line_naming_its_options(ar
 
 
 @pytest.mark.parametrize("tool,argv,said", [
+    ("learnable_curve", ["--min-len", "1", "--max-len", "1"], "argument --min-len: must be at least 2, got 1: a "
+                                                              "one-token document has no next token to predict"),
     ("learnable_curve", ["--max-len", "200000"],
      "a step of --docs 4 documents of up to --max-len 200000 tokens would need about"),
     ("sim_bench", ["--stages", "nosuch=1"], "unknown config key 'nosuch'"),
