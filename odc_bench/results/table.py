@@ -29,7 +29,8 @@ from odc_bench.files import (
 from odc_bench.record.schema import COLUMNS, SCHEMA_VERSION, TEXT_COLUMNS
 
 
-def _some(names: Sequence[str], shown: int = 4) -> str:
+def some_of(names: Sequence[str], shown: int = 4) -> str:
+    """The first `shown` names, and how many more: a list in a one-line error."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
 
@@ -66,8 +67,8 @@ def check_table(path: Path) -> None:
     if list(table.columns) != COLUMNS:
         missing = [c for c in COLUMNS if c not in table.columns]
         extra = [str(c) for c in table.columns if c not in COLUMNS]
-        diff = "; ".join(part for part in (f"missing {_some(missing)}" if missing else "",
-                                           f"unexpected {_some(extra)}" if extra else "") if part)
+        diff = "; ".join(part for part in (f"missing {some_of(missing)}" if missing else "",
+                                           f"unexpected {some_of(extra)}" if extra else "") if part)
         # A spreadsheet's edits: a column added (which migrate refuses to drop), or the columns
         # reordered (which migrate puts back in order).
         undo = ("remove the column(s) it added (keep them in a file of your own), or " if extra and not missing else

@@ -31,13 +31,14 @@ import yaml
 
 from odc_bench.calibrate.cluster_profile import FREE, Measured, base_profile, fit, predict, with_hardware
 from odc_bench.config.backend import GpuHardwareConfig, SimBackendConfig
-from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly
+from odc_bench.errors import CommandParser, ConfigError, command_name, ends_cleanly, said
 from odc_bench.files import atomic_write_text, missing_inputs, readable_file, writable_file, writable_folder
 from odc_bench.models.memory import unit_params
 from odc_bench.plan.spec import resolve
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
 from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, SETTING, with_workload
+from odc_bench.results.table import some_of
 from odc_bench.sim import simulate
 from odc_bench.studies.pages import render
 from odc_bench.whatif.answer import compose_config
@@ -491,6 +492,21 @@ def moves() -> pd.DataFrame:
     return paper_moves(SIM_PAPER, SIM_PAPER_FIT) if SIM_PAPER_FIT.exists() else pd.DataFrame()
 
 
+def _points(path: Path, ap: CommandParser) -> pd.DataFrame:
+    """The points file, or one line (ap.error) where it is not one: the committed file's columns
+    are the schema (docs/published.md says what each means); a file without them was a
+    KeyError's traceback, after the simulations of those it could read."""
+    try:
+        points = pd.read_csv(path)
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        ap.error(f"--points {path} is not a CSV table ({said(e) or type(e).__name__})")
+    missing = [c for c in pd.read_csv(POINTS, nrows=0).columns if c not in points]
+    if missing:
+        ap.error(f"--points {path} lacks the column{'s' if len(missing) > 1 else ''} {some_of(missing)} of "
+                 f"{POINTS.relative_to(REPO_ROOT)} (docs/published.md says what each holds)")
+    return points
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", type=readable_file, default=POINTS,
@@ -503,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     written = [f"gpu-{n}.csv" for n in ("points", "ratios", "left-out", "profiles", "paper-cells")]
     if args.doc_only and (missing := missing_inputs(args.out, written)):
         ap.error(f"--doc-only: {args.out} lacks {', '.join(missing)}; run {ap.prog} without it first")
-    points = pd.read_csv(args.points)
+    points = _points(args.points, ap)
     if args.doc_only:
         read = {n: pd.read_csv(args.out / f"gpu-{n}.csv") for n in ("points", "ratios", "left-out", "profiles",
                                                                      "paper-cells")}

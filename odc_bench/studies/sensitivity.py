@@ -43,13 +43,14 @@ from odc_bench.config.balancer import CostModelName, QuadraticFit
 from odc_bench.config.compose import compose_run
 from odc_bench.config.run import RunConfig
 from odc_bench.data.profiles import PROFILES, LengthProfile
-from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int
+from odc_bench.errors import CommandParser, command_name, ends_cleanly, positive_int, said
 from odc_bench.files import atomic_write_text, writable_file
 from odc_bench.plan.spec import Planner
 from odc_bench.provenance import REPO_ROOT
 from odc_bench.record.row import sim_timing
 from odc_bench.results.paper import CELL_14B, SFT_SPEEDUP
 from odc_bench.results.series import HEADLINE_BASELINE, HEADLINE_ODC, ODC_LB_MICRO, comparison_key
+from odc_bench.results.table import some_of
 from odc_bench.sim import simulate
 from odc_bench.studies.pages import render
 from odc_bench.studies.paper import PAPER_SETTINGS
@@ -317,6 +318,22 @@ def _shown(path: Path) -> Path:
     return path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
 
 
+# What run_point writes that run (resuming) and table read.
+ROW_COLUMNS = ("study", "label", "key", "seed", *(f"{label}_{what}" for label, _, _ in SERIES
+                                                  for what in ("samples_per_s", "bubble", "predicted_bubble")))
+
+
+def _check_rows(path: Path, ap: CommandParser) -> None:
+    try:
+        header = pd.read_csv(path, nrows=0).columns
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        ap.error(f"--rows {path} is not a CSV table ({said(e) or type(e).__name__}); "
+                 f"move it away, and `{ap.prog} run` writes it")
+    if missing := [c for c in ROW_COLUMNS if c not in header]:
+        ap.error(f"--rows {path} lacks {some_of(missing)}, so it is not the rows `{ap.prog} run` writes; move it away, "
+                 f"and `{ap.prog} run` writes it")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = CommandParser(command_name(__spec__.name), description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("run", "table"), help="run: simulate every point; table: the page from their "
@@ -327,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.command == "table" and not args.rows.is_file():
         ap.error(f"--rows {args.rows}: no such file; `{ap.prog} run` writes it")
+    if args.rows.is_file():  # `run` resumes from it, `table` reads it: a file of another kind was a KeyError
+        _check_rows(args.rows, ap)
     if args.command == "run":
         run(study_points(), args.rows, range(args.seeds))
     else:

@@ -869,6 +869,31 @@ def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, 
     assert list(tmp_path.iterdir()) == [], "nothing written"
 
 
+@pytest.mark.parametrize("module,argv,said", [
+    ("studies.published", ["--points", "{t}/in.csv", "--out", "{t}/o", "--doc", "{t}/d.md"],
+     "--points {t}/in.csv lacks the columns point_id, source_id, source_title, source_url and 30 more of "
+     "results/published/points.csv"),
+    ("studies.published", ["--points", "{t}/empty.csv", "--out", "{t}/o", "--doc", "{t}/d.md"],
+     "--points {t}/empty.csv is not a CSV table (No columns to parse from file)"),
+    ("studies.sensitivity", ["table", "--rows", "{t}/in.csv", "--docs", "{t}/s.md"],
+     "--rows {t}/in.csv lacks study, label, key, seed and 9 more, so it is not the rows "),
+    ("studies.sensitivity", ["run", "--rows", "{t}/in.csv"], "--rows {t}/in.csv lacks study, label, key, seed"),
+])
+def test_a_studys_input_of_another_kind_is_one_line_and_nothing_is_written(module, argv, said, tmp_path, capsys):
+    """Each was a KeyError's traceback: the published points' after simulating those it could read."""
+    import importlib
+
+    (tmp_path / "in.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "empty.csv").write_text("")
+    command = importlib.import_module(f"odc_bench.{module}")
+    with pytest.raises(SystemExit) as stop:
+        command.main([a.format(t=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"python -m odc_bench.{module}: error: {said.format(t=tmp_path)}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv", "in.csv"], "nothing written"
+
+
 @pytest.mark.slow
 def test_a_full_results_folder_ends_the_command_in_one_line_and_leaves_no_partial_file(tmpfs, tmp_path):
     """A run's trace or a figure written into a full file system was a traceback (the run's
