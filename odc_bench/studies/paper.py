@@ -214,10 +214,15 @@ def _shown(path: Path) -> str:
 
 
 def table(results_dir: Path, docs: Path, scaling_dir: Path = SCALING) -> str:
-    """docs/simulator_paper.md (templates/simulator_paper.md.j2) from the sweeps' rows."""
+    """docs/simulator_paper.md (templates/simulator_paper.md.j2) from the sweeps' rows; ValueError
+    where they hold none of the figures' series (a page of empty tables was written)."""
     t = _key_columns(read_table(results_dir / "runs.csv"))
+    f8, f10, f9 = fig8(t), fig10(t), fig9(t)
+    if not (f8["series"] or f10["series"] or f9["series"]):
+        raise ValueError(f"--results-dir {results_dir}'s runs.csv holds no successful simulated run of the sweeps "
+                         f"{', '.join(SWEEPS_RUN)}")
     text = render("simulator_paper", source=_shown(results_dir.resolve() / "runs.csv"), sweeps=SWEEPS_RUN,
-                  settings=PAPER_SETTINGS, fig8=fig8(t), fig10=fig10(t), fig9=fig9(t), rl_range=RL_RANGE_TEXT,
+                  settings=PAPER_SETTINGS, fig8=f8, fig10=f10, fig9=f9, rl_range=RL_RANGE_TEXT,
                   scaling=scaling(scaling_dir))
     atomic_write_text(docs, text)
     return text
@@ -235,8 +240,12 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--results-dir {args.results_dir} holds no runs.csv; `{ap.prog} run` writes it")
     if args.command == "run":
         run(args.results_dir)
-    else:
-        print(table(args.results_dir, args.docs, args.scaling_dir))
+        return
+    try:
+        text = table(args.results_dir, args.docs, args.scaling_dir)
+    except ValueError as e:
+        ap.error(f"{e}; `{ap.prog} run` writes them")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -878,20 +878,26 @@ def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, 
     ("studies.sensitivity", ["table", "--rows", "{t}/in.csv", "--docs", "{t}/s.md"],
      "--rows {t}/in.csv lacks study, label, key, seed and 9 more, so it is not the rows "),
     ("studies.sensitivity", ["run", "--rows", "{t}/in.csv"], "--rows {t}/in.csv lacks study, label, key, seed"),
+    ("studies.paper", ["table", "--results-dir", "{t}", "--docs", "{t}/p.md"],
+     "--results-dir {t}'s runs.csv holds no successful simulated run of the sweeps fig8_sft, fig10, fig9_rl; "
+     "`python -m odc_bench.studies.paper run` writes them"),
 ])
 def test_a_studys_input_of_another_kind_is_one_line_and_nothing_is_written(module, argv, said, tmp_path, capsys):
     """Each was a KeyError's traceback: the published points' after simulating those it could read."""
     import importlib
 
+    from odc_bench.record.schema import COLUMNS
+
     (tmp_path / "in.csv").write_text("a,b\n1,2\n")
     (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "runs.csv").write_text(",".join(COLUMNS) + "\n")  # a table of no run: a page of empty tables
     command = importlib.import_module(f"odc_bench.{module}")
     with pytest.raises(SystemExit) as stop:
         command.main([a.format(t=tmp_path) for a in argv])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"python -m odc_bench.{module}: error: {said.format(t=tmp_path)}"), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv", "in.csv"], "nothing written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv", "in.csv", "runs.csv"], "nothing written"
 
 
 @pytest.mark.slow
