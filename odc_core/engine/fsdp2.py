@@ -294,12 +294,27 @@ class CollectiveEngine:
         self._inside = False
         self._agree(starting=False)
         self._reshard()  # before clipping reads model.parameters() and the step changes the shards
+        self._refuse_untouched(model)
         self._emit("sync", self.clock())  # a span of nothing, as a real and a simulated trace both have
         t0 = self.clock()
         # DTensor gradients: the norm's partial sums are reduced over the mesh inside.
         norm = step.apply(lambda max_norm: _value(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
         self._emit("optimizer", t0)
         return norm
+
+    def _refuse_untouched(self, model: nn.Module) -> None:
+        """A RuntimeError, one line, where the minibatch ran microbatches and yet no trainable
+        parameter holds a gradient: backward(inputs=model.parameters()) names FSDP2's shards,
+        which the graph does not use (it uses the unsharded parameters), so it trained nothing
+        without a word. Every rank decides alike: the counts agree and the gradients come from
+        reduce-scatters."""
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if self._microbatches and trainable and all(p.grad is None for p in trainable):
+            raise RuntimeError(f"minibatch {self._minibatch} ran {self._microbatches} microbatch"
+                               f"{'es' if self._microbatches > 1 else ''} but gave no parameter of the model a "
+                               f"gradient, so its step would change nothing: model.parameters() are FSDP2's shards, "
+                               f"which the graph does not use, so backward(inputs=model.parameters()) leaves them "
+                               f"without one; call backward() without inputs (engine odc takes them)")
 
     def drain(self) -> None:
         """Nothing to wait for: every step ran in finish_minibatch."""

@@ -131,6 +131,22 @@ def test_odc_gives_torch_autograd_grad_the_parameters_gradients_and_refuses_one_
         engine.close()
 
 
+def _backward_into_the_parameters(m: nn.Module, x: torch.Tensor) -> None:
+    m(x).backward(inputs=list(m.parameters()))
+
+
+def test_a_backward_into_model_parameters_trains_on_odc_and_is_refused_on_fsdp2(one_rank_group):
+    got, want = _trained("odc", one_rank_group, _backward_into_the_parameters), _trained(None, None,
+                                                                                         _backward_into_the_parameters)
+    for name, p in want.items():
+        torch.testing.assert_close(got[name], p, rtol=1e-6, atol=1e-6, msg=name)
+    # FSDP2's model.parameters() are its shards, which the graph does not use: before, the step
+    # found no gradient and the model did not train, without a word.
+    with pytest.raises(RuntimeError, match=r"^minibatch 0 ran 1 microbatch but gave no parameter of the model a "
+                                           r"gradient, .*call backward\(\) without inputs \(engine odc takes them\)$"):
+        _trained("collective", one_rank_group, _backward_into_the_parameters)
+
+
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
 @pytest.mark.parametrize("how", ["penalty", "hessian"])
 def test_a_backward_with_create_graph_is_refused_in_one_line(one_rank_group, engine_name, how):
