@@ -398,24 +398,26 @@ def check_order(call: str, open_minibatch: int | None, closed: bool, wrapped: bo
                            f"finish_minibatch()")
 
 
-# What an ODC engine leaves in its parameters between uses: one NaN per device and dtype, seen
-# through a view of each parameter's shape (stride 0, no memory). Reading such a parameter
-# gives NaN where a view of the freed flat buffer would read freed memory and could crash.
-_ABSENT: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+# What an ODC engine leaves in its parameters between uses: NaN, seen through a view of each
+# parameter's shape (stride 0, no memory) of the parameter's own element of a small buffer per
+# unit. Reading such a parameter gives NaN where a view of the freed flat buffer would read freed
+# memory and could crash. A write to it (torch refuses most through a stride-0 view; fill_ and
+# nn.init's zeros_, ones_ and constant_ are not refused) lands in that element, where the engine
+# finds it (written_placeholders). Every buffer made is kept, by its storage's address, so that
+# no other tensor takes the address while a parameter may still view it.
+_PLACEHOLDERS: dict[int, torch.Tensor] = {}
 
 
-def absent_like(t: torch.Tensor) -> torch.Tensor:
-    """NaN in t's shape, dtype and device, taking no memory: a parameter between uses."""
-    key = (t.device, t.dtype)
-    if key not in _ABSENT:
-        _ABSENT[key] = torch.full((), float("nan"), dtype=t.dtype, device=t.device)
-    return _ABSENT[key].expand(t.shape)
+def placeholders(count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`count` NaNs: element j, expanded to a parameter's shape, is parameter j's placeholder."""
+    buffer = torch.full((max(1, count),), float("nan"), dtype=dtype, device=device)
+    _PLACEHOLDERS[buffer.untyped_storage().data_ptr()] = buffer
+    return buffer
 
 
 def is_absent(t: torch.Tensor) -> bool:
-    """Whether t is absent_like's placeholder (a parameter an ODC engine holds in its shards)."""
-    scalar = _ABSENT.get((t.device, t.dtype))
-    return scalar is not None and t.untyped_storage().data_ptr() == scalar.untyped_storage().data_ptr()
+    """Whether t is a placeholder (a parameter an ODC engine holds in its shards)."""
+    return t.untyped_storage().data_ptr() in _PLACEHOLDERS
 
 
 def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:

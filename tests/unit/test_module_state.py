@@ -8,6 +8,7 @@ work."""
 
 import copy
 import io
+import re
 import uuid
 from functools import partial
 
@@ -120,6 +121,34 @@ def test_a_wrapped_models_parameters_read_nan_between_uses_and_training_is_uncha
     assert runs[True].keys() == runs[False].keys()
     assert all(torch.equal(runs[True][n], runs[False][n]) for n in runs[False])
     assert not any(torch.isnan(t).any() for t in runs[True].values())
+
+
+@pytest.mark.parametrize("found_at", ["begin_minibatch()", "full_parameters()", "get_state_dict()", "a load"])
+def test_a_write_the_shards_never_see_is_refused_where_the_engine_next_reads_them(one_rank_group, found_at):
+    """nn.init.zeros_, ones_, constant_ and fill_ on a placeholder wrote into it without a word (torch
+    refuses other writes through its stride-0 view): the model trained and was saved without them."""
+    torch.manual_seed(0)
+    model, reference = Net(), Net()
+    engine = _odc(one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        with torch.no_grad():
+            nn.init.zeros_(model.layers[1][0].bias)
+        if found_at == "a load":  # overwritten by the load, as in one process
+            set_state_dict(engine, reference.state_dict(), {})
+            assert all(torch.equal(engine.full_parameters()[n], p) for n, p in reference.named_parameters())
+            return
+        call = {"begin_minibatch()": engine.begin_minibatch, "full_parameters()": engine.full_parameters,
+                "get_state_dict()": lambda: get_state_dict(engine)}[found_at]
+        with pytest.raises(RuntimeError, match=rf"^parameter layers\.1\.0\.bias was written while ODC held it in its "
+                                               rf"shards \(found at {re.escape(found_at)}: .*set_state_dict\(engine, "
+                                               rf"weights, {{}}\)$"):
+            call()
+        assert all(torch.isnan(p).all() for p in model.parameters()), "NaN again"
+        engine.begin_minibatch()  # told once
+    finally:
+        engine.close()
 
 
 def test_a_units_repr_reads_nothing_of_its_freed_buffer(one_rank_group):

@@ -20,6 +20,7 @@ the same AdamW step to the same sum, so the replicas stay equal without ever bei
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -95,6 +96,12 @@ _WHOLE_PARAMETER_WHY = {"Adafactor": "its second moments factored over the rows 
                         "LBFGS": "a closure that re-evaluates the whole model"}
 _WHOLE_PARAMETER = tuple(cls for cls in (getattr(torch.optim, name, None) for name in _WHOLE_PARAMETER_WHY)
                          if isinstance(cls, type))
+
+
+# The calls between minibatches that read the parameters, and those that load them (a write
+# before a load is overwritten by it, as in one process).
+_READS = frozenset({"full_parameters", "sharded_state", "state_dict", "get_state_dict", "checkpoint.save"})
+_LOADS = frozenset({"load_sharded_state", "load_state_dict", "set_state_dict", "checkpoint.load"})
 
 
 class OdcEngine:
@@ -291,6 +298,7 @@ class OdcEngine:
             raise RuntimeError(f"begin_minibatch() after minibatch {self.minibatch} failed "
                                f"({one_line(self.versions.failed)}): the engine cannot go on from it; close() it "
                                f"and resume from a checkpoint")
+        self._refuse_written("begin_minibatch()")
         self.versions.begin()
 
     def finish_minibatch(self) -> float | None:
@@ -339,6 +347,30 @@ class OdcEngine:
     def between_minibatches(self, call: str) -> None:
         check_order(call, self.minibatch if self.versions.inside else None, self.versions.closing.is_set(),
                     self.model is not None)
+        if call in _LOADS:  # what a write left is overwritten, as in one process
+            self._refuse_written(None)
+        elif call in _READS:
+            self._refuse_written(f"{call}()")
+
+    def _refuse_written(self, call: str | None) -> None:
+        """A RuntimeError, one line, where a parameter was written while the engine held it in its
+        shards (nn.init.zeros_ after wrap(), p.fill_ between minibatches): the write landed in the
+        parameter's placeholder, not in the shards, and the model trained or was saved without it,
+        without a word. The placeholders are NaN again after; with `call` None, without a word.
+        One reduction over the placeholders (a device sync on CUDA, where the minibatch's finish
+        has just synchronised)."""
+        marks = [u.absent for u in self.units if u.absent is not None]
+        if not marks or bool(torch.cat(marks).isnan().all()):
+            return
+        written = next(name for u in self.units if u.absent is not None
+                       for name, value in zip(u.names, u.absent.tolist(), strict=False) if not math.isnan(value))
+        for m in marks:
+            m.fill_(float("nan"))
+        if call is not None:
+            raise RuntimeError(f"parameter {written} was written while ODC held it in its shards (found at {call}: "
+                               f"nn.init.zeros_, ones_, constant_ or fill_ after wrap()), which does not reach them, "
+                               f"and the engine would go on without it; initialize the model before wrap(), or load "
+                               f"new values with odc_core.set_state_dict(engine, weights, {{}})")
 
     def claim(self) -> int:
         return self.versions.claim()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from odc_core.engine.base import absent_like
+from odc_core.engine.base import placeholders
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 from odc_core.primitives import ShardLayout
 from odc_core.transport.base import SymmetricHeap
@@ -102,6 +102,9 @@ class FlatUnit:
     pushed_in: int | None = None
     # Whether the parameters hold placeholders (hide()) rather than their views of `full`.
     hidden: bool = False
+    # Their placeholders' values, one NaN per parameter (base.placeholders): one that is not NaN
+    # was written while hidden, which the shards never see.
+    absent: torch.Tensor | None = None
     # Its units inside their forward now, and whether its last unit's forward has run since the
     # group was last freed after a forward (hooks.py's post_forward).
     forwards_open: int = 0
@@ -129,13 +132,15 @@ class FlatUnit:
 
     def hide(self) -> None:
         """Between uses, where no backward will read the parameters: each holds NaN in its shape
-        (base.absent_like) instead of a view of the freed buffer, whose reading could crash the
-        process (print(p), p.norm()). Not between a forward and its backward, which saved the
+        (its element of `absent`) instead of a view of the freed buffer, whose reading could crash
+        the process (print(p), p.norm()). Not between a forward and its backward, which saved the
         parameters themselves; nor at every microbatch (a loop over the parameters), only where
         the user's code may run: after wrap(), a minibatch, an evaluation forward, close()."""
         if self.storage is Storage.SHARDED and self.backward is Backward.IDLE and not self.hidden:
-            for p in self.params:
-                p.data = absent_like(p)
+            if self.absent is None:
+                self.absent = placeholders(len(self.params), self.full.dtype, self.full.device)
+            for j, p in enumerate(self.params):
+                p.data = self.absent[j].expand(p.shape)
             self.hidden = True
 
     def gather_source(self, slot: int) -> str:
