@@ -4,9 +4,12 @@ these, so adding a balancer is its module, one entry below and one config file
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from odc_bench.balancers.cost import CostModel, linear
 from odc_bench.balancers.dynamic import DynamicOptions, dynamic_queue, scheduled
@@ -87,7 +90,36 @@ def balance(lengths: Sequence[int], world_size: int, max_tokens: int, balancer: 
     indices into `lengths`, each microbatch within max_tokens. `cost` prices a sample of n
     tokens (default linear: tokens); `options` are the balancer's (e.g. equal_samples=True for
     lb_mini). A run-time balancer (dynamic) gives its predicted outcome under `cost`."""
+    _check_arguments(lengths, world_size, max_tokens, cost)
+    world_size, max_tokens = int(world_size), int(max_tokens)  # 8.0 from a config read as floats
     spec = balancer_spec(name=balancer)
     plan, _ = plan_minibatch(spec, balancer_options(balancer, options), lengths, world_size, max_tokens,
                              linear() if cost is None else cost, ready)
     return plan
+
+
+def _whole(value: object) -> bool:
+    """An integer, or a float of one (a length read from a table of floats); not a bool."""
+    if isinstance(value, bool | np.bool_):
+        return False
+    return isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and float(value).is_integer())
+
+
+def _check_arguments(lengths: object, world_size: object, max_tokens: object, cost: object) -> None:
+    """balance()'s arguments, each refused in one line: before, a length of -1 or 5.5, or a string,
+    was planned without a word (or failed deep in one balancer), world_size=True planned one
+    rank, and max_tokens=0 and a cost model given by name failed in a ZeroDivisionError and an
+    AttributeError."""
+    for name, value in (("world_size", world_size), ("max_tokens", max_tokens)):
+        if not _whole(value) or value < 1:  # type: ignore[operator]
+            raise ValueError(f"balance(): {name} must be a whole number of at least 1, got {value!r}")
+    if isinstance(lengths, str | bytes) or not isinstance(lengths, Sequence | np.ndarray):
+        raise TypeError(f"balance(): lengths must be a list or an array of the samples' token counts, got "
+                        f"{type(lengths).__name__}")
+    bad = next(((i, x) for i, x in enumerate(lengths) if not _whole(x) or x < 1), None)
+    if bad is not None:
+        raise ValueError(f"balance(): lengths[{bad[0]}] must be a sample's token count, a whole number of at least 1, "
+                         f"got {bad[1]!r}")
+    if cost is not None and not isinstance(cost, CostModel):
+        raise TypeError(f"balance(): cost must be a cost model (linear(), quadratic(fit), flops(model_config)) or "
+                        f"None, got {type(cost).__name__}")

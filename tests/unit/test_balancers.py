@@ -247,3 +247,32 @@ def test_dynamic_queue_terminates_on_extreme_skew_and_free_samples():
     queue = dynamic_queue(skewed, 4, 2_000_000, quadratic("1p5b"))
     assert sorted(i for m in queue for i in m) == list(range(31))
     assert dynamic_queue([0, 0, 5], 2, 10, linear()) == [[2, 0, 1]]  # free samples ride along
+
+
+_COUNT = "a sample's token count, a whole number of at least 1"
+
+
+@pytest.mark.parametrize("args,kwargs,said", [
+    (([5, -1, 3], 2, 64), {}, f"balance(): lengths[1] must be {_COUNT}, got -1"),
+    (([5, 5.5], 2, 64), {}, f"balance(): lengths[1] must be {_COUNT}, got 5.5"),
+    ((["5", "3"], 2, 64), {}, f"balance(): lengths[0] must be {_COUNT}, got '5'"),
+    (([True, 5], 2, 64), {}, f"balance(): lengths[0] must be {_COUNT}, got True"),
+    (("53", 2, 64), {}, "balance(): lengths must be a list or an array of the samples' token counts, got str"),
+    (([5, 3], True, 64), {}, "balance(): world_size must be a whole number of at least 1, got True"),
+    (([5, 3], 2, 0), {}, "balance(): max_tokens must be a whole number of at least 1, got 0"),
+    (([5, 3], 2, 64), {"cost": "linear"}, "balance(): cost must be a cost model (linear(), quadratic(fit), "
+                                          "flops(model_config)) or None, got str"),
+])
+def test_balance_refuses_what_no_plan_can_be_made_of_in_one_line(args, kwargs, said):
+    """Before, a negative or fractional length or a string was planned without a word (or failed
+    deep in one balancer), world_size=True planned one rank, max_tokens=0 was a ZeroDivisionError
+    and a cost model by name an AttributeError."""
+    import numpy as np
+
+    from odc_bench.balancers import balance
+
+    with pytest.raises((ValueError, TypeError)) as refused:
+        balance(*args, **kwargs)
+    assert str(refused.value) == said
+    # Lengths of any integer or whole float type plan as ints do.
+    assert balance(np.array([5.0, 3.0, 9.0, 4.0]), 2.0, 64) == balance([5, 3, 9, 4], 2, 64)
