@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
@@ -402,10 +403,10 @@ def check_order(call: str, open_minibatch: int | None, closed: bool, wrapped: bo
 # parameter's shape (stride 0, no memory) of the parameter's own element of a small buffer per
 # unit. Reading such a parameter gives NaN where a view of the freed flat buffer would read freed
 # memory and could crash. A write to it (torch refuses most through a stride-0 view; fill_ and
-# nn.init's zeros_, ones_ and constant_ are not refused) lands in that element, where the engine
-# finds it (written_placeholders). Every buffer made is kept, by its storage's address, so that
-# no other tensor takes the address while a parameter may still view it.
-_PLACEHOLDERS: dict[int, torch.Tensor] = {}
+# nn.init's zeros_, ones_ and constant_ are not refused) lands in that element, where the ODC
+# engine finds it. The buffers by their storage's address, for as long as a placeholder views
+# one (a view keeps its base alive); then the address may go to any other tensor.
+_PLACEHOLDERS: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
 
 def placeholders(count: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
