@@ -854,50 +854,40 @@ def test_ctrl_c_ends_a_side_command_in_one_line_with_status_130(capsys):
     ("calibrate.cost_model", ["model=true"], "model=true names no model option (Hydra reads true as a boolean; "),
     ("studies.staleness", ["{t}/none"], "no such folder or table: {t}/none"),
     ("studies.staleness", ["{t}", "--simulate", ""], "argument --simulate: an empty path"),
+    # Inputs of another kind (in/: a two-column CSV, an empty file, a results table of no run)
+    # were a KeyError's traceback, the published points' after simulating those it could read.
+    ("studies.published", ["--points", "{t}/in/other.csv", "--out", "{t}/o", "--doc", "{t}/d.md"],
+     "--points {t}/in/other.csv lacks the columns point_id, source_id, source_title, source_url and 30 more of "
+     "results/published/points.csv"),
+    ("studies.published", ["--points", "{t}/in/empty.csv", "--out", "{t}/o", "--doc", "{t}/d.md"],
+     "--points {t}/in/empty.csv is not a CSV table (No columns to parse from file)"),
+    ("studies.sensitivity", ["table", "--rows", "{t}/in/other.csv", "--docs", "{t}/s.md"],
+     "--rows {t}/in/other.csv lacks study, label, key, seed and 9 more, so it is not the rows "),
+    ("studies.sensitivity", ["run", "--rows", "{t}/in/other.csv"], "--rows {t}/in/other.csv lacks study, label, key"),
+    ("studies.paper", ["table", "--results-dir", "{t}/in", "--docs", "{t}/p.md"],
+     "--results-dir {t}/in's runs.csv holds no successful simulated run of the sweeps fig8_sft, fig10, fig9_rl; "
+     "`python -m odc_bench.studies.paper run` writes them"),
 ])
 def test_a_studys_missing_input_is_one_line_before_any_work(module, argv, said, tmp_path, capsys):
     """Each was a FileNotFoundError's or Hydra's traceback, once its work reached the input; the
-    paper's table wrote a page of empty tables from a folder without rows."""
-    import importlib
-
-    command = importlib.import_module(f"odc_bench.{module}")
-    with pytest.raises(SystemExit) as stop:
-        command.main([a.format(t=tmp_path) for a in argv])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"python -m odc_bench.{module}: error: {said.format(t=tmp_path)}"), err
-    assert list(tmp_path.iterdir()) == [], "nothing written"
-
-
-@pytest.mark.parametrize("module,argv,said", [
-    ("studies.published", ["--points", "{t}/in.csv", "--out", "{t}/o", "--doc", "{t}/d.md"],
-     "--points {t}/in.csv lacks the columns point_id, source_id, source_title, source_url and 30 more of "
-     "results/published/points.csv"),
-    ("studies.published", ["--points", "{t}/empty.csv", "--out", "{t}/o", "--doc", "{t}/d.md"],
-     "--points {t}/empty.csv is not a CSV table (No columns to parse from file)"),
-    ("studies.sensitivity", ["table", "--rows", "{t}/in.csv", "--docs", "{t}/s.md"],
-     "--rows {t}/in.csv lacks study, label, key, seed and 9 more, so it is not the rows "),
-    ("studies.sensitivity", ["run", "--rows", "{t}/in.csv"], "--rows {t}/in.csv lacks study, label, key, seed"),
-    ("studies.paper", ["table", "--results-dir", "{t}", "--docs", "{t}/p.md"],
-     "--results-dir {t}'s runs.csv holds no successful simulated run of the sweeps fig8_sft, fig10, fig9_rl; "
-     "`python -m odc_bench.studies.paper run` writes them"),
-])
-def test_a_studys_input_of_another_kind_is_one_line_and_nothing_is_written(module, argv, said, tmp_path, capsys):
-    """Each was a KeyError's traceback: the published points' after simulating those it could read."""
+    paper's table wrote a page of empty tables from a folder without rows, or of no run."""
     import importlib
 
     from odc_bench.record.schema import COLUMNS
 
-    (tmp_path / "in.csv").write_text("a,b\n1,2\n")
-    (tmp_path / "empty.csv").write_text("")
-    (tmp_path / "runs.csv").write_text(",".join(COLUMNS) + "\n")  # a table of no run: a page of empty tables
+    given = tmp_path / "in"
+    given.mkdir()
+    inputs = {"other.csv": "a,b\n1,2\n", "empty.csv": "", "runs.csv": ",".join(COLUMNS) + "\n"}
+    for name, text in inputs.items():
+        (given / name).write_text(text)
     command = importlib.import_module(f"odc_bench.{module}")
     with pytest.raises(SystemExit) as stop:
         command.main([a.format(t=tmp_path) for a in argv])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"python -m odc_bench.{module}: error: {said.format(t=tmp_path)}"), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv", "in.csv", "runs.csv"], "nothing written"
+    assert [p.name for p in tmp_path.iterdir()] == ["in"], "nothing written"
+    assert {p.name: p.read_text() for p in given.iterdir()} == inputs
 
 
 @pytest.mark.slow
