@@ -123,6 +123,33 @@ def test_a_wrapped_models_parameters_read_nan_between_uses_and_training_is_uncha
     assert not any(torch.isnan(t).any() for t in runs[True].values())
 
 
+def test_reading_parameters_inside_a_minibatch_gives_nan_and_training_is_unchanged(one_rank_group):
+    """Between a unit's forward and its backward, and between microbatches, the parameters viewed
+    the freed flat buffer: reading them (a norm logged, an L2 penalty over model.parameters())
+    crashed the process (SIGSEGV) or failed in "setStorage: ... out of bounds"."""
+    runs = []
+    for read in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        engine = _odc(one_rank_group)
+        try:
+            engine.wrap(model, list(model.layers))
+            engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+            engine.begin_minibatch()
+            for _ in range(2):
+                loss = model(torch.ones(3, 4))
+                if read:  # the first layer's unit is freed once its forward is over
+                    assert torch.isnan(model.layers[0][0].weight.norm())
+                loss.backward()
+                if read:
+                    assert all(torch.isnan(p.norm()) for p in model.parameters())
+            engine.finish_minibatch()
+            runs.append(engine.full_parameters())
+        finally:
+            engine.close()
+    assert all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])
+
+
 @pytest.mark.parametrize("found_at", ["begin_minibatch()", "full_parameters()", "get_state_dict()", "a load"])
 def test_a_write_the_shards_never_see_is_refused_where_the_engine_next_reads_them(one_rank_group, found_at):
     """nn.init.zeros_, ones_, constant_ and fill_ on a placeholder wrote into it without a word (torch

@@ -336,7 +336,6 @@ class OdcEngine:
             if unit.storage is not Storage.SHARDED:
                 self.fetcher.ensure(unit)
                 unit.free()
-            unit.hide()
         return self.versions.finish()
 
     def drain(self) -> None:
@@ -459,7 +458,6 @@ class OdcEngine:
         for unit in self.units:  # the model outlives the engine: its parameters read NaN, not freed memory
             unit.free()
             unit.backward = Backward.IDLE
-            unit.hide()
         self.heap.close()
         if self.versions.replicas is not None:
             group, self.versions.replicas = self.versions.replicas, None

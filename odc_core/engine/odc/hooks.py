@@ -128,7 +128,6 @@ class UnitHooks:
         if not torch.is_grad_enabled():  # no backward follows (evaluation)
             if done:
                 unit.free()
-                unit.hide()
             return
         if done and self.order.after(pos) is not None:  # the last unit's backward begins at once
             unit.free()

@@ -8,7 +8,7 @@ the bytes, versions.py decides when they may move.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -100,11 +100,14 @@ class FlatUnit:
     # The backward pass (autograd graph task) that pushed its gradients in this minibatch, if any:
     # a gradient reaching it from a later pass is a backward through the same forward again.
     pushed_in: int | None = None
+    # Each parameter's view of `full`, made once (its storage is resized, never replaced).
+    views: list[torch.Tensor] = field(default_factory=list)
     # Whether the parameters hold placeholders (hide()) rather than their views of `full`.
     hidden: bool = False
     # Their placeholders' values, one NaN per parameter (base.placeholders): one that is not NaN
-    # was written while hidden, which the shards never see.
+    # was written while hidden, which the shards never see. And the placeholders themselves.
     absent: torch.Tensor | None = None
+    stand_ins: list[torch.Tensor] = field(default_factory=list)
     # Its units inside their forward now, and whether its last unit's forward has run since the
     # group was last freed after a forward (hooks.py's post_forward).
     forwards_open: int = 0
@@ -121,26 +124,34 @@ class FlatUnit:
         gather into."""
         self.full.untyped_storage().resize_(self.layout.padded_numel * self.full.element_size())
         if self.hidden:
-            for p, off in zip(self.params, self.offsets, strict=True):
-                p.data = self.full[off:off + p.numel()].view(p.shape)
+            for p, view in zip(self.params, self.views, strict=True):
+                p.data = view
             self.hidden = False
         return alias(self.full, self.layout.padded_numel)
 
     def free(self) -> None:
+        """Free the flat buffer's storage; the parameters hold their placeholders meanwhile."""
         self.full.untyped_storage().resize_(0)
         self.storage = Storage.SHARDED
+        self.hide()
 
+    # Opaque to Dynamo, which runs these hooks in a compiled unit: traced, the swaps could come
+    # before the graph that computes with the parameters, which then met a placeholder's strides.
+    @torch.compiler.disable
     def hide(self) -> None:
-        """Between uses, where no backward will read the parameters: each holds NaN in its shape
-        (its element of `absent`) instead of a view of the freed buffer, whose reading could crash
-        the process (print(p), p.norm()). Not between a forward and its backward, which saved the
-        parameters themselves; nor at every microbatch (a loop over the parameters), only where
-        the user's code may run: after wrap(), a minibatch, an evaluation forward, close()."""
-        if self.storage is Storage.SHARDED and self.backward is Backward.IDLE and not self.hidden:
+        """Wherever the flat buffer's storage is freed, each parameter holds NaN in its shape (its
+        element of `absent`) instead of a view of the freed buffer, whose reading or writing
+        crashed the process: print(p) between minibatches, an L2 penalty over model.parameters()
+        between a forward and its backward, a write between microbatches. Autograd saved the
+        parameters themselves, not their data, and a unit's backward gathers them back
+        (materialize) before its first node reads them. Two swaps of tensors made once, per
+        parameter and use."""
+        if self.storage is Storage.SHARDED and not self.hidden:
             if self.absent is None:
                 self.absent = placeholders(len(self.params), self.full.dtype, self.full.device)
-            for j, p in enumerate(self.params):
-                p.data = self.absent[j].expand(p.shape)
+                self.stand_ins = [self.absent[j].expand(p.shape) for j, p in enumerate(self.params)]
+            for p, stand_in in zip(self.params, self.stand_ins, strict=True):
+                p.data = stand_in
             self.hidden = True
 
     def gather_source(self, slot: int) -> str:
@@ -255,11 +266,11 @@ def shard_unit(heap: SymmetricHeap, index: int, modules: list[int], params: list
     if shadow is not None:
         shadow[0].copy_(master[0])
     full = torch.empty(layout.padded_numel, dtype=compute_dtype, device=device)
-    for p, off in zip(params, offsets, strict=True):
-        p.data = full[off:off + p.numel()].view(p.shape)
-    full.untyped_storage().resize_(0)
+    views = [full[off:off + p.numel()].view(p.shape) for p, off in zip(params, offsets, strict=True)]
+    for p, view in zip(params, views, strict=True):
+        p.data = view
     unit = FlatUnit(index, name, modules, params, names, offsets, layout, full, master, shadow, acc, shard_index,
-                    [], [p.requires_grad for p in params])
+                    [], [p.requires_grad for p in params], views=views)
     unit.split([0] * len(params), 0)
-    unit.hide()
+    unit.free()
     return unit
