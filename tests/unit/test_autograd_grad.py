@@ -51,6 +51,13 @@ def _perturbed_by_backward_inputs(m: nn.Module, x: torch.Tensor) -> None:
     m(x + 0.1 * xi.grad.sign()).backward()
 
 
+def _input_gradient_then_backward_through_the_same_forward(m: nn.Module, x: torch.Tensor) -> None:
+    xi = x.clone().requires_grad_(True)
+    loss = m(xi)
+    torch.autograd.grad(loss, xi, retain_graph=True)
+    loss.backward()
+
+
 def _trained(engine_name: str | None, store, step: Callable[[nn.Module, torch.Tensor], None]) -> dict:
     torch.manual_seed(0)
     model, xs = _Net(), [torch.randn(4, 8) for _ in range(3)]
@@ -76,7 +83,8 @@ def _trained(engine_name: str | None, store, step: Callable[[nn.Module, torch.Te
 
 
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
-@pytest.mark.parametrize("step", [_perturbed_by_a_leaf, _perturbed_by_autograd_grad, _perturbed_by_backward_inputs])
+@pytest.mark.parametrize("step", [_perturbed_by_a_leaf, _perturbed_by_autograd_grad, _perturbed_by_backward_inputs,
+                                  _input_gradient_then_backward_through_the_same_forward])
 def test_a_gradient_of_an_input_alone_leaves_the_parameters_gradients_as_in_one_process(one_rank_group, engine_name,
                                                                                          step):
     # ODC failed the first two in torch's "A leaf node was passed to _will_engine_execute_node".
