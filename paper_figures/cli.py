@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +21,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from odc_bench.errors import CommandParser, DataError, ends_cleanly  # noqa: E402
@@ -31,8 +34,18 @@ DOCS_DIR = Path("docs/figures")
 DOCS_DPI = 90
 
 
+# Installed fonts that cover what DejaVu Sans lacks (CJK letters in a model's or dataset's name).
+# matplotlib draws a glyph its first font lacks in the next family of font.family (a generic
+# family there stands for one font only), and seaborn's theme replaces what a matplotlibrc gives.
+_FALLBACK = ("Sans CJK", "Han Sans", "WenQuanYi", "Droid Sans Fallback")
+
+
 def theme() -> None:
     sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
+    installed = sorted({f.name for f in font_manager.fontManager.ttflist})
+    plt.rcParams["font.family"] = [*plt.rcParams["font.family"],
+                                   *(name for name in installed if any(k in name for k in _FALLBACK)
+                                     and "Mono" not in name)]
 
 
 def parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -122,8 +135,31 @@ def _draw(p: argparse.ArgumentParser, args: argparse.Namespace, only: str | None
         out.mkdir(parents=True, exist_ok=True)
         for old in [p for m in modules for p in out.glob(f"{m}*.png")]:
             old.unlink()
-    write(render_all(inputs, modules), out, args.docs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        write(render_all(inputs, modules), out, args.docs)
+    missing = _missing_glyphs(caught)
+    if missing:
+        print(f"note: no installed font has a glyph for {' '.join(missing)} in the names the figures draw, drawn "
+              f"as boxes; to draw them, install a font that has them (Debian: fonts-noto-cjk) and remove matplotlib's "
+              f"font cache ({matplotlib.get_cachedir()}/fontlist-*.json), which lists the fonts it found before")
     return 0
+
+
+_GLYPH = re.compile(r"Glyph (\d+) .*missing from font")
+
+
+def _missing_glyphs(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The characters matplotlib warned it has no glyph for (a model named in CJK letters): one
+    note, where each drawing of each such name printed a UserWarning of its own; every other
+    warning is shown as it would have been."""
+    missing: dict[str, None] = {}
+    for w in caught:
+        if (found := _GLYPH.search(str(w.message))) is not None:
+            missing[chr(int(found.group(1)))] = None
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return list(missing)
 
 
 if __name__ == "__main__":

@@ -482,3 +482,23 @@ def test_a_table_whose_runs_all_failed_is_skipped_as_having_no_successful_runs(t
     assert f"note: {tmp_path / 'cpu' / 'runs.csv'}: {len(table)} failed run(s) left out" in out
     assert ("skip fig8_throughput: no successful runs (rows of runs.csv with status ok) found below the results "
             "root") in out and "runs.csv tables found" not in out
+
+
+@pytest.mark.parametrize("fallback", [(), cli._FALLBACK])
+def test_a_name_in_letters_the_font_lacks_is_drawn_in_an_installed_one_or_said_once(tmp_path, capsys, monkeypatch,
+                                                                                    fallback):
+    """A model named in CJK letters: matplotlib warned once per glyph and drawing (a page of
+    UserWarnings) and drew boxes; an installed CJK font now draws them (seaborn's theme had
+    replaced the fonts a matplotlibrc gives), and without one the command says so in one note."""
+    from matplotlib import font_manager
+
+    monkeypatch.setattr(cli, "_FALLBACK", fallback)
+    table = write_runs(tmp_path / "results", engines=("collective",))
+    table.assign(model="模型").to_csv(tmp_path / "results" / "runs.csv", index=False)
+    assert cli.main(["--results", str(tmp_path / "results"), "--out", str(tmp_path / "out"), "--only",
+                     "fig8_throughput"]) == 0
+    out, err = capsys.readouterr()
+    assert "missing from font" not in err
+    installed = any(k in f.name for f in font_manager.fontManager.ttflist for k in fallback)
+    note = "note: no installed font has a glyph for 模 型 in the names the figures draw, drawn as boxes; "
+    assert (note in out) is not installed, out
