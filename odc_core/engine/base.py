@@ -443,6 +443,13 @@ def check_wrap(model: nn.Module, wrapped: nn.Module | None) -> None:
             f"module {wrapper[0]} is a {type(wrapper[1]).__name__}"
         raise ValueError(f"{where}: the engine shards the model and sums its gradients itself; give it the module "
                          f"inside (.module), unwrapped")
+    renorm = next(((n, m) for n, m in model.named_modules()
+                   if isinstance(m, nn.Embedding | nn.EmbeddingBag) and m.max_norm is not None), None)
+    if renorm is not None:  # both engines computed with the renormalized rows, then dropped them without a word
+        raise ValueError(f"module {renorm[0] or '(the model)'} ({type(renorm[1]).__name__}) has max_norm="
+                         f"{renorm[1].max_norm}: it renormalizes the rows it looks up in place in each forward, a "
+                         f"write to the gathered copy of its weight that the engine's shards never see, so the "
+                         f"write would be lost; build it with max_norm=None")
     sharded = [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
     if sharded or any(isinstance(m, FSDPModule) for m in model.modules()):
         what = f"parameter {sharded[0]} is a DTensor" if sharded else "the model holds a module fully_shard wrapped"
@@ -508,6 +515,17 @@ def reduction_device(device: torch.device) -> torch.device:
     """Where a small reduction over the default group runs: on the host where the group can (gloo
     or MPI beside NCCL: GPU ranks may share one device, where NCCL cannot run), else on `device`."""
     return torch.device("cpu") if any(name in str(dist.get_backend()) for name in ("gloo", "mpi")) else device
+
+
+def refuse_written_in_place(name: str, engine: str) -> None:
+    """A RuntimeError, one line, for a parameter written in place between its unit's gather and
+    the freeing of its gathered copy: the write is lost with the copy, where in one process it
+    would stay in the weight."""
+    raise RuntimeError(f"parameter {name} was written in place while gathered for a forward or backward "
+                       f"(nn.Embedding's max_norm renormalizes its rows so; so does arithmetic on a weight under "
+                       f"torch.no_grad()): {engine} computes with a copy of the shards, gathered for each unit's "
+                       f"forward and backward and freed after, so the write would be lost; build the module without "
+                       f"it, or compute the change out of place")
 
 
 def refuse_create_graph(where: str, engine: str) -> None:

@@ -64,6 +64,7 @@ from odc_core.engine.base import (
     parameter_ids,
     reduction_device,
     refuse_create_graph,
+    refuse_written_in_place,
 )
 from odc_core.engine.closing import peer_closed, tell_peers
 from odc_core.engine.outputs import Walk, check_output, grad_outputs, unit_labels
@@ -182,6 +183,7 @@ class CollectiveEngine:
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=self.reshard_after_forward)
         for module in (*units, model):
             module.register_forward_hook(functools.partial(_check_output, labels[id(module)]), with_kwargs=True)
+        _watch_writes(model, alone)
         # Ahead of FSDP2's own pre-forward hook (fully_shard prepended it): the count's check must
         # come before a microbatch's first all-gather.
         model.register_forward_pre_hook(self._microbatch_starts, prepend=True)
@@ -662,6 +664,31 @@ def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:
 # Where FSDP2 looks for the tensors it hooks: torch 2.13's walks containers (collect_grad_tensors);
 # a release without that function hooked the leaves of torch's pytree.
 _FSDP2_WALK: Walk = "containers" if hasattr(_fsdp_common, "collect_grad_tensors") else "pytree"
+
+
+def _watch_writes(model: nn.Module, sharded: Sequence[nn.Module]) -> None:
+    """Refuse an in-place write to a unit's parameters during its forward (nn.Embedding's
+    max_norm, weight clipping under torch.no_grad()): it reaches the copy FSDP2 gathered, which
+    its reshard then drops, and the model trained on without it, without a word. Each unit's own
+    parameters are the plain tensors among its parameters once FSDP2's pre-forward hook has
+    gathered them (its inner units' are still DTensor shards); their version counters are read
+    then and again ahead of FSDP2's post-forward hook, which reshards them."""
+    prefixes = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
+    seen: dict[int, list[tuple[str, torch.Tensor, int]]] = {}
+
+    def gathered(module: nn.Module, _args: tuple) -> None:
+        prefix = f"{prefixes[id(module)]}." if prefixes[id(module)] else ""
+        seen[id(module)] = [(prefix + n, p, p._version) for n, p in module.named_parameters()
+                            if not isinstance(p, DTensor)]
+
+    def forward_over(module: nn.Module, _args: tuple, _output: object) -> None:
+        written = next((n for n, p, v in seen.pop(id(module), []) if p._version != v), None)
+        if written is not None:
+            refuse_written_in_place(written, "FSDP2")
+
+    for module in (*sharded, model):
+        module.register_forward_pre_hook(gathered)
+        module.register_forward_hook(forward_over, prepend=True)
 
 
 def _check_output(label: str, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:

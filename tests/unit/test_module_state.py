@@ -178,6 +178,62 @@ def test_a_write_the_shards_never_see_is_refused_where_the_engine_next_reads_the
         engine.close()
 
 
+class _Clipped(nn.Linear):
+    """Weight clipping inside the forward: a write to the gathered copy of the weight."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.weight.clamp_(-0.1, 0.1)
+        return super().forward(x)
+
+
+_WRITTEN = (r"^parameter layers\.{} was written in place while gathered for a forward or backward \(nn\.Embedding's "
+            r"max_norm renormalizes its rows so; .*: (ODC|FSDP2) computes with a copy of the shards, .* so the write "
+            r"would be lost; build the module without it, or compute the change out of place$")
+
+
+@pytest.mark.parametrize(("clipped", "when"), [(0, "train"), (1, "train"), (0, "evaluate")])
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_write_to_the_gathered_parameters_is_refused_as_the_unit_is_freed(engine_name, one_rank_group, clipped,
+                                                                             when):
+    """A unit's forward that wrote its weight in place (clipped it under torch.no_grad()) computed
+    with the written values, then freed them: the shards trained on without the write, without a
+    word. A unit is freed as its forward ends (FSDP2's reshard; on ODC the last unit stays
+    gathered for its backward and is freed once that has pushed), and as an evaluation's ends."""
+    torch.manual_seed(0)
+    model = Net()
+    model.layers[clipped][0] = _Clipped(4, 4)
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        engine.begin_minibatch()
+        with pytest.raises(RuntimeError, match=_WRITTEN.format(f"{clipped}\\.0\\.weight")):
+            if when == "evaluate":
+                with torch.no_grad():
+                    model(torch.ones(3, 4))
+            else:
+                model(torch.ones(3, 4)).backward()
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_an_embedding_that_renormalizes_its_weight_in_the_forward_is_refused_at_wrap(engine_name, one_rank_group):
+    """nn.Embedding(max_norm=...) renormalizes the rows it looks up in place: both engines
+    computed with the written rows and trained on without them, without a word."""
+    model = Net()
+    model.layers[0][0] = nn.Sequential(nn.Embedding(5, 4, max_norm=1.0))
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        with pytest.raises(ValueError, match=r"^module layers\.0\.0\.0 \(Embedding\) has max_norm=1\.0: it "
+                                             r"renormalizes the rows it looks up in place in each forward, .* so the "
+                                             r"write would be lost; build it with max_norm=None$"):
+            engine.wrap(model, list(model.layers))
+    finally:
+        engine.close()
+
+
 def test_a_units_repr_reads_nothing_of_its_freed_buffer(one_rank_group):
     """pytest prints the arguments of a failing hook, a unit among them: the dataclass's repr
     printed its freed flat buffer and crashed the process (SIGSEGV) instead of showing the error."""

@@ -335,7 +335,7 @@ class OdcEngine:
             unit.pushed_in, unit.inputs_hooked = None, 0  # a backward through this minibatch's forwards is refused
             if unit.storage is not Storage.SHARDED:
                 self.fetcher.ensure(unit)
-                unit.free()
+                unit.release()
         return self.versions.finish()
 
     def drain(self) -> None:

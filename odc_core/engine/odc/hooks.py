@@ -127,10 +127,10 @@ class UnitHooks:
                 unit.last_ran = False
         if not torch.is_grad_enabled():  # no backward follows (evaluation)
             if done:
-                unit.free()
+                unit.release()
             return
         if done and self.order.after(pos) is not None:  # the last unit's backward begins at once
-            unit.free()
+            unit.release()
         # Every output that carries a gradient (transformers' layers return tuples): the first
         # of them whose gradient arrives starts the group's backward.
         outputs = check_output(self.labels[pos], output, "both",
@@ -192,7 +192,7 @@ class UnitHooks:
         unit.backward = Backward.IDLE
         unit.inputs_pending = 0
         unit.pushed_in = torch._C._current_graph_task_id()
-        unit.free()
+        unit.release()
         self.versions.serve()
 
     def finish_cut_short(self) -> None:

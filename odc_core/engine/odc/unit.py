@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from odc_core.engine.base import placeholders
+from odc_core.engine.base import placeholders, refuse_written_in_place
 from odc_core.engine.sharing import sharing_groups, unit_parameters
 from odc_core.primitives import ShardLayout
 from odc_core.transport.base import SymmetricHeap
@@ -112,6 +112,10 @@ class FlatUnit:
     # group was last freed after a forward (hooks.py's post_forward).
     forwards_open: int = 0
     last_ran: bool = False
+    # Each parameter's autograd version counter when the flat buffer was last gathered: an
+    # in-place write to the gathered copy (nn.Embedding's max_norm, arithmetic under
+    # torch.no_grad() in a forward) moves it, and the write is gone once the buffer is freed.
+    seen: list[int] = field(default_factory=list)
 
     def __repr__(self) -> str:
         # Not the dataclass's field by field: printing `full` while its storage is freed reads
@@ -127,7 +131,19 @@ class FlatUnit:
             for p, view in zip(self.params, self.views, strict=True):
                 p.data = view
             self.hidden = False
+        self.seen = [p._version for p in self.params]
         return alias(self.full, self.layout.padded_numel)
+
+    def release(self) -> None:
+        """free() after a forward or backward, refusing a write to the gathered parameters that
+        freeing loses: the shards, where the parameters live, never saw it."""
+        written = None
+        if self.storage is not Storage.SHARDED:
+            written = next((n for n, p, v in zip(self.names, self.params, self.seen, strict=True) if p._version != v),
+                           None)
+        self.free()
+        if written is not None:
+            refuse_written_in_place(written, "ODC")
 
     def free(self) -> None:
         """Free the flat buffer's storage; the parameters hold their placeholders meanwhile."""
