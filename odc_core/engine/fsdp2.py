@@ -686,9 +686,11 @@ def _watch_writes(model: nn.Module, sharded: Sequence[nn.Module]) -> None:
         if written is not None:
             refuse_written_in_place(written, "FSDP2")
 
+    # Opaque to Dynamo: traced, they added graphs to a compiled model where FSDP2's own hooks
+    # leave it none or few, and the counters would be read at trace time.
     for module in (*sharded, model):
-        module.register_forward_pre_hook(gathered)
-        module.register_forward_hook(forward_over, prepend=True)
+        module.register_forward_pre_hook(torch.compiler.disable(gathered))
+        module.register_forward_hook(torch.compiler.disable(forward_over), prepend=True)
 
 
 def _check_output(label: str, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:

@@ -134,6 +134,9 @@ class FlatUnit:
         self.seen = [p._version for p in self.params]
         return alias(self.full, self.layout.padded_numel)
 
+    # Opaque to Dynamo, as hide() is: the version counters must be read when the hook runs, not
+    # when a compiled unit was traced.
+    @torch.compiler.disable
     def release(self) -> None:
         """free() after a forward or backward, refusing a write to the gathered parameters that
         freeing loses: the shards, where the parameters live, never saw it."""
