@@ -340,6 +340,9 @@ def _check_fits(state: dict[str, Any], stored: Mapping[str, Any], folder: Path) 
                          f"of another model; load it into the model it was saved from")
     for name, value in state["model"].items():
         held = stored.get(f"model.{name}")
+        if held is None and isinstance(value, Mapping) and (
+                not value or any(key.startswith(f"model.{name}.") for key in stored)):
+            continue  # a module's extra state, which DCP stores key by key (an empty one not at all)
         if held is None:
             raise ValueError(f"checkpoint {folder} has no {name!r}, which the model has: it is a checkpoint of another "
                              f"model; load it into the model it was saved from")

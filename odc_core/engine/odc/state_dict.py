@@ -167,8 +167,8 @@ def full_state(engine: OdcEngine, optimizer: bool = True) -> tuple[dict[str, Any
                 model_sd[alias] = params[name]
     with engine.module_state.internal():
         for name, buf in model.state_dict().items():
-            if name not in model_sd:
-                model_sd[name] = buf.detach().cpu().clone()
+            if name not in model_sd:  # a buffer, or a module's extra state (get_extra_state), as it gives it
+                model_sd[name] = buf.detach().cpu().clone() if isinstance(buf, torch.Tensor) else buf
     if not optimizer:
         return model_sd, {}
     opt = engine.optimizer
@@ -300,9 +300,11 @@ def load_sharded_state(engine: OdcEngine, state: dict[str, Any]) -> None:
     for unit in engine.units:
         if unit.shadow is not None:
             unit.shadow[slot].copy_(unit.master[slot])
-    buffers = {n for n, _ in model.named_buffers()}
+    # What is not a parameter: buffers, and modules' extra state (set_extra_state), which a load
+    # of buffers alone left as it was.
+    named = {n for n, p in model.named_parameters(remove_duplicate=False)}
     with engine.module_state.internal():
-        model.load_state_dict({n: v for n, v in state["model"].items() if n in buffers}, strict=False)
+        model.load_state_dict({n: v for n, v in state["model"].items() if n not in named}, strict=False)
     engine.heap.barrier(engine.timeout_s)  # nobody gathers a shard before its owner has loaded it
 
 
