@@ -267,13 +267,30 @@ def check_state_keys(groups: Sequence[Sequence[str]], given: Collection[str]) ->
     names = {name for group in groups for name in group}
     unexpected = [key for key in given if key not in names]
     missing = [group[0] for group in groups if not any(name in given for name in group)]
-    for keys, said in ((unexpected, "has {}{}, which the model has not; load a state dict of this model"),
+    for keys, said in ((unexpected, "has {}{}, which the model has not; " + _prefix_hint(given, names)),
                        (missing, "has no {}{}; load a whole state dict of this model (to keep some weights as "
                                  "they are, load the others into the model before wrap(), with "
                                  "load_state_dict(strict=False))")):
         if keys:
             more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
             raise ValueError("the model state dict " + said.format(repr(keys[0]), more))
+
+
+def _prefix_hint(given: Collection[str], names: Collection[str]) -> str:
+    """What to do with a state dict whose keys are not the model's: where they are all the
+    model's behind one prefix (torch.compile's wrapper saves `_orig_mod.`, DDP `module.`), or all
+    the model's without one (a state dict of an inner module), say which."""
+    first = next(iter(given), "")
+    head = first.split(".", 1)[0] + "."
+    if "." in first and all(key.startswith(head) and key[len(head):] in names for key in given):
+        return f"its keys are the model's behind the prefix {head!r} (torch.compile's wrapper adds '_orig_mod.', " \
+               f"DDP 'module.'): strip it from every key"
+    heads = {name.split(".", 1)[0] + "." for name in names if "." in name}
+    added = next((h for h in sorted(heads) if all(h + key in names for key in given)), None)
+    if given and added is not None:
+        return f"its keys are the model's without the prefix {added!r} (a state dict of module " \
+               f"{added[:-1]}): add it to every key"
+    return "load a state dict of this model"
 
 
 def check_state_shape(what: str, given: object, shape: tuple[int, ...]) -> None:

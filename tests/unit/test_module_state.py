@@ -402,7 +402,15 @@ def test_a_model_state_dict_lacking_a_weight_or_of_other_shapes_is_refused_and_a
                              "the model state dict has no 'mid.weight'; load a whole state dict of this model"),
                             ({**weights, "mid.weight": weights["mid.weight"].t()[:3]},
                              "mid.weight: the state dict holds a tensor of shape (3, 4) where the model's has shape "
-                             "(4, 4); load a state dict of this model")):
+                             "(4, 4); load a state dict of this model"),
+                            ({f"_orig_mod.{n}": t for n, t in weights.items()},  # torch.compile(model).state_dict()
+                             "the model state dict has '_orig_mod.embed.weight' (and 2 more), which the model has "
+                             "not; its keys are the model's behind the prefix '_orig_mod.' (torch.compile's wrapper "
+                             "adds '_orig_mod.', DDP 'module.'): strip it from every key"),
+                            ({n.removeprefix("mid."): t for n, t in weights.items() if n.startswith("mid.")},
+                             "the model state dict has 'weight' (and 1 more), which the model has not; its keys are "
+                             "the model's without the prefix 'mid.' (a state dict of module mid): add it to every "
+                             "key")):
             with pytest.raises(ValueError) as refused:
                 set_state_dict(engine, given, {}, broadcast_from_rank0=rank0)
             assert str(refused.value).startswith(said)
