@@ -210,3 +210,33 @@ def test_odc_pushes_the_gradients_a_reentrant_checkpoint_inside_a_unit_accumulat
         trains_like_one_process(engine, model, reference, [torch.randn(4, 8) for _ in range(2)])
     finally:
         engine.close()
+
+
+def test_functional_call_on_odc_computes_with_the_weights_it_is_given(one_rank_group):
+    """torch.func.functional_call(model, weights, x) on the wrapped model (an EMA's weights, a
+    meta-learning inner step): the output and the weights' gradients are those of a model holding
+    them, and the engine's own parameters are left alone."""
+    torch.manual_seed(0)
+    model, other = _Net(), _Net()
+    weights = {n: p.detach().clone().requires_grad_() for n, p in other.named_parameters()}
+    x = torch.randn(3, 8)
+    want = torch.func.functional_call(other, weights, (x,))
+    want_grads = torch.autograd.grad(want, list(weights.values()))
+    engine = one_rank_engine("odc", one_rank_group)
+    try:
+        engine.wrap(model, [model.emb, *model.layers, model.head])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        before = engine.full_parameters()
+        with torch.no_grad():
+            torch.testing.assert_close(torch.func.functional_call(model, weights, (x,)), want)
+        engine.begin_minibatch()
+        got = torch.func.functional_call(model, weights, (x,))
+        got_grads = torch.autograd.grad(got, list(weights.values()))
+        engine.finish_minibatch()
+        after = engine.full_parameters()
+    finally:
+        engine.close()
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+    assert all(torch.equal(before[n], after[n]) for n in before)
