@@ -194,8 +194,10 @@ def save(engine: DataParallelEngine, root: str | os.PathLike[str], step: int,
             if (root / replaced.name.removesuffix(_REPLACED)).is_dir():
                 shutil.rmtree(replaced, ignore_errors=True)
     dist.barrier()
-    # One pickled object: DCP would flatten a dict of plain values on save but not on load.
-    state = {**engine.sharded_state(), "extra": io.BytesIO(extra_bytes)}
+    # One pickled object: DCP would flatten a dict of plain values on save but not on load. Each
+    # rank's under a key of its own: under one key DCP kept one rank's (it saves a value every
+    # rank holds once), and every rank loaded it, where a loop saves state of its own (its RNG).
+    state = {**engine.sharded_state(), _extra_key(dist.get_rank()): io.BytesIO(extra_bytes)}
     if schedule is not None and schedule_bytes is not None:
         state[_schedule_key(schedule)] = io.BytesIO(schedule_bytes)
     with sharded_tensors_quietly(), _dcp_errors(f"checkpoint step-{step} could not be saved in {root}"):
@@ -242,7 +244,13 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     # weights to start from) loads the model and leaves the optimizer as it is, fresh or not;
     # DCP refused it, missing the optimizer's groups, in words that called it damaged.
     model_alone = not any(key.startswith("optim.") for key in stored)
-    state = {**engine.sharded_state(for_load=True, optimizer=not model_alone), "extra": io.BytesIO()}
+    # This rank's own extra; at a world size larger than the save's, a rank it did not have gets
+    # rank 0's; a checkpoint of every rank's under one key (saved before 2026-12-08) holds one;
+    # DCP's own checkpoint of a model and optimizer (dcp.save of FSDP2's state dicts) none.
+    extra_key = next((key for key in (_extra_key(dist.get_rank()), _extra_key(0), "extra") if key in stored), None)
+    state = {**engine.sharded_state(for_load=True, optimizer=not model_alone)}
+    if extra_key is not None:
+        state[extra_key] = io.BytesIO()
     schedule = _schedule(engine)
     if "optim" in state:
         _start_absent_fresh(state["optim"]["state"], stored)
@@ -267,8 +275,12 @@ def load(engine: DataParallelEngine, folder: str | os.PathLike[str] | None) -> d
     engine.load_sharded_state(state)
     if schedule is not None and saved is not None:
         schedule.load_state_dict(pickle.loads(state[saved].getvalue()))
-    extra: dict[str, Any] = pickle.loads(state["extra"].getvalue())
+    extra: dict[str, Any] = pickle.loads(state[extra_key].getvalue()) if extra_key is not None else {}
     return extra
+
+
+def _extra_key(rank: int) -> str:
+    return f"extra/{rank}"
 
 
 # The key a checkpoint holds its LR schedule's state under, with the schedule's type after it: a

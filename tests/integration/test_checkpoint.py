@@ -82,12 +82,14 @@ def _train(rank: int, world: int, store: dist.Store, engine_name: str, precision
         model = Net()
         model = engine.wrap(model, [model.inp, model.mid, model.out])
         engine.configure_optimizer(partial(torch.optim.AdamW, lr=LR, eps=EPS, weight_decay=0.1))
-        start, extra = 0, {}
+        start, extra, extra_ranks = 0, {}, []
         if resume:
             folder = checkpoint.latest(root)
             assert folder is not None
             extra = checkpoint.load(engine, folder)
             start = int(extra["next_step"])
+            extra_ranks = [None] * world  # whose extra each rank loaded
+            dist.all_gather_object(extra_ranks, extra["rank"])
         losses = []
         for step in range(start, STEPS):
             data = _data(step)
@@ -103,9 +105,11 @@ def _train(rank: int, world: int, store: dist.Store, engine_name: str, precision
             dist.all_reduce(total)
             losses.append(float(total))
             if save_at is not None and step + 1 == save_at:
-                checkpoint.save(engine, root, step + 1, {"next_step": step + 1, "note": {"engine": engine_name}})
+                checkpoint.save(engine, root, step + 1,
+                                {"next_step": step + 1, "note": {"engine": engine_name}, "rank": rank})
         engine.drain()
-        return {"params": engine.full_parameters(), "losses": losses, "start": start, "extra": extra}
+        return {"params": engine.full_parameters(), "losses": losses, "start": start, "extra": extra,
+                "extra_ranks": extra_ranks}
     finally:
         engine.close()
         dist.destroy_process_group()
@@ -142,7 +146,10 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Saved:
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, saved: Saved, engine: str, precision: str) -> None:
     whole = saved(engine, 2, tmp_path, precision)
     resumed = _run(engine, 2, tmp_path, resume=True, precision=precision)
-    assert resumed["start"] == SAVE_AT and resumed["extra"] == {"next_step": SAVE_AT, "note": {"engine": engine}}
+    assert resumed["start"] == SAVE_AT
+    # Each rank's own extra (a loop's RNG state is its rank's): DCP kept one rank's for all.
+    assert resumed["extra"] == {"next_step": SAVE_AT, "note": {"engine": engine}, "rank": 0}
+    assert resumed["extra_ranks"] == [0, 1]
     if engine == "collective":  # the same run, bit for bit
         assert resumed["losses"] == whole["losses"][SAVE_AT:]
         for name, value in whole["params"].items():
@@ -158,12 +165,14 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, saved: Saved,
 
 @pytest.mark.parametrize(("saver", "loader", "saved_on", "loaded_on"),
                          [("odc", "collective", 2, 2), ("collective", "odc", 2, 2), ("odc", "odc", 4, 2),
-                          ("collective", "odc", 4, 3)])
+                          ("collective", "odc", 4, 3), ("odc", "collective", 2, 3)])
 def test_a_checkpoint_loads_into_the_other_engine_and_another_world_size(
         tmp_path: Path, saved: Saved, saver: str, loader: str, saved_on: int, loaded_on: int) -> None:
     whole = saved(saver, saved_on, tmp_path, "fp32")
     resumed = _run(loader, loaded_on, tmp_path, resume=True)
     assert resumed["start"] == SAVE_AT
+    # Each rank the save had loads its own extra; one it had not, rank 0's.
+    assert resumed["extra_ranks"] == [r if r < saved_on else 0 for r in range(loaded_on)]
     for name, value in whole["params"].items():
         torch.testing.assert_close(resumed["params"][name], value, rtol=0, atol=1e-5, msg=name)
     torch.testing.assert_close(resumed["losses"], whole["losses"][SAVE_AT:], rtol=1e-5, atol=0)

@@ -79,3 +79,45 @@ def test_a_checkpoint_of_the_model_alone_loads_as_weights_a_fresh_optimizer_step
         trains_like_one_process(engine, model, reference, [torch.ones(2, 4), torch.randn(2, 4)], factory=AdamW)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("written", ["by dcp.save, of FSDP2's state dicts", "with one extra for every rank"])
+@pytest.mark.parametrize("loader", ["odc", "collective"])
+def test_a_dcp_checkpoint_without_this_ranks_extra_loads(loader, written, one_rank_group, tmp_path):
+    """An FSDP2 loop's own checkpoint (dcp.save of get_state_dict's model and optimizer dicts)
+    loads into either engine with an empty extra (before: "Missing key in checkpoint state_dict:
+    extra."), and one of the earlier layout, its extra under one key, gives that extra."""
+    import io
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    from odc_core import get_state_dict
+
+    torch.manual_seed(0)
+    trained, model = _model(), _model()
+    engine = one_rank_engine("collective" if written.startswith("by") else "odc", one_rank_group)
+    try:
+        engine.wrap(trained, [trained[0], trained[2]])
+        engine.configure_optimizer(AdamW)
+        engine.begin_minibatch()
+        trained(torch.ones(2, 4)).backward()
+        engine.finish_minibatch()
+        if written.startswith("by"):
+            model_sd, optim_sd = get_state_dict(engine)
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp_path)
+        else:
+            dcp.save({**engine.sharded_state(), "extra": io.BytesIO(pickle.dumps({"step": 1}))},
+                     checkpoint_id=tmp_path)
+        want = engine.full_parameters()
+    finally:
+        engine.close()
+    engine = one_rank_engine(loader, one_rank_group)
+    try:
+        engine.wrap(model, [model[0], model[2]])
+        engine.configure_optimizer(AdamW)
+        assert checkpoint.load(engine, tmp_path) == ({} if written.startswith("by") else {"step": 1})
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    assert all(torch.equal(got[name], want[name]) for name in want)
