@@ -150,9 +150,54 @@ def test_a_backward_into_model_parameters_trains_on_odc_and_is_refused_on_fsdp2(
         torch.testing.assert_close(got[name], p, rtol=1e-6, atol=1e-6, msg=name)
     # FSDP2's model.parameters() are its shards, which the graph does not use: before, the step
     # found no gradient and the model did not train, without a word.
-    with pytest.raises(RuntimeError, match=r"^minibatch 0 ran 1 microbatch but gave no parameter of the model a "
-                                           r"gradient, .*call backward\(\) without inputs \(engine odc takes them\)$"):
+    with pytest.raises(RuntimeError, match=_NO_GRADIENT.format(1, "")):
         _trained("collective", one_rank_group, _backward_into_the_parameters)
+
+
+_NO_GRADIENT = (r"^minibatch 0 ran {} microbatch{} but gave no parameter of the model a gradient, .*FSDP2's "
+                r"set_requires_gradient_sync\(False\) left on through the last microbatch reduces none \(turn it "
+                r"back on before the minibatch's last backward\), .*call backward\(\) without inputs; engine odc "
+                r"takes them\)$")
+
+
+@pytest.mark.parametrize("last", [True, False], ids=["back on for the last microbatch", "left off"])
+def test_fsdp2_gradient_sync_off_trains_once_back_on_and_left_off_is_refused(one_rank_group, last):
+    """set_requires_gradient_sync(False) on the wrapped model, as a ported FSDP2 loop sets it for
+    all but a minibatch's last microbatch, accumulates as FSDP2 does; left off through the last
+    one, no gradient was reduced and the step changed nothing, told as a backward(inputs=...)."""
+    def with_sync(m: nn.Module, xs: list[torch.Tensor]) -> None:
+        for i, x in enumerate(xs):
+            if hasattr(m, "set_requires_gradient_sync"):  # the collective engine's model; one process has none
+                m.set_requires_gradient_sync(last and i == len(xs) - 1)
+            m(x).backward()
+
+    torch.manual_seed(0)
+    model, xs = _Net(), [[torch.randn(2, 8) for _ in range(3)] for _ in range(2)]
+    reference = copy.deepcopy(model)
+    engine = one_rank_engine("collective", one_rank_group)
+    try:
+        engine.wrap(model, [model.emb, *model.layers, model.head])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        if not last:
+            engine.begin_minibatch()
+            with_sync(model, xs[0])
+            with pytest.raises(RuntimeError, match=_NO_GRADIENT.format(3, "es")):
+                engine.finish_minibatch()
+            return
+        for minibatch in xs:
+            engine.begin_minibatch()
+            with_sync(model, minibatch)
+            engine.finish_minibatch()
+        got = engine.full_parameters()
+    finally:
+        engine.close()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for minibatch in xs:
+        opt.zero_grad()
+        with_sync(reference, minibatch)
+        opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
