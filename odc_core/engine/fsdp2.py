@@ -306,21 +306,22 @@ class CollectiveEngine:
 
     def _refuse_untouched(self, model: nn.Module) -> None:
         """A RuntimeError, one line, where the minibatch ran microbatches and yet no trainable
-        parameter holds a gradient, and the step trained nothing without a word: FSDP2's
-        set_requires_gradient_sync(False), as a ported loop sets it for all but the last
-        microbatch, left on through the last one (no reduce-scatter ran), or
-        backward(inputs=model.parameters()), which names FSDP2's shards, not the unsharded
+        parameter holds a gradient, and the step trained nothing without a word: a loop that
+        forgot loss.backward(), FSDP2's set_requires_gradient_sync(False), as a ported loop sets
+        it for all but the last microbatch, left on through the last one (no reduce-scatter ran),
+        or backward(inputs=model.parameters()), which names FSDP2's shards, not the unsharded
         parameters the graph uses. Every rank decides alike: the counts agree and the gradients
         come from reduce-scatters."""
         trainable = [p for p in model.parameters() if p.requires_grad]
         if self._microbatches and trainable and all(p.grad is None for p in trainable):
             raise RuntimeError(f"minibatch {self._minibatch} ran {self._microbatches} microbatch"
                                f"{'es' if self._microbatches > 1 else ''} but gave no parameter of the model a "
-                               f"gradient, so its step would change nothing: FSDP2's "
-                               f"set_requires_gradient_sync(False) left on through the last microbatch reduces none "
-                               f"(turn it back on before the minibatch's last backward), and "
-                               f"backward(inputs=model.parameters()) names FSDP2's shards, which the graph does not "
-                               f"use (call backward() without inputs; engine odc takes them)")
+                               f"gradient, so its step would change nothing: no backward() reached the model's "
+                               f"parameters (call loss.backward() for each microbatch; run a forward for its outputs "
+                               f"alone under torch.no_grad()), or FSDP2's set_requires_gradient_sync(False) was left "
+                               f"on through the last microbatch (turn it back on before the minibatch's last "
+                               f"backward), or backward(inputs=model.parameters()) named FSDP2's shards, which the "
+                               f"graph does not use (call backward() without inputs; engine odc takes them)")
 
     def drain(self) -> None:
         """Nothing to wait for: every step ran in finish_minibatch."""

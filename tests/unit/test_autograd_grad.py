@@ -154,10 +154,11 @@ def test_a_backward_into_model_parameters_trains_on_odc_and_is_refused_on_fsdp2(
         _trained("collective", one_rank_group, _backward_into_the_parameters)
 
 
-_NO_GRADIENT = (r"^minibatch 0 ran {} microbatch{} but gave no parameter of the model a gradient, .*FSDP2's "
-                r"set_requires_gradient_sync\(False\) left on through the last microbatch reduces none \(turn it "
-                r"back on before the minibatch's last backward\), .*call backward\(\) without inputs; engine odc "
-                r"takes them\)$")
+_NO_GRADIENT = (r"^minibatch 0 ran {} microbatch{} but gave no parameter of the model a gradient, so its step "
+                r"would change nothing: no backward\(\) reached the model's parameters \(call loss\.backward\(\) "
+                r"for each microbatch; .*\), or FSDP2's set_requires_gradient_sync\(False\) was left on through the "
+                r"last microbatch \(turn it back on before the minibatch's last backward\), or .*call backward\(\) "
+                r"without inputs; engine odc takes them\)$")
 
 
 @pytest.mark.parametrize("last", [True, False], ids=["back on for the last microbatch", "left off"])
@@ -260,7 +261,8 @@ def test_odc_pushes_the_gradients_a_reentrant_checkpoint_inside_a_unit_accumulat
 def test_functional_call_on_odc_computes_with_the_weights_it_is_given(one_rank_group):
     """torch.func.functional_call(model, weights, x) on the wrapped model (an EMA's weights, a
     meta-learning inner step): the output and the weights' gradients are those of a model holding
-    them, and the engine's own parameters are left alone."""
+    them, and the engine's own parameters and step are left alone (the next minibatch steps as one
+    process does from the same weights)."""
     torch.manual_seed(0)
     model, other = _Net(), _Net()
     weights = {n: p.detach().clone().requires_grad_() for n, p in other.named_parameters()}
@@ -271,17 +273,81 @@ def test_functional_call_on_odc_computes_with_the_weights_it_is_given(one_rank_g
     try:
         engine.wrap(model, [model.emb, *model.layers, model.head])
         engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
-        before = engine.full_parameters()
         with torch.no_grad():
             torch.testing.assert_close(torch.func.functional_call(model, weights, (x,)), want)
-        engine.begin_minibatch()
-        got = torch.func.functional_call(model, weights, (x,))
+        got = torch.func.functional_call(model, weights, (x,))  # between minibatches, as an evaluation
         got_grads = torch.autograd.grad(got, list(weights.values()))
-        engine.finish_minibatch()
+        engine.begin_minibatch()
+        model(x).backward()
+        engine.finish_minibatch()  # the pass above added nothing to this step
         after = engine.full_parameters()
     finally:
         engine.close()
     torch.testing.assert_close(got, want)
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w)
+    torch.manual_seed(0)
+    reference = _Net()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    reference(x).backward()
+    opt.step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(after[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)
+
+
+_FORGOT = (r"^minibatch 0 ran a forward with gradients on this rank, but no backward\(\) reached the model's "
+           r"parameters, so its step would apply only the optimizer's own terms \(weight decay, momentum\): call "
+           r"loss\.backward\(\) for each microbatch, and run a forward for its outputs alone under torch\.no_grad\(\)$")
+
+
+@pytest.mark.parametrize("how", ["forgot backward()", "an input's gradient alone"])
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_minibatch_no_backward_reached_the_parameters_in_is_refused(engine_name, how, one_rank_group):
+    """A loop that forgot loss.backward() (or took only an input's gradient): ODC stepped on zero
+    gradients, so AdamW's weight decay moved every parameter, without a word; the collective
+    engine refused it as a backward(inputs=...) or a gradient sync left off."""
+    torch.manual_seed(0)
+    model = _Net()
+    engine = one_rank_engine(engine_name, one_rank_group)
+    try:
+        engine.wrap(model, [model.emb, *model.layers, model.head])
+        engine.configure_optimizer(lambda params: torch.optim.AdamW(params, lr=0.1, weight_decay=0.1))
+        engine.begin_minibatch()
+        x = torch.randn(3, 8)
+        if how == "forgot backward()":
+            model(x)
+        else:
+            h = x.clone().requires_grad_(True)
+            torch.autograd.grad(model(x, hidden=h), h)
+        with torch.no_grad():
+            model(x)  # an evaluation alone is no training forward
+        with pytest.raises(RuntimeError, match=_FORGOT if engine_name == "odc" else _NO_GRADIENT.format(1, "")):
+            engine.finish_minibatch()
+    finally:
+        engine.close()
+
+
+def test_an_odc_rank_whose_only_microbatch_failed_in_its_forward_still_steps(one_rank_group):
+    """A loop that skips a microbatch whose forward ran out of memory: its outputs never carried a
+    gradient, so the rank is not refused for the backward it never ran, and its step goes on."""
+    torch.manual_seed(0)
+    model = _Net()
+
+    def fails(_grad: torch.Tensor) -> None:
+        raise torch.OutOfMemoryError("CPU out of memory (a stand-in)")
+
+    engine = one_rank_engine("odc", one_rank_group)
+    try:
+        engine.wrap(model, [model.emb, *model.layers, model.head])
+        engine.configure_optimizer(lambda params: torch.optim.SGD(params, lr=0.1))
+        before = engine.full_parameters()
+        engine.begin_minibatch()
+        handle = model.layers[1].register_forward_pre_hook(lambda _m, _args: fails(torch.zeros(())))
+        with pytest.raises(torch.OutOfMemoryError):
+            model(torch.randn(3, 8))
+        handle.remove()
+        engine.finish_minibatch()
+        after = engine.full_parameters()
+    finally:
+        engine.close()
     assert all(torch.equal(before[n], after[n]) for n in before)

@@ -215,6 +215,7 @@ class OdcEngine:
                                 self.compute_dtype, self.device)
         for unit in self.units:
             self._hooks.register(unit)
+        self._hooks.watch_model(model)
         self.module_state.watch(model)
         return model
 
@@ -324,6 +325,8 @@ class OdcEngine:
                                    f"from torch.autograd.grad(loss, model.parameters())), which the step would not "
                                    f"see: ODC sends each unit's gradients to their owners from inside backward(); "
                                    f"compute them with loss.backward()")
+        if self._hooks is not None:
+            self._refuse_no_backward(self._hooks)
         for unit in self.units:
             if unit.grad is not None:
                 raise RuntimeError(f"unit {unit.name}: backward finished without pushing its gradients")
@@ -337,6 +340,21 @@ class OdcEngine:
                 self.fetcher.ensure(unit)
                 unit.release()
         return self.versions.finish()
+
+    def _refuse_no_backward(self, hooks: UnitHooks) -> None:
+        """A RuntimeError, one line, where this rank ran a training forward in the minibatch and no
+        backward gave the parameters a gradient (a loop that forgot loss.backward(), or took only
+        an input's gradient): ODC stepped on zeros, so that weight decay and momentum alone moved
+        the parameters, without a word (the collective engine refuses it too). Only forwards of
+        the whole model that ended count: one cut short (an out-of-memory a loop skips) did not,
+        so a rank that skipped its only microbatch so is not refused."""
+        armed, hooks.armed_in_minibatch = hooks.armed_in_minibatch, False
+        pushed, hooks.pushed = hooks.pushed, False
+        if armed and not pushed and any(unit.trainable_count for unit in self.units):
+            raise RuntimeError(f"minibatch {self.minibatch} ran a forward with gradients on this rank, but no "
+                               f"backward() reached the model's parameters, so its step would apply only the "
+                               f"optimizer's own terms (weight decay, momentum): call loss.backward() for each "
+                               f"microbatch, and run a forward for its outputs alone under torch.no_grad()")
 
     def drain(self) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far."""

@@ -43,6 +43,11 @@ class UnitHooks:
         self.handles: list[RemovableHandle] = []
         self._finishing = False  # the end of this backward pass is queued (finish_backward)
         self.order = ExecutionOrder(len(self.modules))  # what a prefetch gathers
+        # Since the last finish_minibatch(): whether a forward of the model inside a minibatch
+        # ran to its end with units awaiting a backward, and whether any unit pushed gradients
+        # (engine.py's check).
+        self.armed_in_minibatch = False
+        self.pushed = False
 
     def register(self, unit: FlatUnit) -> None:
         for pos in unit.modules:
@@ -53,6 +58,16 @@ class UnitHooks:
                 lambda _m, _args, out, u=unit, pos=pos: self.post_forward(u, pos, out)))
         for p in (p for p, trainable in zip(unit.params, unit.trainable, strict=True) if trainable):
             self.handles.append(p.register_post_accumulate_grad_hook(lambda _p, u=unit: self.param_grad_done(u)))
+
+    def watch_model(self, model: nn.Module) -> None:
+        """Note a forward of the whole model that ended inside a minibatch with a unit awaiting its
+        backward: one cut short by an exception (an out-of-memory a loop skips) never ends."""
+        def forward_over(_m: nn.Module, _args: tuple, _output: object) -> None:
+            if torch.is_grad_enabled() and self.versions.inside and any(
+                    u is not None and u.backward is Backward.ARMED for u in self.group_of):
+                self.armed_in_minibatch = True
+
+        self.handles.append(model.register_forward_hook(forward_over))
 
     def _second_backward(self, unit: FlatUnit) -> None:
         modules = " and ".join(self.labels[pos] for pos in unit.modules)
@@ -188,6 +203,7 @@ class UnitHooks:
         if unit.grad is not None:  # None: every parameter is frozen, nothing to push
             if unit.grads_ready:  # none: a pass that left .grad alone (torch.autograd.grad()), zeros to add
                 self.fetcher.push(unit)
+                self.pushed = True
             unit.detach_grad()
         unit.backward = Backward.IDLE
         unit.inputs_pending = 0
