@@ -187,6 +187,7 @@ class CollectiveEngine:
         # Ahead of FSDP2's own pre-forward hook (fully_shard prepended it): the count's check must
         # come before a microbatch's first all-gather.
         model.register_forward_pre_hook(self._microbatch_starts, prepend=True)
+        _make_gather_buffers(model, alone)
         model.register_forward_hook(self._watch_backward)
         self.model, self.wrapped = model, parameter_ids(model)
         return model
@@ -669,6 +670,27 @@ def build(ctx: EngineContext, options: CollectiveOptions) -> CollectiveEngine:
 # Where FSDP2 looks for the tensors it hooks: torch 2.13's walks containers (collect_grad_tensors);
 # a release without that function hooked the leaves of torch's pytree.
 _FSDP2_WALK: Walk = "containers" if hasattr(_fsdp_common, "collect_grad_tensors") else "pytree"
+
+
+def _make_gather_buffers(model: nn.Module, sharded: Sequence[nn.Module]) -> None:
+    """Before the model's first forward (ahead of every other hook), gather and free each unit
+    once outside torch.inference_mode(), the root first: FSDP2 makes the buffers it gathers into
+    at a unit's first gather, and made under inference_mode (a first RL rollout, an evaluation
+    before any training) they are inference tensors, whose use failed then and in every later
+    gather ("Inference tensors do not track version counter"). At the first forward, not at
+    wrap(): a model built on the meta device has no values to gather until to_empty(). Collective
+    over the ranks, as that forward is; one all-gather per unit, each freed before the next."""
+    handle: Any = None
+
+    @torch.compiler.disable
+    def first_forward(_module: nn.Module, _args: tuple) -> None:
+        handle.remove()
+        with torch.inference_mode(False), torch.no_grad():
+            for module in (model, *sharded):  # the root first: its lazy init marks the others as not roots
+                cast(FSDPModule, module).unshard()
+                cast(FSDPModule, module).reshard()
+
+    handle = model.register_forward_pre_hook(first_forward, prepend=True)
 
 
 def _watch_writes(model: nn.Module, sharded: Sequence[nn.Module]) -> None:

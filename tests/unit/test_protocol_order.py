@@ -533,3 +533,33 @@ def test_a_drain_that_timed_out_and_was_caught_leaves_close_to_end_at_once():
     from odc_bench.run.ranks import run_ranks
 
     assert run_ranks(_close_after_a_failed_drain, 2, timeout_s=60)[0] == ""
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("engine_name", ["odc", "collective"])
+def test_a_first_forward_under_inference_mode_evaluates_and_training_goes_on(engine_name, precision, one_rank_group):
+    """An evaluation or an RL rollout under torch.inference_mode() before any training: FSDP2
+    made the buffers it gathers into there, as inference tensors, and failed then and in every
+    later gather ("Inference tensors do not track version counter")."""
+    import copy
+
+    from tests.helpers.reference import trains_like_one_process
+
+    torch.manual_seed(0)
+    model = Net()
+    reference = copy.deepcopy(model)
+    engine = make_engine(engine_name, EngineContext(torch.device("cpu"), one_rank_group, uuid.uuid4().hex[:8], 30.0,
+                                                    precision))
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        with torch.inference_mode():
+            got = model(torch.ones(2, 4))
+        want = reference(torch.ones(2, 4))
+        torch.testing.assert_close(got.float(), want, rtol=0.02 if precision == "bf16" else 1e-6, atol=0.02)
+        if precision == "fp32":
+            trains_like_one_process(engine, model, reference, [torch.randn(2, 4) for _ in range(2)])
+        else:
+            _microbatch(model)  # a bf16 minibatch runs
+    finally:
+        engine.close()
