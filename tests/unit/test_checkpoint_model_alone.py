@@ -31,6 +31,14 @@ def _model() -> _Net:
     return _Net()
 
 
+def _trained_one_minibatch(engine, model: _Net) -> None:  # type: ignore[no-untyped-def]
+    engine.wrap(model, [model[0], model[2]])
+    engine.configure_optimizer(AdamW)
+    engine.begin_minibatch()
+    model(torch.ones(2, 4)).backward()
+    engine.finish_minibatch()
+
+
 @pytest.mark.parametrize(("saver", "loader"), [("odc", "collective"), ("collective", "odc")])
 def test_an_engine_without_an_optimizer_loads_the_model_from_a_training_checkpoint(saver, loader, one_rank_group,
                                                                                 tmp_path):
@@ -38,11 +46,7 @@ def test_an_engine_without_an_optimizer_loads_the_model_from_a_training_checkpoi
     trained, reference = _model(), _model()
     training = one_rank_engine(saver, one_rank_group)
     try:
-        training.wrap(trained, [trained[0], trained[2]])
-        training.configure_optimizer(AdamW)
-        training.begin_minibatch()
-        trained(torch.ones(2, 4)).backward()
-        training.finish_minibatch()
+        _trained_one_minibatch(training, trained)
         folder = checkpoint.save(training, tmp_path, 1, {"step": 1})
         want = training.full_parameters()
     finally:
@@ -98,11 +102,7 @@ def test_a_dcp_checkpoint_without_this_ranks_extra_loads(loader, written, one_ra
     trained, model = _model(), _model()
     engine = one_rank_engine("collective" if written.startswith("by") else "odc", one_rank_group)
     try:
-        engine.wrap(trained, [trained[0], trained[2]])
-        engine.configure_optimizer(AdamW)
-        engine.begin_minibatch()
-        trained(torch.ones(2, 4)).backward()
-        engine.finish_minibatch()
+        _trained_one_minibatch(engine, trained)
         if written.startswith("by"):
             model_sd, optim_sd = get_state_dict(engine)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp_path)

@@ -492,18 +492,24 @@ class _Counted(nn.Linear):
         self.calls = state["calls"]
 
 
+def _counted(engine_name: str, store):  # type: ignore[no-untyped-def]
+    """Net with a _Counted first layer, wrapped by a new engine with an optimizer."""
+    model = Net()
+    model.layers[0][0] = _Counted()
+    engine = one_rank_engine(engine_name, store)
+    engine.wrap(model, list(model.layers))
+    engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+    return model, engine
+
+
 @pytest.mark.parametrize("through", ["full", "broadcast_from_rank0", "checkpoint"])
 @pytest.mark.parametrize(("saver", "loader"), [("odc", "odc"), ("odc", "collective"), ("collective", "odc")])
 def test_a_modules_extra_state_is_saved_and_loaded_by_both_engines(saver, loader, through, one_rank_group, tmp_path):
     """ODC's full state dict failed on extra state ("'dict' object has no attribute 'detach'"),
     its loads never gave it to set_extra_state, and a checkpoint holding it was refused on both
     engines as of another model (DCP stores a dict key by key)."""
-    saved = Net()
-    saved.layers[0][0] = _Counted()
-    engine = one_rank_engine(saver, one_rank_group)
+    saved, engine = _counted(saver, one_rank_group)
     try:
-        engine.wrap(saved, list(saved.layers))
-        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
         saved.layers[0][0].calls = 5
         if through == "checkpoint":
             folder = checkpoint.save(engine, tmp_path, 1)
@@ -512,12 +518,8 @@ def test_a_modules_extra_state_is_saved_and_loaded_by_both_engines(saver, loader
             assert model_sd["layers.0.0._extra_state"] == {"calls": 5}
     finally:
         engine.close()
-    loaded = Net()
-    loaded.layers[0][0] = _Counted()
-    engine = one_rank_engine(loader, one_rank_group)
+    loaded, engine = _counted(loader, one_rank_group)
     try:
-        engine.wrap(loaded, list(loaded.layers))
-        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
         if through == "checkpoint":
             checkpoint.load(engine, folder)
         else:
