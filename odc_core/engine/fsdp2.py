@@ -673,24 +673,31 @@ _FSDP2_WALK: Walk = "containers" if hasattr(_fsdp_common, "collect_grad_tensors"
 
 
 def _make_gather_buffers(model: nn.Module, sharded: Sequence[nn.Module]) -> None:
-    """Before the model's first forward (ahead of every other hook), gather and free each unit
-    once outside torch.inference_mode(), the root first: FSDP2 makes the buffers it gathers into
-    at a unit's first gather, and made under inference_mode (a first RL rollout, an evaluation
-    before any training) they are inference tensors, whose use failed then and in every later
-    gather ("Inference tensors do not track version counter"). At the first forward, not at
-    wrap(): a model built on the meta device has no values to gather until to_empty(). Collective
-    over the ranks, as that forward is; one all-gather per unit, each freed before the next."""
-    handle: Any = None
+    """Before the first forward of the model or of any unit (ahead of every other hook), gather
+    and free each unit once outside torch.inference_mode(), the root first. FSDP2 makes the
+    buffers it gathers into at a unit's first gather, and made under inference_mode (a first RL
+    rollout, an evaluation before any training) they were inference tensors, whose use failed
+    then and in every later gather ("Inference tensors do not track version counter"); and it
+    takes the first module called for the root, so a unit called before the model (an embedding
+    looked up first) left the model's forward failing in "FSDP state has already been lazily
+    initialized for layers.0". At the first forward, not at wrap(): a model built on the meta
+    device has no values to gather until to_empty(). Collective over the ranks, as that forward
+    is; one all-gather per unit, each freed before the next."""
+    handles: list[Any] = []
 
     @torch.compiler.disable
     def first_forward(_module: nn.Module, _args: tuple) -> None:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+        # FSDP2's lazy init of the model's state marks it the root and the units not (private in
+        # torch 2.11 and 2.13 alike; its unshard() initialises the unit's parameters alone).
+        cast(FSDPModule, model)._get_fsdp_state()._lazy_init()
         with torch.inference_mode(False), torch.no_grad():
-            for module in (model, *sharded):  # the root first: its lazy init marks the others as not roots
+            for module in (model, *sharded):
                 cast(FSDPModule, module).unshard()
                 cast(FSDPModule, module).reshard()
 
-    handle = model.register_forward_pre_hook(first_forward, prepend=True)
+    handles.extend(module.register_forward_pre_hook(first_forward, prepend=True) for module in (model, *sharded))
 
 
 def _watch_writes(model: nn.Module, sharded: Sequence[nn.Module]) -> None:

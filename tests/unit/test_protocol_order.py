@@ -535,12 +535,16 @@ def test_a_drain_that_timed_out_and_was_caught_leaves_close_to_end_at_once():
     assert run_ranks(_close_after_a_failed_drain, 2, timeout_s=60)[0] == ""
 
 
+@pytest.mark.parametrize("first", ["the model under inference_mode", "a unit"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("engine_name", ["odc", "collective"])
-def test_a_first_forward_under_inference_mode_evaluates_and_training_goes_on(engine_name, precision, one_rank_group):
+def test_a_first_forward_under_inference_mode_or_of_a_unit_runs_and_training_goes_on(engine_name, precision, first,
+                                                                                      one_rank_group):
     """An evaluation or an RL rollout under torch.inference_mode() before any training: FSDP2
     made the buffers it gathers into there, as inference tensors, and failed then and in every
-    later gather ("Inference tensors do not track version counter")."""
+    later gather ("Inference tensors do not track version counter"). A unit called before the
+    model (an embedding looked up first): FSDP2 took it for the root, and the model's first
+    forward failed in "FSDP state has already been lazily initialized for layers.0"."""
     import copy
 
     from tests.helpers.reference import trains_like_one_process
@@ -553,9 +557,9 @@ def test_a_first_forward_under_inference_mode_evaluates_and_training_goes_on(eng
     try:
         engine.wrap(model, list(model.layers))
         engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
-        with torch.inference_mode():
-            got = model(torch.ones(2, 4))
-        want = reference(torch.ones(2, 4))
+        with torch.inference_mode(first != "a unit"):
+            got = model(torch.ones(2, 4)) if first != "a unit" else model.layers[0](torch.ones(2, 4))
+        want = reference(torch.ones(2, 4)) if first != "a unit" else reference.layers[0](torch.ones(2, 4))
         torch.testing.assert_close(got.float(), want, rtol=0.02 if precision == "bf16" else 1e-6, atol=0.02)
         if precision == "fp32":
             trains_like_one_process(engine, model, reference, [torch.randn(2, 4) for _ in range(2)])
