@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         SchedulerFactory,
     )
     from odc_core.engine.build import engine_context, make_engine
+    from odc_core.engine.odc.engine import NoBackwardWarning
     from odc_core.engine.registry import CollectiveOptions, EngineOptions, OdcOptions
     from odc_core.state import get_state_dict, set_state_dict
     from odc_core.transport.base import PeerTimeout
@@ -39,13 +40,13 @@ _WHERE = {
     "SchedulerFactory": "odc_core.engine.base",
     "PeerTimeout": "odc_core.transport.base",
     "RanksDifferWarning": "odc_core.engine.agreement",
+    "NoBackwardWarning": "odc_core.engine.odc.engine",
     "get_state_dict": "odc_core.state",
     "set_state_dict": "odc_core.state",
 }
 __all__ = ["CollectiveOptions", "DataParallelEngine", "EngineContext", "EngineOptions", "MixedPrecision",
-           "OdcOptions", "OptimizerFactory", "ParamGroups", "PeerTimeout", "RanksDifferWarning", "SchedulerFactory",
-           "engine_context",
-           "get_state_dict", "make_engine", "set_state_dict"]
+           "NoBackwardWarning", "OdcOptions", "OptimizerFactory", "ParamGroups", "PeerTimeout", "RanksDifferWarning",
+           "SchedulerFactory", "engine_context", "get_state_dict", "make_engine", "set_state_dict"]
 
 
 def __getattr__(name: str) -> Any:

@@ -454,3 +454,44 @@ def test_two_engines_of_one_context_train_apart_and_closing_one_does_not_fail_th
     (FSDP2 over shm) of the first one's names and failed in FileExistsError; each engine's close
     is its own, too: the policy's peers do not take the reference engine's close for the policy's."""
     assert run_ranks(_reference_closed_first, 2, engine, timeout_s=120) == ["ok", "ok"]
+
+
+def _rank_0_skips_its_backward(rank: int, world: int, store: dist.Store) -> tuple[list[str], dict]:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = Net()
+    engine = make_engine("odc", engine_context(timeout_s=20.0))
+    try:
+        engine.wrap(model, list(model.layers))
+        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
+        engine.begin_minibatch()
+        loss = model(_inputs(1, rank)[0])
+        if rank == 1:  # rank 0 skips its only microbatch's backward (a loss that was not finite)
+            loss.backward()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            engine.finish_minibatch()
+        engine.drain()
+        return [f"{w.category.__name__}: {w.message}" for w in warned], engine.full_parameters()
+    finally:
+        engine.close()
+        dist.destroy_process_group()
+
+
+def test_an_odc_rank_that_ran_no_backward_warns_and_the_others_gradients_make_the_step():
+    """On several ranks, a rank whose forwards no backward followed adds nothing to the step,
+    which its peers' gradients make, as a rank given no microbatch does: it is told in a
+    warning, where on one rank the minibatch is refused (tests/unit/test_autograd_grad.py)."""
+    (warned0, got), (warned1, _) = run_ranks(_rank_0_skips_its_backward, 2)
+    assert warned1 == []
+    assert len(warned0) == 1 and warned0[0].startswith(
+        "NoBackwardWarning: minibatch 0 ran a forward with gradients on this rank, but no backward() reached the "
+        "model's parameters (rank 0): this rank adds nothing to the step, and where no rank does, the step applies "
+        "only the optimizer's own terms (weight decay, momentum); call loss.backward()")
+    torch.manual_seed(0)
+    reference = Net()
+    reference(_inputs(1, 1)[0]).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-6, atol=1e-6, msg=name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from time import perf_counter
@@ -102,6 +103,10 @@ _WHOLE_PARAMETER = tuple(cls for cls in (getattr(torch.optim, name, None) for na
 # before a load is overwritten by it, as in one process).
 _READS = frozenset({"full_parameters", "sharded_state", "state_dict", "get_state_dict", "checkpoint.save"})
 _LOADS = frozenset({"load_sharded_state", "load_state_dict", "set_state_dict", "checkpoint.load"})
+
+
+class NoBackwardWarning(UserWarning):
+    """A rank of a multi-rank ODC run ran a forward in a minibatch and no backward (engine.py)."""
 
 
 class OdcEngine:
@@ -342,19 +347,30 @@ class OdcEngine:
         return self.versions.finish()
 
     def _refuse_no_backward(self, hooks: UnitHooks) -> None:
-        """A RuntimeError, one line, where this rank ran a training forward in the minibatch and no
-        backward gave the parameters a gradient (a loop that forgot loss.backward(), or took only
-        an input's gradient): ODC stepped on zeros, so that weight decay and momentum alone moved
-        the parameters, without a word (the collective engine refuses it too). Only forwards of
-        the whole model that ended count: one cut short (an out-of-memory a loop skips) did not,
-        so a rank that skipped its only microbatch so is not refused."""
+        """Where this rank ran a training forward in the minibatch and no backward gave the
+        parameters a gradient (a loop that forgot loss.backward(), or took only an input's
+        gradient): ODC stepped on zeros, so that weight decay and momentum alone moved the
+        parameters, without a word (the collective engine refuses it). On one rank that is the
+        whole step, refused in one line; on several, the other ranks' gradients may make it (a
+        rank that skips every microbatch of its own, a loss that is not finite, adds nothing, as
+        a rank given none does), and no rank knows theirs, so a warning says it once. Only
+        forwards of the whole model that ended count: one cut short (an out-of-memory a loop
+        skips) did not."""
         armed, hooks.armed_in_minibatch = hooks.armed_in_minibatch, False
         pushed, hooks.pushed = hooks.pushed, False
-        if armed and not pushed and any(unit.trainable_count for unit in self.units):
-            raise RuntimeError(f"minibatch {self.minibatch} ran a forward with gradients on this rank, but no "
-                               f"backward() reached the model's parameters, so its step would apply only the "
-                               f"optimizer's own terms (weight decay, momentum): call loss.backward() for each "
-                               f"microbatch, and run a forward for its outputs alone under torch.no_grad()")
+        if not (armed and not pushed and any(unit.trainable_count for unit in self.units)):
+            return
+        said = (f"minibatch {self.minibatch} ran a forward with gradients on this rank, but no backward() reached the "
+                f"model's parameters")
+        if self.world_size == 1:
+            raise RuntimeError(f"{said}, so its step would apply only the optimizer's own terms (weight decay, "
+                               f"momentum): call loss.backward() for each microbatch, and run a forward for its "
+                               f"outputs alone under torch.no_grad()")
+        warnings.warn(f"{said} (rank {self.rank}): this rank adds nothing to the step, and where no rank does, the "
+                      f"step applies only the optimizer's own terms (weight decay, momentum); call loss.backward() "
+                      f"for each microbatch, and run a forward for its outputs alone under torch.no_grad()",
+                      NoBackwardWarning, stacklevel=4)
+
 
     def drain(self) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far."""
