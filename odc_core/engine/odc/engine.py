@@ -371,7 +371,6 @@ class OdcEngine:
                       f"for each microbatch, and run a forward for its outputs alone under torch.no_grad()",
                       NoBackwardWarning, stacklevel=4)
 
-
     def drain(self) -> None:
         """Wait until every owner has applied the step of every minibatch begun so far."""
         self.between_minibatches("drain")
