@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from odc_bench.run.ranks import RanksFailed, run_ranks
-from odc_core import OdcOptions, RanksDifferWarning, engine_context, make_engine
+from odc_core import DataParallelEngine, OdcOptions, RanksDifferWarning, engine_context, make_engine
 
 pytestmark = pytest.mark.slow
 
@@ -123,15 +124,23 @@ def _late_sgd(params: list, late: bool) -> torch.optim.SGD:
     return optimizer
 
 
-def _evaluate_between_minibatches(rank: int, world: int, store: dist.Store) -> list[float]:
+def _odc_on_ranks(rank: int, world: int, store: dist.Store,
+                  factory: Callable[[list], torch.optim.Optimizer]) -> tuple[Net, DataParallelEngine]:
+    """This rank's process group and an ODC engine over Net (seed 0), wrapped by layer and given
+    `factory`'s optimizer; the caller closes both."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
     torch.manual_seed(0)
     model = Net()
     engine = make_engine("odc", engine_context(timeout_s=20.0))
+    engine.wrap(model, list(model.layers))
+    engine.configure_optimizer(factory)
+    return model, engine
+
+
+def _evaluate_between_minibatches(rank: int, world: int, store: dist.Store) -> list[float]:
+    model, engine = _odc_on_ranks(rank, world, store, partial(_late_sgd, late=rank == 1))
     try:
-        engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(_late_sgd, late=rank == 1))
         evaluations = []
         for k in range(2):
             engine.begin_minibatch()
@@ -457,14 +466,8 @@ def test_two_engines_of_one_context_train_apart_and_closing_one_does_not_fail_th
 
 
 def _rank_0_skips_its_backward(rank: int, world: int, store: dist.Store) -> tuple[list[str], dict]:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = Net()
-    engine = make_engine("odc", engine_context(timeout_s=20.0))
+    model, engine = _odc_on_ranks(rank, world, store, partial(torch.optim.SGD, lr=0.1))
     try:
-        engine.wrap(model, list(model.layers))
-        engine.configure_optimizer(partial(torch.optim.SGD, lr=0.1))
         engine.begin_minibatch()
         loss = model(_inputs(1, rank)[0])
         if rank == 1:  # rank 0 skips its only microbatch's backward (a loss that was not finite)
