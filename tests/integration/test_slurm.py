@@ -344,6 +344,7 @@ def test_a_job_preempted_and_then_at_its_time_limit_resumes_each_time_and_writes
                              "checkpoint.every=2", "hydra.launcher.timeout_min=5", f"results_dir={results}",
                              f"hydra.sweep.dir={sweep}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_held_env(hold))
+    job_id = ""
     try:
         job_id = _job_held_once_it_checkpointed(results, hold)
         subprocess.run(["scontrol", "requeue", job_id], check=True)
@@ -362,6 +363,8 @@ def test_a_job_preempted_and_then_at_its_time_limit_resumes_each_time_and_writes
     finally:
         if proc.poll() is None:
             proc.kill()
+        if job_id:  # a failed check leaves no job behind (the killed launcher cannot cancel it)
+            subprocess.run(["scancel", job_id], capture_output=True)
     assert proc.returncode == 0, err[-3000:]
     logs = "".join(p.read_text(errors="replace") for p in sweep.glob(f".submitit/{job_id}/*.err"))
     assert "Caught signal SIGUSR2 on vm: this job is timed-out" in logs.replace(os.uname().nodename, "vm"), logs[-3000:]
@@ -411,6 +414,7 @@ def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path)
             f"results_dir={results}"]
     proc = subprocess.Popen([sys.executable, "-m", "odc_bench", *args, f"hydra.sweep.dir={tmp_path / 'first'}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_held_env(hold))
+    job_id = ""
     try:
         # Held, so the kill lands mid-run: without the hold, runs of 16 and of 40 minibatches
         # once ended before squeue and scontrol had answered.
@@ -427,6 +431,8 @@ def test_a_rank_killed_under_slurm_fails_the_run_and_its_rerun_resumes(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
+        if job_id:  # a failed check leaves no job behind (the killed launcher cannot cancel it)
+            subprocess.run(["scancel", job_id], capture_output=True)
     assert proc.returncode == 1, err[-3000:]
     failed = read_table(results / "runs.csv")
     assert list(failed["status"]) == ["failed"] and "rank 1" in failed["error"][0], failed["error"][0]
